@@ -1,0 +1,150 @@
+"""Building Iceberg DataFiles from files we wrote, and committing them as one snapshot.
+
+Writers never commit; stage and publish each make exactly one snapshot from the files the units
+recorded. pyiceberg writes every added file into one manifest of the table's current spec, which is
+wrong for files of an older (coarser) partition spec, so `_MultiSpecAppend` writes one manifest per
+spec. It subclasses a private pyiceberg class: pyiceberg is pinned and
+tests/unit/test_commit.py fails if that class changes shape.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from typing import TypeVar
+from concurrent.futures import ThreadPoolExecutor
+
+import pyarrow.parquet as pq
+from pyiceberg.exceptions import CommitFailedException, ValidationException
+from pyiceberg.io.pyarrow import (
+    compute_statistics_plan,
+    data_file_statistics_from_parquet_metadata,
+    parquet_path_to_id_mapping,
+)
+from pyiceberg.manifest import DataFile, DataFileContent, FileFormat, ManifestEntry, ManifestEntryStatus, ManifestFile
+from pyiceberg.table import Table as IcebergTable
+from pyiceberg.table import Transaction
+from pyiceberg.table.snapshots import Operation, SnapshotSummaryCollector, Summary, update_snapshot_summaries
+from pyiceberg.table.update.snapshot import _FastAppendFiles
+from pyiceberg.typedef import Record
+
+from .runtime import filesystem
+
+T = TypeVar("T")
+COMMIT_ATTEMPTS = 10
+JOB_PROPERTY = "timelake.job-id"
+STEP_PROPERTY = "timelake.step"
+CHUNK_PROPERTY = "timelake.chunk"
+
+
+def data_file(table: IcebergTable, path: str, spec_id: int, partition_value: int) -> DataFile:
+    """A DataFile for a Parquet file we wrote, with column statistics read from its footer only."""
+    fs, local = filesystem(path)
+    with fs.open_input_file(local) as handle:
+        size = handle.size()
+        metadata = pq.read_metadata(handle)
+    schema = table.schema()
+    stats = data_file_statistics_from_parquet_metadata(
+        parquet_metadata=metadata,
+        stats_columns=compute_statistics_plan(schema, table.properties),
+        parquet_column_mapping=parquet_path_to_id_mapping(schema),
+    )
+    result = DataFile.from_args(
+        content=DataFileContent.DATA,
+        file_path=path,
+        file_format=FileFormat.PARQUET,
+        partition=Record(partition_value),
+        file_size_in_bytes=size,
+        sort_order_id=None,
+        equality_ids=None,
+        key_metadata=None,
+        **stats.to_serialized_dict(),
+    )
+    result.spec_id = spec_id  # from_args does not keep it; the manifest writer needs it
+    return result
+
+
+def data_files(table: IcebergTable, items: Iterable[tuple[str, int, int]]) -> list[DataFile]:
+    """Footers are small reads; on object storage they are latency-bound, so read them concurrently."""
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        return list(pool.map(lambda item: data_file(table, *item), items))
+
+
+def append_files(
+    tx: Transaction, table: IcebergTable, files: list[DataFile], branch: str, properties: dict[str, str]
+) -> None:
+    """Add ``files`` (of any partition specs) to ``branch`` as one snapshot inside ``tx``."""
+    producer = _MultiSpecAppend(
+        operation=Operation.APPEND, transaction=tx, io=table.io, branch=branch, snapshot_properties=properties
+    )
+    for f in files:
+        producer.append_data_file(f)
+    producer.commit()
+
+
+class _MultiSpecAppend(_FastAppendFiles):
+    """A fast append whose added files go to one manifest per partition spec."""
+
+    def _manifests(self) -> list[ManifestFile]:
+        by_spec: dict[int, list[DataFile]] = defaultdict(list)
+        for f in self._added_data_files:
+            by_spec[f.spec_id].append(f)
+        added = []
+        for spec_id, files in sorted(by_spec.items()):
+            with self.new_manifest_writer(spec=self.spec(spec_id)) as writer:
+                for f in files:
+                    writer.add(ManifestEntry.from_args(
+                        status=ManifestEntryStatus.ADDED, snapshot_id=self._snapshot_id,
+                        sequence_number=None, file_sequence_number=None, data_file=f,
+                    ))
+            added.append(writer.to_manifest_file())
+        return added + self._existing_manifests()
+
+    def _summary(self, snapshot_properties: dict[str, str] = {}) -> Summary:  # noqa: B006 (pyiceberg's signature)
+        metadata = self._transaction.table_metadata
+        collector = SnapshotSummaryCollector()
+        for f in self._added_data_files:
+            collector.add_file(data_file=f, partition_spec=metadata.specs()[f.spec_id], schema=metadata.schema())
+        previous = metadata.snapshot_by_id(self._parent_snapshot_id) if self._parent_snapshot_id is not None else None
+        return update_snapshot_summaries(
+            summary=Summary(operation=self._operation, **collector.build(), **snapshot_properties),
+            previous_summary=previous.summary if previous is not None else None,
+        )
+
+
+def added_files(table: IcebergTable, snapshot_id: int) -> list[DataFile]:
+    """The data files a snapshot added (read from its manifests; no data read)."""
+    snapshot = table.snapshot_by_id(snapshot_id)
+    if snapshot is None:
+        raise ValueError(f"snapshot {snapshot_id} not found in table {'.'.join(table.name())}")
+    files = []
+    for manifest in snapshot.manifests(table.io):
+        if manifest.added_snapshot_id != snapshot_id:
+            continue
+        for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
+            if entry.status == ManifestEntryStatus.ADDED and entry.snapshot_id == snapshot_id:
+                files.append(entry.data_file)
+    return files
+
+
+def is_conflict(exc: BaseException) -> bool:
+    """A concurrent commit won the race. pyiceberg 0.12 reports a commit built on metadata that another
+    branch's commit has moved on as a ValueError about sequence numbers, and does not retry it."""
+    return isinstance(exc, CommitFailedException | ValidationException) or (
+        isinstance(exc, ValueError) and "sequence number" in str(exc)
+    )
+
+
+def with_retry(table: IcebergTable, attempt: Callable[[IcebergTable], T], what: str) -> T:
+    """Run ``attempt`` on fresh table metadata until it commits, with jittered backoff on conflicts."""
+    for n in range(COMMIT_ATTEMPTS):
+        try:
+            return attempt(table)
+        except Exception as exc:
+            if not is_conflict(exc) or n == COMMIT_ATTEMPTS - 1:
+                raise
+            time.sleep(min(2.0, 0.02 * 2**n) * (0.5 + random.random()))
+            table = table.refresh()
+    raise AssertionError("unreachable")

@@ -1,0 +1,33 @@
+"""Errors a user can act on. Each names what is wrong so the CLI can print it as one line."""
+
+
+class BackfillError(Exception):
+    """Base of every error the engine raises on purpose (as opposed to a bug)."""
+
+
+class TableNotFound(BackfillError):
+    pass
+
+
+class JobNotFound(BackfillError):
+    pass
+
+
+class LeaseConflict(BackfillError):
+    """Another unpublished job holds an overlapping range of the same table."""
+
+
+class InvalidJob(BackfillError):
+    pass
+
+
+class ValidationFailed(BackfillError):
+    """A check on the staged data failed: nothing was published, the branch is kept for inspection."""
+
+
+class DstRefused(BackfillError):
+    """Local times that do not exist or are ambiguous, with the default policy `refuse`."""
+
+
+class Interrupted(BackfillError):
+    """The job was stopped (Ctrl-C) between steps; it can be resumed."""

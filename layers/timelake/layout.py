@@ -1,0 +1,110 @@
+"""How rows map onto the table's final layout: partition (tier spec + transform value) and series slice.
+
+Plan, write and validate all cut rows the same way, so the cut lives here once.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .contract import Contract
+from .timeutil import transform_range, transform_values
+
+if TYPE_CHECKING:
+    from pyiceberg.expressions import BooleanExpression
+    from pyiceberg.table import Table as IcebergTable
+
+
+@dataclass(frozen=True)
+class PartitionKey:
+    spec_id: int
+    transform: str
+    value: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.transform}-{self.value}-s{self.spec_id}"
+
+    @property
+    def range(self) -> tuple[int, int]:
+        return transform_range(self.transform, self.value)
+
+
+def micros(table: pa.Table, column: str) -> np.ndarray:
+    """The time column as int64 UTC microseconds (no copy when possible)."""
+    return pc.cast(table.column(column), pa.int64()).to_numpy()
+
+
+def partition_codes(ts: np.ndarray, contract: Contract, cutoffs: list[int]) -> tuple[np.ndarray, list[PartitionKey]]:
+    """Per row an index into the returned list of partition keys."""
+    tiers = contract.tier_index(ts, cutoffs)
+    codes = np.empty(len(ts), dtype=np.int64)
+    keys: list[PartitionKey] = []
+    for i, tier in enumerate(contract.tiers):
+        mask = tiers == i
+        if not mask.any():
+            continue
+        values = transform_values(ts[mask], tier.transform)
+        uniques, inverse = np.unique(values, return_inverse=True)
+        codes[mask] = inverse + len(keys)
+        keys.extend(PartitionKey(tier.spec_id, tier.transform, int(v)) for v in uniques)
+    return codes, keys
+
+
+def series_hash(table: pa.Table, series_key: tuple[str, ...]) -> np.ndarray:
+    """A stable hash of the series key per row: the same series always lands in the same slice.
+
+    Hashes each distinct value once (dictionary encoding), so the cost is per distinct series, not per row.
+    """
+    result = np.zeros(table.num_rows, dtype=np.uint64)
+    for column in series_key:
+        encoded = pc.dictionary_encode(table.column(column)).combine_chunks()
+        dictionary = encoded.dictionary.to_pylist()
+        hashes = np.array([zlib.crc32(repr(v).encode()) for v in dictionary], dtype=np.uint64)
+        indices = encoded.indices.to_numpy(zero_copy_only=False)
+        result = result * np.uint64(1_000_003) + hashes[indices]
+    return result
+
+
+def split_by_code(table: pa.Table, codes: np.ndarray) -> list[tuple[int, pa.Table]]:
+    """Group rows by code, keeping their order within each group (one sort, then slices)."""
+    if table.num_rows == 0:
+        return []
+    order = np.argsort(codes, kind="stable")
+    sorted_codes = codes[order]
+    cuts = np.flatnonzero(np.diff(sorted_codes)) + 1
+    taken = table.take(pa.array(order))
+    starts = np.concatenate([[0], cuts])
+    ends = np.concatenate([cuts, [len(codes)]])
+    return [(int(sorted_codes[s]), taken.slice(s, e - s)) for s, e in zip(starts, ends)]
+
+
+def time_filter(column: str, start_us: int | None, end_us: int | None) -> "BooleanExpression":
+    """Iceberg row filter for [start, end) on the time column (None: unbounded), for pruning."""
+    from pyiceberg.expressions import AlwaysTrue, And, GreaterThanOrEqual, LessThan
+
+    from .timeutil import from_micros
+
+    result: BooleanExpression = AlwaysTrue()
+    if start_us is not None:
+        result = And(result, GreaterThanOrEqual(column, from_micros(start_us).isoformat()))
+    if end_us is not None:
+        result = And(result, LessThan(column, from_micros(end_us).isoformat()))
+    return result
+
+
+def read_range(
+    table: "IcebergTable", column: str, start_us: int | None, end_us: int | None, columns: tuple[str, ...] | None = None,
+    ref: str | None = None,
+) -> pa.Table:
+    """Rows of ``table`` (main, or a branch) in [start, end), pruned by partitions and file bounds."""
+    scan = table.scan(row_filter=time_filter(column, start_us, end_us), selected_fields=columns or ("*",))
+    if ref:
+        scan = scan.use_ref(ref)
+    return scan.to_arrow()

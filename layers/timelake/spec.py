@@ -1,0 +1,85 @@
+"""The job definition: one pydantic model for the CLI, the Python API, the state machine and the API.
+
+It is the whole input of a job, so a job JSON replayed anywhere (laptop or AWS) means the same job.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from datetime import datetime, timezone
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from .timeutil import parse_instant
+
+Mode = Literal["merge", "replace", "append"]
+PublishBy = Literal["day", "week", "month"]
+DstPolicy = Literal["refuse", "earliest", "latest", "drop"]
+TimeUnit = Literal["s", "ms", "us", "ns"]
+
+
+def new_job_id() -> str:
+    """Sortable, readable and valid as a Step Functions execution name and an Iceberg branch suffix."""
+    return f"bf-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}-{secrets.token_hex(3)}"
+
+
+class JobSpec(BaseModel):
+    """A backfill job. ``map`` is table column → source column (``{"ts": "timestamp"}``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    job_id: str = Field(default_factory=new_job_id, pattern=r"^[0-9A-Za-z_-]{1,80}$")
+    table: str = Field(description="Target table, namespace.name")
+    source: str = Field(description="Path, glob or URI of the source files; '<memory ...>' for in-process data")
+    format: Literal["parquet", "csv", "json"] | None = None
+    map: dict[str, str] = Field(default_factory=dict, description="table column -> source column")
+    tz: str | None = Field(default=None, description="IANA zone of naive source timestamps (and of naive start/end)")
+    time_unit: TimeUnit | None = Field(default=None, description="Unit of integer epoch timestamps")
+    dst_policy: DstPolicy = "refuse"
+    mode: Mode = "merge"
+    start: datetime | None = Field(default=None, description="Inclusive lower bound of the job range")
+    end: datetime | None = Field(default=None, description="Exclusive upper bound of the job range")
+    dry_run: bool = False
+    publish_by: PublishBy | None = None
+    max_concurrency: int | None = Field(default=None, ge=1, le=10_000)
+    assertions: list[str] = Field(default_factory=list, description="SQL over view `staged` returning failing rows")
+    override_retention: bool = False
+
+    @field_validator("tz")
+    @classmethod
+    def _known_zone(cls, tz: str | None) -> str | None:
+        if tz is not None:
+            from zoneinfo import ZoneInfo
+
+            try:
+                ZoneInfo(tz)
+            except Exception as exc:
+                raise ValueError(f"unknown time zone '{tz}' (use an IANA name such as Europe/Berlin)") from exc
+        return tz
+
+    @field_validator("table")
+    @classmethod
+    def _qualified(cls, table: str) -> str:
+        if "." not in table:
+            raise ValueError(f"table '{table}' must be namespace.name, e.g. iot.sensor")
+        return table
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bounds_in_tz(cls, data: dict) -> dict:
+        if isinstance(data, dict):
+            for key in ("start", "end"):
+                if isinstance(data.get(key), str | datetime):
+                    data[key] = parse_instant(data[key], data.get("tz"))
+        return data
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "JobSpec":
+        if self.start and self.end and self.start >= self.end:
+            raise ValueError(f"start {self.start.isoformat()} must be before end {self.end.isoformat()}")
+        return self
+
+    def to_json(self) -> dict:
+        return json.loads(self.model_dump_json())

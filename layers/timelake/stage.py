@@ -1,0 +1,47 @@
+"""Stage: ONE commit adds every unit's file to branch ``backfill/<job>``; readers of main see nothing.
+
+Idempotent: if the branch head already is this job's staging snapshot, the step only records it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pyiceberg.table import Table as IcebergTable
+
+from .commit import JOB_PROPERTY, STEP_PROPERTY, append_files, data_files, with_retry
+from .errors import BackfillError
+from .faults import checkpoint
+from .runtime import Runtime
+from .spec import JobSpec
+
+
+def stage(rt: Runtime, job_id: str) -> dict[str, Any]:
+    """Stage step. Input: job id. Output: the staging snapshot id and file count."""
+    job = rt.store.get_job(job_id)
+    spec = JobSpec.model_validate(job.spec)
+    units = rt.store.units(job_id)
+    pending = [u.unit_id for u in units if u.status != "done"]
+    if pending:
+        raise BackfillError(f"job {job_id}: {len(pending)} unit(s) not written yet (first: {pending[0]}); resume the job")
+    table = rt.load_table(spec.table)
+    branch = job.state["branch"]
+    head = table.snapshot_by_name(branch)
+    written = [(u.result["path"], u.result["spec_id"], u.result["value"]) for u in units if u.result.get("path")]
+    if head is not None and head.summary and head.summary.get(JOB_PROPERTY) == job_id and head.summary.get(STEP_PROPERTY) == "stage":
+        snapshot_id: int | None = head.snapshot_id
+    elif written:
+        files = data_files(table, written)
+
+        def commit(current: IcebergTable) -> None:
+            with current.transaction() as tx:
+                append_files(tx, current, files, branch, {JOB_PROPERTY: job_id, STEP_PROPERTY: "stage"})
+
+        with_retry(table, commit, "stage")
+        checkpoint("stage.committed")
+        table = table.refresh()
+        snapshot_id = table.snapshot_by_name(branch).snapshot_id  # type: ignore[union-attr]
+    else:
+        snapshot_id = None
+    rt.store.update_job(job_id, "staged", staged_snapshot_id=snapshot_id, files=len(written))
+    return {"job_id": job_id, "staged_snapshot_id": snapshot_id, "files": len(written)}

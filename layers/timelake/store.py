@@ -1,0 +1,199 @@
+"""Job state: jobs, their units, and leases on table ranges.
+
+One interface, an embedded (SQLite) implementation here and a DynamoDB one for AWS, held to the same
+contract tests. Writes that decide exactly-once behaviour are conditional: a unit is completed
+once, a lease is taken once.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from .errors import JobNotFound, LeaseConflict
+
+
+@dataclass
+class JobRecord:
+    job_id: str
+    table: str
+    phase: str
+    spec: dict[str, Any]
+    state: dict[str, Any] = field(default_factory=dict)
+    created_at: float = 0.0
+    updated_at: float = 0.0
+
+
+@dataclass
+class UnitRecord:
+    unit_id: str
+    info: dict[str, Any]
+    status: str = "pending"
+    result: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Lease:
+    table: str
+    start: int
+    end: int
+    job_id: str
+
+
+class JobStore(Protocol):
+    def create_job(self, job: JobRecord) -> None: ...
+    def get_job(self, job_id: str) -> JobRecord: ...
+    def update_job(self, job_id: str, phase: str | None = None, **state: Any) -> JobRecord: ...
+    def list_jobs(self, table: str | None = None) -> list[JobRecord]: ...
+    def put_units(self, job_id: str, units: list[UnitRecord]) -> None: ...
+    def units(self, job_id: str) -> list[UnitRecord]: ...
+    def unit(self, job_id: str, unit_id: str) -> UnitRecord: ...
+    def complete_unit(self, job_id: str, unit_id: str, result: dict[str, Any]) -> bool: ...
+    def acquire_lease(self, lease: Lease) -> None: ...
+    def release_lease(self, job_id: str) -> None: ...
+    def leases(self, table: str | None = None) -> list[Lease]: ...
+
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (job_id TEXT PRIMARY KEY, tbl TEXT NOT NULL, phase TEXT NOT NULL,
+    spec TEXT NOT NULL, state TEXT NOT NULL, created_at REAL NOT NULL, updated_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS units (job_id TEXT NOT NULL, unit_id TEXT NOT NULL, status TEXT NOT NULL,
+    info TEXT NOT NULL, result TEXT NOT NULL, PRIMARY KEY (job_id, unit_id));
+CREATE TABLE IF NOT EXISTS leases (job_id TEXT PRIMARY KEY, tbl TEXT NOT NULL, start_us INTEGER NOT NULL,
+    end_us INTEGER NOT NULL);
+"""
+
+
+class SqliteJobStore:
+    """Job state in one SQLite file beside the warehouse; safe across the writer processes (WAL)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = str(path)
+        Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        self._local = threading.local()
+        self._con().executescript(_SCHEMA)
+
+    def _con(self) -> sqlite3.Connection:
+        con = getattr(self._local, "con", None)
+        if con is None:
+            con = sqlite3.connect(self.path, timeout=60, isolation_level=None)
+            con.execute("PRAGMA journal_mode=WAL")
+            con.execute("PRAGMA busy_timeout=60000")
+            self._local.con = con
+        return con
+
+    def _tx(self) -> "_Tx":
+        return _Tx(self._con())
+
+    def create_job(self, job: JobRecord) -> None:
+        now = time.time()
+        with self._tx() as con:
+            try:
+                con.execute(
+                    "INSERT INTO jobs VALUES (?,?,?,?,?,?,?)",
+                    (job.job_id, job.table, job.phase, json.dumps(job.spec), json.dumps(job.state), now, now),
+                )
+            except sqlite3.IntegrityError as exc:
+                raise ValueError(f"job {job.job_id} already exists") from exc
+
+    def get_job(self, job_id: str) -> JobRecord:
+        row = self._con().execute("SELECT * FROM jobs WHERE job_id=?", (job_id,)).fetchone()
+        if row is None:
+            raise JobNotFound(f"no backfill job '{job_id}' (see `timelake backfill list`)")
+        return _job(row)
+
+    def update_job(self, job_id: str, phase: str | None = None, **state: Any) -> JobRecord:
+        with self._tx() as con:
+            row = con.execute("SELECT * FROM jobs WHERE job_id=?", (job_id,)).fetchone()
+            if row is None:
+                raise JobNotFound(f"no backfill job '{job_id}'")
+            job = _job(row)
+            job.state.update(state)
+            job.phase = phase or job.phase
+            job.updated_at = time.time()
+            con.execute(
+                "UPDATE jobs SET phase=?, state=?, updated_at=? WHERE job_id=?",
+                (job.phase, json.dumps(job.state), job.updated_at, job_id),
+            )
+        return job
+
+    def list_jobs(self, table: str | None = None) -> list[JobRecord]:
+        sql, args = "SELECT * FROM jobs", ()
+        if table:
+            sql, args = sql + " WHERE tbl=?", (table,)
+        return [_job(r) for r in self._con().execute(sql + " ORDER BY created_at", args)]
+
+    def put_units(self, job_id: str, units: list[UnitRecord]) -> None:
+        with self._tx() as con:
+            con.executemany(
+                "INSERT OR IGNORE INTO units VALUES (?,?,?,?,?)",
+                [(job_id, u.unit_id, u.status, json.dumps(u.info), json.dumps(u.result)) for u in units],
+            )
+
+    def units(self, job_id: str) -> list[UnitRecord]:
+        rows = self._con().execute(
+            "SELECT unit_id, info, status, result FROM units WHERE job_id=? ORDER BY unit_id", (job_id,)
+        )
+        return [UnitRecord(r[0], json.loads(r[1]), r[2], json.loads(r[3])) for r in rows]
+
+    def unit(self, job_id: str, unit_id: str) -> UnitRecord:
+        row = self._con().execute(
+            "SELECT unit_id, info, status, result FROM units WHERE job_id=? AND unit_id=?", (job_id, unit_id)
+        ).fetchone()
+        if row is None:
+            raise JobNotFound(f"job {job_id} has no unit '{unit_id}'")
+        return UnitRecord(row[0], json.loads(row[1]), row[2], json.loads(row[3]))
+
+    def complete_unit(self, job_id: str, unit_id: str, result: dict[str, Any]) -> bool:
+        with self._tx() as con:
+            cur = con.execute(
+                "UPDATE units SET status='done', result=? WHERE job_id=? AND unit_id=? AND status!='done'",
+                (json.dumps(result), job_id, unit_id),
+            )
+            return cur.rowcount == 1
+
+    def acquire_lease(self, lease: Lease) -> None:
+        with self._tx() as con:
+            other = con.execute(
+                "SELECT job_id FROM leases WHERE tbl=? AND start_us<? AND end_us>? AND job_id!=?",
+                (lease.table, lease.end, lease.start, lease.job_id),
+            ).fetchone()
+            if other:
+                raise LeaseConflict(
+                    f"table {lease.table}: the range overlaps unpublished backfill job {other[0]}; "
+                    f"wait for it, resume it or abort it first"
+                )
+            con.execute("INSERT OR REPLACE INTO leases VALUES (?,?,?,?)", (lease.job_id, lease.table, lease.start, lease.end))
+
+    def release_lease(self, job_id: str) -> None:
+        with self._tx() as con:
+            con.execute("DELETE FROM leases WHERE job_id=?", (job_id,))
+
+    def leases(self, table: str | None = None) -> list[Lease]:
+        sql, args = "SELECT tbl, start_us, end_us, job_id FROM leases", ()
+        if table:
+            sql, args = sql + " WHERE tbl=?", (table,)
+        return [Lease(*r) for r in self._con().execute(sql, args)]
+
+
+class _Tx:
+    """BEGIN IMMEDIATE … COMMIT, so check-then-write (leases, unit completion) is atomic across processes."""
+
+    def __init__(self, con: sqlite3.Connection) -> None:
+        self.con = con
+
+    def __enter__(self) -> sqlite3.Connection:
+        self.con.execute("BEGIN IMMEDIATE")
+        return self.con
+
+    def __exit__(self, exc_type: object, *_: object) -> None:
+        self.con.execute("ROLLBACK" if exc_type else "COMMIT")
+
+
+def _job(row: tuple) -> JobRecord:
+    return JobRecord(row[0], row[1], row[2], json.loads(row[3]), json.loads(row[4]), row[5], row[6])

@@ -1,0 +1,255 @@
+"""Validate the staged data on the branch before anything reaches main.
+
+Counts, bounds and null counts come from the manifests (no data read); key uniqueness, the overlap
+with main, the per-partition aggregate and user assertions read only the columns they need, through
+DuckDB. A failed check stops the job: main is untouched and the branch stays for inspection.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+from pyiceberg.conversions import from_bytes
+from pyiceberg.manifest import DataFile
+
+from .commit import added_files
+from .contract import Contract
+from .errors import ValidationFailed
+from .layout import PartitionKey, read_range
+from .runtime import Runtime, filesystem
+from .spec import JobSpec
+from .timeutil import iso
+
+SAMPLES = 5
+
+
+@dataclass
+class Check:
+    name: str
+    passed: bool
+    detail: str
+    blocking: bool = True
+    samples: list[dict[str, Any]] = field(default_factory=list)
+
+
+def validate(rt: Runtime, job_id: str) -> dict[str, Any]:
+    """Validate step. Input: job id. Output: the checks; raises ValidationFailed if a blocking one failed."""
+    job = rt.store.get_job(job_id)
+    spec = JobSpec.model_validate(job.spec)
+    table = rt.load_table(spec.table)
+    contract = Contract.from_table(table)
+    units = rt.store.units(job_id)
+    state = job.state
+    staged = added_files(table, state["staged_snapshot_id"]) if state.get("staged_snapshot_id") else []
+    totals = _unit_totals(units)
+
+    checks = [
+        _row_balance(state, totals, staged),
+        _files_match_units(units, staged),
+        _time_bounds(table, contract, staged, state["range_start"], state["range_end"]),
+        _not_null(table, contract, staged),
+    ]
+    con = _staged_connection(staged)
+    try:
+        checks.append(_unique_keys(con, contract, bool(staged)))
+        checks.append(_overlap_with_main(con, table, contract, spec.mode, state, bool(staged)))
+        checks.append(_aggregate(units, staged, state, contract))
+        checks.extend(_assertions(con, spec.assertions, table.schema().as_arrow(), bool(staged)))
+    finally:
+        con.close()
+
+    report = [asdict(c) for c in checks]
+    failed = [c for c in checks if c.blocking and not c.passed]
+    if failed:
+        rt.store.update_job(job_id, "failed_validation", checks=report, error="; ".join(f"{c.name}: {c.detail}" for c in failed))
+        rt.store.release_lease(job_id)
+        raise ValidationFailed(
+            f"job {job_id}: validation failed ({', '.join(c.name for c in failed)}): {failed[0].detail}; "
+            f"nothing was published, the staged data stays on branch {state['branch']}"
+        )
+    overlap = next(c for c in checks if c.name == "no_overlap_with_main")
+    rt.store.update_job(job_id, "validated", checks=report, overlap_in_staged=overlap.samples and len(overlap.samples))
+    return {"job_id": job_id, "passed": True, "checks": len(checks)}
+
+
+def _unit_totals(units: list[Any]) -> dict[str, float]:
+    totals: dict[str, float] = defaultdict(float)
+    for u in units:
+        for key in ("rows_written", "rows_duplicate_in_source", "rows_conflicting_existing"):
+            totals[key] += u.result.get(key, 0)
+    return totals
+
+
+def _row_balance(state: dict[str, Any], totals: dict[str, float], staged: list[DataFile]) -> Check:
+    source = state["rows_in_source"]
+    rejected = sum(state["rows_rejected"].values())
+    staged_rows = sum(f.record_count for f in staged)
+    accounted = (
+        staged_rows + totals["rows_duplicate_in_source"] + totals["rows_conflicting_existing"]
+        + rejected + state["rows_outside_range"] + state["rows_outside_retention"]
+    )
+    detail = (
+        f"source {source} = staged {staged_rows} + duplicates {int(totals['rows_duplicate_in_source'])} "
+        f"+ conflicts {int(totals['rows_conflicting_existing'])} + rejected {rejected} "
+        f"+ outside range {state['rows_outside_range']} + outside retention {state['rows_outside_retention']}"
+        f" (= {int(accounted)})"
+    )
+    return Check("row_count_balance", source == accounted and staged_rows == totals["rows_written"], detail)
+
+
+def _files_match_units(units: list[Any], staged: list[DataFile]) -> Check:
+    expected = {u.result["path"]: u.result["rows_written"] for u in units if u.result.get("path")}
+    actual = {f.file_path: f.record_count for f in staged}
+    wrong = [p for p in expected.keys() | actual.keys() if expected.get(p) != actual.get(p)]
+    detail = f"{len(actual)} staged file(s), one per written unit" if not wrong else f"{len(wrong)} file(s) differ from the unit records, e.g. {wrong[0]}"
+    return Check("staged_files_match_units", not wrong, detail, samples=[{"file": p} for p in wrong[:SAMPLES]])
+
+
+def _bound(f: DataFile, field_id: int, table: Any, upper: bool) -> Any:
+    bounds = f.upper_bounds if upper else f.lower_bounds
+    raw = (bounds or {}).get(field_id)
+    return None if raw is None else from_bytes(table.schema().find_field(field_id).field_type, raw)
+
+
+def _time_bounds(table: Any, contract: Contract, staged: list[DataFile], start: int, end: int) -> Check:
+    field_id = table.schema().find_field(contract.time_column).field_id
+    transforms = {t.spec_id: t.transform for t in contract.tiers}
+    bad = []
+    for f in staged:
+        lo, hi = _bound(f, field_id, table, False), _bound(f, field_id, table, True)
+        p_lo, p_hi = PartitionKey(f.spec_id, transforms[f.spec_id], f.partition[0]).range
+        if lo is None or hi is None or lo < max(start, p_lo) or hi >= min(end, p_hi):
+            bad.append({"file": f.file_path, "min": iso(lo), "max": iso(hi), "partition": [iso(p_lo), iso(p_hi)]})
+    detail = (
+        f"every file within [{iso(start)}, {iso(end)}) and its partition" if not bad
+        else f"{len(bad)} file(s) hold times outside the job range or their partition"
+    )
+    return Check("time_bounds", not bad, detail, samples=bad[:SAMPLES])
+
+
+def _not_null(table: Any, contract: Contract, staged: list[DataFile]) -> Check:
+    schema = table.schema()
+    required = {f.name for f in schema.fields if f.required} | {contract.time_column, *contract.series_key}
+    bad = []
+    for name in sorted(required):
+        field_id = schema.find_field(name).field_id
+        nulls = sum((f.null_value_counts or {}).get(field_id, 0) for f in staged)
+        if nulls:
+            bad.append({"column": name, "nulls": nulls})
+    detail = f"no nulls in {', '.join(sorted(required))}" if not bad else f"nulls in required column(s): {bad}"
+    return Check("required_not_null", not bad, detail, samples=bad)
+
+
+def _staged_connection(staged: list[DataFile]) -> duckdb.DuckDBPyConnection:
+    """DuckDB with a view ``staged`` over the staged files and no access to anything else."""
+    con = duckdb.connect()
+    if staged:
+        fs, _ = filesystem(staged[0].file_path)
+        dataset = ds.dataset([filesystem(f.file_path)[1] for f in staged], filesystem=fs, format="parquet")
+        con.register("staged", dataset)
+    con.execute("SET enable_external_access = false")
+    con.execute("SET lock_configuration = true")
+    return con
+
+
+def _keys(contract: Contract) -> str:
+    return ", ".join(f'"{k}"' for k in contract.dedup_key)
+
+
+def _unique_keys(con: duckdb.DuckDBPyConnection, contract: Contract, any_staged: bool) -> Check:
+    if not any_staged:
+        return Check("unique_keys_in_staged", True, "nothing staged")
+    cols = _keys(contract)
+    dupes = con.sql(
+        f"SELECT {cols}, count(*) AS n FROM staged GROUP BY ALL HAVING count(*) > 1 LIMIT {SAMPLES}"
+    ).to_arrow_table().to_pylist()
+    detail = f"no duplicate ({cols}) in staged data" if not dupes else f"duplicate keys in staged data, e.g. {_fmt(dupes[0])}"
+    return Check("unique_keys_in_staged", not dupes, detail, samples=[_fmt_row(d) for d in dupes])
+
+
+def _overlap_with_main(
+    con: duckdb.DuckDBPyConnection, table: Any, contract: Contract, mode: str, state: dict[str, Any], any_staged: bool
+) -> Check:
+    if mode == "replace":
+        return Check("no_overlap_with_main", True, "replace mode: the range on main is replaced in the publish commit")
+    if not any_staged or table.current_snapshot() is None:
+        return Check("no_overlap_with_main", True, "no staged rows or an empty main")
+    main = read_range(table, contract.time_column, state["range_start"], state["range_end"], contract.dedup_key)
+    con.register("main_keys", main)
+    cols = _keys(contract)
+    count = con.sql(f"SELECT count(*) FROM (SELECT {cols} FROM staged) SEMI JOIN main_keys USING ({cols})").fetchall()[0][0]
+    samples = con.sql(
+        f"SELECT {cols} FROM (SELECT {cols} FROM staged) SEMI JOIN main_keys USING ({cols}) LIMIT {SAMPLES}"
+    ).to_arrow_table().to_pylist()
+    blocking = mode == "merge"
+    detail = (
+        "no staged key exists on main" if not count
+        else f"{count} staged key(s) already exist on main" + ("" if blocking else " (append mode: reported, not enforced)")
+    )
+    return Check("no_overlap_with_main", count == 0, detail, blocking=blocking, samples=[_fmt_row(s) for s in samples])
+
+
+def _aggregate(units: list[Any], staged: list[DataFile], state: dict[str, Any], contract: Contract) -> Check:
+    column = state.get("check_column")
+    if not column:
+        return Check("aggregate_matches_source", True, "the table has no numeric value column to sum")
+    file_sums = dict(zip([f.file_path for f in staged], _file_sums(staged, column)))
+    accounted: dict[str, float] = defaultdict(float)
+    for u in units:
+        r = u.result
+        accounted[u.info["partition"]] += file_sums.get(r.get("path"), 0.0) + r["duplicate_sum"] + r["conflict_sum"]
+    bad = []
+    for partition, source_sum in state["partition_sums"].items():
+        got = accounted.get(partition, 0.0)
+        if abs(got - source_sum) > 1e-6 * max(1.0, abs(source_sum)):
+            bad.append({"partition": partition, "source": source_sum, "staged_plus_dropped": got})
+    detail = (
+        f"sum({column}) per partition: source = staged + dropped in all {len(state['partition_sums'])} partition(s)"
+        if not bad else f"sum({column}) differs in {len(bad)} partition(s), e.g. {bad[0]}"
+    )
+    return Check("aggregate_matches_source", not bad, detail, samples=bad[:SAMPLES])
+
+
+def _file_sums(staged: list[DataFile], column: str) -> list[float]:
+    def one(f: DataFile) -> float:
+        fs, path = filesystem(f.file_path)
+        with fs.open_input_file(path) as handle:
+            values = pq.read_table(handle, columns=[column]).column(column)
+        return float(pc.sum(values).as_py() or 0)
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        return list(pool.map(one, staged))
+
+
+def _assertions(con: duckdb.DuckDBPyConnection, assertions: list[str], schema: pa.Schema, any_staged: bool) -> list[Check]:
+    if assertions and not any_staged:
+        con.register("staged", schema.empty_table())
+    checks = []
+    for i, sql in enumerate(assertions, 1):
+        name = f"assertion_{i}"
+        try:
+            rows = con.sql(sql).to_arrow_table()
+        except duckdb.Error as exc:
+            checks.append(Check(name, False, f"{sql!r} could not run: {str(exc).splitlines()[0]}"))
+            continue
+        failing = rows.num_rows
+        samples = [_fmt_row(r) for r in rows.slice(0, SAMPLES).to_pylist()]
+        detail = f"{sql!r}: 0 failing rows" if not failing else f"{sql!r}: {failing} failing row(s), e.g. {samples[0]}"
+        checks.append(Check(name, failing == 0, detail, samples=samples))
+    return checks
+
+
+def _fmt_row(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: (v.isoformat() if hasattr(v, "isoformat") else v) for k, v in row.items()}
+
+
+def _fmt(row: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in _fmt_row(row).items())

@@ -1,0 +1,132 @@
+"""Write one unit: its partition's rows, one series slice, sorted, deduplicated, as ONE Parquet file.
+
+A unit never commits to Iceberg; it writes its file at a deterministic path (a retry overwrites the
+same object) and records its counts. The overlap mode is applied here: in merge mode, keys already
+on main are dropped and counted.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from pyiceberg.typedef import Record
+
+from .contract import Contract
+from .layout import read_range, series_hash
+from .runtime import Runtime, filesystem
+from .spec import JobSpec
+from .store import UnitRecord
+
+ROW_GROUP_ROWS = 1 << 20
+
+
+def write_unit(rt: Runtime, job_id: str, unit_id: str) -> dict[str, Any]:
+    """Write step. Input: job id and unit id. Output: the unit's counts (also recorded in the store)."""
+    job = rt.store.get_job(job_id)
+    unit = rt.store.unit(job_id, unit_id)
+    if unit.status == "done":
+        return unit.result
+    started = time.monotonic()
+    spec = JobSpec.model_validate(job.spec)
+    table = rt.load_table(spec.table)
+    contract = Contract.from_table(table)
+    target = table.schema().as_arrow()
+    rows = _read_slice(unit, contract, target)
+    rows_in = rows.num_rows
+    rows, dup_sum, duplicates = _sort_and_dedup(rows, contract)
+    conflicts, conflict_sum = 0, 0.0
+    if spec.mode == "merge" and rows.num_rows and table.current_snapshot() is not None:
+        existing = read_range(table, contract.time_column, unit.info["start"], unit.info["end"], contract.dedup_key)
+        rows, conflicts, conflict_sum = drop_existing(rows, existing, contract)
+    result: dict[str, Any] = {
+        "rows_in": rows_in, "rows_written": rows.num_rows, "rows_duplicate_in_source": duplicates,
+        "rows_conflicting_existing": conflicts, "duplicate_sum": dup_sum, "conflict_sum": conflict_sum,
+        "path": None, "bytes": 0, "spec_id": unit.info["spec_id"], "value": unit.info["value"],
+    }
+    if rows.num_rows:
+        path = unit_path(table, job_id, unit)
+        result.update(path=path, bytes=write_parquet(rows, path, table.properties))
+    result["seconds"] = round(time.monotonic() - started, 3)
+    rt.store.complete_unit(job_id, unit_id, result)
+    return result
+
+
+def _read_slice(unit: UnitRecord, contract: Contract, target: pa.Schema) -> pa.Table:
+    tables = []
+    for path in unit.info["spill"]:
+        fs, local = filesystem(path) if "://" in path else filesystem("file://" + path)
+        with fs.open_input_stream(local) as stream:
+            tables.append(pa.ipc.open_stream(stream).read_all())
+    rows = pa.concat_tables(tables) if tables else target.empty_table()
+    if unit.info["slices"] > 1:
+        buckets = series_hash(rows, contract.series_key) % np.uint64(unit.info["slices"])
+        rows = rows.filter(pa.array(buckets == unit.info["slice"]))
+    return rows
+
+
+def sort_keys(contract: Contract) -> list[tuple[str, str]]:
+    """The table's sort order: series key, time, then any other dedup columns."""
+    names = [*contract.series_key, contract.time_column]
+    names += [c for c in contract.dedup_key if c not in names]
+    return [(c, "ascending") for c in names]
+
+
+def _sort_and_dedup(rows: pa.Table, contract: Contract) -> tuple[pa.Table, float, int]:
+    """Sort (stable) and keep the LAST source row of each dedup key: later rows in an export are corrections."""
+    if rows.num_rows == 0:
+        return rows, 0.0, 0
+    rows = rows.take(pc.sort_indices(rows, sort_keys=sort_keys(contract)))
+    same_as_next = np.ones(rows.num_rows - 1, dtype=bool)
+    for column in contract.dedup_key:
+        values = rows.column(column)
+        same_as_next &= pc.fill_null(pc.equal(values.slice(0, rows.num_rows - 1), values.slice(1)), False).to_numpy(
+            zero_copy_only=False
+        )
+    duplicates = int(same_as_next.sum())
+    if not duplicates:
+        return rows, 0.0, 0
+    drop = np.append(same_as_next, False)
+    dup_sum = _sum(rows.filter(pa.array(drop)), contract)
+    return rows.filter(pa.array(~drop)), dup_sum, duplicates
+
+
+def drop_existing(rows: pa.Table, existing: pa.Table, contract: Contract) -> tuple[pa.Table, int, float]:
+    """Merge mode: existing rows win. Returns the rows left, how many were dropped and their check sum."""
+    if rows.num_rows == 0 or existing.num_rows == 0:
+        return rows, 0, 0.0
+    keys = list(contract.dedup_key)
+    left = rows.select(keys).append_column("__row", pa.array(np.arange(rows.num_rows)))
+    hits = left.join(existing.select(keys).cast(left.select(keys).schema), keys=keys, join_type="left semi")
+    if hits.num_rows == 0:
+        return rows, 0, 0.0
+    mask = np.zeros(rows.num_rows, dtype=bool)
+    mask[hits.column("__row").to_numpy()] = True
+    conflict_sum = _sum(rows.filter(pa.array(mask)), contract)
+    return rows.filter(pa.array(~mask)), int(mask.sum()), conflict_sum
+
+
+def _sum(rows: pa.Table, contract: Contract) -> float:
+    if not contract.check_column or rows.num_rows == 0:
+        return 0.0
+    return float(pc.sum(rows.column(contract.check_column)).as_py() or 0)
+
+
+def unit_path(table: Any, job_id: str, unit: UnitRecord, suffix: str = "") -> str:
+    spec = table.specs()[unit.info["spec_id"]]
+    partition = spec.partition_to_path(Record(unit.info["value"]), table.schema())
+    return f"{table.location().rstrip('/')}/data/{partition}/{job_id}-{unit.unit_id}{suffix}.parquet"
+
+
+def write_parquet(rows: pa.Table, path: str, properties: dict[str, str]) -> int:
+    """Write one file with Iceberg field ids (from the table's Arrow schema); returns its size in bytes."""
+    fs, local = filesystem(path)
+    fs.create_dir(local.rsplit("/", 1)[0], recursive=True)
+    codec = properties.get("write.parquet.compression-codec", "zstd")
+    with fs.open_output_stream(local) as out:
+        pq.write_table(rows, out, compression=None if codec == "uncompressed" else codec, row_group_size=ROW_GROUP_ROWS)
+    return fs.get_file_info(local).size
