@@ -242,8 +242,12 @@ def _cost(cost: dict[str, Any] | None) -> str:
 
 
 def _fail(message: str) -> None:
-    console.print(f"error: {message}", markup=False, highlight=False)
+    print(f"error: {_one_line(message)}", file=sys.stderr)
     raise typer.Exit(1)
+
+
+def _one_line(message: str) -> str:
+    return " ".join(message.split())
 
 
 def main() -> None:
@@ -256,6 +260,6 @@ def main() -> None:
         if isinstance(exc, ValidationError):
             message = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'job'}: {e['msg']}" for e in exc.errors())
         else:
-            message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        console.print(f"error: {message}", markup=False, highlight=False)
+            message = str(exc) or type(exc).__name__
+        print(f"error: {_one_line(message)}", file=sys.stderr)
         sys.exit(1)

@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 
 from .contract import Contract
 from .cost import estimate_cost
-from .errors import BackfillError, DstRefused, InvalidJob
+from .errors import DstRefused, InvalidJob
 from .layout import PartitionKey, micros, partition_codes, read_range, split_by_code
 from .mapping import Mapper
 from .runtime import Runtime, filesystem
@@ -174,10 +174,10 @@ def plan(rt: Runtime, job_id: str, source: Any = None) -> dict[str, Any]:
 
     rt.store.acquire_lease(Lease(spec.table, range_start, range_end, job_id))
     branch = f"backfill/{job_id}"
-    base = table.current_snapshot()
-    if base is not None and table.metadata.refs.get(branch) is None:
+    base = table.current_snapshot() or _empty_snapshot(table, job_id)
+    if table.metadata.refs.get(branch) is None:
         table.manage_snapshots().create_branch(snapshot_id=base.snapshot_id, branch_name=branch).commit()
-    state.update(branch=branch, base_snapshot_id=base.snapshot_id if base else None)
+    state.update(branch=branch, base_snapshot_id=base.snapshot_id)
     rt.store.put_units(job_id, units)
     _write_unit_manifest(rt, job_id, units)
     rt.store.update_job(job_id, "planned", **state)
@@ -233,6 +233,15 @@ def _refuse_dst(scan: _Scan) -> None:
             f"local times that do not exist or are ambiguous in the source time zone: {detail}; "
             "choose a policy with --dst-policy earliest|latest|drop"
         )
+
+
+def _empty_snapshot(table: Any, job_id: str) -> Any:
+    """Iceberg branches fork from a snapshot; a brand-new table gets an empty one (readers see no rows)."""
+    from .commit import JOB_PROPERTY, STEP_PROPERTY
+
+    with table.transaction() as tx:
+        tx.update_snapshot(snapshot_properties={JOB_PROPERTY: job_id, STEP_PROPERTY: "fork"}).fast_append().commit()
+    return table.refresh().current_snapshot()
 
 
 def _job_range(scan: _Scan, start_us: int | None, end_us: int | None) -> tuple[int, int]:

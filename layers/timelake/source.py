@@ -1,0 +1,386 @@
+"""Reading a backfill source in bounded-memory batches.
+
+A backfill may cover years of exports, so nothing here ever holds a whole file
+in memory: every format is streamed and cut into batches of at most
+``batch_rows`` rows, each tagged with its file and row offset so that a bad
+value deep inside a large file can be reported precisely.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator
+from contextlib import closing, contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
+
+import pyarrow as pa
+import pyarrow.csv as pcsv
+import pyarrow.fs as pafs
+import pyarrow.json as pjson
+import pyarrow.parquet as pq
+
+if TYPE_CHECKING:
+    import pandas
+
+MEMORY = "<memory>"
+_FORMATS = {
+    ".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".jsonl": "json", ".ndjson": "json", ".json": "json"
+}
+_KNOWN_EXTENSIONS = ", ".join([*_FORMATS, *(f"{ext}.gz" for ext, fmt in _FORMATS.items() if fmt != "parquet")])
+_KIND = {"parquet": "Parquet", "csv": "CSV", "json": "newline-delimited JSON"}
+# "NA" and friends are left alone: they are real values in series keys (country codes) more often than markers.
+_CSV_NULLS = ["", "NULL", "null"]
+# JSON is parsed a chunk of whole lines at a time; this bounds memory per chunk.
+_JSON_CHUNK_BYTES = 32 << 20
+_GLOB_TOKEN = re.compile(r"\*\*/|\*\*|\*|\?|[^*?]+")
+_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+://")
+
+
+class SourceError(ValueError):
+    """A source cannot be found or read; the message names the file or glob and the problem."""
+
+
+@dataclass(frozen=True)
+class SourceBatch:
+    """Raw rows plus where they came from, so that later errors can say "row N of file"."""
+
+    data: pa.RecordBatch
+    origin: str
+    row_offset: int
+
+
+class Source(ABC):
+    """A set of pieces (files, or one in-memory piece) that can be read batch by batch.
+
+    Pieces are exposed so that a planner can fan out one worker per file and
+    record progress per file; ``fingerprint`` lets a resumed job detect that the
+    input changed underneath it.
+    """
+
+    uri: str
+
+    @abstractmethod
+    def pieces(self) -> list[str]:
+        """The pieces in a deterministic order, so that plans are reproducible."""
+
+    @abstractmethod
+    def schema(self) -> pa.Schema:
+        """The raw schema of the first piece, used to validate a mapping before any data is read."""
+
+    @abstractmethod
+    def batches(self, piece: str | None = None) -> Iterator[SourceBatch]:
+        """Every piece in order, or only ``piece``; batches hold at most ``batch_rows`` rows."""
+
+    @abstractmethod
+    def fingerprint(self) -> str:
+        """A sha256 hex digest that changes when the input changes; cheap because no data is read."""
+
+
+class FileSource(Source):
+    """Files on a local or remote filesystem, all of one known format each."""
+
+    def __init__(
+        self, uri: str, fs: pafs.FileSystem, paths: dict[str, str], formats: dict[str, str], batch_rows: int
+    ) -> None:
+        """``paths`` maps piece names (as shown to users) to filesystem paths; ``formats`` maps them to formats."""
+        self.uri = uri
+        self._fs = fs
+        self._paths = paths
+        self._formats = formats
+        self._batch_rows = batch_rows
+
+    def pieces(self) -> list[str]:
+        return list(self._paths)
+
+    def schema(self) -> pa.Schema:
+        piece = next(iter(self._paths))
+        path, fmt = self._paths[piece], self._formats[piece]
+        with self._readable(piece):
+            if fmt == "parquet":
+                with self._fs.open_input_file(path) as f:
+                    return pq.ParquetFile(f).schema_arrow
+            if fmt == "csv":
+                return pa.schema([(name, pa.string()) for name in self._csv_names(path)])
+            with closing(self._json(path)) as batches:
+                first = next(batches, None)
+            return first.schema if first is not None else pa.schema([])
+
+    def batches(self, piece: str | None = None) -> Iterator[SourceBatch]:
+        if piece is not None and piece not in self._paths:
+            raise SourceError(f"{piece} is not a piece of source '{self.uri}'")
+        for name in [piece] if piece is not None else self._paths:
+            yield from self._read(name)
+
+    def fingerprint(self) -> str:
+        digest = hashlib.sha256()
+        for piece, info in zip(self._paths, self._fs.get_file_info(list(self._paths.values())), strict=True):
+            if info.type != pafs.FileType.File:
+                raise SourceError(f"source file {piece} no longer exists")
+            digest.update(f"{piece}\0{info.size}\0{info.mtime_ns}\n".encode())
+        return digest.hexdigest()
+
+    def _read(self, piece: str) -> Iterator[SourceBatch]:
+        path, fmt = self._paths[piece], self._formats[piece]
+        reader = {"parquet": self._parquet, "csv": self._csv, "json": self._json}[fmt]
+        offset = 0
+        with self._readable(piece):
+            for batch in _rebatch(reader(path), self._batch_rows):
+                yield SourceBatch(batch, piece, offset)
+                offset += batch.num_rows
+
+    @contextmanager
+    def _readable(self, piece: str) -> Iterator[None]:
+        """Turn reader failures into one error type that names the file, wherever the failure surfaces."""
+        try:
+            yield
+        except (pa.ArrowException, OSError) as e:
+            raise SourceError(f"{piece} is not a readable {_KIND[self._formats[piece]]} file: {e}") from e
+
+    def _open(self, path: str) -> pa.NativeFile:
+        return self._fs.open_input_stream(path, compression="detect")
+
+    def _parquet(self, path: str) -> Iterator[pa.RecordBatch]:
+        with self._fs.open_input_file(path) as f:
+            yield from pq.ParquetFile(f).iter_batches(batch_size=self._batch_rows)
+
+    def _csv_names(self, path: str) -> list[str]:
+        """Header names, found by a first short read; an entirely empty file has no columns."""
+        with self._open(path) as f:
+            if not f.read(1):
+                return []
+        with self._open(path) as f:
+            return pcsv.open_csv(f).schema.names
+
+    def _csv(self, path: str) -> Iterator[pa.RecordBatch]:
+        """Every column is read as text: inferring per block lets blocks disagree, and the mapping casts anyway."""
+        names = self._csv_names(path)
+        if not names:
+            return
+        convert = pcsv.ConvertOptions(
+            column_types=dict.fromkeys(names, pa.string()), strings_can_be_null=True, null_values=_CSV_NULLS
+        )
+        with self._open(path) as f:
+            yield from pcsv.open_csv(f, convert_options=convert)
+
+    def _json(self, path: str) -> Iterator[pa.RecordBatch]:
+        """Parse chunks of whole lines rather than using the streaming reader.
+
+        The streaming reader fixes every type from its first block and then
+        fails on sparse fields (null at first, numbers later), which real
+        exports are full of. Date-like fields are kept as text because the
+        reader would silently drop their UTC offsets.
+        """
+        as_text: dict[str, pa.DataType] = {}
+        with self._open(path) as f:
+            for chunk in _line_chunks(f, _JSON_CHUNK_BYTES):
+                while True:
+                    options = pjson.ParseOptions(
+                        explicit_schema=pa.schema(as_text) if as_text else None, unexpected_field_behavior="infer"
+                    )
+                    table = pjson.read_json(pa.BufferReader(chunk), parse_options=options)
+                    dated = [f.name for f in table.schema if pa.types.is_timestamp(f.type)]
+                    if not dated:
+                        break
+                    as_text.update(dict.fromkeys(dated, pa.string()))
+                yield from table.to_batches()
+
+
+class MemorySource(Source):
+    """Data already in this process.
+
+    A RecordBatchReader can be read only once, so it is drained into a table on
+    first use (``schema`` excepted); its rows then stay in memory, which is the
+    price of being able to read, fingerprint and re-read it like a file.
+    """
+
+    def __init__(self, data: pa.Table | pa.RecordBatchReader, uri: str, batch_rows: int) -> None:
+        self.uri = uri
+        self._data = data
+        self._batch_rows = batch_rows
+
+    def pieces(self) -> list[str]:
+        return [MEMORY]
+
+    def schema(self) -> pa.Schema:
+        return self._data.schema
+
+    def batches(self, piece: str | None = None) -> Iterator[SourceBatch]:
+        if piece not in (None, MEMORY):
+            raise SourceError(f"{piece} is not a piece of source '{self.uri}'")
+        offset = 0
+        for batch in _rebatch(self._table().to_batches(), self._batch_rows):
+            yield SourceBatch(batch, MEMORY, offset)
+            offset += batch.num_rows
+
+    def fingerprint(self) -> str:
+        schema = self._data.schema.remove_metadata().serialize().to_pybytes()
+        return hashlib.sha256(schema + str(self._table().num_rows).encode()).hexdigest()
+
+    def _table(self) -> pa.Table:
+        if isinstance(self._data, pa.RecordBatchReader):
+            self._data = self._data.read_all()
+        return self._data
+
+
+def open_source(
+    source: str | pa.Table | pa.RecordBatchReader | pandas.DataFrame,
+    *,
+    format: str | None = None,
+    batch_rows: int = 262_144,
+) -> Source:
+    """Open a path, directory, glob, URI or in-memory table as a :class:`Source`.
+
+    Files are listed (and their formats decided) here, so that a typo or an
+    unknown extension fails before any job is planned. ``format`` overrides the
+    extension and is ignored for in-memory data. A pandas DataFrame keeps any
+    index other than the default range as a column (named after the index),
+    because time series often carry their timestamps there.
+    """
+    if batch_rows < 1:
+        raise SourceError(f"batch_rows must be positive, got {batch_rows}")
+    if isinstance(source, pa.Table):
+        return MemorySource(source, f"<pyarrow.Table {source.num_rows} rows>", batch_rows)
+    if isinstance(source, pa.RecordBatchReader):
+        return MemorySource(source, "<pyarrow.RecordBatchReader>", batch_rows)
+    if type(source).__module__.partition(".")[0] == "pandas":
+        return MemorySource(pa.Table.from_pandas(source), f"<pandas.DataFrame {len(source)} rows>", batch_rows)
+    if not isinstance(source, str):
+        raise SourceError(f"cannot read a source of type {type(source).__name__}")
+    forced = _format_named(format) if format is not None else None
+    fs, prefix, paths = _list_files(source, known_only=forced is None)
+    if not paths:
+        raise SourceError(f"no source files match '{source}'")
+    pieces = {prefix + path: path for path in sorted(paths)}
+    return FileSource(source, fs, pieces, {p: forced or _format_of(p) for p in pieces}, batch_rows)
+
+
+def _format_named(format: str) -> str:
+    fmt = _FORMATS.get("." + format.lower().lstrip("."))
+    if fmt is None:
+        raise SourceError(f"unknown source format '{format}': use parquet, csv or json")
+    return fmt
+
+
+def _format_of(path: str) -> str:
+    fmt = _guess_format(path)
+    if fmt is None:
+        raise SourceError(
+            f"cannot tell the format of {path}: known extensions are {_KNOWN_EXTENSIONS} (or pass format=...)"
+        )
+    return fmt
+
+
+def _guess_format(path: str) -> str | None:
+    name = path.lower()
+    fmt = next((f for ext, f in _FORMATS.items() if name.removesuffix(".gz").endswith(ext)), None)
+    return None if fmt == "parquet" and name.endswith(".gz") else fmt
+
+
+def _list_files(source: str, *, known_only: bool) -> tuple[pafs.FileSystem, str, list[str]]:
+    """Resolve ``source`` to a filesystem, the prefix that turns its paths back into names, and the matching paths.
+
+    Only the part before the first wildcard is handed to the filesystem,
+    because remote stores list by prefix and know nothing of globs. Files whose
+    name starts with "." or "_" are skipped when listing, as those are the
+    markers and checksums (_SUCCESS, .crc) that distributed writers leave next to the data.
+    """
+    parts = source.split("/")
+    wild = next((i for i, part in enumerate(parts) if "*" in part or "?" in part), len(parts))
+    base, pattern = "/".join(parts[:wild]) or ("/" if source.startswith("/") else "."), "/".join(parts[wild:])
+    if _URI.match(source):
+        fs, root = _filesystem(base)
+        prefix = base[: base.index("://") + 3]
+    else:
+        fs, root, prefix = pafs.LocalFileSystem(), os.path.abspath(base), ""
+    if not pattern:
+        info = _file_info(fs, root, source)
+        if info.type == pafs.FileType.File:
+            return fs, prefix, [root]
+        if info.type != pafs.FileType.Directory:
+            return fs, prefix, []
+    selector = pafs.FileSelector(root, recursive=not pattern or "/" in pattern or "**" in pattern, allow_not_found=True)
+    try:
+        listing = fs.get_file_info(selector)
+    except (pa.ArrowException, OSError) as e:
+        raise SourceError(f"cannot list source '{source}': {e}") from e
+    matches = _glob(pattern).match if pattern else None
+    skip = len(root.rstrip("/")) + 1
+    return fs, prefix, [
+        info.path
+        for info in listing
+        if info.type == pafs.FileType.File
+        and not info.base_name.startswith((".", "_"))
+        and (matches(info.path[skip:]) if matches else not known_only or _guess_format(info.path) is not None)
+    ]
+
+
+def _file_info(fs: pafs.FileSystem, path: str, source: str) -> pafs.FileInfo:
+    try:
+        return fs.get_file_info(path)
+    except (pa.ArrowException, OSError) as e:
+        raise SourceError(f"cannot open source '{source}': {e}") from e
+
+
+def _filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
+    """Honour an S3 endpoint override so that the same code runs against local S3 emulators."""
+    endpoint = os.environ.get("TIMELAKE_S3_ENDPOINT")
+    try:
+        if endpoint and uri.startswith("s3://"):
+            url = urlsplit(endpoint if "://" in endpoint else f"http://{endpoint}")
+            return pafs.S3FileSystem(endpoint_override=url.netloc, scheme=url.scheme), uri.removeprefix("s3://")
+        return pafs.FileSystem.from_uri(uri)
+    except (pa.ArrowException, OSError) as e:
+        raise SourceError(f"cannot open source '{uri}': {e}") from e
+
+
+def _glob(pattern: str) -> re.Pattern[str]:
+    """``*`` and ``?`` stay within one directory level and ``**`` crosses levels, as in a shell."""
+    regex = {"**/": "(?:.*/)?", "**": ".*", "*": "[^/]*", "?": "[^/]"}
+    return re.compile("".join(regex.get(t, re.escape(t)) for t in _GLOB_TOKEN.findall(pattern)) + r"\Z")
+
+
+def _rebatch(batches: Iterable[pa.RecordBatch], rows: int) -> Iterator[pa.RecordBatch]:
+    """Cut and join reader output into batches of ``rows``.
+
+    Readers yield by bytes or row groups; callers want a predictable memory
+    footprint and few tiny batches. Batches of differing schemas (JSON chunks)
+    are never joined.
+    """
+    held: list[pa.RecordBatch] = []
+    count = 0
+    for batch in batches:
+        if held and not batch.schema.equals(held[0].schema):
+            yield _join(held)
+            held, count = [], 0
+        while batch.num_rows:
+            take = min(rows - count, batch.num_rows)
+            held.append(batch.slice(0, take))
+            count += take
+            batch = batch.slice(take)
+            if count == rows:
+                yield _join(held)
+                held, count = [], 0
+    if held:
+        yield _join(held)
+
+
+def _join(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
+    return batches[0] if len(batches) == 1 else pa.concat_batches(batches)
+
+
+def _line_chunks(stream: pa.NativeFile, size: int) -> Iterator[bytes]:
+    """Blocks of roughly ``size`` bytes that end on a line boundary, so that no JSON record is split."""
+    rest = b""
+    while data := stream.read(size):
+        buffer = rest + data
+        cut = buffer.rfind(b"\n") + 1
+        chunk, rest = buffer[:cut], buffer[cut:]
+        if chunk.strip():
+            yield chunk
+    if rest.strip():
+        yield rest

@@ -1,0 +1,81 @@
+"""Shared fixtures: a fresh embedded lake per test and a sensor-data generator."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import timelake
+
+SCHEMA = pa.schema([("ts", pa.timestamp("us", tz="UTC")), ("device_id", pa.string()), ("value", pa.float64())])
+Readings = Callable[..., pa.Table]
+
+
+def make_readings(start: str | datetime, days: float = 1, devices: int = 3, step_minutes: int = 60, seed: int = 0,
+                  value_offset: float = 0.0) -> pa.Table:
+    """Rows for every device on a fixed cadence from ``start`` (UTC) for ``days``."""
+    begin = start if isinstance(start, datetime) else datetime.fromisoformat(start).replace(tzinfo=timezone.utc)
+    n = int(days * 24 * 60 // step_minutes)
+    base = np.datetime64(begin.replace(tzinfo=None), "us")
+    ts = np.tile(base + np.arange(n) * np.timedelta64(step_minutes * 60_000_000, "us"), devices)
+    dev = np.repeat([f"d{i:02d}" for i in range(devices)], n)
+    rng = np.random.default_rng(seed)
+    value = np.round(rng.uniform(0, 100, n * devices), 3) + value_offset
+    return pa.table({"ts": pa.array(ts).cast(SCHEMA.field("ts").type), "device_id": dev, "value": value}, schema=SCHEMA)
+
+
+@pytest.fixture
+def readings() -> Readings:
+    return make_readings
+
+
+@pytest.fixture
+def warehouse(tmp_path: Path) -> Path:
+    return tmp_path / "lake"
+
+
+@pytest.fixture
+def lake(warehouse: Path) -> timelake.Lake:
+    return timelake.connect(warehouse=warehouse)
+
+
+@pytest.fixture
+def sensor(lake: timelake.Lake) -> timelake.Table:
+    """An empty day-partitioned iot.sensor table with a 3-year retention."""
+    return lake.create_table("iot.sensor", schema=SCHEMA, time_column="ts", series_key=["device_id"],
+                             partition_by="day", retention="P3Y", target_file_size="64MB")
+
+
+def recent(days_ago: int) -> str:
+    """An ISO day ``days_ago`` before today (UTC): keeps test data inside retention whatever the date."""
+    return (datetime.now(timezone.utc) - timedelta(days=days_ago)).strftime("%Y-%m-%d")
+
+
+def reference_merge(existing: pa.Table, source: pa.Table) -> pa.Table:
+    """Independent reference for merge: source duplicates collapse to their last row, existing rows win."""
+    con = duckdb.connect()
+    con.register("existing", existing)
+    con.register("source", source.append_column("__pos", pa.array(np.arange(source.num_rows))))
+    return con.sql("""
+        WITH last AS (SELECT * EXCLUDE (__pos, __rank) FROM (
+            SELECT *, row_number() OVER (PARTITION BY device_id, ts ORDER BY __pos DESC) AS __rank FROM source)
+            WHERE __rank = 1)
+        SELECT ts, device_id, value FROM existing
+        UNION ALL
+        SELECT ts, device_id, value FROM last ANTI JOIN existing USING (device_id, ts)
+        ORDER BY device_id, ts""").to_arrow_table().cast(SCHEMA)
+
+
+def sort_rows(table: pa.Table) -> pa.Table:
+    return table.select(SCHEMA.names).cast(SCHEMA).sort_by([("device_id", "ascending"), ("ts", "ascending")])
+
+
+def duplicate_keys(table: pa.Table) -> int:
+    counts = table.group_by(["device_id", "ts"]).aggregate([([], "count_all")]).column("count_all")
+    return sum(1 for c in counts.to_pylist() if c > 1)

@@ -1,0 +1,89 @@
+"""The CLI as a user runs it: real subprocesses, exit codes, one-line errors, JSON output."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+import timelake
+
+from tests.conftest import SCHEMA, recent
+
+TIMELAKE = str(Path(sys.executable).parent / "timelake")
+
+
+def cli(*args: str, warehouse: Path, check: bool = True) -> subprocess.CompletedProcess:
+    env = {**os.environ, "TIMELAKE_WAREHOUSE": str(warehouse)}
+    result = subprocess.run([TIMELAKE, *args], capture_output=True, text=True, env=env, timeout=120)
+    if check and result.returncode != 0:
+        raise AssertionError(f"exit {result.returncode}: {result.stderr}")
+    return result
+
+
+@pytest.fixture
+def export(tmp_path, readings) -> Path:
+    folder = tmp_path / "export"
+    folder.mkdir()
+    rows = readings(recent(8), days=2, devices=2)
+    renamed = rows.rename_columns(["timestamp", "tag_name", "val"])
+    pq.write_table(renamed.slice(0, 48), folder / "a.parquet")
+    pq.write_table(renamed.slice(48), folder / "b.parquet")
+    return folder
+
+
+def test_backfill_json_report_then_status_and_list(sensor, warehouse, export):
+    args = ["backfill", "iot.sensor", "--from", f"{export}/*.parquet", "--map", "ts=timestamp,device_id=tag_name,value=val"]
+    dry = json.loads(cli(*args, "--dry-run", "--json", warehouse=warehouse).stdout)
+    assert dry["phase"] == "dry_run_complete" and dry["rows_in_source"] == 96
+    for key in ("job_id", "table", "mode", "rows_written", "rows_duplicate_in_source", "rows_conflicting_existing",
+                "rows_outside_retention", "rows_outside_range", "rows_rejected", "time_range", "units", "files",
+                "overlap_existing_rows", "estimated_cost", "source_gaps", "checks", "published_snapshot_ids"):
+        assert key in dry
+    report = json.loads(cli(*args, "--json", warehouse=warehouse).stdout)
+    assert report["phase"] == "published" and report["rows_written"] == 96
+    status = json.loads(cli("backfill", "status", report["job_id"], "--json", warehouse=warehouse).stdout)
+    assert status["units_done"] == status["units_total"] == 2 and status["rows_processed"] == 96
+    listed = json.loads(cli("backfill", "list", "iot.sensor", "--json", warehouse=warehouse).stdout)
+    assert [j["job_id"] for j in listed] == [dry["job_id"], report["job_id"]]
+    assert timelake.connect(warehouse=warehouse).table("iot.sensor").to_arrow().num_rows == 96
+
+
+def test_job_file(sensor, warehouse, export, tmp_path):
+    job = tmp_path / "job.json"
+    job.write_text(json.dumps({"table": "iot.sensor", "source": f"{export}/*.parquet", "mode": "append",
+                               "map": {"ts": "timestamp", "device_id": "tag_name", "value": "val"}}))
+    report = json.loads(cli("backfill", "iot.sensor", "--job", str(job), "--json", warehouse=warehouse).stdout)
+    assert report["mode"] == "append" and report["rows_written"] == 96
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--from", "{export}/*.parquet"], "column 'ts' (source 'ts') is required but missing from the source (source columns: timestamp, tag_name, val)"),
+    (["--from", "{export}/*.parquet", "--map", "ts=timestamp,device_id=tag_name,value=val", "--mode", "upsert"], "mode"),
+    (["--from", "{export}/*.parquet", "--map", "ts"], "is not table_column=source_column"),
+    (["--from", "{export}/none-*.parquet"], "no source files match"),
+])
+def test_errors_are_one_line_and_nonzero(sensor, warehouse, export, args, message):
+    result = cli("backfill", "iot.sensor", *[a.format(export=export) for a in args], warehouse=warehouse, check=False)
+    assert result.returncode != 0
+    last = result.stderr.strip().splitlines()[-1]
+    assert message in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr and last.startswith(("error:", "Error", "│", "╰"))
+
+
+def test_unknown_job_and_table(warehouse, sensor):
+    result = cli("backfill", "status", "bf-nope", warehouse=warehouse, check=False)
+    assert result.returncode == 1 and "no backfill job 'bf-nope'" in result.stderr
+    result = cli("backfill", "iot.other", "--from", "x.parquet", warehouse=warehouse, check=False)
+    assert result.returncode == 1 and "table 'iot.other' does not exist" in result.stderr
+
+
+def test_schema_command_prints_the_job_schema(warehouse):
+    schema = json.loads(cli("backfill", "schema", warehouse=warehouse).stdout)
+    assert schema["title"] == "JobSpec" and "mode" in schema["properties"]
+    assert Path(__file__).parents[2].joinpath("docs", "job.schema.json").read_text().strip() == json.dumps(schema, indent=2)

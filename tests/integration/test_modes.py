@@ -1,0 +1,137 @@
+"""Merge, replace and append produce exactly what an independent reference computes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+from tests.conftest import SCHEMA, duplicate_keys, recent, reference_merge, sort_rows
+
+
+def _existing_and_source(sensor, readings):
+    existing = readings(recent(10), days=3, devices=3, seed=1)
+    sensor.append(existing)
+    # overlaps the last two existing days, extends two days further, and repeats some keys with new values
+    source = readings(recent(9), days=4, devices=4, seed=2)
+    repeat = source.slice(0, 10)
+    repeat = repeat.set_column(2, "value", pc.add(repeat.column("value"), 1000.0))
+    return existing, pa.concat_tables([source, repeat])
+
+
+def test_merge_keeps_existing_rows_and_adds_the_rest(sensor, readings):
+    existing, source = _existing_and_source(sensor, readings)
+    job = sensor.backfill(source=source, mode="merge").wait()
+    report = job.report()
+    assert sort_rows(sensor.to_arrow()).equals(reference_merge(existing, source))
+    assert report["phase"] == "published"
+    assert report["rows_duplicate_in_source"] == 10
+    expected_conflicts = duckdb.sql(
+        "SELECT count(*) FROM (SELECT DISTINCT device_id, ts FROM source) SEMI JOIN existing USING (device_id, ts)"
+    ).fetchall()[0][0]
+    assert report["rows_conflicting_existing"] == expected_conflicts
+    assert report["rows_written"] == sensor.to_arrow().num_rows - existing.num_rows
+    assert all(c["passed"] for c in report["checks"])
+    assert len(report["published_snapshot_ids"]) == 1
+
+
+def test_replace_swaps_the_range_atomically(sensor, readings):
+    existing, source = _existing_and_source(sensor, readings)
+    start, end = recent(9), recent(7)
+    job = sensor.backfill(source=source, mode="replace", start=start, end=end).wait()
+    con = duckdb.connect()
+    con.register("existing", existing)
+    con.register("source", source.append_column("__pos", pa.array(range(source.num_rows))))
+    expected = con.sql(f"""
+        SELECT ts, device_id, value FROM existing WHERE NOT (ts >= '{start}'::TIMESTAMPTZ AND ts < '{end}'::TIMESTAMPTZ)
+        UNION ALL
+        SELECT ts, device_id, value FROM (
+            SELECT *, row_number() OVER (PARTITION BY device_id, ts ORDER BY __pos DESC) AS r FROM source
+            WHERE ts >= '{start}'::TIMESTAMPTZ AND ts < '{end}'::TIMESTAMPTZ) WHERE r = 1
+        ORDER BY device_id, ts""").to_arrow_table().cast(SCHEMA)
+    assert sort_rows(sensor.to_arrow()).equals(expected)
+    report = job.report()
+    assert report["rows_outside_range"] == source.num_rows - pc.sum(pc.and_(
+        pc.greater_equal(source.column("ts"), pa.scalar(pc.strptime(start, "%Y-%m-%d", "us").as_py(), SCHEMA.field("ts").type)),
+        pc.less(source.column("ts"), pa.scalar(pc.strptime(end, "%Y-%m-%d", "us").as_py(), SCHEMA.field("ts").type)),
+    ).cast(pa.int64())).as_py()
+
+
+def test_append_adds_without_key_check_and_reports_overlap(sensor, readings):
+    existing = readings(recent(10), days=2, devices=2, seed=1)
+    sensor.append(existing)
+    source = readings(recent(9), days=2, devices=2, seed=2)  # one day overlaps
+    report = sensor.backfill(source=source, mode="append").wait().report()
+    rows = sensor.to_arrow()
+    assert rows.num_rows == existing.num_rows + source.num_rows
+    overlap = next(c for c in report["checks"] if c["name"] == "no_overlap_with_main")
+    assert not overlap["passed"] and not overlap["blocking"]
+    assert "48 staged key(s) already exist on main" in overlap["detail"]
+
+
+def test_same_backfill_twice_changes_nothing_the_second_time(sensor, readings):
+    source = readings(recent(5), days=2, devices=3)
+    sensor.backfill(source=source).wait()
+    snapshot = sensor.refresh().iceberg.current_snapshot().snapshot_id
+    second = sensor.backfill(source=source).wait().report()
+    assert sensor.refresh().iceberg.current_snapshot().snapshot_id == snapshot
+    assert second["rows_written"] == 0 and second["rows_conflicting_existing"] == source.num_rows
+    assert sensor.to_arrow().num_rows == source.num_rows
+
+
+def test_dry_run_reports_and_changes_nothing(sensor, readings, lake):
+    existing = readings(recent(10), days=2, devices=2)
+    sensor.append(existing)
+    before = sensor.refresh().iceberg.metadata
+    source = readings(recent(12), days=6, devices=2)
+    gap = pc.filter(source, pc.not_equal(pc.cast(pc.floor_temporal(source.column("ts"), unit="day"), pa.date32()),
+                                         pa.scalar(pc.strptime(recent(11), "%Y-%m-%d", "s").as_py().date())))
+    job = sensor.backfill(source=gap, dry_run=True).wait()
+    report = job.report()
+    after = sensor.refresh().iceberg.metadata
+    assert after.snapshots == before.snapshots and after.refs == before.refs
+    assert report["phase"] == "dry_run_complete"
+    assert report["rows_in_source"] == gap.num_rows
+    assert report["overlap_existing_rows"] == existing.num_rows
+    assert report["source_gaps"] == [{"start": recent(11), "end": recent(11), "days": 1}]
+    assert report["units"] == 5 and report["files"] == 0
+    assert report["estimated_cost"]["aws_usd"] > 0 and "assumptions" in report["estimated_cost"]
+    assert lake.runtime.store.leases() == []
+    assert not Path(lake.runtime.config.staging.removeprefix("file://"), job.id).exists()
+
+
+def test_publish_by_day_commits_one_chunk_per_day(sensor, readings):
+    source = readings(recent(6), days=3, devices=2)
+    report = sensor.backfill(source=source, publish_by="day").wait().report()
+    assert len(report["published_snapshot_ids"]) == 3
+    assert len(report["published_chunks"]) == 3
+    assert sort_rows(sensor.to_arrow()).equals(sort_rows(source))
+    assert duplicate_keys(sensor.to_arrow()) == 0
+
+
+def test_retention_rejects_old_rows_unless_overridden(sensor, readings):
+    old = readings("2020-01-01", days=1, devices=1)
+    fresh = readings(recent(3), days=1, devices=1)
+    report = sensor.backfill(source=pa.concat_tables([old, fresh])).wait().report()
+    assert report["rows_outside_retention"] == old.num_rows
+    assert sensor.to_arrow().num_rows == fresh.num_rows
+    report = sensor.backfill(source=old, override_retention=True).wait().report()
+    assert report["rows_written"] == old.num_rows
+    assert sensor.to_arrow().num_rows == old.num_rows + fresh.num_rows
+
+
+@pytest.mark.parametrize("max_concurrency", [1, 2])
+def test_files_are_sorted_one_per_unit_with_field_ids(sensor, readings, max_concurrency):
+    source = readings(recent(4), days=2, devices=5, step_minutes=1)  # 14,400 rows
+    report = sensor.backfill(source=source, max_concurrency=max_concurrency).wait().report()
+    files = sensor.refresh().iceberg.inspect.files()
+    assert files.num_rows == report["files"] == report["units"] == 2
+    import pyarrow.parquet as pq
+
+    for path in files.column("file_path").to_pylist():
+        data = pq.read_table(path.removeprefix("file://"))
+        assert data.equals(data.sort_by([("device_id", "ascending"), ("ts", "ascending")]))
+        assert pq.read_schema(path.removeprefix("file://")).field("ts").metadata[b"PARQUET:field_id"] == b"1"
