@@ -190,7 +190,7 @@ def _drive(lake: Lake, job_id: str, as_json: bool) -> None:
         with bar:
             run_job(lake.runtime, job_id, on_progress=on_progress)
     except KeyboardInterrupt:
-        console.print(f"interrupted: job {job_id} can be resumed with `timelake backfill resume {job_id}`")
+        print(f"interrupted: job {job_id} can be resumed with: timelake backfill resume {job_id}", file=sys.stderr)
         raise typer.Exit(130) from None
     except BackfillError as exc:
         error = str(exc)

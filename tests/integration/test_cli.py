@@ -87,3 +87,33 @@ def test_schema_command_prints_the_job_schema(warehouse):
     schema = json.loads(cli("backfill", "schema", warehouse=warehouse).stdout)
     assert schema["title"] == "JobSpec" and "mode" in schema["properties"]
     assert Path(__file__).parents[2].joinpath("docs", "job.schema.json").read_text().strip() == json.dumps(schema, indent=2)
+
+
+def test_ctrl_c_leaves_a_resumable_job(sensor, warehouse, tmp_path, readings):
+    import signal
+    import time
+
+    from tests.conftest import sort_rows
+
+    source = readings(recent(120), days=100, devices=3, step_minutes=60)
+    pq.write_table(source, tmp_path / "long.parquet")
+    env = {**os.environ, "TIMELAKE_WAREHOUSE": str(warehouse)}
+    proc = subprocess.Popen([TIMELAKE, "backfill", "iot.sensor", "--from", str(tmp_path / "long.parquet"),
+                             "--max-concurrency", "1"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    store = timelake.connect(warehouse=warehouse).runtime.store
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        jobs = store.list_jobs()
+        if jobs and jobs[0].phase == "writing" and any(u.status == "done" for u in store.units(jobs[0].job_id)):
+            break
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    job_id = store.list_jobs()[0].job_id
+    assert proc.returncode == 130, err
+    assert f"timelake backfill resume {job_id}" in err
+    done = sum(u.status == "done" for u in store.units(job_id))
+    assert 0 < done < 100
+    assert sensor.to_arrow().num_rows == 0
+    cli("backfill", "resume", job_id, warehouse=warehouse)
+    assert sort_rows(sensor.to_arrow()).equals(sort_rows(source))
