@@ -30,6 +30,7 @@ Warehouse = Annotated[
     Optional[Path], typer.Option("--warehouse", envvar="TIMELAKE_WAREHOUSE", help="Lake folder (default ./.timelake)")
 ]
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON object")]
+On = Annotated[str, typer.Option("--on", help="local (embedded lake) or aws (the deployed workflow)")]
 
 
 class _BackfillGroup(TyperGroup):
@@ -85,9 +86,9 @@ def run(
     fmt: Annotated[Optional[str], typer.Option("--format", help="parquet | csv | json (default: from extension)")] = None,
     as_json: JsonFlag = False,
     warehouse: Warehouse = None,
+    on: On = "local",
 ) -> None:
     """Run a backfill job."""
-    lake = _lake(warehouse)
     fields: dict[str, Any] = json.loads(job_file.read_text()) if job_file else {}
     given = {
         "source": source, "map": _parse_map(map_) or None, "tz": tz, "start": start, "end": end,
@@ -104,6 +105,10 @@ def run(
     if not fields.get("source"):
         _fail("--from SRC (or a --job file with a source) is required")
     spec = JobSpec.model_validate(fields)
+    if _on_aws(on):
+        _print_json_or(_aws().submit(spec), as_json, "started")
+        return
+    lake = _lake(warehouse)
     lake.create_job(spec)
     if not as_json:
         console.print(f"job [bold]{spec.job_id}[/] on {spec.table} ({'dry run, ' if spec.dry_run else ''}mode {spec.mode})")
@@ -111,8 +116,11 @@ def run(
 
 
 @backfill_app.command("resume")
-def resume(job_id: str, as_json: JsonFlag = False, warehouse: Warehouse = None) -> None:
+def resume(job_id: str, as_json: JsonFlag = False, warehouse: Warehouse = None, on: On = "local") -> None:
     """Continue a job from its first unfinished step (done units are skipped)."""
+    if _on_aws(on):
+        _print_json_or(_aws().resume(job_id), as_json, "resumed")
+        return
     lake = _lake(warehouse)
     lake.job(job_id).record()
     if lake.runtime.store.get_job(job_id).phase == "failed_validation":
@@ -123,13 +131,17 @@ def resume(job_id: str, as_json: JsonFlag = False, warehouse: Warehouse = None) 
 @backfill_app.command("status")
 def status(
     job_id: str, watch: Annotated[bool, typer.Option("--watch", help="Refresh until the job ends")] = False,
-    as_json: JsonFlag = False, warehouse: Warehouse = None,
+    as_json: JsonFlag = False, warehouse: Warehouse = None, on: On = "local",
 ) -> None:
     """Phase, units done/total, rows, throughput and ETA."""
-    lake = _lake(warehouse)
-    store = lake.runtime.store
+    if _on_aws(on):
+        orchestrator = _aws()
+        current = lambda: orchestrator.status(job_id)  # noqa: E731
+    else:
+        store = _lake(warehouse).runtime.store
+        current = lambda: progress(store.get_job(job_id), store.units(job_id))  # noqa: E731
     while True:
-        info = progress(store.get_job(job_id), store.units(job_id))
+        info = current()
         if as_json:
             out.print_json(json.dumps(info))
         else:
@@ -174,6 +186,26 @@ def demo(
     run_demo(warehouse)
 
 
+def _on_aws(on: str) -> bool:
+    if on not in ("local", "aws"):
+        raise typer.BadParameter(f"'{on}' is not local or aws", param_hint="--on")
+    return on == "aws"
+
+
+def _aws() -> Any:
+    from .aws.orchestrator import from_environment
+
+    return from_environment()
+
+
+def _print_json_or(result: dict[str, Any], as_json: bool, verb: str) -> None:
+    if as_json:
+        out.print_json(json.dumps(result))
+    else:
+        out.print(f"{verb} job {result['job_id']}: execution {result['execution_arn']}"
+                  + (f" ({result['how']})" if "how" in result else ""))
+
+
 def _drive(lake: Lake, job_id: str, as_json: bool) -> None:
     """Run the job in this process with a progress bar; print the report; exit non-zero on failure."""
     bar = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[rate]}"),
@@ -207,6 +239,8 @@ def _status_line(info: dict[str, Any]) -> str:
     rate = f", {info['rows_per_second']:,} rows/s" if info["rows_per_second"] else ""
     eta = f", ETA {info['eta_seconds']:.0f} s" if info["eta_seconds"] else ""
     err = f" — {info['error']}" if info.get("error") else ""
+    if "execution" in info:
+        err += f" [execution {info['execution']['status']}]"
     return (f"{info['job_id']} {info['phase']}: {info['units_done']}/{info['units_total']} units, "
             f"{info['rows_processed']:,}/{info['rows_total']:,} rows{rate}{eta}{err}")
 

@@ -101,10 +101,11 @@ def time_filter(column: str, start_us: int | None, end_us: int | None) -> "Boole
 
 def read_range(
     table: "IcebergTable", column: str, start_us: int | None, end_us: int | None, columns: tuple[str, ...] | None = None,
-    ref: str | None = None,
+    ref: str | None = None, snapshot_id: int | None = None,
 ) -> pa.Table:
-    """Rows of ``table`` (main, or a branch) in [start, end), pruned by partitions and file bounds."""
-    scan = table.scan(row_filter=time_filter(column, start_us, end_us), selected_fields=columns or ("*",))
+    """Rows of ``table`` (main, a branch, or a snapshot) in [start, end), pruned by partitions and file bounds."""
+    scan = table.scan(row_filter=time_filter(column, start_us, end_us), selected_fields=columns or ("*",),
+                      snapshot_id=snapshot_id)
     if ref:
         scan = scan.use_ref(ref)
     return scan.to_arrow()

@@ -1,177 +1,128 @@
-"""Plan: read the source once, map it onto the table contract, count everything, cut work units.
+"""Plan and cut: the steps around the source scan.
 
-The scan also spills the in-scope rows, already mapped and grouped by target partition, to Arrow
-IPC files in the job's staging area. Units then read only their own partition's rows, which keeps
-the fan-out linear in rows whatever the source's file layout is (day files or one file per device).
-A dry run does the same scan, spills nothing and changes nothing.
+``plan`` checks the job against the table and the source schema (fail fast, before reading data)
+and lists the source pieces to scan. ``cut`` merges the scan results, decides the job range, cuts
+the work units (table partition × series slice, each sized to write ONE file near the target size),
+and, unless it is a dry run, takes the lease and creates the branch. A dry run changes nothing.
 """
 
 from __future__ import annotations
 
-import io
 import json
 import math
-import tempfile
-from collections import Counter
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-import duckdb
-import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
-
+from . import failures
+from .commit import JOB_PROPERTY, STEP_PROPERTY
 from .contract import Contract
 from .cost import estimate_cost
-from .errors import DstRefused, InvalidJob
-from .layout import PartitionKey, micros, partition_codes, read_range, split_by_code
-from .mapping import Mapper
+from .errors import InvalidJob
 from .runtime import Runtime, filesystem
-from .source import open_source
+from .scan import ScanContext, ScanResult, mapper_for, open_job_source, read_result, refuse_dst, scan_piece
 from .spec import JobSpec
 from .store import Lease, UnitRecord
-from .timeutil import US_PER_DAY, iso, next_boundary, floor_to, subtract_duration, to_micros
-
-MAX_OPEN_SPILLS = 128
-
-
-@dataclass
-class _Partition:
-    key: PartitionKey
-    rows: int = 0
-    nbytes: int = 0
-    check_sum: float = 0.0
-    spill: list[str] = field(default_factory=list)
-
-
-@dataclass
-class _Scan:
-    """Everything the single pass over the source learns."""
-
-    rows_in_source: int = 0
-    rejected: Counter = field(default_factory=Counter)
-    examples: dict[str, str] = field(default_factory=dict)
-    rows_outside_range: int = 0
-    rows_outside_retention: int = 0
-    min_us: int | None = None
-    max_us: int | None = None
-    days: Counter = field(default_factory=Counter)
-    partitions: dict[PartitionKey, _Partition] = field(default_factory=dict)
-    sample: pa.Table | None = None
-
-    @property
-    def rows_in_scope(self) -> int:
-        return sum(p.rows for p in self.partitions.values())
-
-
-class _Spiller:
-    """Arrow IPC streams per partition, at most MAX_OPEN_SPILLS open at once (a source spanning years
-    touches thousands of partitions; a closed one continues in a new part file)."""
-
-    def __init__(self, rt: Runtime, job_id: str, schema: pa.Schema) -> None:
-        self.fs, self.root = filesystem(rt.staging_path(job_id, "spill"))
-        self.fs.create_dir(self.root, recursive=True)
-        self.schema = schema
-        self.open: dict[PartitionKey, tuple[Any, Any]] = {}
-
-    def write(self, part: _Partition, rows: pa.Table) -> None:
-        if part.key not in self.open:
-            if len(self.open) >= MAX_OPEN_SPILLS:
-                self._close(next(iter(self.open)))
-            path = f"{self.root}/{part.key.name}-{len(part.spill)}.arrow"
-            stream = self.fs.open_output_stream(path)
-            self.open[part.key] = (stream, pa.ipc.new_stream(stream, self.schema))
-            part.spill.append(path)
-        else:
-            self.open[part.key] = self.open.pop(part.key)  # most recently used last
-        self.open[part.key][1].write_table(rows)
-
-    def _close(self, key: PartitionKey) -> None:
-        stream, writer = self.open.pop(key)
-        writer.close()
-        stream.close()
-
-    def close(self) -> None:
-        for key in list(self.open):
-            self._close(key)
+from .timeutil import US_PER_DAY, floor_to, from_micros, iso, next_boundary, subtract_duration, to_micros
 
 
 def plan(rt: Runtime, job_id: str, source: Any = None) -> dict[str, Any]:
-    """Plan step. Input: a job id (the job record holds the spec); ``source`` only for in-memory data."""
+    """Plan step. Input: a job id (the job record holds the spec); ``source`` only for in-memory data.
+    Output: the number of pieces and where their list is (a JSON array a Distributed Map can read)."""
+    job = rt.store.get_job(job_id)
+    spec = JobSpec.model_validate(job.spec)
+    table = rt.load_table(spec.table)
+    src = open_job_source(spec, source)
+    now = datetime.now(timezone.utc)
+    ctx = context(spec, table, to_micros(now))
+    mapper = mapper_for(ctx, src)  # a wrong map, a naive time without tz, ... fail here, before reading data
+    clear_staging(rt, job_id)
+    pieces = src.pieces()
+    manifest = write_json(rt, job_id, "scan/pieces.json", [{"job_id": job_id, "piece": i} for i in range(len(pieces))])
+    rt.store.update_job(job_id, "scanning", planned_at_us=to_micros(now), pieces=len(pieces),
+                        source_uri=src.uri, source_fingerprint=src.fingerprint(),
+                        columns_filled_with_null=mapper.filled_with_null,
+                        ignored_source_columns=mapper.ignored_source_columns)
+    return {"job_id": job_id, "pieces": len(pieces), "manifest": manifest}
+
+
+def context(spec: JobSpec, table: Any, now_us: int) -> ScanContext:
+    contract = Contract.from_table(table)
+    now = from_micros(now_us)
+    retention = contract.retention if contract.retention and not spec.override_retention else None
+    return ScanContext(
+        spec=spec, contract=contract, target=table.schema().as_arrow(), cutoffs=contract.tier_cutoffs(now),
+        retention_cutoff=to_micros(subtract_duration(now, retention)) if retention else None,
+        start_us=to_micros(spec.start) if spec.start else None, end_us=to_micros(spec.end) if spec.end else None,
+    )
+
+
+def scan(rt: Runtime, job_id: str, piece: int, source: Any = None) -> dict[str, Any]:
+    """Scan step. Input: job id and piece index. Output: the piece's row count."""
+    job = rt.store.get_job(job_id)
+    spec = JobSpec.model_validate(job.spec)
+    table = rt.load_table(spec.table)
+    ctx = context(spec, table, job.state["planned_at_us"])
+    src = open_job_source(spec, source)
+    try:
+        result = scan_piece(rt, ctx, job_id, piece, src, table)
+    except Exception as exc:
+        failures.note(rt, job_id, f"piece-{piece}", exc)
+        raise
+    failures.clear(rt, job_id, f"piece-{piece}")
+    return {"job_id": job_id, "piece": piece, "rows": result.rows_in_source}
+
+
+def pending_pieces(rt: Runtime, job_id: str) -> list[int]:
+    return [i for i in range(rt.store.get_job(job_id).state["pieces"]) if read_result(rt, job_id, i) is None]
+
+
+def cut(rt: Runtime, job_id: str) -> dict[str, Any]:
+    """Cut step. Input: job id. Merges the scans, cuts units, takes the lease, creates the branch."""
     job = rt.store.get_job(job_id)
     spec = JobSpec.model_validate(job.spec)
     table = rt.load_table(spec.table)
     contract = Contract.from_table(table)
-    if source is None and spec.source.startswith("<"):
-        raise InvalidJob(f"job {job_id}: the source was in-memory data ({spec.source}) and is gone; start a new job")
-    src = open_source(source if source is not None else spec.source, format=spec.format)
-    mapper = Mapper(
-        table.schema().as_arrow(), src.schema(), time_column=contract.time_column,
-        series_key=list(contract.series_key), column_map=spec.map, tz=spec.tz, time_unit=spec.time_unit,
-        dst_policy=spec.dst_policy,
-    )
-    now = datetime.now(timezone.utc)
-    retention_cutoff = (
-        to_micros(subtract_duration(now, contract.retention))
-        if contract.retention and not spec.override_retention else None
-    )
-    cutoffs = contract.tier_cutoffs(now)
+    total = ScanResult()
+    missing = []
+    for piece in range(job.state["pieces"]):
+        result = read_result(rt, job_id, piece)
+        if result is None:
+            missing.append(piece)
+        else:
+            total.merge(result)
+    if missing:
+        cause = failures.first(rt, job_id, [f"piece-{i}" for i in missing])
+        raise InvalidJob(f"job {job_id}: {len(missing)} source piece(s) not scanned"
+                         + (f"; {cause}" if cause else f" yet (first: {missing[0]}); resume the job"))
+    if total.rows_in_source == 0:
+        raise InvalidJob(f"source '{job.state['source_uri']}' has no rows")
     start_us = to_micros(spec.start) if spec.start else None
     end_us = to_micros(spec.end) if spec.end else None
-
-    if not spec.dry_run:
-        _clear_staging(rt, job_id)
-    spiller = None if spec.dry_run else _Spiller(rt, job_id, table.schema().as_arrow())
-    overlap = _OverlapCounter(contract) if spec.dry_run else None
-    scan = _Scan()
-    try:
-        for batch in src.batches():
-            mapped = mapper.apply(batch)
-            scan.rows_in_source += batch.data.num_rows
-            scan.rejected.update(mapped.rejected)
-            for reason, example in mapped.examples.items():
-                scan.examples.setdefault(reason, example)
-            if not spec.dry_run and spec.dst_policy == "refuse":
-                _refuse_dst(scan)
-            _scan_batch(scan, mapped.table, contract, cutoffs, start_us, end_us, retention_cutoff, spiller, overlap)
-    finally:
-        if spiller:
-            spiller.close()
-
-    if scan.rows_in_source == 0:
-        raise InvalidJob(f"source '{src.uri}' has no rows")
-    range_start, range_end = _job_range(scan, start_us, end_us)
-    units = _cut_units(job_id, scan, contract, table)
+    range_start, range_end = _job_range(total, start_us, end_us)
+    units = _cut_units(total, contract)
     state: dict[str, Any] = {
-        "source_uri": src.uri,
-        "source_fingerprint": src.fingerprint(),
-        "rows_in_source": scan.rows_in_source,
-        "rows_in_scope": scan.rows_in_scope,
-        "rows_rejected": dict(scan.rejected),
-        "rejected_examples": scan.examples,
-        "rows_outside_range": scan.rows_outside_range,
-        "rows_outside_retention": scan.rows_outside_retention,
-        "time_range": {"min": iso(scan.min_us), "max": iso(scan.max_us)},
+        "rows_in_source": total.rows_in_source,
+        "rows_in_scope": total.rows_in_scope,
+        "rows_rejected": dict(total.rejected),
+        "rejected_examples": total.examples,
+        "rows_outside_range": total.rows_outside_range,
+        "rows_outside_retention": total.rows_outside_retention,
+        "time_range": {"min": iso(total.min_us), "max": iso(total.max_us)},
         "range_start": range_start,
         "range_end": range_end,
-        "source_gaps": _gaps(scan, range_start, range_end),
-        "columns_filled_with_null": getattr(mapper, "filled_with_null", []),
-        "ignored_source_columns": getattr(mapper, "ignored_source_columns", []),
+        "source_gaps": _gaps(total, range_start, range_end),
         "units_total": len(units),
-        "estimated_cost": estimate_cost(scan.rows_in_scope, len(units), spec.max_concurrency),
-        "partition_sums": {p.key.name: p.check_sum for p in scan.partitions.values()},
+        "estimated_cost": estimate_cost(total.rows_in_scope, len(units), spec.max_concurrency),
+        "partition_sums": {p.key.name: p.check_sum for p in total.partitions.values()},
         "check_column": contract.check_column,
     }
     if spec.dry_run:
-        assert overlap is not None
-        state.update(overlap.finish(table, range_start, range_end))
+        state.update(overlap_existing_rows=total.overlap_existing_rows)
+        clear_staging(rt, job_id)
         rt.store.update_job(job_id, "dry_run_complete", **state)
         return {"job_id": job_id, "dry_run": True, "units": len(units)}
     if spec.dst_policy == "refuse":
-        _refuse_dst(scan)
-
+        refuse_dst(total)
     rt.store.acquire_lease(Lease(spec.table, range_start, range_end, job_id))
     branch = f"backfill/{job_id}"
     base = table.current_snapshot() or _empty_snapshot(table, job_id)
@@ -179,112 +130,48 @@ def plan(rt: Runtime, job_id: str, source: Any = None) -> dict[str, Any]:
         table.manage_snapshots().create_branch(snapshot_id=base.snapshot_id, branch_name=branch).commit()
     state.update(branch=branch, base_snapshot_id=base.snapshot_id)
     rt.store.put_units(job_id, units)
-    _write_unit_manifest(rt, job_id, units)
+    write_json(rt, job_id, "units.json", [{"job_id": job_id, "unit_id": u.unit_id} for u in units])
     rt.store.update_job(job_id, "planned", **state)
     return {"job_id": job_id, "dry_run": False, "units": len(units)}
 
 
-def _scan_batch(
-    scan: _Scan, rows: pa.Table, contract: Contract, cutoffs: list[int], start_us: int | None, end_us: int | None,
-    retention_cutoff: int | None, spiller: _Spiller | None, overlap: "_OverlapCounter | None",
-) -> None:
-    if rows.num_rows == 0:
-        return
-    ts = micros(rows, contract.time_column)
-    scan.min_us = int(ts.min()) if scan.min_us is None else min(scan.min_us, int(ts.min()))
-    scan.max_us = int(ts.max()) if scan.max_us is None else max(scan.max_us, int(ts.max()))
-    keep = np.ones(len(ts), dtype=bool)
-    if start_us is not None:
-        keep &= ts >= start_us
-    if end_us is not None:
-        keep &= ts < end_us
-    scan.rows_outside_range += int((~keep).sum())
-    if retention_cutoff is not None:
-        old = keep & (ts < retention_cutoff)
-        scan.rows_outside_retention += int(old.sum())
-        keep &= ~old
-    if not keep.all():
-        rows, ts = rows.filter(pa.array(keep)), ts[keep]
-    if rows.num_rows == 0:
-        return
-    days, counts = np.unique(np.floor_divide(ts, US_PER_DAY), return_counts=True)
-    scan.days.update(dict(zip(days.tolist(), counts.tolist())))
-    if scan.sample is None:
-        scan.sample = rows.slice(0, 100_000)
-    if overlap is not None:
-        overlap.add(rows)
-    codes, keys = partition_codes(ts, contract, cutoffs)
-    for code, part_rows in split_by_code(rows, codes):
-        key = keys[code]
-        part = scan.partitions.setdefault(key, _Partition(key))
-        part.rows += part_rows.num_rows
-        part.nbytes += part_rows.nbytes
-        if contract.check_column:
-            part.check_sum += float(pc.sum(part_rows.column(contract.check_column)).as_py() or 0)
-        if spiller:
-            spiller.write(part, part_rows)
-
-
-def _refuse_dst(scan: _Scan) -> None:
-    bad = {r: n for r, n in scan.rejected.items() if r.startswith("dst_") and n}
-    if bad:
-        detail = "; ".join(f"{n} {r} (e.g. {scan.examples.get(r, '?')})" for r, n in bad.items())
-        raise DstRefused(
-            f"local times that do not exist or are ambiguous in the source time zone: {detail}; "
-            "choose a policy with --dst-policy earliest|latest|drop"
-        )
-
-
 def _empty_snapshot(table: Any, job_id: str) -> Any:
     """Iceberg branches fork from a snapshot; a brand-new table gets an empty one (readers see no rows)."""
-    from .commit import JOB_PROPERTY, STEP_PROPERTY
-
     with table.transaction() as tx:
         tx.update_snapshot(snapshot_properties={JOB_PROPERTY: job_id, STEP_PROPERTY: "fork"}).fast_append().commit()
     return table.refresh().current_snapshot()
 
 
-def _job_range(scan: _Scan, start_us: int | None, end_us: int | None) -> tuple[int, int]:
+def _job_range(total: ScanResult, start_us: int | None, end_us: int | None) -> tuple[int, int]:
     """The leased (and, in replace mode, replaced) range: the job's bounds, else the source's whole days."""
-    if scan.min_us is None or scan.max_us is None:
+    if total.min_us is None or total.max_us is None:
         raise InvalidJob("the source has no rows with a valid time")
-    lo = start_us if start_us is not None else floor_to(scan.min_us, "day")
-    hi = end_us if end_us is not None else next_boundary(scan.max_us, "day")
+    lo = start_us if start_us is not None else floor_to(total.min_us, "day")
+    hi = end_us if end_us is not None else next_boundary(total.max_us, "day")
     return lo, hi
 
 
-def _gaps(scan: _Scan, start: int, end: int) -> list[dict[str, Any]]:
+def _gaps(total: ScanResult, start: int, end: int) -> list[dict[str, Any]]:
     """Runs of whole days in the range with no source rows in scope."""
     gaps: list[dict[str, Any]] = []
-    first, last = start // US_PER_DAY, (end - 1) // US_PER_DAY
-    day = first
+    day, last = start // US_PER_DAY, (end - 1) // US_PER_DAY
     while day <= last:
-        if scan.days.get(day):
+        if total.days.get(day):
             day += 1
             continue
         run = day
-        while day <= last and not scan.days.get(day):
+        while day <= last and not total.days.get(day):
             day += 1
         gaps.append({"start": iso(run * US_PER_DAY)[:10], "end": iso((day - 1) * US_PER_DAY)[:10], "days": day - run})
     return gaps
 
 
-def _bytes_per_row(sample: pa.Table | None, contract: Contract, table: Any) -> float:
-    """Parquet bytes per row measured on a sorted sample, so units are sized in file bytes."""
-    if sample is None or sample.num_rows == 0:
-        return 1.0
-    order = [(c, "ascending") for c in (*contract.series_key, contract.time_column)]
-    buf = io.BytesIO()
-    pq.write_table(sample.sort_by(order), buf, compression=table.properties.get("write.parquet.compression-codec", "zstd"))
-    return max(buf.tell() / sample.num_rows, 1e-3)
-
-
-def _cut_units(job_id: str, scan: _Scan, contract: Contract, table: Any) -> list[UnitRecord]:
+def _cut_units(total: ScanResult, contract: Contract) -> list[UnitRecord]:
     """One unit per partition and series slice; slices per partition chosen so each file is near target."""
-    bpr = _bytes_per_row(scan.sample, contract, table)
+    bytes_per_row = total.sample_bytes / total.sample_rows if total.sample_rows else 1.0
     units = []
-    for part in sorted(scan.partitions.values(), key=lambda p: p.key.range):
-        slices = max(1, round(part.rows * bpr / contract.target_file_size)) if contract.series_key else 1
+    for part in sorted(total.partitions.values(), key=lambda p: p.key.range):
+        slices = max(1, round(part.rows * bytes_per_row / contract.target_file_size)) if contract.series_key else 1
         lo, hi = part.key.range
         for i in range(slices):
             units.append(UnitRecord(
@@ -292,13 +179,13 @@ def _cut_units(job_id: str, scan: _Scan, contract: Contract, table: Any) -> list
                 info={
                     "partition": part.key.name, "spec_id": part.key.spec_id, "transform": part.key.transform,
                     "value": part.key.value, "start": lo, "end": hi, "slice": i, "slices": slices,
-                    "spill": part.spill, "rows_estimate": math.ceil(part.rows / slices),
+                    "spill": sorted(part.spill), "rows_estimate": math.ceil(part.rows / slices),
                 },
             ))
     return units
 
 
-def _clear_staging(rt: Runtime, job_id: str) -> None:
+def clear_staging(rt: Runtime, job_id: str) -> None:
     fs, root = filesystem(rt.staging_path(job_id))
     try:
         fs.delete_dir(root)
@@ -306,40 +193,12 @@ def _clear_staging(rt: Runtime, job_id: str) -> None:
         pass
 
 
-def _write_unit_manifest(rt: Runtime, job_id: str, units: list[UnitRecord]) -> None:
-    """The unit list as a JSON array in object storage: a Distributed Map reads it (no payload limit)."""
-    fs, path = filesystem(rt.staging_path(job_id, "units.json"))
+def write_json(rt: Runtime, job_id: str, name: str, payload: Any) -> dict[str, str]:
+    """A JSON document in the job's staging area; returns its bucket/key (for an ItemReader) and URI."""
+    uri = rt.staging_path(job_id, name)
+    fs, path = filesystem(uri)
+    fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
     with fs.open_output_stream(path) as out:
-        out.write(json.dumps([{"job_id": job_id, "unit_id": u.unit_id} for u in units]).encode())
-
-
-class _OverlapCounter:
-    """Dry run only: how many in-scope source keys already exist on main (DuckDB spills, memory stays bounded)."""
-
-    def __init__(self, contract: Contract) -> None:
-        self.keys = list(contract.dedup_key)
-        self.time_column = contract.time_column
-        self.tmp = tempfile.TemporaryDirectory(prefix="timelake-dry-run-")
-        self.con = duckdb.connect(f"{self.tmp.name}/keys.db")
-        self.created = False
-
-    def _cols(self) -> str:
-        return ", ".join(f'"{k}"' for k in self.keys)
-
-    def add(self, rows: pa.Table) -> None:
-        batch = rows.select(self.keys)  # noqa: F841 (read by DuckDB by name)
-        verb = "INSERT INTO src SELECT" if self.created else "CREATE TABLE src AS SELECT"
-        self.con.execute(f"{verb} {self._cols()} FROM batch")
-        self.created = True
-
-    def finish(self, table: Any, start: int, end: int) -> dict[str, int]:
-        try:
-            if not self.created or table.current_snapshot() is None:
-                return {"overlap_existing_rows": 0, "rows_existing_in_range": 0}
-            main = read_range(table, self.time_column, start, end, tuple(self.keys))  # noqa: F841
-            cols = self._cols()
-            overlap = self.con.execute(f"SELECT count(*) FROM src SEMI JOIN main USING ({cols})").fetchone()[0]
-            return {"overlap_existing_rows": int(overlap), "rows_existing_in_range": main.num_rows}
-        finally:
-            self.con.close()
-            self.tmp.cleanup()
+        out.write(json.dumps(payload).encode())
+    bucket, _, key = uri.split("://", 1)[-1].partition("/")
+    return {"bucket": bucket, "key": key, "uri": uri}

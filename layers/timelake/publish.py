@@ -38,8 +38,9 @@ class Chunk:
     files: list[DataFile]
 
 
-def publish(rt: Runtime, job_id: str) -> dict[str, Any]:
-    """Publish step. Input: job id. Output: the published snapshot ids per chunk."""
+def publish(rt: Runtime, job_id: str, max_chunks: int | None = None) -> dict[str, Any]:
+    """Publish step. Input: job id (and at most how many chunks to commit in this call, so an
+    orchestrator can loop chunk by chunk within Lambda's time limit). Output: ``done`` and snapshot ids."""
     job = rt.store.get_job(job_id)
     spec = JobSpec.model_validate(job.spec)
     state = job.state
@@ -49,9 +50,13 @@ def publish(rt: Runtime, job_id: str) -> dict[str, Any]:
     published: dict[str, list[int]] = dict(state.get("published_chunks", {}))
     late = dict(state.get("publish_conflicts", {"rows": 0, "sum": 0.0}))
     rt.store.update_job(job_id, "publishing")
+    committed = 0
     for chunk in chunks(staged, contract, spec.publish_by, state["range_start"], state["range_end"]):
         if chunk.key in published:
             continue
+        if max_chunks is not None and committed >= max_chunks:
+            return {"job_id": job_id, "done": False, "chunks_published": len(published)}
+        committed += 1
         table = table.refresh()
         marker = _marker_on_main(table, job_id, chunk.key, state.get("base_snapshot_id"))
         if marker is None:
@@ -70,7 +75,7 @@ def publish(rt: Runtime, job_id: str) -> dict[str, Any]:
     rt.store.release_lease(job_id)
     _drop_spill(rt, job_id)
     rt.store.update_job(job_id, "published", published_chunks=published, publish_conflicts=late)
-    return {"job_id": job_id, "published_snapshot_ids": [s for ids in published.values() for s in ids]}
+    return {"job_id": job_id, "done": True, "chunks_published": len(published)}
 
 
 def chunks(staged: list[DataFile], contract: Contract, publish_by: str | None, start: int, end: int) -> list[Chunk]:

@@ -16,11 +16,12 @@ from typing import Any
 
 from .errors import BackfillError, Interrupted
 from .faults import checkpoint
-from .plan import plan
+from .plan import cut, pending_pieces, plan, scan
 from .publish import publish
 from .runtime import Runtime, runtime_for
 from .spec import JobSpec
 from .stage import stage
+from .store import JobRecord
 from .validate import validate
 from .write import write_unit
 
@@ -28,6 +29,8 @@ Progress = Callable[[dict[str, Any]], None]
 
 NEXT_STEP = {
     "created": "plan", "planning": "plan",
+    "scanning": "scan",
+    "scanned": "cut",
     "planned": "write", "writing": "write",
     "written": "stage",
     "staged": "validate",
@@ -42,9 +45,7 @@ def run_job(
     cancel: threading.Event | None = None,
 ) -> str:
     """Run a job from its current phase to the end; returns the final phase."""
-    job = rt.store.get_job(job_id)
-    if job.phase == "failed":
-        job = rt.store.update_job(job_id, job.state.get("failed_phase", "created"), error=None)
+    job = reopen(rt, job_id)
     while job.phase not in TERMINAL:
         step = NEXT_STEP[job.phase]
         if cancel is not None and cancel.is_set():
@@ -53,6 +54,10 @@ def run_job(
             if step == "plan":
                 rt.store.update_job(job_id, "planning")
                 plan(rt, job_id, source)
+            elif step == "scan":
+                _scan_all(rt, job_id, source, on_progress, cancel)
+            elif step == "cut":
+                cut(rt, job_id)
                 checkpoint("plan.done")
             elif step == "write":
                 _write_all(rt, job_id, on_progress, cancel)
@@ -66,14 +71,45 @@ def run_job(
         except Interrupted:
             raise
         except BackfillError as exc:
-            if rt.store.get_job(job_id).phase != "failed_validation":
-                rt.store.update_job(job_id, "failed", failed_phase=job.phase, error=str(exc))
+            record_failure(rt, job_id, str(exc))
             raise
         except Exception as exc:
-            rt.store.update_job(job_id, "failed", failed_phase=job.phase, error=f"{type(exc).__name__}: {exc}")
+            record_failure(rt, job_id, f"{type(exc).__name__}: {exc}")
             raise
         job = rt.store.get_job(job_id)
     return job.phase
+
+
+def reopen(rt: Runtime, job_id: str) -> JobRecord:
+    """A failed job continues from the phase it failed in; any other job is returned as it is."""
+    job = rt.store.get_job(job_id)
+    if job.phase == "failed":
+        job = rt.store.update_job(job_id, job.state.get("failed_phase", "created"), error=None)
+    return job
+
+
+def record_failure(rt: Runtime, job_id: str, error: str) -> JobRecord:
+    """Mark a job failed, remembering the phase to resume from (a failed validation stays as it is)."""
+    job = rt.store.get_job(job_id)
+    if job.phase in ("failed", "failed_validation"):
+        return rt.store.update_job(job_id, error=error) if job.phase == "failed" else job
+    return rt.store.update_job(job_id, "failed", failed_phase=job.phase, error=error)
+
+
+def _scan_all(rt: Runtime, job_id: str, source: Any, on_progress: Progress | None, cancel: threading.Event | None) -> None:
+    """Scan every source piece not scanned yet: in-process for in-memory data or a single piece."""
+    job = rt.store.get_job(job_id)
+    spec = JobSpec.model_validate(job.spec)
+    pending = pending_pieces(rt, job_id)
+    workers = min(spec.max_concurrency or os.cpu_count() or 1, len(pending))
+    if source is not None or workers <= 1:
+        for piece in pending:
+            _check(cancel, job_id, "scanning")
+            scan(rt, job_id, piece, source)
+            checkpoint("scan.unit")
+    else:
+        _fan_out(rt, job_id, "scan", pending, workers, lambda: None, cancel)
+    rt.store.update_job(job_id, "scanned")
 
 
 def _write_all(rt: Runtime, job_id: str, on_progress: Progress | None, cancel: threading.Event | None) -> None:
@@ -88,49 +124,56 @@ def _write_all(rt: Runtime, job_id: str, on_progress: Progress | None, cancel: t
     tick()
     if workers <= 1 or job.state.get("rows_in_scope", 0) < IN_PROCESS_ROWS:
         for unit_id in pending:
-            if cancel is not None and cancel.is_set():
-                raise Interrupted(f"job {job_id} interrupted while writing; resume with: timelake backfill resume {job_id}")
+            _check(cancel, job_id, "writing")
             write_unit(rt, job_id, unit_id)
             tick()
             checkpoint("write.unit")
     else:
-        _fan_out(rt, job_id, pending, workers, tick, cancel)
+        _fan_out(rt, job_id, "write", pending, workers, tick, cancel)
     rt.store.update_job(job_id, "written", write_finished_at=time.time())
 
 
+def _check(cancel: threading.Event | None, job_id: str, doing: str) -> None:
+    if cancel is not None and cancel.is_set():
+        raise Interrupted(f"job {job_id} interrupted while {doing}; resume with: timelake backfill resume {job_id}")
+
+
 def _fan_out(
-    rt: Runtime, job_id: str, pending: list[str], workers: int, tick: Callable[[], None],
+    rt: Runtime, job_id: str, step: str, items: list[Any], workers: int, tick: Callable[[], None],
     cancel: threading.Event | None,
 ) -> None:
+    """Run ``step`` (scan or write) over ``items`` on a process pool, recording progress as items finish."""
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["timelake.write"])
+    context.set_forkserver_preload(["timelake.write", "timelake.scan"])
     config = rt.config.model_dump()
     with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
-        queue = list(reversed(pending))
-        running: dict[Future, str] = {}
+        queue = list(reversed(items))
+        running: dict[Future, Any] = {}
         try:
             while queue or running:
                 while queue and len(running) < workers * 2:
-                    unit_id = queue.pop()
-                    running[pool.submit(_write_in_worker, config, job_id, unit_id)] = unit_id
+                    item = queue.pop()
+                    running[pool.submit(_in_worker, config, step, job_id, item)] = item
                 done, _ = wait(running, timeout=0.5, return_when=FIRST_COMPLETED)
                 for future in done:
-                    unit_id = running.pop(future)
+                    item = running.pop(future)
                     try:
                         future.result()
+                    except BackfillError:
+                        raise
                     except Exception as exc:
-                        raise BackfillError(f"job {job_id}: unit {unit_id} failed: {exc}") from exc
+                        raise BackfillError(f"job {job_id}: {step} of {item} failed: {type(exc).__name__}: {exc}") from exc
                     tick()
-                    checkpoint("write.unit")
-                if cancel is not None and cancel.is_set():
-                    raise Interrupted(f"job {job_id} interrupted while writing; resume with: timelake backfill resume {job_id}")
+                    checkpoint(f"{step}.unit")
+                _check(cancel, job_id, f"{step}ning" if step == "scan" else "writing")
         except BaseException:
             pool.shutdown(wait=True, cancel_futures=True)
             raise
 
 
-def _write_in_worker(config: dict[str, Any], job_id: str, unit_id: str) -> dict[str, Any]:
-    return write_unit(runtime_for(config), job_id, unit_id)
+def _in_worker(config: dict[str, Any], step: str, job_id: str, item: Any) -> dict[str, Any]:
+    rt = runtime_for(config)
+    return scan(rt, job_id, item) if step == "scan" else write_unit(rt, job_id, item)
 
 
 class _Ticker:

@@ -29,6 +29,15 @@ class LakeConfig(BaseModel):
     catalog_props: dict[str, str] = Field(default_factory=dict)
     store: str = Field(description="sqlite:///path/jobs.db (embedded) or dynamodb://table (AWS)")
     staging: str = Field(description="Root URI for job scratch files (spills, unit manifests)")
+    events: str | None = Field(default=None, description="eventbridge://BUS on AWS; None: the in-process bus")
+
+    @classmethod
+    def from_env(cls) -> "LakeConfig":
+        """The config a Lambda runs with: ``TIMELAKE_CONFIG`` (this model as JSON) set by the stack."""
+        raw = os.environ.get("TIMELAKE_CONFIG")
+        if not raw:
+            raise RuntimeError("TIMELAKE_CONFIG is not set: it holds the lake config as JSON")
+        return cls.model_validate_json(raw)
 
     @classmethod
     def embedded(cls, warehouse: str | os.PathLike[str] = DEFAULT_WAREHOUSE) -> "LakeConfig":
@@ -45,7 +54,7 @@ class LakeConfig(BaseModel):
 class Runtime:
     def __init__(self, config: LakeConfig, bus: EventBus | None = None) -> None:
         self.config = config
-        self.bus: EventBus = bus or InProcessBus()
+        self.bus: EventBus = bus or _bus(config)
 
     @functools.cached_property
     def catalog(self) -> Catalog:
@@ -55,6 +64,10 @@ class Runtime:
     def store(self) -> JobStore:
         if self.config.store.startswith("sqlite:///"):
             return SqliteJobStore(self.config.store.removeprefix("sqlite:///"))
+        if self.config.store.startswith("dynamodb://"):
+            from .aws.store import DynamoJobStore
+
+            return DynamoJobStore(self.config.store.removeprefix("dynamodb://"))
         raise ValueError(f"unsupported job store '{self.config.store}'")
 
     def load_table(self, name: str) -> IcebergTable:
@@ -66,6 +79,14 @@ class Runtime:
 
     def staging_path(self, job_id: str, *parts: str) -> str:
         return "/".join([self.config.staging.rstrip("/"), job_id, *parts])
+
+
+def _bus(config: LakeConfig) -> EventBus:
+    if config.events and config.events.startswith("eventbridge://"):
+        from .aws.events import EventBridgeBus
+
+        return EventBridgeBus(config.events.removeprefix("eventbridge://"))
+    return InProcessBus()
 
 
 def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:

@@ -9,6 +9,7 @@ from typing import Any
 
 from pyiceberg.table import Table as IcebergTable
 
+from . import failures
 from .commit import JOB_PROPERTY, STEP_PROPERTY, append_files, data_files, with_retry
 from .errors import BackfillError
 from .faults import checkpoint
@@ -23,7 +24,9 @@ def stage(rt: Runtime, job_id: str) -> dict[str, Any]:
     units = rt.store.units(job_id)
     pending = [u.unit_id for u in units if u.status != "done"]
     if pending:
-        raise BackfillError(f"job {job_id}: {len(pending)} unit(s) not written yet (first: {pending[0]}); resume the job")
+        cause = failures.first(rt, job_id, pending)
+        raise BackfillError(f"job {job_id}: {len(pending)} unit(s) not written"
+                            + (f"; {cause}" if cause else f" yet (first: {pending[0]}); resume the job"))
     table = rt.load_table(spec.table)
     branch = job.state["branch"]
     head = table.snapshot_by_name(branch)

@@ -60,7 +60,7 @@ def validate(rt: Runtime, job_id: str) -> dict[str, Any]:
     con = _staged_connection(staged)
     try:
         checks.append(_unique_keys(con, contract, bool(staged)))
-        checks.append(_overlap_with_main(con, table, contract, spec.mode, state, bool(staged)))
+        checks.extend(_overlap_with_main(con, table, contract, spec.mode, state, bool(staged)))
         checks.append(_aggregate(units, staged, state, contract))
         checks.extend(_assertions(con, spec.assertions, table.schema().as_arrow(), bool(staged)))
     finally:
@@ -75,8 +75,7 @@ def validate(rt: Runtime, job_id: str) -> dict[str, Any]:
             f"job {job_id}: validation failed ({', '.join(c.name for c in failed)}): {failed[0].detail}; "
             f"nothing was published, the staged data stays on branch {state['branch']}"
         )
-    overlap = next(c for c in checks if c.name == "no_overlap_with_main")
-    rt.store.update_job(job_id, "validated", checks=report, overlap_in_staged=overlap.samples and len(overlap.samples))
+    rt.store.update_job(job_id, "validated", checks=report)
     return {"job_id": job_id, "passed": True, "checks": len(checks)}
 
 
@@ -177,24 +176,44 @@ def _unique_keys(con: duckdb.DuckDBPyConnection, contract: Contract, any_staged:
 
 def _overlap_with_main(
     con: duckdb.DuckDBPyConnection, table: Any, contract: Contract, mode: str, state: dict[str, Any], any_staged: bool
-) -> Check:
+) -> list[Check]:
+    """Merge mode: no staged key may exist on main as the plan saw it (units drop those). Keys that live
+    writers committed since are reported; publish re-checks them and the live rows win."""
     if mode == "replace":
-        return Check("no_overlap_with_main", True, "replace mode: the range on main is replaced in the publish commit")
+        return [Check("no_overlap_with_main", True, "replace mode: the range on main is replaced in the publish commit")]
     if not any_staged or table.current_snapshot() is None:
-        return Check("no_overlap_with_main", True, "no staged rows or an empty main")
-    main = read_range(table, contract.time_column, state["range_start"], state["range_end"], contract.dedup_key)
-    con.register("main_keys", main)
-    cols = _keys(contract)
-    count = con.sql(f"SELECT count(*) FROM (SELECT {cols} FROM staged) SEMI JOIN main_keys USING ({cols})").fetchall()[0][0]
-    samples = con.sql(
-        f"SELECT {cols} FROM (SELECT {cols} FROM staged) SEMI JOIN main_keys USING ({cols}) LIMIT {SAMPLES}"
-    ).to_arrow_table().to_pylist()
+        return [Check("no_overlap_with_main", True, "no staged rows or an empty main")]
+    base = state.get("base_snapshot_id")
+    at_base, samples = _overlap(con, table, contract, state, base)
     blocking = mode == "merge"
     detail = (
-        "no staged key exists on main" if not count
-        else f"{count} staged key(s) already exist on main" + ("" if blocking else " (append mode: reported, not enforced)")
+        "no staged key exists on main" if not at_base
+        else f"{at_base} staged key(s) already exist on main" + ("" if blocking else " (append mode: reported, not enforced)")
     )
-    return Check("no_overlap_with_main", count == 0, detail, blocking=blocking, samples=[_fmt_row(s) for s in samples])
+    checks = [Check("no_overlap_with_main", at_base == 0, detail, blocking=blocking, samples=samples)]
+    current = table.current_snapshot().snapshot_id
+    if mode == "merge" and current != base:
+        live, samples = _overlap(con, table, contract, state, current)
+        checks.append(Check(
+            "live_overlap_since_plan", live == 0,
+            f"{live} staged key(s) were committed by live writers since the plan; they win at publish", blocking=False,
+            samples=samples,
+        ))
+    return checks
+
+
+def _overlap(
+    con: duckdb.DuckDBPyConnection, table: Any, contract: Contract, state: dict[str, Any], snapshot_id: int | None
+) -> tuple[int, list[dict[str, Any]]]:
+    main = read_range(table, contract.time_column, state["range_start"], state["range_end"], contract.dedup_key,
+                      snapshot_id=snapshot_id)
+    con.register("main_keys", main)
+    cols = _keys(contract)
+    overlap = f"(SELECT {cols} FROM staged) SEMI JOIN main_keys USING ({cols})"
+    count = con.sql(f"SELECT count(*) FROM {overlap}").fetchall()[0][0]
+    samples = con.sql(f"SELECT {cols} FROM {overlap} LIMIT {SAMPLES}").to_arrow_table().to_pylist()
+    con.unregister("main_keys")
+    return count, [_fmt_row(s) for s in samples]
 
 
 def _aggregate(units: list[Any], staged: list[DataFile], state: dict[str, Any], contract: Contract) -> Check:

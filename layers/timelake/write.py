@@ -16,6 +16,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyiceberg.typedef import Record
 
+from . import failures
 from .contract import Contract
 from .layout import read_range, series_hash
 from .runtime import Runtime, filesystem
@@ -27,6 +28,14 @@ ROW_GROUP_ROWS = 1 << 20
 
 def write_unit(rt: Runtime, job_id: str, unit_id: str) -> dict[str, Any]:
     """Write step. Input: job id and unit id. Output: the unit's counts (also recorded in the store)."""
+    try:
+        return _write_unit(rt, job_id, unit_id)
+    except Exception as exc:
+        failures.note(rt, job_id, unit_id, exc)
+        raise
+
+
+def _write_unit(rt: Runtime, job_id: str, unit_id: str) -> dict[str, Any]:
     job = rt.store.get_job(job_id)
     unit = rt.store.unit(job_id, unit_id)
     if unit.status == "done":
@@ -59,7 +68,7 @@ def write_unit(rt: Runtime, job_id: str, unit_id: str) -> dict[str, Any]:
 def _read_slice(unit: UnitRecord, contract: Contract, target: pa.Schema) -> pa.Table:
     tables = []
     for path in unit.info["spill"]:
-        fs, local = filesystem(path) if "://" in path else filesystem("file://" + path)
+        fs, local = filesystem(path)
         with fs.open_input_stream(local) as stream:
             tables.append(pa.ipc.open_stream(stream).read_all())
     rows = pa.concat_tables(tables) if tables else target.empty_table()

@@ -3,17 +3,23 @@
 from __future__ import annotations
 
 import multiprocessing
+import threading
 from pathlib import Path
 
 import pytest
 
+from tests.aws_fixtures import aws, dynamo_table, moto_server  # noqa: F401
+from timelake.aws.store import DynamoJobStore
 from timelake.errors import JobNotFound, LeaseConflict
 from timelake.store import JobRecord, Lease, SqliteJobStore, UnitRecord
 
 
-@pytest.fixture(params=["sqlite"])
+@pytest.fixture(params=["sqlite", "dynamodb"])
 def store(request, tmp_path):
-    return SqliteJobStore(tmp_path / "jobs.db")
+    if request.param == "sqlite":
+        return SqliteJobStore(tmp_path / "jobs.db")
+    request.getfixturevalue("aws")
+    return DynamoJobStore(dynamo_table("jobs"))
 
 
 def test_job_lifecycle(store):
@@ -73,3 +79,59 @@ def test_a_lease_cannot_be_taken_twice_by_racing_processes(tmp_path):
         with ctx.Pool(4) as pool:
             won = pool.starmap(_race, [(path, f"j{i}", barrier) for i in range(4)])
     assert sum(won) == 1
+
+
+def test_missing_records_raise_job_not_found(store):
+    store.create_job(JobRecord("j", "iot.a", "planned", {}))
+    with pytest.raises(JobNotFound, match="nope"):
+        store.update_job("nope", "planned")
+    with pytest.raises(JobNotFound, match="no unit 'u9'"):
+        store.unit("j", "u9")
+    assert store.complete_unit("j", "u9", {}) is False
+    assert store.units("j") == [] and store.leases() == []
+
+
+def test_replanning_many_units_keeps_their_progress(store):
+    """~1.2 MB of units: more than one page of a DynamoDB query; re-planning skips existing units."""
+    info = {"files": ["x" * 8000]}
+    store.create_job(JobRecord("j", "iot.a", "planned", {}))
+    store.put_units("j", [UnitRecord(f"u{i:03d}", info) for i in range(0, 150, 2)])
+    assert store.complete_unit("j", "u042", {"rows": 42})
+    store.put_units("j", [UnitRecord(f"u{i:03d}", info | {"replanned": True}) for i in range(150)])
+    units = store.units("j")
+    assert [u.unit_id for u in units] == [f"u{i:03d}" for i in range(150)]
+    assert (units[42].status, units[42].result, units[42].info) == ("done", {"rows": 42}, info)
+    assert units[43].info["replanned"] and sum(u.status == "done" for u in units) == 1
+
+
+def test_concurrent_state_updates_all_land(store):
+    store.create_job(JobRecord("j", "iot.a", "writing", {}))
+    threads = [threading.Thread(target=store.update_job, args=("j",), kwargs={f"k{i}": i}) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert store.get_job("j").state == {f"k{i}": i for i in range(8)}
+
+
+def _race_dynamo(table: str, job: str, barrier) -> bool:
+    store = DynamoJobStore(table)
+    barrier.wait()
+    try:
+        store.acquire_lease(Lease("iot.a", int(job[1:]) * 10, 100, job))
+        return True
+    except LeaseConflict:
+        return False
+
+
+def test_a_dynamodb_lease_cannot_be_taken_twice_by_racing_processes(aws):
+    """Forked, not spawned: the children see the moto endpoint in the environment as it is now and
+    start in milliseconds (a forkserver may predate the moto variables; spawning re-imports the engine)."""
+    store = DynamoJobStore(dynamo_table("race"))
+    store.acquire_lease(Lease("iot.b", 0, 100, "other"))  # the racers update an existing lease item
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Manager() as manager:
+        barrier = manager.Barrier(4)
+        with ctx.Pool(4) as pool:
+            won = pool.starmap(_race_dynamo, [(store.table_name, f"j{i}", barrier) for i in range(4)])
+    assert sum(won) == 1 and [lease.job_id for lease in store.leases("iot.a")] == [f"j{won.index(True)}"]

@@ -1,0 +1,72 @@
+"""API Lambda: REST API (IAM auth) over backfill jobs, run by the Step Functions workflow."""
+
+import os
+from typing import Any
+
+from aws_lambda_powertools import Logger, Tracer
+from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response, content_types
+from aws_lambda_powertools.event_handler.exceptions import NotFoundError
+from aws_lambda_powertools.utilities.typing import LambdaContext
+
+from timelake.aws.orchestrator import StepFunctionsOrchestrator
+from timelake.errors import JobNotFound
+from timelake.service import lambda_runtime
+from timelake.spec import JobSpec
+
+logger, tracer = Logger(), Tracer()
+app = APIGatewayRestResolver(enable_validation=True)
+
+
+def orchestrator() -> StepFunctionsOrchestrator:
+    return StepFunctionsOrchestrator(lambda_runtime(), os.environ["STATE_MACHINE_ARN"])
+
+
+@app.exception_handler(JobNotFound)
+def not_found(exc: JobNotFound) -> Response:
+    raise NotFoundError(str(exc))
+
+
+@app.exception_handler(ValueError)
+def conflict(exc: ValueError) -> Response:
+    return Response(409, content_types.APPLICATION_JSON, {"message": str(exc)})
+
+
+@app.post("/backfills", summary="Start a backfill job (or a dry run)", responses={202: {"description": "Started"}})
+def start(job: JobSpec) -> Response[dict[str, Any]]:
+    return Response(202, content_types.APPLICATION_JSON, orchestrator().submit(job))
+
+
+@app.get("/backfills", summary="List jobs, optionally of one table")
+def list_jobs() -> list[dict[str, Any]]:
+    return orchestrator().list(app.current_event.get_query_string_value("table"))
+
+
+@app.get("/backfills/<job_id>", summary="Phase, units done/total, rows, throughput, ETA and execution status")
+def status(job_id: str) -> dict[str, Any]:
+    return orchestrator().status(job_id)
+
+
+@app.get("/backfills/<job_id>/report", summary="The job report")
+def report(job_id: str) -> dict[str, Any]:
+    return orchestrator().report(job_id)
+
+
+@app.post("/backfills/<job_id>/resume", summary="Redrive a failed execution, or start one that skips done units",
+          responses={202: {"description": "Resumed"}})
+def resume(job_id: str) -> Response[dict[str, Any]]:
+    return Response(202, content_types.APPLICATION_JSON, orchestrator().resume(job_id))
+
+
+@logger.inject_lambda_context
+@tracer.capture_lambda_handler
+def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+    return app.resolve(event, context)
+
+
+def openapi() -> str:
+    """The committed docs/openapi.json is this output (a test keeps them equal)."""
+    return app.get_openapi_json_schema(title="timelake backfill API", version="0.1.0", description=__doc__)
+
+
+if __name__ == "__main__":
+    print(openapi())

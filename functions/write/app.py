@@ -1,0 +1,25 @@
+"""Write Lambda: one work unit, one Parquet file. Input: one item of the units manifest."""
+
+from typing import Any
+
+from aws_lambda_powertools import Logger, Metrics, Tracer
+from aws_lambda_powertools.metrics import MetricUnit
+from aws_lambda_powertools.utilities.typing import LambdaContext
+
+from timelake.service import UnitEvent, lambda_runtime
+from timelake.write import write_unit
+
+logger, tracer, metrics = Logger(), Tracer(), Metrics()
+
+
+@logger.inject_lambda_context
+@tracer.capture_lambda_handler
+@metrics.log_metrics
+def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+    unit = UnitEvent.model_validate(event)
+    logger.append_keys(job_id=unit.job_id, unit_id=unit.unit_id)
+    result = write_unit(lambda_runtime(), unit.job_id, unit.unit_id)
+    metrics.add_metric(name="RowsWritten", unit=MetricUnit.Count, value=result["rows_written"])
+    metrics.add_metric(name="BytesWritten", unit=MetricUnit.Bytes, value=result["bytes"])
+    metrics.add_metric(name="UnitDuration", unit=MetricUnit.Seconds, value=result.get("seconds", 0))
+    return {"unit_id": unit.unit_id, "rows_written": result["rows_written"]}

@@ -1,0 +1,1 @@
+"""AWS implementations of the engine interfaces: DynamoDB job store, EventBridge bus."""

@@ -1,0 +1,79 @@
+"""AWS for tests: one moto server per test process, reset before each test that asks for it.
+
+Use with ``from tests.aws_fixtures import moto_server, aws  # noqa: F401`` and take ``aws`` (the
+endpoint URL) in a test. The server runs in a thread of the test process (under pytest-xdist one
+per worker) and is shared: a module importing these fixtures gets its own fixture definition, so
+the server is kept per process, not per definition. Clients find it through the standard
+``AWS_ENDPOINT_URL``, which child processes inherit; pyarrow's S3 file system ignores that variable
+and reads ``TIMELAKE_S3_ENDPOINT`` instead (see `timelake.runtime.filesystem`).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import urllib.request
+from collections.abc import Iterator
+
+import boto3
+import pytest
+from moto.dynamodb.responses import DynamoHandler
+from moto.server import ThreadedMotoServer
+
+from timelake.aws.store import table_definition
+
+_servers: dict[str, ThreadedMotoServer] = {}
+
+
+@pytest.fixture(scope="session")
+def moto_server() -> Iterator[str]:
+    """The endpoint URL; AWS variables point at it for the session and are restored afterwards."""
+    if not _servers:
+        _serialize_dynamodb()
+        server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        server.start()
+        host, port = server.get_host_and_port()
+        _servers[f"http://{host}:{port}"] = server
+    endpoint = next(iter(_servers))
+    with pytest.MonkeyPatch.context() as env:
+        env.setattr(logging.getLogger("werkzeug"), "disabled", True)  # one log line per request drowns failures
+        for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN"):
+            env.delenv(name, raising=False)
+        for name, value in {
+            "AWS_ENDPOINT_URL": endpoint, "TIMELAKE_S3_ENDPOINT": endpoint, "MOTO_PORT": endpoint.rpartition(":")[2],
+            "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+        }.items():
+            env.setenv(name, value)
+        yield endpoint
+    if endpoint in _servers:
+        _servers.pop(endpoint).stop()
+
+
+@pytest.fixture
+def aws(moto_server: str) -> str:
+    """The endpoint URL of an empty moto: state left by earlier tests is wiped first."""
+    urllib.request.urlopen(urllib.request.Request(f"{moto_server}/moto-api/reset", method="POST"), timeout=10).close()
+    return moto_server
+
+
+def dynamo_table(name: str) -> str:
+    """Create the job store table as the stack defines it; returns its name."""
+    boto3.client("dynamodb").create_table(TableName=name, **table_definition())
+    return name
+
+
+@functools.cache
+def _serialize_dynamodb() -> None:
+    """One DynamoDB request at a time, once per process. Real DynamoDB applies each write atomically;
+    moto's server runs requests on threads without a lock: its conditional writes check, then write,
+    and concurrent TransactWriteItems fail with HTTP 500 (it deep-copies a table another thread is
+    changing). Exactly-once tests need the atomicity they would get from DynamoDB."""
+    lock = threading.Lock()
+    dispatch = DynamoHandler.call_action
+
+    def call_action(self: DynamoHandler) -> object:
+        with lock:
+            return dispatch(self)
+
+    DynamoHandler.call_action = call_action

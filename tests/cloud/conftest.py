@@ -1,0 +1,152 @@
+"""A deployment on moto: S3, DynamoDB, Glue, EventBridge and the real workflow file executed by
+moto's Step Functions engine, whose Lambda tasks are dispatched in-process to the real handlers."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import json
+import time
+import traceback
+import urllib.request
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from moto.awslambda_simple.models import LambdaSimpleBackend
+
+import timelake
+from timelake.lake import Lake
+from timelake.runtime import LakeConfig, Runtime
+
+from tests.aws_fixtures import aws, dynamo_table, moto_server  # noqa: F401
+
+ROOT = Path(__file__).parents[2]
+FUNCTIONS = ("plan", "scan", "cut", "write", "stage", "validate", "publish", "record_failure")
+BUCKET, JOBS, BUS = "timelake-lake", "timelake-jobs", "timelake-backfill"
+
+
+def _load_handlers() -> dict[str, Any]:
+    handlers = {}
+    for name in FUNCTIONS:
+        spec = importlib.util.spec_from_file_location(f"fn_{name}", ROOT / "functions" / name / "app.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        handlers[f"timelake-{name}"] = module.handler
+    return handlers
+
+
+class _Context:
+    """What Powertools reads from a Lambda context."""
+
+    def __init__(self, name: str) -> None:
+        self.function_name = name
+        self.function_version = "$LATEST"
+        self.invoked_function_arn = f"arn:aws:lambda:us-east-1:123456789012:function:{name}"
+        self.memory_limit_in_mb = 3008
+        self.aws_request_id = f"req-{time.monotonic_ns()}"
+        self.log_group_name = f"/aws/lambda/{name}"
+        self.log_stream_name = "test"
+
+    def get_remaining_time_in_millis(self) -> int:
+        return 900_000
+
+
+@dataclass
+class Cloud:
+    endpoint: str
+    sfn: Any
+    state_machine_arn: str
+    lake: Lake
+    config: LakeConfig
+    invocations: list[str]
+
+    def run(self, job: dict[str, Any], name: str, timeout: float = 120) -> dict[str, Any]:
+        """Start an execution named ``name`` and wait for its end."""
+        arn = self.sfn.start_execution(stateMachineArn=self.state_machine_arn, name=name, input=json.dumps(job))["executionArn"]
+        return self.wait(arn, timeout)
+
+    def wait(self, arn: str, timeout: float = 120) -> dict[str, Any]:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            described = self.sfn.describe_execution(executionArn=arn)
+            if described["status"] != "RUNNING":
+                return described
+            time.sleep(0.1)
+        raise TimeoutError(f"execution {arn} still running after {timeout} s")
+
+
+@pytest.fixture
+def cloud(aws: str, monkeypatch: pytest.MonkeyPatch) -> Cloud:  # noqa: F811
+    for path, body in (("config", {"stepfunctions": {"execute_state_machine": True}, "lambda": {"use_docker": False}}),):
+        request = urllib.request.Request(f"{aws}/moto-api/{path}", data=json.dumps(body).encode(), method="POST",
+                                         headers={"Content-Type": "application/json"})
+        urllib.request.urlopen(request, timeout=10).close()
+    boto3.client("s3").create_bucket(Bucket=BUCKET)
+    dynamo_table(JOBS)
+    events = boto3.client("events")
+    events.create_event_bus(Name=BUS)
+    config = LakeConfig(
+        catalog_name="glue",
+        catalog_props={"type": "glue", "warehouse": f"s3://{BUCKET}/warehouse", "glue.endpoint": aws,
+                       "glue.region": "us-east-1", "glue.access-key-id": "testing", "glue.secret-access-key": "testing",
+                       "s3.endpoint": aws, "s3.region": "us-east-1", "s3.access-key-id": "testing",
+                       "s3.secret-access-key": "testing"},
+        store=f"dynamodb://{JOBS}", staging=f"s3://{BUCKET}/_backfill", events=f"eventbridge://{BUS}",
+    )
+    monkeypatch.setenv("TIMELAKE_CONFIG", config.model_dump_json())
+    monkeypatch.setenv("POWERTOOLS_TRACE_DISABLED", "true")
+    monkeypatch.setenv("POWERTOOLS_SERVICE_NAME", "timelake-backfill")
+    monkeypatch.setenv("POWERTOOLS_METRICS_NAMESPACE", "Timelake")
+
+    handlers = _load_handlers()
+    invocations: list[str] = []
+
+    def invoke(self: Any, function_name: str, qualifier: Any, body: Any, headers: Any, response_headers: Any) -> bytes:
+        name = function_name.rsplit(":", 1)[-1]
+        invocations.append(name)
+        try:
+            result = handlers[name](json.loads(body) if body else {}, _Context(name))
+        except Exception as exc:
+            response_headers["x-amz-function-error"] = "Unhandled"
+            return json.dumps({"errorType": type(exc).__name__, "errorMessage": str(exc),
+                               "stackTrace": traceback.format_tb(exc.__traceback__)}).encode()
+        return json.dumps(result).encode()
+
+    monkeypatch.setattr(LambdaSimpleBackend, "invoke", invoke)
+    arns = _create_functions(handlers)
+    definition = (ROOT / "statemachine" / "backfill.asl.json").read_text()
+    for name, arn in arns.items():
+        key = "".join(part.title() for part in name.removeprefix("timelake-").split("_")) + "FunctionArn"
+        definition = definition.replace("${" + key + "}", arn)
+    definition = definition.replace("${StagingBucket}", BUCKET)
+    assert "${" not in definition
+    sfn = boto3.client("stepfunctions")
+    role = "arn:aws:iam::123456789012:role/timelake-states"
+    arn = sfn.create_state_machine(name="timelake-backfill", definition=definition, roleArn=role)["stateMachineArn"]
+    lake = Lake(Runtime(config))
+    lake.catalog.create_namespace("iot")
+    return Cloud(aws, sfn, arn, lake, config, invocations)
+
+
+def _create_functions(handlers: dict[str, Any]) -> dict[str, str]:
+    iam = boto3.client("iam")
+    role = iam.create_role(RoleName="timelake-lambda", AssumeRolePolicyDocument=json.dumps({
+        "Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Principal": {"Service": "lambda.amazonaws.com"},
+                                                "Action": "sts:AssumeRole"}]}))["Role"]["Arn"]
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        archive.writestr("app.py", "def handler(event, context):\n    return event\n")
+    client = boto3.client("lambda")
+    return {name: client.create_function(FunctionName=name, Runtime="python3.12", Role=role, Handler="app.handler",
+                                         Code={"ZipFile": buffer.getvalue()})["FunctionArn"] for name in handlers}
+
+
+def sensor_table(lake: Lake) -> timelake.Table:
+    from tests.conftest import SCHEMA
+
+    return lake.create_table("iot.sensor", schema=SCHEMA, time_column="ts", series_key=["device_id"],
+                             partition_by="day", retention="P3Y")

@@ -1,0 +1,146 @@
+"""The API handler with API Gateway proxy events, against moto and the real workflow."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+
+from tests.cloud.conftest import BUCKET, ROOT, Cloud, _Context, sensor_table
+from tests.cloud.test_workflow import _upload
+from tests.conftest import recent
+
+
+def _api_module() -> Any:
+    spec = importlib.util.spec_from_file_location("fn_api", ROOT / "functions" / "api" / "app.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def api(cloud: Cloud, monkeypatch):
+    monkeypatch.setenv("STATE_MACHINE_ARN", cloud.state_machine_arn)
+    module = _api_module()
+
+    def call(method: str, path: str, body: Any = None, query: dict[str, str] | None = None) -> tuple[int, Any]:
+        event = {
+            "resource": path, "path": path, "httpMethod": method, "headers": {"Content-Type": "application/json"},
+            "multiValueHeaders": {}, "queryStringParameters": query, "multiValueQueryStringParameters":
+                {k: [v] for k, v in (query or {}).items()} or None,
+            "pathParameters": None, "stageVariables": None, "isBase64Encoded": False,
+            "body": body if isinstance(body, str) or body is None else json.dumps(body),
+            "requestContext": {"httpMethod": method, "path": path, "stage": "prod", "requestId": "r1",
+                               "identity": {"userArn": "arn:aws:iam::123456789012:user/tester"}},
+        }
+        response = module.handler(event, _Context("timelake-api"))
+        return response["statusCode"], json.loads(response["body"]) if response.get("body") else None
+
+    return call
+
+
+def test_start_status_report_list(api, cloud: Cloud, readings):
+    sensor_table(cloud.lake)
+    _upload(readings(recent(5), days=1, devices=2), "src/a.parquet")
+    code, started = api("POST", "/backfills", {"table": "iot.sensor", "source": f"s3://{BUCKET}/src/*.parquet",
+                                               "job_id": "bf-api-1"})
+    assert code == 202 and started["job_id"] == "bf-api-1" and started["execution_arn"].endswith(":bf-api-1")
+    assert cloud.wait(started["execution_arn"])["status"] == "SUCCEEDED"
+    code, status = api("GET", "/backfills/bf-api-1")
+    assert code == 200 and status["phase"] == "published" and status["units_done"] == status["units_total"] == 1
+    assert status["execution"]["status"] == "SUCCEEDED"
+    code, report = api("GET", "/backfills/bf-api-1/report")
+    assert code == 200 and report["rows_written"] == 48
+    code, listed = api("GET", "/backfills", query={"table": "iot.sensor"})
+    assert code == 200 and [j["job_id"] for j in listed] == ["bf-api-1"]
+    code, again = api("POST", "/backfills", {"table": "iot.sensor", "source": "s3://x/y.parquet", "job_id": "bf-api-1"})
+    assert code == 409 and "already exists" in again["message"]
+
+
+def test_dry_run_through_the_api(api, cloud: Cloud, readings):
+    sensor_table(cloud.lake)
+    _upload(readings(recent(5), days=1, devices=2), "src/a.parquet")
+    code, started = api("POST", "/backfills", {"table": "iot.sensor", "source": f"s3://{BUCKET}/src/*.parquet",
+                                               "dry_run": True})
+    assert code == 202
+    execution = cloud.wait(started["execution_arn"])
+    assert execution["status"] == "SUCCEEDED" and json.loads(execution["output"])["rows_in_source"] == 48
+
+
+@pytest.mark.parametrize("body, field", [
+    ({"source": "s3://b/k.parquet"}, "table"),
+    ({"table": "iot.sensor", "source": "s3://b/k.parquet", "mode": "upsert"}, "mode"),
+    ({"table": "iot.sensor", "source": "s3://b/k.parquet", "max_concurrency": 0}, "max_concurrency"),
+    ({"table": "iot.sensor", "source": "s3://b/k.parquet", "surprise": 1}, "surprise"),
+])
+def test_schema_violations_name_the_field(api, body, field):
+    code, error = api("POST", "/backfills", body)
+    assert code == 422
+    assert any(field in [str(p) for p in d["loc"]] for d in error["detail"]), error
+
+
+def test_invalid_json_is_a_client_error(api):
+    code, _ = api("POST", "/backfills", "{not json")
+    assert 400 <= code < 500
+
+
+def test_unknown_job_is_404(api):
+    code, error = api("GET", "/backfills/bf-nope")
+    assert code == 404 and "bf-nope" in error["message"]
+    code, _ = api("GET", "/backfills/bf-nope/report")
+    assert code == 404
+
+
+def test_resume_a_failed_job(api, cloud: Cloud, readings):
+    table = sensor_table(cloud.lake)
+    rows = readings(recent(5), days=1, devices=2)
+    boto3.client("s3").put_object(Bucket=BUCKET, Key="src/bad.parquet", Body=b"garbage")
+    code, started = api("POST", "/backfills", {"table": "iot.sensor", "source": f"s3://{BUCKET}/src/*.parquet",
+                                               "job_id": "bf-api-2"})
+    assert cloud.wait(started["execution_arn"])["status"] == "FAILED"
+    _upload(rows, "src/bad.parquet")
+    code, resumed = api("POST", "/backfills/bf-api-2/resume")
+    assert code == 202 and resumed["how"] in ("redrive", "new execution")
+    assert cloud.wait(resumed["execution_arn"])["status"] == "SUCCEEDED"
+    assert table.to_arrow().num_rows == rows.num_rows
+
+
+def test_openapi_document_is_current():
+    os.environ.setdefault("POWERTOOLS_TRACE_DISABLED", "true")
+    committed = (ROOT / "docs" / "openapi.json").read_text().strip()
+    assert committed == _api_module().openapi().strip(), \
+        "regenerate: .venv/bin/python functions/api/app.py > docs/openapi.json"
+
+
+def test_cli_on_aws_runs_checks_and_resumes(cloud: Cloud, readings, monkeypatch):
+    import subprocess
+    import sys
+
+    sensor_table(cloud.lake)
+    _upload(readings(recent(5), days=1, devices=2), "src/a.parquet")
+    monkeypatch.setenv("TIMELAKE_STATE_MACHINE_ARN", cloud.state_machine_arn)
+    timelake = str(Path(sys.executable).parent / "timelake")
+
+    def cli(*args: str) -> Any:
+        done = subprocess.run([timelake, "backfill", *args, "--on", "aws", "--json"], capture_output=True, text=True,
+                              env=os.environ.copy(), timeout=60)
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+    boto3.client("s3").put_object(Bucket=BUCKET, Key="src/b.parquet", Body=b"garbage")
+    started = cli("iot.sensor", "--from", f"s3://{BUCKET}/src/*.parquet")
+    assert cloud.wait(started["execution_arn"])["status"] == "FAILED"
+    status = cli("status", started["job_id"])
+    assert status["phase"] == "failed" and status["execution"]["status"] == "FAILED" and "b.parquet" in status["error"]
+    _upload(readings(recent(4), days=1, devices=2), "src/b.parquet")
+    resumed = cli("resume", started["job_id"])
+    assert resumed["how"] in ("redrive", "new execution")
+    assert cloud.wait(resumed["execution_arn"])["status"] == "SUCCEEDED"
+    assert cli("status", started["job_id"])["phase"] == "published"
+    assert cli("resume", started["job_id"])["how"] == "nothing to do: published"
+    assert cloud.lake.table("iot.sensor").to_arrow().num_rows == 96

@@ -1,0 +1,93 @@
+"""The real workflow file, executed by moto's Step Functions engine with the real handlers."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import boto3
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+import timelake
+
+from tests.cloud.conftest import BUCKET, Cloud, sensor_table
+from tests.conftest import recent, reference_merge, sort_rows
+
+
+def _upload(table: pa.Table, key: str) -> str:
+    buffer = io.BytesIO()
+    pq.write_table(table, buffer)
+    boto3.client("s3").put_object(Bucket=BUCKET, Key=key, Body=buffer.getvalue())
+    return f"s3://{BUCKET}/{key}"
+
+
+def test_dry_run_succeeds_with_the_report_and_changes_nothing(cloud: Cloud, readings):
+    table = sensor_table(cloud.lake)
+    _upload(readings(recent(6), days=2, devices=2), "src/a.parquet")
+    result = cloud.run({"table": "iot.sensor", "source": f"s3://{BUCKET}/src/*.parquet", "dry_run": True}, "bf-dry")
+    assert result["status"] == "SUCCEEDED", result
+    report = json.loads(result["output"])
+    assert report["phase"] == "dry_run_complete" and report["rows_in_source"] == 96 and report["units"] == 2
+    assert table.refresh().iceberg.current_snapshot() is None
+    assert cloud.invocations == ["timelake-plan", "timelake-scan", "timelake-cut"]
+
+
+def test_full_backfill_equals_the_embedded_runner(cloud: Cloud, readings, tmp_path):
+    existing = readings(recent(8), days=2, devices=3, seed=1)
+    source = readings(recent(7), days=3, devices=3, seed=2)
+    table = sensor_table(cloud.lake)
+    table.append(existing)
+    _upload(source.slice(0, 100), "src/part-0.parquet")
+    _upload(source.slice(100), "src/part-1.parquet")
+    job = {"table": "iot.sensor", "source": f"s3://{BUCKET}/src/*.parquet", "publish_by": "day", "max_concurrency": 4}
+    result = cloud.run(job, "bf-cloud-1")
+    assert result["status"] == "SUCCEEDED", result
+    cloud_rows = sort_rows(table.to_arrow())
+
+    embedded = timelake.connect(warehouse=tmp_path / "embedded")
+    local = embedded.create_table("iot.sensor", schema=table.iceberg.schema().as_arrow(), time_column="ts",
+                                  series_key=["device_id"], partition_by="day", retention="P3Y")
+    local.append(existing)
+    local.backfill(source=source, publish_by="day").wait()
+    assert cloud_rows.equals(sort_rows(local.to_arrow()))
+    assert cloud_rows.equals(reference_merge(existing, source))
+
+    report = cloud.lake.job("bf-cloud-1").report()
+    assert report["phase"] == "published" and len(report["published_chunks"]) == 3
+    assert len(report["published_snapshot_ids"]) == 2  # the first day held only existing keys: nothing to commit
+    assert cloud.invocations.count("timelake-write") == report["units"] == 3
+    assert cloud.invocations.count("timelake-publish") == 3  # chunk by chunk
+    assert "backfill/bf-cloud-1" not in table.refresh().iceberg.metadata.refs
+
+
+def test_failure_is_recorded_surfaced_and_resumable(cloud: Cloud, readings):
+    table = sensor_table(cloud.lake)
+    source = readings(recent(6), days=2, devices=2)
+    _upload(source.slice(0, 50), "src/good.parquet")
+    boto3.client("s3").put_object(Bucket=BUCKET, Key="src/zbad.parquet", Body=b"PAR1 not parquet")
+    job = {"table": "iot.sensor", "source": f"s3://{BUCKET}/src/*.parquet"}
+    result = cloud.run(job, "bf-broken")
+    assert result["status"] == "FAILED"
+    assert "zbad.parquet" in result["cause"] and "bf-broken" in result["cause"]
+    status = cloud.lake.job("bf-broken").status()
+    assert status["phase"] == "failed" and "zbad.parquet" in status["error"]
+    assert table.refresh().iceberg.current_snapshot() is None
+
+    _upload(source.slice(50), "src/zbad.parquet")  # the source is fixed
+    resumed = cloud.run({**job, "job_id": "bf-broken"}, "bf-broken-resume-1")
+    assert resumed["status"] == "SUCCEEDED", resumed
+    assert sort_rows(table.to_arrow()).equals(sort_rows(source))
+    assert cloud.lake.job("bf-broken").report()["phase"] == "published"
+
+
+def test_a_new_execution_of_a_published_job_changes_nothing(cloud: Cloud, readings):
+    table = sensor_table(cloud.lake)
+    _upload(readings(recent(6), days=1, devices=2), "src/a.parquet")
+    job = {"table": "iot.sensor", "source": f"s3://{BUCKET}/src/*.parquet"}
+    assert cloud.run(job, "bf-once")["status"] == "SUCCEEDED"
+    snapshot = table.refresh().iceberg.current_snapshot().snapshot_id
+    again = cloud.run({**job, "job_id": "bf-once"}, "bf-once-r1")
+    assert again["status"] == "SUCCEEDED" and json.loads(again["output"])["phase"] == "published"
+    assert table.refresh().iceberg.current_snapshot().snapshot_id == snapshot
+    assert cloud.lake.job("bf-once").report()["phase"] == "published"
