@@ -45,6 +45,24 @@ class Lease:
     job_id: str
 
 
+def job_exists(job_id: str) -> ValueError:
+    return ValueError(f"job {job_id} already exists")
+
+
+def job_not_found(job_id: str) -> JobNotFound:
+    return JobNotFound(f"no backfill job '{job_id}' (see `timelake backfill list`)")
+
+
+def unit_not_found(job_id: str, unit_id: str) -> JobNotFound:
+    return JobNotFound(f"job {job_id} has no unit '{unit_id}'")
+
+
+def lease_conflict(lease: "Lease", holder: str) -> LeaseConflict:
+    return LeaseConflict(
+        f"table {lease.table}: the range overlaps unpublished backfill job {holder}; wait for it, resume it or abort it first"
+    )
+
+
 class JobStore(Protocol):
     def create_job(self, job: JobRecord) -> None: ...
     def get_job(self, job_id: str) -> JobRecord: ...
@@ -99,19 +117,19 @@ class SqliteJobStore:
                     (job.job_id, job.table, job.phase, json.dumps(job.spec), json.dumps(job.state), now, now),
                 )
             except sqlite3.IntegrityError as exc:
-                raise ValueError(f"job {job.job_id} already exists") from exc
+                raise job_exists(job.job_id) from exc
 
     def get_job(self, job_id: str) -> JobRecord:
         row = self._con().execute("SELECT * FROM jobs WHERE job_id=?", (job_id,)).fetchone()
         if row is None:
-            raise JobNotFound(f"no backfill job '{job_id}' (see `timelake backfill list`)")
+            raise job_not_found(job_id)
         return _job(row)
 
     def update_job(self, job_id: str, phase: str | None = None, **state: Any) -> JobRecord:
         with self._tx() as con:
             row = con.execute("SELECT * FROM jobs WHERE job_id=?", (job_id,)).fetchone()
             if row is None:
-                raise JobNotFound(f"no backfill job '{job_id}'")
+                raise job_not_found(job_id)
             job = _job(row)
             job.state.update(state)
             job.phase = phase or job.phase
@@ -146,7 +164,7 @@ class SqliteJobStore:
             "SELECT unit_id, info, status, result FROM units WHERE job_id=? AND unit_id=?", (job_id, unit_id)
         ).fetchone()
         if row is None:
-            raise JobNotFound(f"job {job_id} has no unit '{unit_id}'")
+            raise unit_not_found(job_id, unit_id)
         return UnitRecord(row[0], json.loads(row[1]), row[2], json.loads(row[3]))
 
     def complete_unit(self, job_id: str, unit_id: str, result: dict[str, Any]) -> bool:
@@ -164,10 +182,7 @@ class SqliteJobStore:
                 (lease.table, lease.end, lease.start, lease.job_id),
             ).fetchone()
             if other:
-                raise LeaseConflict(
-                    f"table {lease.table}: the range overlaps unpublished backfill job {other[0]}; "
-                    f"wait for it, resume it or abort it first"
-                )
+                raise lease_conflict(lease, other[0])
             con.execute("INSERT OR REPLACE INTO leases VALUES (?,?,?,?)", (lease.job_id, lease.table, lease.start, lease.end))
 
     def release_lease(self, job_id: str) -> None:

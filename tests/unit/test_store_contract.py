@@ -60,27 +60,6 @@ def test_overlapping_lease_refused_adjacent_allowed(store):
     assert sorted(l.job_id for l in store.leases()) == ["j2", "j3", "j4"]
 
 
-def _race(path: str, job: str, barrier) -> bool:
-    store = SqliteJobStore(path)
-    barrier.wait()
-    try:
-        store.acquire_lease(Lease("iot.a", 0, 100, job))
-        return True
-    except LeaseConflict:
-        return False
-
-
-def test_a_lease_cannot_be_taken_twice_by_racing_processes(tmp_path):
-    path = str(tmp_path / "race.db")
-    SqliteJobStore(path)
-    ctx = multiprocessing.get_context("spawn")
-    with ctx.Manager() as manager:
-        barrier = manager.Barrier(4)
-        with ctx.Pool(4) as pool:
-            won = pool.starmap(_race, [(path, f"j{i}", barrier) for i in range(4)])
-    assert sum(won) == 1
-
-
 def test_missing_records_raise_job_not_found(store):
     store.create_job(JobRecord("j", "iot.a", "planned", {}))
     with pytest.raises(JobNotFound, match="nope"):
@@ -114,8 +93,8 @@ def test_concurrent_state_updates_all_land(store):
     assert store.get_job("j").state == {f"k{i}": i for i in range(8)}
 
 
-def _race_dynamo(table: str, job: str, barrier) -> bool:
-    store = DynamoJobStore(table)
+def _race(kind: type, location: str, job: str, barrier) -> bool:
+    store = kind(location)  # each racer with its own connection
     barrier.wait()
     try:
         store.acquire_lease(Lease("iot.a", int(job[1:]) * 10, 100, job))
@@ -124,14 +103,14 @@ def _race_dynamo(table: str, job: str, barrier) -> bool:
         return False
 
 
-def test_a_dynamodb_lease_cannot_be_taken_twice_by_racing_processes(aws):
+def test_a_lease_cannot_be_taken_twice_by_racing_processes(store):
     """Forked, not spawned: the children see the moto endpoint in the environment as it is now and
-    start in milliseconds (a forkserver may predate the moto variables; spawning re-imports the engine)."""
-    store = DynamoJobStore(dynamo_table("race"))
-    store.acquire_lease(Lease("iot.b", 0, 100, "other"))  # the racers update an existing lease item
+    start in milliseconds (spawning re-imports the engine)."""
+    store.acquire_lease(Lease("iot.b", 0, 100, "other"))  # the racers update an existing lease record
     ctx = multiprocessing.get_context("fork")
     with ctx.Manager() as manager:
         barrier = manager.Barrier(4)
         with ctx.Pool(4) as pool:
-            won = pool.starmap(_race_dynamo, [(store.table_name, f"j{i}", barrier) for i in range(4)])
+            location = store.path if isinstance(store, SqliteJobStore) else store.table_name
+            won = pool.starmap(_race, [(type(store), location, f"j{i}", barrier) for i in range(4)])
     assert sum(won) == 1 and [lease.job_id for lease in store.leases("iot.a")] == [f"j{won.index(True)}"]

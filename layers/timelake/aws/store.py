@@ -45,8 +45,8 @@ from typing import Any
 import boto3
 from botocore.config import Config
 
-from ..errors import JobNotFound, LeaseConflict
-from ..store import JobRecord, Lease, UnitRecord
+
+from ..store import JobRecord, Lease, UnitRecord, job_exists, job_not_found, lease_conflict, unit_not_found
 
 Item = dict[str, dict[str, Any]]
 
@@ -87,7 +87,7 @@ class DynamoJobStore:
     def create_job(self, job: JobRecord) -> None:
         def change(item: Item | None) -> Item:
             if item is not None:
-                raise ValueError(f"job {job.job_id} already exists")
+                raise job_exists(job.job_id)
             now = time.time()
             return _job_item(JobRecord(job.job_id, job.table, job.phase, job.spec, job.state, now, now))
 
@@ -96,13 +96,13 @@ class DynamoJobStore:
     def get_job(self, job_id: str) -> JobRecord:
         item = self._get(_job_key(job_id))
         if item is None:
-            raise JobNotFound(f"no backfill job '{job_id}' (see `timelake backfill list`)")
+            raise job_not_found(job_id)
         return _job(item)
 
     def update_job(self, job_id: str, phase: str | None = None, **state: Any) -> JobRecord:
         def change(item: Item | None) -> Item:
             if item is None:
-                raise JobNotFound(f"no backfill job '{job_id}'")
+                raise job_not_found(job_id)
             job = _job(item)
             job.state.update(state)
             job.phase = phase or job.phase
@@ -142,7 +142,7 @@ class DynamoJobStore:
     def unit(self, job_id: str, unit_id: str) -> UnitRecord:
         item = self._get(_unit_key(job_id, unit_id))
         if item is None:
-            raise JobNotFound(f"job {job_id} has no unit '{unit_id}'")
+            raise unit_not_found(job_id, unit_id)
         return _unit(item)
 
     def complete_unit(self, job_id: str, unit_id: str, result: dict[str, Any]) -> bool:
@@ -163,10 +163,7 @@ class DynamoJobStore:
             held = _held(item)
             for job_id, (table, start, end) in held.items():
                 if job_id != lease.job_id and table == lease.table and start < lease.end and end > lease.start:
-                    raise LeaseConflict(
-                        f"table {lease.table}: the range overlaps unpublished backfill job {job_id}; "
-                        f"wait for it, resume it or abort it first"
-                    )
+                    raise lease_conflict(lease, job_id)
             held.pop(lease.job_id, None)
             return _leases_item(held | {lease.job_id: [lease.table, lease.start, lease.end]})
 
