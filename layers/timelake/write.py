@@ -66,16 +66,19 @@ def _write_unit(rt: Runtime, job_id: str, unit_id: str) -> dict[str, Any]:
 
 
 def _read_slice(unit: UnitRecord, contract: Contract, target: pa.Schema) -> pa.Table:
-    tables = []
+    """The unit's rows, batch by batch from its partition's spill files: memory holds one slice, not
+    the whole partition, so peak memory is set by the unit (file) size times the concurrency."""
+    slices, wanted = unit.info["slices"], unit.info["slice"]
+    parts: list[pa.Table] = []
     for path in unit.info["spill"]:
         fs, local = filesystem(path)
         with fs.open_input_stream(local) as stream:
-            tables.append(pa.ipc.open_stream(stream).read_all())
-    rows = pa.concat_tables(tables) if tables else target.empty_table()
-    if unit.info["slices"] > 1:
-        buckets = series_hash(rows, contract.series_key) % np.uint64(unit.info["slices"])
-        rows = rows.filter(pa.array(buckets == unit.info["slice"]))
-    return rows
+            for batch in pa.ipc.open_stream(stream):
+                rows = pa.Table.from_batches([batch])
+                if slices > 1:
+                    rows = rows.filter(pa.array(series_hash(rows, contract.series_key) % np.uint64(slices) == wanted))
+                parts.append(rows)
+    return pa.concat_tables(parts) if parts else target.empty_table()
 
 
 def sort_keys(contract: Contract) -> list[tuple[str, str]]:

@@ -135,3 +135,21 @@ def test_files_are_sorted_one_per_unit_with_field_ids(sensor, readings, max_conc
         data = pq.read_table(path.removeprefix("file://"))
         assert data.equals(data.sort_by([("device_id", "ascending"), ("ts", "ascending")]))
         assert pq.read_schema(path.removeprefix("file://")).field("ts").metadata[b"PARQUET:field_id"] == b"1"
+
+
+def test_large_partitions_split_into_series_slices_of_target_size(lake, readings):
+    table = lake.create_table("iot.small_files", schema=SCHEMA, time_column="ts", series_key=["device_id"],
+                              partition_by="day", target_file_size="16KB")
+    source = readings(recent(3), days=1, devices=12, step_minutes=1)  # 17,280 rows in one day partition
+    report = table.backfill(source=source).wait().report()
+    assert report["units"] == report["files"] > 2
+    files = table.refresh().iceberg.inspect.files()
+    sizes = files.column("file_size_in_bytes").to_pylist()
+    assert max(sizes) < 3 * min(sizes), sizes  # slices are balanced
+    devices_per_file = []
+    import pyarrow.parquet as pq
+
+    for path in files.column("file_path").to_pylist():
+        devices_per_file.append(set(pq.read_table(path.removeprefix("file://"), columns=["device_id"]).column(0).to_pylist()))
+    assert sum(len(d) for d in devices_per_file) == 12  # each series lives in exactly one file of the partition
+    assert sort_rows(table.to_arrow()).equals(sort_rows(source))
