@@ -171,18 +171,30 @@ def _cut_units(total: ScanResult, contract: Contract) -> list[UnitRecord]:
     bytes_per_row = total.sample_bytes / total.sample_rows if total.sample_rows else 1.0
     units = []
     for part in sorted(total.partitions.values(), key=lambda p: p.key.range):
-        slices = max(1, round(part.rows * bytes_per_row / contract.target_file_size)) if contract.series_key else 1
+        wanted = max(1, round(part.rows * bytes_per_row / contract.target_file_size)) if contract.series_key else 1
+        slices = _balance(part.buckets, min(wanted, len(part.buckets) or 1))
         lo, hi = part.key.range
-        for i in range(slices):
+        for i, buckets in enumerate(slices):
             units.append(UnitRecord(
-                unit_id=f"{part.key.name}-{i}of{slices}",
+                unit_id=f"{part.key.name}-{i}of{len(slices)}",
                 info={
                     "partition": part.key.name, "spec_id": part.key.spec_id, "transform": part.key.transform,
-                    "value": part.key.value, "start": lo, "end": hi, "slice": i, "slices": slices,
-                    "spill": sorted(part.spill), "rows_estimate": math.ceil(part.rows / slices),
+                    "value": part.key.value, "start": lo, "end": hi, "buckets": buckets if len(slices) > 1 else None,
+                    "spill": sorted(part.spill), "rows_estimate": sum(part.buckets[b] for b in buckets) or part.rows,
                 },
             ))
     return units
+
+
+def _balance(buckets: dict[int, int], slices: int) -> list[list[int]]:
+    """Series buckets packed into ``slices`` groups of nearly equal rows (largest first, into the lightest)."""
+    groups: list[list[int]] = [[] for _ in range(slices)]
+    loads = [0] * slices
+    for bucket, rows in sorted(buckets.items(), key=lambda kv: (-kv[1], kv[0])):
+        lightest = loads.index(min(loads))
+        groups[lightest].append(bucket)
+        loads[lightest] += rows
+    return [sorted(g) for g in groups]
 
 
 def clear_staging(rt: Runtime, job_id: str) -> None:

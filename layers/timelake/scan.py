@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 
 from .contract import Contract
 from .errors import DstRefused, InvalidJob
-from .layout import PartitionKey, micros, partition_codes, read_range, split_by_code
+from .layout import PartitionKey, micros, partition_codes, read_range, series_hash, split_by_code
 from .mapping import Mapper
 from .runtime import Runtime, filesystem
 from .source import Source, open_source
@@ -32,6 +32,7 @@ from .timeutil import US_PER_DAY
 
 MAX_OPEN_SPILLS = 128
 SAMPLE_ROWS = 100_000
+SERIES_BUCKETS = 256  # rows per partition are counted per bucket of the series hash, so cut can balance slices
 
 
 @dataclass
@@ -41,6 +42,7 @@ class PartitionStats:
     nbytes: int = 0
     check_sum: float = 0.0
     spill: list[str] = field(default_factory=list)
+    buckets: Counter = field(default_factory=Counter)
 
 
 @dataclass
@@ -80,6 +82,7 @@ class ScanResult:
             mine.nbytes += part.nbytes
             mine.check_sum += part.check_sum
             mine.spill.extend(part.spill)
+            mine.buckets.update(part.buckets)
         self.sample_rows += other.sample_rows
         self.sample_bytes += other.sample_bytes
         self.overlap_existing_rows += other.overlap_existing_rows
@@ -90,7 +93,8 @@ class ScanResult:
             "rows_outside_range": self.rows_outside_range, "rows_outside_retention": self.rows_outside_retention,
             "min_us": self.min_us, "max_us": self.max_us, "days": {str(k): v for k, v in self.days.items()},
             "partitions": [{"spec_id": p.key.spec_id, "transform": p.key.transform, "value": p.key.value,
-                            "rows": p.rows, "nbytes": p.nbytes, "check_sum": p.check_sum, "spill": p.spill}
+                            "rows": p.rows, "nbytes": p.nbytes, "check_sum": p.check_sum, "spill": p.spill,
+                            "buckets": {str(b): n for b, n in p.buckets.items()}}
                            for p in self.partitions.values()],
             "sample_rows": self.sample_rows, "sample_bytes": self.sample_bytes,
             "overlap_existing_rows": self.overlap_existing_rows,
@@ -107,7 +111,8 @@ class ScanResult:
         )
         for p in data["partitions"]:
             key = PartitionKey(p["spec_id"], p["transform"], p["value"])
-            result.partitions[key] = PartitionStats(key, p["rows"], p["nbytes"], p["check_sum"], list(p["spill"]))
+            result.partitions[key] = PartitionStats(key, p["rows"], p["nbytes"], p["check_sum"], list(p["spill"]),
+                                                    Counter({int(b): n for b, n in p["buckets"].items()}))
         return result
 
 
@@ -257,10 +262,18 @@ def _scan_batch(
         part = result.partitions.setdefault(keys[code], PartitionStats(keys[code]))
         part.rows += part_rows.num_rows
         part.nbytes += part_rows.nbytes
+        if ctx.contract.series_key:
+            counts = np.bincount(series_bucket(part_rows, ctx.contract.series_key), minlength=SERIES_BUCKETS)
+            part.buckets.update({int(b): int(counts[b]) for b in np.flatnonzero(counts)})
         if ctx.contract.check_column:
             part.check_sum += float(pc.sum(part_rows.column(ctx.contract.check_column)).as_py() or 0)
         if spiller:
             spiller.write(part, part_rows)
+
+
+def series_bucket(rows: pa.Table, series_key: tuple[str, ...]) -> np.ndarray:
+    """Bucket of each row's series: the unit of balancing series across a partition's slices."""
+    return (series_hash(rows, series_key) % np.uint64(SERIES_BUCKETS)).astype(np.int64)
 
 
 def _measure(sample: pa.Table, contract: Contract) -> tuple[int, int]:

@@ -18,7 +18,8 @@ from pyiceberg.typedef import Record
 
 from . import failures
 from .contract import Contract
-from .layout import read_range, series_hash
+from .layout import read_range
+from .scan import series_bucket
 from .runtime import Runtime, filesystem
 from .spec import JobSpec
 from .store import UnitRecord
@@ -68,15 +69,15 @@ def _write_unit(rt: Runtime, job_id: str, unit_id: str) -> dict[str, Any]:
 def _read_slice(unit: UnitRecord, contract: Contract, target: pa.Schema) -> pa.Table:
     """The unit's rows, batch by batch from its partition's spill files: memory holds one slice, not
     the whole partition, so peak memory is set by the unit (file) size times the concurrency."""
-    slices, wanted = unit.info["slices"], unit.info["slice"]
+    buckets = unit.info["buckets"]
     parts: list[pa.Table] = []
     for path in unit.info["spill"]:
         fs, local = filesystem(path)
         with fs.open_input_stream(local) as stream:
             for batch in pa.ipc.open_stream(stream):
                 rows = pa.Table.from_batches([batch])
-                if slices > 1:
-                    rows = rows.filter(pa.array(series_hash(rows, contract.series_key) % np.uint64(slices) == wanted))
+                if buckets is not None:
+                    rows = rows.filter(pa.array(np.isin(series_bucket(rows, contract.series_key), buckets)))
                 parts.append(rows)
     return pa.concat_tables(parts) if parts else target.empty_table()
 

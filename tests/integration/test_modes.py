@@ -145,7 +145,7 @@ def test_large_partitions_split_into_series_slices_of_target_size(lake, readings
     assert report["units"] == report["files"] > 2
     files = table.refresh().iceberg.inspect.files()
     sizes = files.column("file_size_in_bytes").to_pylist()
-    assert max(sizes) < 3 * min(sizes), sizes  # slices are balanced
+    assert max(sizes) < 1.2 * min(sizes), sizes  # slices are balanced by rows per series bucket
     devices_per_file = []
     import pyarrow.parquet as pq
 
