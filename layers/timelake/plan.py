@@ -14,7 +14,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from . import failures
-from .commit import JOB_PROPERTY, STEP_PROPERTY
+from .commit import JOB_PROPERTY, STEP_PROPERTY, with_retry
 from .contract import Contract
 from .cost import estimate_cost
 from .errors import InvalidJob
@@ -126,8 +126,12 @@ def cut(rt: Runtime, job_id: str) -> dict[str, Any]:
     rt.store.acquire_lease(Lease(spec.table, range_start, range_end, job_id))
     branch = f"backfill/{job_id}"
     base = table.current_snapshot() or _empty_snapshot(table, job_id)
-    if table.metadata.refs.get(branch) is None:
-        table.manage_snapshots().create_branch(snapshot_id=base.snapshot_id, branch_name=branch).commit()
+
+    def fork(current: Any) -> None:
+        if current.metadata.refs.get(branch) is None:  # a retry may find it made by the attempt that "failed"
+            current.manage_snapshots().create_branch(snapshot_id=base.snapshot_id, branch_name=branch).commit()
+
+    with_retry(table, fork, "create branch")
     state.update(branch=branch, base_snapshot_id=base.snapshot_id)
     rt.store.put_units(job_id, units)
     write_json(rt, job_id, "units.json", [{"job_id": job_id, "unit_id": u.unit_id} for u in units])
@@ -137,8 +141,11 @@ def cut(rt: Runtime, job_id: str) -> dict[str, Any]:
 
 def _empty_snapshot(table: Any, job_id: str) -> Any:
     """Iceberg branches fork from a snapshot; a brand-new table gets an empty one (readers see no rows)."""
-    with table.transaction() as tx:
-        tx.update_snapshot(snapshot_properties={JOB_PROPERTY: job_id, STEP_PROPERTY: "fork"}).fast_append().commit()
+    def append_nothing(current: Any) -> None:
+        with current.transaction() as tx:
+            tx.update_snapshot(snapshot_properties={JOB_PROPERTY: job_id, STEP_PROPERTY: "fork"}).fast_append().commit()
+
+    with_retry(table, append_nothing, "empty snapshot")
     return table.refresh().current_snapshot()
 
 

@@ -71,7 +71,11 @@ def publish(rt: Runtime, job_id: str, max_chunks: int | None = None) -> dict[str
             "job_id": job_id, "table": spec.table, "mode": spec.mode, "chunk": chunk.key,
             "start": iso(chunk.start), "end": iso(chunk.end), "snapshot_ids": marker,
         })
-    table.refresh().manage_snapshots().remove_branch(state["branch"]).commit()
+    def drop_branch(current: IcebergTable) -> None:
+        if state["branch"] in current.metadata.refs:
+            current.manage_snapshots().remove_branch(state["branch"]).commit()
+
+    with_retry(table.refresh(), drop_branch, "remove branch")
     rt.store.release_lease(job_id)
     _drop_spill(rt, job_id)
     rt.store.update_job(job_id, "published", published_chunks=published, publish_conflicts=late)
