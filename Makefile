@@ -4,12 +4,15 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench clean install
+.PHONY: demo test bench clean install synth
 
-$(STAMP): pyproject.toml
+NPM_LOCK := $(wildcard package-lock.json)
+
+$(STAMP): pyproject.toml package.json $(NPM_LOCK)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'
+	npm $(if $(NPM_LOCK),ci,install) --no-audit --no-fund --loglevel=error
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -19,6 +22,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -n 2 --durations=15
+
+# The CloudFormation template and assets of the AWS deployment, in cdk.out/ (cdk-nag runs as part of it).
+synth: $(STAMP)
+	JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION=20 CDK_DISABLE_CLI_TELEMETRY=1 npx --no-install cdk synth --quiet --no-notices
 
 bench: $(STAMP)
 	$(PY) bench/bench_backfill.py

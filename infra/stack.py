@@ -1,0 +1,319 @@
+"""The AWS deployment of the backfill: one stack holding storage, catalog, job store, workflow,
+API, events and monitoring. The handlers (`functions/`) and the workflow
+(`statemachine/backfill.asl.json`) are written elsewhere; this stack only wires them up, so
+the interfaces it relies on are the handler names, the ``${...}`` substitutions and the
+``TIMELAKE_CONFIG`` JSON that `timelake.runtime.LakeConfig` parses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aws_cdk import Aws, CfnOutput, Duration, RemovalPolicy, Stack
+from aws_cdk import aws_apigateway as apigw
+from aws_cdk import aws_cloudwatch as cw
+from aws_cdk import aws_dynamodb as dynamodb
+from aws_cdk import aws_events as events
+from aws_cdk import aws_glue as glue
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_logs as logs
+from aws_cdk import aws_s3 as s3
+from aws_cdk import aws_stepfunctions as sfn
+from constructs import Construct
+
+from timelake.aws.store import table_definition
+from timelake.spec import JobSpec
+
+from .layer import REPO, engine_layer_code
+
+ASL = REPO / "statemachine" / "backfill.asl.json"
+FUNCTIONS_DIR = REPO / "functions"
+DATABASE = "timelake"
+EVENT_BUS = "timelake-backfill"
+STAGING_PREFIX = "_backfill/"
+WAREHOUSE_PREFIX = "warehouse"
+SERVICE = "timelake-backfill"
+METRICS_NAMESPACE = "Timelake"
+LOG_RETENTION = logs.RetentionDays.THREE_MONTHS
+STAGING_EXPIRY = Duration.days(14)  # Step Functions redrives within 14 days: staging must outlive that
+
+
+@dataclass(frozen=True)
+class FunctionSpec:
+    """One Lambda and what it may touch (least privilege: each role gets only these grants)."""
+
+    memory: int
+    timeout: Duration
+    engine: bool = False  # reads and writes lake files, the Glue catalog and the job store
+    commits: bool = False  # commits to Iceberg (branch create, stage, publish): glue:UpdateTable
+    reads_sources: bool = False  # reads the job's source files, which may live in ``source_buckets``
+    put_events: bool = False
+
+
+FUNCTIONS: dict[str, FunctionSpec] = {
+    "plan": FunctionSpec(3008, Duration.minutes(15), engine=True, reads_sources=True),
+    "scan": FunctionSpec(3008, Duration.minutes(15), engine=True, reads_sources=True),
+    "cut": FunctionSpec(3008, Duration.minutes(15), engine=True, commits=True),  # forks the job's branch
+    "write": FunctionSpec(3008, Duration.minutes(15), engine=True),  # reads the scan spills, not the source
+    "stage": FunctionSpec(2048, Duration.minutes(15), engine=True, commits=True),
+    "validate": FunctionSpec(2048, Duration.minutes(15), engine=True),
+    "publish": FunctionSpec(2048, Duration.minutes(15), engine=True, commits=True, put_events=True),
+    "record_failure": FunctionSpec(512, Duration.seconds(30)),
+    "api": FunctionSpec(512, Duration.seconds(30)),
+}
+WORKFLOW_FUNCTIONS = tuple(name for name in FUNCTIONS if name != "api")  # each is ${<Name>FunctionArn} in the ASL
+API_ROUTES: tuple[tuple[str, str], ...] = (
+    ("POST", "/backfills"), ("GET", "/backfills"), ("GET", "/backfills/{id}"),
+    ("GET", "/backfills/{id}/report"), ("POST", "/backfills/{id}/resume"),
+)
+GLUE_READ = ["glue:GetDatabase", "glue:GetDatabases", "glue:GetTable", "glue:GetTables"]
+GLUE_COMMIT = ["glue:UpdateTable"]
+DYNAMODB_READ_WRITE = [
+    "dynamodb:GetItem", "dynamodb:BatchGetItem", "dynamodb:Query", "dynamodb:Scan", "dynamodb:DescribeTable",
+    "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem", "dynamodb:BatchWriteItem",
+    "dynamodb:ConditionCheckItem",
+]
+
+
+class BackfillStack(Stack):
+    """Everything a deployment needs. ``source_buckets`` names buckets (besides the stack's own)
+    that the functions reading sources (plan, scan) may read; it is read-only access."""
+
+    def __init__(self, scope: Construct, construct_id: str, *, asl_path: Path = ASL,
+                 source_buckets: Sequence[str] = (), **kwargs: Any) -> None:
+        super().__init__(scope, construct_id, **kwargs)
+        self.source_buckets = tuple(source_buckets)
+        self.access_logs = self._access_log_bucket()
+        self.bucket = self._data_bucket()
+        self.database = glue.CfnDatabase(self, "Database", catalog_id=self.account, database_input=glue.CfnDatabase.DatabaseInputProperty(
+            name=DATABASE, description="Iceberg tables loaded by timelake backfill",
+            location_uri=self.bucket.s3_url_for_object(f"{WAREHOUSE_PREFIX}/{DATABASE}.db")))
+        self.jobs_table = self._jobs_table()
+        self.bus = events.EventBus(self, "EventBus", event_bus_name=EVENT_BUS,
+                                   description="Backfill lifecycle events (Backfill Published) for rollup refresh")
+        self.layer = lambda_.LayerVersion(
+            self, "EngineLayer", code=engine_layer_code(), compatible_runtimes=[lambda_.Runtime.PYTHON_3_12],
+            compatible_architectures=[lambda_.Architecture.ARM_64],
+            description="timelake engine with pyarrow, pyiceberg, duckdb, pydantic and Powertools (aarch64, CPython 3.12)")
+        self.functions = {name: self._function(name, spec) for name, spec in FUNCTIONS.items()}
+        self.state_machine = self._state_machine(asl_path)
+        self._grant_api()
+        self.api = self._api()
+        self.failed_alarm = cw.Alarm(
+            self, "ExecutionsFailedAlarm", alarm_description="A backfill execution failed: see the job's failure and the execution history",
+            metric=self.state_machine.metric_failed(period=Duration.minutes(5), statistic=cw.Stats.SUM),
+            threshold=1, evaluation_periods=1, comparison_operator=cw.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+            treat_missing_data=cw.TreatMissingData.NOT_BREACHING)
+        self.dashboard = self._dashboard()
+        for name, value in {
+            "BucketName": self.bucket.bucket_name, "JobsTableName": self.jobs_table.table_name,
+            "StateMachineArn": self.state_machine.state_machine_arn, "ApiUrl": self.api.url,
+            "EventBusName": self.bus.event_bus_name, "GlueDatabase": DATABASE,
+            "LakeConfig": self.lake_config(),  # read by `timelake ... --on aws`
+        }.items():
+            CfnOutput(self, name, value=value)
+
+    def lake_config(self) -> str:
+        """``TIMELAKE_CONFIG``: `timelake.runtime.LakeConfig` as JSON, tokens resolved at deploy time."""
+        return self.to_json_string({
+            "catalog_name": "glue",
+            "catalog_props": {"type": "glue", "warehouse": self.bucket.s3_url_for_object(WAREHOUSE_PREFIX),
+                              "glue.id": Aws.ACCOUNT_ID, "glue.region": Aws.REGION, "s3.region": Aws.REGION},
+            "store": f"dynamodb://{self.jobs_table.table_name}",
+            "staging": self.bucket.s3_url_for_object(STAGING_PREFIX.rstrip("/")),
+            "events": f"eventbridge://{self.bus.event_bus_name}",
+        })
+
+    def _access_log_bucket(self) -> s3.Bucket:
+        return s3.Bucket(
+            self, "AccessLogs", encryption=s3.BucketEncryption.S3_MANAGED, block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
+            enforce_ssl=True, object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED, removal_policy=RemovalPolicy.RETAIN,
+            lifecycle_rules=[s3.LifecycleRule(id="expire-access-logs", expiration=Duration.days(365))])
+
+    def _data_bucket(self) -> s3.Bucket:
+        """Warehouse and staging. Not versioned: Iceberg never overwrites a data or metadata file
+        (the table's snapshots are its history), and versioning would keep every file that
+        snapshot expiry deletes."""
+        return s3.Bucket(
+            self, "Data", encryption=s3.BucketEncryption.S3_MANAGED, block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
+            enforce_ssl=True, removal_policy=RemovalPolicy.RETAIN,
+            server_access_logs_bucket=self.access_logs, server_access_logs_prefix="data/",
+            lifecycle_rules=[
+                s3.LifecycleRule(id="expire-staging", prefix=STAGING_PREFIX, expiration=STAGING_EXPIRY),
+                s3.LifecycleRule(id="abort-incomplete-uploads", abort_incomplete_multipart_upload_after=Duration.days(1)),
+            ])
+
+    def _jobs_table(self) -> dynamodb.Table:
+        """Mirrors `table_definition()` (the store's own CreateTable arguments), so the store
+        and the deployed table cannot drift."""
+        spec = table_definition()
+        if spec["BillingMode"] != "PAY_PER_REQUEST":
+            raise ValueError(f"the jobs table is on-demand, the store asks for {spec['BillingMode']}")
+        types = {a["AttributeName"]: dynamodb.AttributeType(_ATTRIBUTE_TYPES[a["AttributeType"]]) for a in spec["AttributeDefinitions"]}
+
+        def keys(schema: list[dict[str, str]]) -> dict[str, dynamodb.Attribute]:
+            return {("partition_key" if k["KeyType"] == "HASH" else "sort_key"): dynamodb.Attribute(name=k["AttributeName"], type=types[k["AttributeName"]])
+                    for k in schema}
+
+        table = dynamodb.Table(
+            self, "JobsTable", billing_mode=dynamodb.BillingMode.PAY_PER_REQUEST, removal_policy=RemovalPolicy.RETAIN,
+            point_in_time_recovery_specification=dynamodb.PointInTimeRecoverySpecification(point_in_time_recovery_enabled=True),
+            **keys(spec["KeySchema"]))
+        for index in spec.get("GlobalSecondaryIndexes", []):
+            projection = index["Projection"]
+            table.add_global_secondary_index(
+                index_name=index["IndexName"], projection_type=dynamodb.ProjectionType(projection["ProjectionType"]),
+                non_key_attributes=projection.get("NonKeyAttributes"), **keys(index["KeySchema"]))
+        self.index_names = [index["IndexName"] for index in spec.get("GlobalSecondaryIndexes", [])]
+        return table
+
+    def _function(self, name: str, spec: FunctionSpec) -> lambda_.Function:
+        """Each function has its own role with only its grants (no AWS managed policy: logs are
+        granted on the function's own log group)."""
+        log_group = logs.LogGroup(self, f"{_pascal(name)}Logs", retention=LOG_RETENTION, removal_policy=RemovalPolicy.DESTROY)
+        role = iam.Role(self, f"{_pascal(name)}Role", assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
+                        description=f"timelake backfill {name} Lambda")
+        log_group.grant_write(role)
+        fn = lambda_.Function(
+            self, f"{_pascal(name)}Function", runtime=lambda_.Runtime.PYTHON_3_12, architecture=lambda_.Architecture.ARM_64,
+            handler="app.handler", code=lambda_.Code.from_asset(str(FUNCTIONS_DIR / name), exclude=["__pycache__", "*.pyc"]),
+            layers=[self.layer], memory_size=spec.memory, timeout=spec.timeout, role=role, log_group=log_group,
+            tracing=lambda_.Tracing.ACTIVE, description=f"timelake backfill: {name.replace('_', ' ')}",
+            environment={
+                "TIMELAKE_CONFIG": self.lake_config(), "POWERTOOLS_SERVICE_NAME": SERVICE,
+                "POWERTOOLS_METRICS_NAMESPACE": METRICS_NAMESPACE, "POWERTOOLS_LOG_LEVEL": "INFO",
+            })
+        role.add_to_policy(iam.PolicyStatement(actions=DYNAMODB_READ_WRITE, resources=[
+            self.jobs_table.table_arn, *(f"{self.jobs_table.table_arn}/index/{index}" for index in self.index_names)]))
+        if spec.engine:
+            self._grant_lake(role, spec.commits)
+            if spec.reads_sources:
+                for bucket in self.source_buckets:
+                    role.add_to_policy(iam.PolicyStatement(actions=["s3:GetObject"], resources=[f"arn:{Aws.PARTITION}:s3:::{bucket}/*"]))
+                    role.add_to_policy(iam.PolicyStatement(actions=["s3:ListBucket", "s3:GetBucketLocation"], resources=[f"arn:{Aws.PARTITION}:s3:::{bucket}"]))
+        if spec.put_events:
+            self.bus.grant_put_events_to(role)
+        return fn
+
+    def _grant_lake(self, role: iam.Role, commits: bool) -> None:
+        """Lake files (warehouse and staging) and the Glue database's tables. Deletes are
+        allowed because a step rewrites or cleans up its own unit files on retry."""
+        role.add_to_policy(iam.PolicyStatement(
+            actions=["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"],
+            resources=[self.bucket.arn_for_objects("*")]))
+        role.add_to_policy(iam.PolicyStatement(actions=["s3:ListBucket", "s3:GetBucketLocation"], resources=[self.bucket.bucket_arn]))
+        glue_arn = f"arn:{Aws.PARTITION}:glue:{Aws.REGION}:{Aws.ACCOUNT_ID}"
+        role.add_to_policy(iam.PolicyStatement(
+            actions=GLUE_READ + (GLUE_COMMIT if commits else []),
+            resources=[f"{glue_arn}:catalog", f"{glue_arn}:database/{DATABASE}", f"{glue_arn}:table/{DATABASE}/*"]))
+
+    def _state_machine(self, asl_path: Path) -> sfn.StateMachine:
+        """The workflow from its JSON file, inlined so the template shows it. Its Distributed Map
+        is invisible to CDK's automatic grants, so the role gets them from a separate policy
+        (a grant on the role itself would make the role depend on the state machine and back)."""
+        log_group = logs.LogGroup(self, "WorkflowLogs", retention=LOG_RETENTION, removal_policy=RemovalPolicy.DESTROY,
+                                  log_group_name=f"/aws/vendedlogs/states/{self.stack_name}-backfill")
+        substitutions = {f"{_pascal(name)}FunctionArn": self.functions[name].function_arn for name in WORKFLOW_FUNCTIONS}
+        machine = sfn.StateMachine(
+            self, "Workflow", state_machine_type=sfn.StateMachineType.STANDARD, tracing_enabled=True,
+            definition_body=sfn.DefinitionBody.from_string(asl_path.read_text()),
+            definition_substitutions={**substitutions, "StagingBucket": self.bucket.bucket_name},
+            # Execution data stays in the logs: state payloads are small references (unit lists
+            # travel through S3) with no secrets, and a failure is then diagnosable from the logs.
+            logs=sfn.LogOptions(destination=log_group, level=sfn.LogLevel.ALL, include_execution_data=True))
+        states = f"arn:{Aws.PARTITION}:states:{Aws.REGION}:{Aws.ACCOUNT_ID}"
+        name = machine.state_machine_name
+        iam.Policy(self, "WorkflowDistributedMapPolicy", roles=[machine.role], statements=[
+            iam.PolicyStatement(actions=["lambda:InvokeFunction"], resources=[self.functions[n].function_arn for n in WORKFLOW_FUNCTIONS]),
+            iam.PolicyStatement(actions=["states:StartExecution"], resources=[machine.state_machine_arn]),
+            iam.PolicyStatement(actions=["states:DescribeExecution", "states:StopExecution", "states:RedriveExecution"],
+                                resources=[f"{states}:execution:{name}:*", f"{states}:execution:{name}/*"]),
+            iam.PolicyStatement(actions=["states:ListMapRuns"], resources=[f"{states}:execution:{name}:*"]),
+            iam.PolicyStatement(actions=["states:DescribeMapRun", "states:UpdateMapRun"], resources=[f"{states}:mapRun:{name}/*"]),
+            iam.PolicyStatement(actions=["s3:GetObject"], resources=[self.bucket.arn_for_objects(f"{STAGING_PREFIX}*")]),
+        ])
+        return machine
+
+    def _grant_api(self) -> None:
+        fn = self.functions["api"]
+        fn.add_environment("STATE_MACHINE_ARN", self.state_machine.state_machine_arn)
+        states = f"arn:{Aws.PARTITION}:states:{Aws.REGION}:{Aws.ACCOUNT_ID}"
+        fn.add_to_role_policy(iam.PolicyStatement(actions=["states:StartExecution", "states:ListExecutions"],
+                                                  resources=[self.state_machine.state_machine_arn]))
+        fn.add_to_role_policy(iam.PolicyStatement(actions=["states:DescribeExecution", "states:RedriveExecution"],
+                                                  resources=[f"{states}:execution:{self.state_machine.state_machine_name}:*"]))
+
+    def _api(self) -> apigw.RestApi:
+        """REST API with IAM (SigV4) auth on every method. Bodies are checked against the job
+        model's required fields here; the handler validates the full model (422 on bad input)."""
+        access_logs = logs.LogGroup(self, "ApiAccessLogs", retention=LOG_RETENTION, removal_policy=RemovalPolicy.DESTROY)
+        api = apigw.RestApi(
+            self, "Api", rest_api_name=SERVICE, description="Start, list, inspect and resume backfills",
+            endpoint_types=[apigw.EndpointType.REGIONAL], cloud_watch_role=True,
+            default_method_options=apigw.MethodOptions(authorization_type=apigw.AuthorizationType.IAM),
+            deploy_options=apigw.StageOptions(
+                stage_name="v1", tracing_enabled=True, metrics_enabled=True, logging_level=apigw.MethodLoggingLevel.ERROR,
+                access_log_destination=apigw.LogGroupLogDestination(access_logs),
+                access_log_format=apigw.AccessLogFormat.json_with_standard_fields(
+                    caller=True, http_method=True, ip=True, protocol=True, request_time=True, resource_path=True,
+                    response_length=True, status=True, user=True)))
+        api.node.try_remove_child("Endpoint")  # its own URL output; the stack's ApiUrl replaces it
+        validator = api.add_request_validator("RequestValidator", validate_request_body=True, validate_request_parameters=True)
+        job_model = api.add_model("JobModel", content_type="application/json", model_name="Job", schema=_job_schema())
+        integration = apigw.LambdaIntegration(self.functions["api"], allow_test_invoke=False)
+        for method, path in API_ROUTES:
+            resource = api.root.resource_for_path(path)
+            params = {f"method.request.path.{p}": True for p in ("id",) if f"{{{p}}}" in path}
+            body = {"application/json": job_model} if (method, path) == ("POST", "/backfills") else None
+            resource.add_method(method, integration, request_validator=validator, request_parameters=params or None, request_models=body)
+        return api
+
+    def _dashboard(self) -> cw.Dashboard:
+        period = Duration.minutes(5)
+        machine = self.state_machine
+
+        def search(metric: str, stat: str, fn: str, label: str) -> cw.MathExpression:
+            """Matches the metric whatever dimensions Powertools adds (service, per-table ones)."""
+            return cw.MathExpression(expression=f"{fn}(SEARCH('Namespace=\"{METRICS_NAMESPACE}\" MetricName=\"{metric}\"', '{stat}', 300))",
+                                     label=label, period=period)
+
+        def per_function(title: str, metric: str, stat: str) -> cw.GraphWidget:
+            return cw.GraphWidget(title=title, width=8, left=[
+                fn.metric(metric, statistic=stat, period=period, label=name) for name, fn in self.functions.items()])
+
+        dashboard = cw.Dashboard(self, "Dashboard", dashboard_name=f"{self.stack_name}-backfill", default_interval=Duration.days(1))
+        dashboard.add_widgets(
+            cw.GraphWidget(title="Backfill executions", width=12, left=[
+                machine.metric_started(period=period, label="started"), machine.metric_succeeded(period=period, label="succeeded"),
+                machine.metric_failed(period=period, label="failed"), machine.metric_aborted(period=period, label="aborted"),
+                machine.metric_timed_out(period=period, label="timed out")]),
+            cw.AlarmWidget(title="Failed executions", width=12, alarm=self.failed_alarm))
+        dashboard.add_widgets(
+            cw.GraphWidget(title="Rows scanned and written", width=8, left=[
+                search("RowsScanned", "Sum", "SUM", "rows scanned"), search("RowsWritten", "Sum", "SUM", "rows written")]),
+            cw.GraphWidget(title="Bytes written", width=8, left=[search("BytesWritten", "Sum", "SUM", "bytes written")]),
+            cw.GraphWidget(title="Unit duration (s)", width=8, left=[
+                search("UnitDuration", "Average", "AVG", "average"), search("UnitDuration", "Maximum", "MAX", "maximum")]))
+        dashboard.add_widgets(
+            per_function("Lambda errors", "Errors", cw.Stats.SUM), per_function("Lambda throttles", "Throttles", cw.Stats.SUM),
+            per_function("Lambda duration p95 (ms)", "Duration", cw.Stats.percentile(95)))
+        return dashboard
+
+
+_ATTRIBUTE_TYPES = {"S": "STRING", "N": "NUMBER", "B": "BINARY"}
+
+
+def _pascal(name: str) -> str:
+    return "".join(part.capitalize() for part in name.split("_"))
+
+
+def _job_schema() -> apigw.JsonSchema:
+    """The job model's object shape and required fields, from `timelake.JobSpec` itself so the
+    API and the engine agree. Field types stay with the handler's pydantic validation: API
+    Gateway speaks JSON Schema draft 4 and would answer a mistake with a bare 400."""
+    return apigw.JsonSchema(schema=apigw.JsonSchemaVersion.DRAFT4, title="Job", type=apigw.JsonSchemaType.OBJECT,
+                            required=JobSpec.model_json_schema().get("required", []))

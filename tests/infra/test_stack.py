@@ -1,0 +1,284 @@
+"""The synthesized stack, resource by resource: what a deployment must have to run a backfill."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from pathlib import Path
+
+import pytest
+from aws_cdk.assertions import Match, Template
+
+from infra.app import STACK_NAME, build_app, feature_flags
+from infra.stack import ASL, DATABASE, EVENT_BUS, FUNCTIONS, FUNCTIONS_DIR, WORKFLOW_FUNCTIONS
+from timelake.aws.store import table_definition
+from timelake.runtime import LakeConfig
+
+from .conftest import NO_BUNDLING, Synthesized
+
+REFS = {"AWS::Region": "eu-central-1", "AWS::AccountId": "123456789012", "AWS::Partition": "aws"}
+
+
+@pytest.fixture(scope="module")
+def template(synthesized: Synthesized) -> Template:
+    return Template.from_json(synthesized.template)
+
+
+def render(value: Any, names: dict[str, str]) -> str:
+    """A CloudFormation string expression as text, with ``Ref``s replaced from ``names``."""
+    if isinstance(value, str):
+        return value
+    if "Fn::Join" in value:
+        separator, parts = value["Fn::Join"]
+        return separator.join(render(part, names) for part in parts)
+    if "Ref" in value:
+        return names.get(value["Ref"], REFS.get(value["Ref"], f"<{value['Ref']}>"))
+    return "<{}>".format(".".join(value["Fn::GetAtt"]))
+
+
+def one(synthesized: Synthesized, kind: str, **match: Any) -> tuple[str, dict[str, Any]]:
+    found = [(name, r) for name, r in synthesized.resources(kind).items()
+             if all(r["Properties"].get(k) == v for k, v in match.items())]
+    assert len(found) == 1, f"expected one {kind} with {match}, found {[n for n, _ in found]}"
+    return found[0]
+
+
+def functions(synthesized: Synthesized) -> dict[str, tuple[str, dict[str, Any]]]:
+    """Function name (``plan``, ``api`` ...) → (logical id, properties)."""
+    by_description = {r["Properties"]["Description"]: (name, r["Properties"])
+                      for name, r in synthesized.resources("AWS::Lambda::Function").items()}
+    return {name: by_description[f"timelake backfill: {name.replace('_', ' ')}"] for name in FUNCTIONS}
+
+
+def statements(synthesized: Synthesized, role_logical_id: str) -> list[dict[str, Any]]:
+    return [s for policy in synthesized.resources("AWS::IAM::Policy").values()
+            if {"Ref": role_logical_id} in policy["Properties"].get("Roles", [])
+            for s in policy["Properties"]["PolicyDocument"]["Statement"]]
+
+
+def actions(statement: dict[str, Any]) -> set[str]:
+    return set([statement["Action"]] if isinstance(statement["Action"], str) else statement["Action"])
+
+
+def data_bucket(synthesized: Synthesized) -> str:
+    return next(name for name, r in synthesized.resources("AWS::S3::Bucket").items() if "LoggingConfiguration" in r["Properties"])
+
+
+def test_bucket_is_private_encrypted_logged_and_expires_staging(synthesized: Synthesized) -> None:
+    bucket = synthesized.template["Resources"][data_bucket(synthesized)]["Properties"]
+    assert bucket["BucketEncryption"]["ServerSideEncryptionConfiguration"][0]["ServerSideEncryptionByDefault"]["SSEAlgorithm"] == "AES256"
+    assert bucket["PublicAccessBlockConfiguration"] == {
+        "BlockPublicAcls": True, "BlockPublicPolicy": True, "IgnorePublicAcls": True, "RestrictPublicBuckets": True}
+    rules = {rule["Id"]: rule for rule in bucket["LifecycleConfiguration"]["Rules"]}
+    assert rules["expire-staging"] == {"Id": "expire-staging", "Prefix": "_backfill/", "ExpirationInDays": 14, "Status": "Enabled"}
+    assert rules["abort-incomplete-uploads"]["AbortIncompleteMultipartUpload"] == {"DaysAfterInitiation": 1}
+    logs_bucket = bucket["LoggingConfiguration"]["DestinationBucketName"]["Ref"]
+    assert synthesized.template["Resources"][logs_bucket]["Type"] == "AWS::S3::Bucket"
+
+
+def test_every_bucket_denies_insecure_transport(template: Template, synthesized: Synthesized) -> None:
+    for bucket in synthesized.resources("AWS::S3::Bucket"):
+        template.has_resource_properties("AWS::S3::BucketPolicy", {
+            "Bucket": {"Ref": bucket},
+            "PolicyDocument": {"Statement": Match.array_with([Match.object_like({
+                "Effect": "Deny", "Action": "s3:*", "Condition": {"Bool": {"aws:SecureTransport": "false"}}})])},
+        })
+
+
+def test_glue_database(template: Template) -> None:
+    template.has_resource_properties("AWS::Glue::Database", {
+        "CatalogId": {"Ref": "AWS::AccountId"}, "DatabaseInput": Match.object_like({"Name": DATABASE})})
+
+
+def test_jobs_table_mirrors_the_store_definition(synthesized: Synthesized) -> None:
+    """The deployed table and `timelake.aws.store.table_definition()` must never drift."""
+    (_, table), = synthesized.resources("AWS::DynamoDB::Table").items()
+    props, expected = table["Properties"], table_definition()
+
+    def indexes(items: list[dict[str, Any]]) -> dict[str, Any]:
+        return {i["IndexName"]: {"KeySchema": i["KeySchema"], "Projection": i["Projection"]} for i in items}
+
+    assert props["BillingMode"] == expected["BillingMode"] == "PAY_PER_REQUEST"
+    assert props["KeySchema"] == expected["KeySchema"]
+    assert sorted(props["AttributeDefinitions"], key=str) == sorted(expected["AttributeDefinitions"], key=str)
+    assert indexes(props.get("GlobalSecondaryIndexes", [])) == indexes(expected.get("GlobalSecondaryIndexes", []))
+    assert props["PointInTimeRecoverySpecification"] == {"PointInTimeRecoveryEnabled": True}
+    assert table["DeletionPolicy"] == "Retain"
+
+
+def test_every_handler_directory_is_deployed() -> None:
+    handlers = {d.name for d in FUNCTIONS_DIR.iterdir() if (d / "app.py").exists()}
+    assert handlers == set(FUNCTIONS), f"functions/ has {sorted(handlers)}, the stack deploys {sorted(FUNCTIONS)}"
+
+
+def test_functions_are_arm64_python312_traced_with_the_layer_and_log_retention(synthesized: Synthesized) -> None:
+    (layer, _), = synthesized.resources("AWS::Lambda::LayerVersion").items()
+    for name, (_, props) in functions(synthesized).items():
+        spec = FUNCTIONS[name]
+        assert props["Runtime"] == "python3.12" and props["Architectures"] == ["arm64"] and props["Handler"] == "app.handler", name
+        assert props["Layers"] == [{"Ref": layer}], name
+        assert props["TracingConfig"] == {"Mode": "Active"}, name
+        assert (props["MemorySize"], props["Timeout"]) == (spec.memory, int(spec.timeout.to_seconds())), name
+        log_group = synthesized.template["Resources"][props["LoggingConfig"]["LogGroup"]["Ref"]]
+        assert log_group["Properties"]["RetentionInDays"] == 90, name
+    memory = {name: props["MemorySize"] for name, (_, props) in functions(synthesized).items()}
+    assert memory == {"plan": 3008, "scan": 3008, "cut": 3008, "write": 3008, "stage": 2048, "validate": 2048, "publish": 2048,
+                      "record_failure": 512, "api": 512}
+    layer_props = synthesized.template["Resources"][layer]["Properties"]
+    assert layer_props["CompatibleArchitectures"] == ["arm64"] and layer_props["CompatibleRuntimes"] == ["python3.12"]
+
+
+def test_every_function_gets_a_lake_config_the_engine_parses(synthesized: Synthesized) -> None:
+    names = {data_bucket(synthesized): "data-bucket", **{k: "jobs-table" for k in synthesized.resources("AWS::DynamoDB::Table")},
+             **{k: EVENT_BUS for k in synthesized.resources("AWS::Events::EventBus")}}
+    for name, (_, props) in functions(synthesized).items():
+        env = props["Environment"]["Variables"]
+        config = LakeConfig.model_validate_json(render(env["TIMELAKE_CONFIG"], names))
+        assert config.catalog_name == "glue"
+        assert config.catalog_props == {"type": "glue", "warehouse": "s3://data-bucket/warehouse", "glue.id": "123456789012",
+                                        "glue.region": "eu-central-1", "s3.region": "eu-central-1"}
+        assert (config.store, config.staging, config.events) == (
+            "dynamodb://jobs-table", "s3://data-bucket/_backfill", f"eventbridge://{EVENT_BUS}")
+        assert {k: v for k, v in env.items() if k.startswith("POWERTOOLS_")} == {
+            "POWERTOOLS_SERVICE_NAME": "timelake-backfill", "POWERTOOLS_METRICS_NAMESPACE": "Timelake", "POWERTOOLS_LOG_LEVEL": "INFO"}
+        assert ("STATE_MACHINE_ARN" in env) == (name == "api"), name
+    (machine, _), = synthesized.resources("AWS::StepFunctions::StateMachine").items()
+    assert functions(synthesized)["api"][1]["Environment"]["Variables"]["STATE_MACHINE_ARN"] == {"Ref": machine}
+
+
+def test_state_machine_is_the_workflow_file_with_every_substitution(synthesized: Synthesized) -> None:
+    (_, machine), = synthesized.resources("AWS::StepFunctions::StateMachine").items()
+    props = machine["Properties"]
+    assert props["StateMachineType"] == "STANDARD"
+    assert json.loads(props["DefinitionString"]) == json.loads(ASL.read_text())
+    placeholders = set(re.findall(r"\$\{(\w+)\}", ASL.read_text()))
+    assert placeholders <= set(props["DefinitionSubstitutions"]), placeholders - set(props["DefinitionSubstitutions"])
+    fns = functions(synthesized)
+    for name in WORKFLOW_FUNCTIONS:
+        key = "".join(p.capitalize() for p in name.split("_")) + "FunctionArn"
+        assert props["DefinitionSubstitutions"][key] == {"Fn::GetAtt": [fns[name][0], "Arn"]}
+    assert props["DefinitionSubstitutions"]["StagingBucket"] == {"Ref": data_bucket(synthesized)}
+
+
+def test_state_machine_logs_everything_and_traces(synthesized: Synthesized) -> None:
+    (_, machine), = synthesized.resources("AWS::StepFunctions::StateMachine").items()
+    props = machine["Properties"]
+    assert props["TracingConfiguration"] == {"Enabled": True}
+    assert props["LoggingConfiguration"]["Level"] == "ALL"
+    assert props["LoggingConfiguration"]["IncludeExecutionData"] is True
+    log_group = props["LoggingConfiguration"]["Destinations"][0]["CloudWatchLogsLogGroup"]["LogGroupArn"]["Fn::GetAtt"][0]
+    assert synthesized.template["Resources"][log_group]["Type"] == "AWS::Logs::LogGroup"
+
+
+def test_distributed_map_grants_live_in_a_separate_policy(synthesized: Synthesized) -> None:
+    (machine, props), = synthesized.resources("AWS::StepFunctions::StateMachine").items()
+    role = props["Properties"]["RoleArn"]["Fn::GetAtt"][0]
+    separate = [p["Properties"] for name, p in synthesized.resources("AWS::IAM::Policy").items()
+                if name.startswith("WorkflowDistributedMapPolicy")]
+    assert len(separate) == 1 and separate[0]["Roles"] == [{"Ref": role}]
+    granted = {a: s["Resource"] for s in separate[0]["PolicyDocument"]["Statement"] for a in actions(s)}
+    assert granted["states:StartExecution"] == {"Ref": machine}
+    for action in ("states:DescribeExecution", "states:StopExecution", "states:RedriveExecution", "states:ListMapRuns",
+                   "states:DescribeMapRun", "states:UpdateMapRun"):
+        assert machine in json.dumps(granted[action]), action
+    fns = functions(synthesized)
+    assert sorted(granted["lambda:InvokeFunction"], key=str) == sorted(
+        ({"Fn::GetAtt": [fns[name][0], "Arn"]} for name in WORKFLOW_FUNCTIONS), key=str)
+    assert render(granted["s3:GetObject"], {}) == f"<{data_bucket(synthesized)}.Arn>/_backfill/*"
+
+
+def test_each_function_role_grants_only_what_it_needs(synthesized: Synthesized) -> None:
+    for name, (_, props) in functions(synthesized).items():
+        role = props["Role"]["Fn::GetAtt"][0]
+        assert "ManagedPolicyArns" not in synthesized.template["Resources"][role]["Properties"], name
+        granted = set().union(*(actions(s) for s in statements(synthesized, role)))
+        spec = FUNCTIONS[name]
+        assert ("glue:UpdateTable" in granted) == spec.commits, name
+        assert ("glue:GetTable" in granted) == spec.engine, name
+        assert ("s3:PutObject" in granted) == spec.engine, name
+        assert ("events:PutEvents" in granted) == (name == "publish"), name
+        assert {"dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:Query"} <= granted, name
+        states = {a for a in granted if a.startswith("states:")}
+        expected = {"states:StartExecution", "states:DescribeExecution", "states:RedriveExecution", "states:ListExecutions"}
+        assert states == (expected if name == "api" else set()), name
+        assert not {a for a in granted if a.endswith("*")}, name
+
+
+def test_wildcard_resources_only_for_actions_without_resource_level_permissions(synthesized: Synthesized) -> None:
+    no_resource_level = re.compile(r"^(xray:|logs:(CreateLogDelivery|DeleteLogDelivery|DescribeLogGroups|DescribeResourcePolicies"
+                                   r"|GetLogDelivery|ListLogDeliveries|PutResourcePolicy|UpdateLogDelivery)$)")
+    for name, policy in synthesized.resources("AWS::IAM::Policy").items():
+        for statement in policy["Properties"]["PolicyDocument"]["Statement"]:
+            if "*" in (statement["Resource"] if isinstance(statement["Resource"], list) else [statement["Resource"]]):
+                assert all(no_resource_level.match(a) for a in actions(statement)), (name, statement)
+
+
+def test_event_bus(template: Template) -> None:
+    template.has_resource_properties("AWS::Events::EventBus", {"Name": EVENT_BUS})
+
+
+def test_api_routes_use_iam_auth_and_lambda_proxy(synthesized: Synthesized) -> None:
+    resources = synthesized.resources("AWS::ApiGateway::Resource")
+
+    def path(resource: str) -> str:
+        props = resources[resource]["Properties"]
+        parent = props["ParentId"]
+        return f"{path(parent['Ref']) if 'Ref' in parent else ''}/{props['PathPart']}"  # else: the API's root
+
+    api_fn = functions(synthesized)["api"][0]
+    routes = set()
+    for method in synthesized.resources("AWS::ApiGateway::Method").values():
+        props = method["Properties"]
+        assert props["AuthorizationType"] == "AWS_IAM"
+        assert props["Integration"]["Type"] == "AWS_PROXY" and api_fn in json.dumps(props["Integration"]["Uri"])
+        assert "RequestValidatorId" in props
+        routes.add((props["HttpMethod"], path(props["ResourceId"]["Ref"])))
+    assert routes == {("POST", "/backfills"), ("GET", "/backfills"), ("GET", "/backfills/{id}"),
+                      ("GET", "/backfills/{id}/report"), ("POST", "/backfills/{id}/resume")}
+
+
+def test_api_validates_the_job_body_and_logs_and_traces_its_stage(synthesized: Synthesized, template: Template) -> None:
+    (model_id, model), = synthesized.resources("AWS::ApiGateway::Model").items()
+    assert model["Properties"]["Schema"]["required"] == ["table", "source"]
+    post = [m["Properties"] for m in synthesized.resources("AWS::ApiGateway::Method").values()
+            if m["Properties"].get("RequestModels")]
+    assert len(post) == 1 and post[0]["HttpMethod"] == "POST" and post[0]["RequestModels"] == {"application/json": {"Ref": model_id}}
+    template.has_resource_properties("AWS::ApiGateway::RequestValidator", {"ValidateRequestBody": True, "ValidateRequestParameters": True})
+    template.has_resource_properties("AWS::ApiGateway::Stage", {
+        "TracingEnabled": True, "AccessLogSetting": Match.object_like({"DestinationArn": Match.any_value()}),
+        "MethodSettings": Match.array_with([Match.object_like({"LoggingLevel": "ERROR", "MetricsEnabled": True})])})
+
+
+def test_dashboard_shows_executions_custom_metrics_and_lambda_health(synthesized: Synthesized) -> None:
+    (_, dashboard), = synthesized.resources("AWS::CloudWatch::Dashboard").items()
+    body = render(dashboard["Properties"]["DashboardBody"], {})
+    for metric in ("ExecutionsStarted", "ExecutionsSucceeded", "ExecutionsFailed", "RowsWritten", "BytesWritten",
+                   "UnitDuration", "Errors", "Throttles", "Duration", 'Namespace=\\"Timelake\\"'):
+        assert metric in body, metric
+    for name, (logical_id, _) in functions(synthesized).items():
+        assert logical_id in body, name
+
+
+def test_alarm_on_failed_executions(synthesized: Synthesized, template: Template) -> None:
+    (machine, _), = synthesized.resources("AWS::StepFunctions::StateMachine").items()
+    template.has_resource_properties("AWS::CloudWatch::Alarm", {
+        "Namespace": "AWS/States", "MetricName": "ExecutionsFailed", "Threshold": 1, "Statistic": "Sum",
+        "ComparisonOperator": "GreaterThanOrEqualToThreshold", "Dimensions": [{"Name": "StateMachineArn", "Value": {"Ref": machine}}]})
+
+
+def test_outputs(synthesized: Synthesized) -> None:
+    assert set(synthesized.template["Outputs"]) == {"BucketName", "JobsTableName", "StateMachineArn", "ApiUrl", "EventBusName", "GlueDatabase",
+                                                       "LakeConfig"}
+    assert synthesized.template["Outputs"]["GlueDatabase"]["Value"] == DATABASE
+
+
+def test_source_buckets_are_readable_by_the_functions_that_read_sources() -> None:
+    """``-c sourceBuckets=exports`` grants read-only access, acknowledged for cdk-nag (synth raises otherwise)."""
+    app, _ = build_app({**feature_flags(), **NO_BUNDLING, "sourceBuckets": "exports"})
+    synthesized = Synthesized(app.synth().get_stack_by_name(STACK_NAME).template, {}, Path())
+    for name, (_, props) in functions(synthesized).items():
+        granted = [s for s in statements(synthesized, props["Role"]["Fn::GetAtt"][0]) if "exports" in json.dumps(s["Resource"])]
+        assert bool(granted) == FUNCTIONS[name].reads_sources, name
+        assert all(actions(s) <= {"s3:GetObject", "s3:ListBucket", "s3:GetBucketLocation"} for s in granted), name
