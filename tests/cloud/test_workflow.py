@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 
 import timelake
 
-from tests.cloud.conftest import BUCKET, Cloud, sensor_table
+from tests.cloud.conftest import BUCKET, BUS, Cloud, sensor_table
 from tests.conftest import recent, reference_merge, sort_rows
 
 
@@ -40,6 +40,7 @@ def test_full_backfill_equals_the_embedded_runner(cloud: Cloud, readings, tmp_pa
     table.append(existing)
     _upload(source.slice(0, 100), "src/part-0.parquet")
     _upload(source.slice(100), "src/part-1.parquet")
+    queue = _subscribe_queue()
     job = {"table": "iot.sensor", "source": f"s3://{BUCKET}/src/*.parquet", "publish_by": "day", "max_concurrency": 4}
     result = cloud.run(job, "bf-cloud-1")
     assert result["status"] == "SUCCEEDED", result
@@ -59,6 +60,30 @@ def test_full_backfill_equals_the_embedded_runner(cloud: Cloud, readings, tmp_pa
     assert cloud.invocations.count("timelake-write") == report["units"] == 3
     assert cloud.invocations.count("timelake-publish") == 3  # chunk by chunk
     assert "backfill/bf-cloud-1" not in table.refresh().iceberg.metadata.refs
+    events = _received(queue, 3)
+    assert [e["detail-type"] for e in events] == ["Backfill Published"] * 3
+    assert sorted(e["detail"]["start"] for e in events) == [f"{recent(d)}T00:00:00Z" for d in (7, 6, 5)]
+    assert {e["detail"]["job_id"] for e in events} == {"bf-cloud-1"}
+
+
+def _subscribe_queue() -> str:
+    """An SQS queue behind a rule on the bus (moto delivers EventBridge events to SQS)."""
+    sqs, events = boto3.client("sqs"), boto3.client("events")
+    url = sqs.create_queue(QueueName="published")["QueueUrl"]
+    arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    events.put_rule(Name="published", EventBusName=BUS, EventPattern=json.dumps({"detail-type": ["Backfill Published"]}))
+    events.put_targets(Rule="published", EventBusName=BUS, Targets=[{"Id": "q", "Arn": arn}])
+    return url
+
+
+def _received(url: str, count: int) -> list[dict]:
+    sqs, messages = boto3.client("sqs"), []
+    for _ in range(20):
+        batch = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=0).get("Messages", [])
+        messages += [json.loads(m["Body"]) for m in batch]
+        if len(messages) >= count:
+            break
+    return messages
 
 
 def test_failure_is_recorded_surfaced_and_resumable(cloud: Cloud, readings):
