@@ -2,16 +2,15 @@
 
 from typing import Any
 
-from aws_lambda_powertools import Logger, Metrics, Tracer
+from aws_lambda_powertools import Logger, Tracer
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from timelake.service import ExecutionEvent, begin, lambda_runtime
 
-logger, tracer, metrics = Logger(), Tracer(), Metrics()
+logger, tracer = Logger(), Tracer()
 
 
 @logger.inject_lambda_context
 @tracer.capture_lambda_handler
-@metrics.log_metrics
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     return begin(lambda_runtime(), ExecutionEvent.model_validate(event).spec())
