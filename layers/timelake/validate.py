@@ -1,8 +1,11 @@
 """Validate the staged data on the branch before anything reaches main.
 
-Counts, bounds and null counts come from the manifests (no data read); key uniqueness, the overlap
-with main, the per-partition aggregate and user assertions read only the columns they need, through
-DuckDB. A failed check stops the job: main is untouched and the branch stays for inspection.
+Counts, bounds and null counts come from the manifests (no data read). Sortedness, key uniqueness,
+the overlap with main and the per-partition aggregate come from ONE parallel pass over the staged
+files that reads only the key and value columns: files are sorted and partitions disjoint, so
+uniqueness is an adjacent comparison within a file plus disjoint series sets between the files of a
+partition, linear in rows. User assertions run in DuckDB with external access disabled. A failed
+check stops the job: main is untouched and the branch stays for inspection.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from .commit import added_files
 from .contract import Contract
 from .errors import ValidationFailed
 from .layout import PartitionKey, read_range
+from .write import sort_key_codes
 from .runtime import Runtime, filesystem
 from .spec import JobSpec
 from .timeutil import iso
@@ -57,14 +61,16 @@ def validate(rt: Runtime, job_id: str) -> dict[str, Any]:
         _time_bounds(table, contract, staged, state["range_start"], state["range_end"]),
         _not_null(table, contract, staged),
     ]
-    con = _staged_connection(staged)
-    try:
-        checks.append(_unique_keys(con, contract, bool(staged)))
-        checks.extend(_overlap_with_main(con, table, contract, spec.mode, state, bool(staged)))
-        checks.append(_aggregate(units, staged, state, contract))
-        checks.extend(_assertions(con, spec.assertions, table.schema().as_arrow(), bool(staged)))
-    finally:
-        con.close()
+    facts = _scan_files(table, contract, staged, spec.mode, state)
+    checks += [_sorted(facts), _unique_keys(facts, contract)]
+    checks += _overlap_with_main(facts, table, spec.mode, state)
+    checks.append(_aggregate(units, facts, state))
+    if spec.assertions:
+        con = _staged_connection(staged)
+        try:
+            checks.extend(_assertions(con, spec.assertions, table.schema().as_arrow(), bool(staged)))
+        finally:
+            con.close()
 
     report = [asdict(c) for c in checks]
     failed = [c for c in checks if c.blocking and not c.passed]
@@ -159,68 +165,140 @@ def _staged_connection(staged: list[DataFile]) -> duckdb.DuckDBPyConnection:
     return con
 
 
-def _keys(contract: Contract) -> str:
-    return ", ".join(f'"{k}"' for k in contract.dedup_key)
+@dataclass
+class _FileFacts:
+    """What one pass over a staged file's key and value columns shows."""
+
+    path: str
+    partition: tuple[int, int]
+    range: tuple[int, int]
+    unsorted_at: int | None
+    duplicates: list[dict[str, Any]]
+    duplicate_count: int
+    series: pa.Array
+    check_sum: float
+    overlap: dict[str, int]
+    overlap_samples: dict[str, list[dict[str, Any]]]
 
 
-def _unique_keys(con: duckdb.DuckDBPyConnection, contract: Contract, any_staged: bool) -> Check:
-    if not any_staged:
-        return Check("unique_keys_in_staged", True, "nothing staged")
-    cols = _keys(contract)
-    dupes = con.sql(
-        f"SELECT {cols}, count(*) AS n FROM staged GROUP BY ALL HAVING count(*) > 1 LIMIT {SAMPLES}"
-    ).to_arrow_table().to_pylist()
-    detail = f"no duplicate ({cols}) in staged data" if not dupes else f"duplicate keys in staged data, e.g. {_fmt(dupes[0])}"
-    return Check("unique_keys_in_staged", not dupes, detail, samples=[_fmt_row(d) for d in dupes])
+def _scan_files(table: Any, contract: Contract, staged: list[DataFile], mode: str, state: dict[str, Any]) -> list[_FileFacts]:
+    keys = list(contract.dedup_key)
+    mains: dict[str, pa.Table] = {}
+    if mode != "replace" and staged:
+        base, current = state.get("base_snapshot_id"), table.current_snapshot()
+        mains["base"] = read_range(table, contract.time_column, state["range_start"], state["range_end"], contract.dedup_key,
+                                   snapshot_id=base)
+        if mode == "merge" and current is not None and current.snapshot_id != base:
+            mains["live"] = read_range(table, contract.time_column, state["range_start"], state["range_end"],
+                                       contract.dedup_key, snapshot_id=current.snapshot_id)
+    transforms = {t.spec_id: t.transform for t in contract.tiers}
+    columns = keys + ([state["check_column"]] if state.get("check_column") and state["check_column"] not in keys else [])
+
+    def one(f: DataFile) -> _FileFacts:
+        fs, path = filesystem(f.file_path)
+        with fs.open_input_file(path) as handle:
+            rows = pq.read_table(handle, columns=columns)
+        lo, hi = PartitionKey(f.spec_id, transforms[f.spec_id], f.partition[0]).range
+        unsorted_at, dup_mask = _order(sort_key_codes(rows, contract))
+        dups = rows.filter(pa.array(dup_mask)) if dup_mask.any() else rows.slice(0, 0)
+        overlap, samples = {}, {}
+        for name, main in mains.items():
+            ts = pc.cast(main.column(contract.time_column), pa.int64())
+            near = main.filter(pc.and_(pc.greater_equal(ts, lo), pc.less(ts, hi)))
+            hits = rows.select(keys).join(near.select(keys).cast(rows.select(keys).schema), keys=keys, join_type="left semi") \
+                if near.num_rows else rows.slice(0, 0).select(keys)
+            overlap[name], samples[name] = hits.num_rows, [_fmt_row(r) for r in hits.slice(0, SAMPLES).to_pylist()]
+        check = state.get("check_column")
+        return _FileFacts(
+            path=f.file_path, partition=(f.spec_id, f.partition[0]), range=(lo, hi), unsorted_at=unsorted_at,
+            duplicates=[_fmt_row(r) for r in dups.select(keys).slice(0, SAMPLES).to_pylist()],
+            duplicate_count=dups.num_rows,
+            series=pc.unique(rows.column(contract.series_key[0])) if contract.series_key else pa.array([]),
+            check_sum=float(pc.sum(rows.column(check)).as_py() or 0) if check else 0.0,
+            overlap=overlap, overlap_samples=samples,
+        )
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        return list(pool.map(one, staged))
 
 
-def _overlap_with_main(
-    con: duckdb.DuckDBPyConnection, table: Any, contract: Contract, mode: str, state: dict[str, Any], any_staged: bool
-) -> list[Check]:
+def _order(codes: list[Any]) -> tuple[int | None, Any]:
+    """First row out of (series, time) order, and which rows repeat the key of the next row."""
+    import numpy as np
+
+    n = len(codes[0]) if codes else 0
+    less = np.zeros(max(n - 1, 0), dtype=bool)
+    equal = np.ones(max(n - 1, 0), dtype=bool)
+    for c in codes:
+        a, b = c[:-1], c[1:]
+        less |= equal & (a < b)
+        equal &= a == b
+    bad = np.flatnonzero(~(less | equal))
+    return (int(bad[0]) + 1 if len(bad) else None), np.append(equal, False)
+
+
+def _sorted(facts: list[_FileFacts]) -> Check:
+    bad = [{"file": f.path, "row": f.unsorted_at} for f in facts if f.unsorted_at is not None]
+    detail = f"all {len(facts)} file(s) sorted by series key and time" if not bad else f"{len(bad)} file(s) out of order, e.g. {bad[0]}"
+    return Check("files_sorted", not bad, detail, samples=bad[:SAMPLES])
+
+
+def _unique_keys(facts: list[_FileFacts], contract: Contract) -> Check:
+    """Within a file: adjacent keys differ (the file is sorted). Between files: the files of one
+    partition hold disjoint series, and different partitions cover disjoint time ranges."""
+    samples = [d for f in facts for d in f.duplicates][:SAMPLES]
+    count = sum(f.duplicate_count for f in facts)
+    by_partition: dict[tuple[int, int], list[_FileFacts]] = defaultdict(list)
+    for f in facts:
+        by_partition[f.partition].append(f)
+    shared = []
+    for partition, files in by_partition.items():
+        if len(files) > 1:
+            series = pa.chunked_array([f.series for f in files])
+            if len(pc.unique(series)) != len(series):
+                shared.append({"partition": partition, "files": [f.path for f in files]})
+    spans = sorted(files[0].range for files in by_partition.values())
+    overlapping = [{"ranges": [iso(a[0]), iso(b[0])]} for a, b in zip(spans, spans[1:]) if b[0] < a[1]]
+    passed = not count and not shared and not overlapping
+    cols = ", ".join(contract.dedup_key)
+    detail = (
+        f"no duplicate ({cols}) in staged data" if passed
+        else f"{count} duplicate key(s) within files, {len(shared)} partition(s) with a series in two files, "
+        f"{len(overlapping)} overlapping partition range(s)"
+    )
+    return Check("unique_keys_in_staged", passed, detail, samples=samples + shared[:SAMPLES] + overlapping[:SAMPLES])
+
+
+def _overlap_with_main(facts: list[_FileFacts], table: Any, mode: str, state: dict[str, Any]) -> list[Check]:
     """Merge mode: no staged key may exist on main as the plan saw it (units drop those). Keys that live
     writers committed since are reported; publish re-checks them and the live rows win."""
     if mode == "replace":
         return [Check("no_overlap_with_main", True, "replace mode: the range on main is replaced in the publish commit")]
-    if not any_staged or table.current_snapshot() is None:
-        return [Check("no_overlap_with_main", True, "no staged rows or an empty main")]
-    base = state.get("base_snapshot_id")
-    at_base, samples = _overlap(con, table, contract, state, base)
+    if not facts:
+        return [Check("no_overlap_with_main", True, "nothing staged")]
+    at_base = sum(f.overlap.get("base", 0) for f in facts)
+    samples = [s for f in facts for s in f.overlap_samples.get("base", [])][:SAMPLES]
     blocking = mode == "merge"
     detail = (
         "no staged key exists on main" if not at_base
         else f"{at_base} staged key(s) already exist on main" + ("" if blocking else " (append mode: reported, not enforced)")
     )
     checks = [Check("no_overlap_with_main", at_base == 0, detail, blocking=blocking, samples=samples)]
-    current = table.current_snapshot().snapshot_id
-    if mode == "merge" and current != base:
-        live, samples = _overlap(con, table, contract, state, current)
+    if any("live" in f.overlap for f in facts):
+        live = sum(f.overlap.get("live", 0) for f in facts)
         checks.append(Check(
             "live_overlap_since_plan", live == 0,
             f"{live} staged key(s) were committed by live writers since the plan; they win at publish", blocking=False,
-            samples=samples,
+            samples=[s for f in facts for s in f.overlap_samples.get("live", [])][:SAMPLES],
         ))
     return checks
 
 
-def _overlap(
-    con: duckdb.DuckDBPyConnection, table: Any, contract: Contract, state: dict[str, Any], snapshot_id: int | None
-) -> tuple[int, list[dict[str, Any]]]:
-    main = read_range(table, contract.time_column, state["range_start"], state["range_end"], contract.dedup_key,
-                      snapshot_id=snapshot_id)
-    con.register("main_keys", main)
-    cols = _keys(contract)
-    overlap = f"(SELECT {cols} FROM staged) SEMI JOIN main_keys USING ({cols})"
-    count = con.sql(f"SELECT count(*) FROM {overlap}").fetchall()[0][0]
-    samples = con.sql(f"SELECT {cols} FROM {overlap} LIMIT {SAMPLES}").to_arrow_table().to_pylist()
-    con.unregister("main_keys")
-    return count, [_fmt_row(s) for s in samples]
-
-
-def _aggregate(units: list[Any], staged: list[DataFile], state: dict[str, Any], contract: Contract) -> Check:
+def _aggregate(units: list[Any], facts: list[_FileFacts], state: dict[str, Any]) -> Check:
     column = state.get("check_column")
     if not column:
         return Check("aggregate_matches_source", True, "the table has no numeric value column to sum")
-    file_sums = dict(zip([f.file_path for f in staged], _file_sums(staged, column)))
+    file_sums = {f.path: f.check_sum for f in facts}
     accounted: dict[str, float] = defaultdict(float)
     for u in units:
         r = u.result
@@ -235,17 +313,6 @@ def _aggregate(units: list[Any], staged: list[DataFile], state: dict[str, Any], 
         if not bad else f"sum({column}) differs in {len(bad)} partition(s), e.g. {bad[0]}"
     )
     return Check("aggregate_matches_source", not bad, detail, samples=bad[:SAMPLES])
-
-
-def _file_sums(staged: list[DataFile], column: str) -> list[float]:
-    def one(f: DataFile) -> float:
-        fs, path = filesystem(f.file_path)
-        with fs.open_input_file(path) as handle:
-            values = pq.read_table(handle, columns=[column]).column(column)
-        return float(pc.sum(values).as_py() or 0)
-
-    with ThreadPoolExecutor(max_workers=8) as pool:
-        return list(pool.map(one, staged))
 
 
 def _assertions(con: duckdb.DuckDBPyConnection, assertions: list[str], schema: pa.Schema, any_staged: bool) -> list[Check]:
@@ -270,5 +337,3 @@ def _fmt_row(row: dict[str, Any]) -> dict[str, Any]:
     return {k: (v.isoformat() if hasattr(v, "isoformat") else v) for k, v in row.items()}
 
 
-def _fmt(row: dict[str, Any]) -> str:
-    return ", ".join(f"{k}={v}" for k, v in _fmt_row(row).items())
