@@ -9,7 +9,7 @@ from aws_lambda_powertools.event_handler.exceptions import NotFoundError
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from timelake.aws.orchestrator import StepFunctionsOrchestrator
-from timelake.errors import JobNotFound
+from timelake.errors import BackfillError, JobNotFound
 from timelake.service import lambda_runtime
 from timelake.spec import JobSpec
 
@@ -27,7 +27,8 @@ def not_found(exc: JobNotFound) -> Response:
 
 
 @app.exception_handler(ValueError)
-def conflict(exc: ValueError) -> Response:
+@app.exception_handler(BackfillError)
+def conflict(exc: Exception) -> Response:
     return Response(409, content_types.APPLICATION_JSON, {"message": str(exc)})
 
 
@@ -55,6 +56,11 @@ def report(job_id: str) -> dict[str, Any]:
           responses={202: {"description": "Resumed"}})
 def resume(job_id: str) -> Response[dict[str, Any]]:
     return Response(202, content_types.APPLICATION_JSON, orchestrator().resume(job_id))
+
+
+@app.post("/backfills/<job_id>/abort", summary="Stop the execution; remove the branch, unpublished files and the lease")
+def abort(job_id: str) -> dict[str, Any]:
+    return orchestrator().abort(job_id)
 
 
 @logger.inject_lambda_context

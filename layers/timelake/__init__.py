@@ -6,12 +6,19 @@
     job.wait(); print(job.report())
 """
 
+from datetime import datetime
+
 from .errors import BackfillError, InvalidJob, LeaseConflict, TableNotFound, ValidationFailed
 from .lake import Job, Lake, Table, connect
 from .spec import JobSpec
 
+
+def is_range_leased(table: str, start: "str | datetime", end: "str | datetime", warehouse: str | None = None) -> bool:
+    """True while an unpublished backfill holds part of [start, end) of ``table`` (see `Lake.is_range_leased`)."""
+    return connect(warehouse=warehouse).is_range_leased(table, start, end)
+
 __version__ = "0.1.0"
 __all__ = [
     "BackfillError", "InvalidJob", "Job", "JobSpec", "Lake", "LeaseConflict", "Table", "TableNotFound",
-    "ValidationFailed", "connect",
+    "ValidationFailed", "connect", "is_range_leased",
 ]

@@ -170,6 +170,54 @@ def list_jobs(
     out.print(grid)
 
 
+@backfill_app.command("abort")
+def abort_job(job_id: str, as_json: JsonFlag = False, warehouse: Warehouse = None, on: On = "local") -> None:
+    """Stop a job; remove its branch, its unpublished files and its lease. Main is untouched."""
+    if _on_aws(on):
+        result = _aws().abort(job_id)
+    else:
+        job = _lake(warehouse).job(job_id)
+        result = job.abort()
+    if as_json:
+        out.print_json(json.dumps(result))
+    else:
+        out.print(f"aborted job {job_id}: {result['files_deleted']} unpublished file(s) deleted, branch and lease removed")
+
+
+@backfill_app.command("leases")
+def leases(table: str, as_json: JsonFlag = False, warehouse: Warehouse = None) -> None:
+    """Ranges of TABLE held by unpublished backfills (a compactor skips them)."""
+    from .timeutil import iso
+
+    held = [{"job_id": lease.job_id, "table": lease.table, "start": iso(lease.start), "end": iso(lease.end)}
+            for lease in _lake(warehouse).leases(table)]
+    if as_json:
+        out.print_json(json.dumps(held))
+        return
+    grid = RichTable("job", "table", "start", "end")
+    for lease in held:
+        grid.add_row(lease["job_id"], lease["table"], lease["start"], lease["end"])
+    out.print(grid if held else f"no leases on {table}")
+
+
+@backfill_app.command("history")
+def history(table: str, as_json: JsonFlag = False, warehouse: Warehouse = None) -> None:
+    """Published backfills of TABLE: when, range, mode, source, rows, snapshots (from timelake.backfills)."""
+    from .provenance import history as read_history
+
+    rows = read_history(_lake(warehouse).runtime, table).to_pylist()
+    if as_json:
+        out.print_json(json.dumps(rows, default=str))
+        return
+    grid = RichTable("published", "job", "mode", "range", "source", "written", "dropped", "snapshots")
+    for r in rows:
+        dropped = r["rows_duplicate_in_source"] + r["rows_conflicting_existing"] + r["rows_rejected"]
+        grid.add_row(f"{r['published_at']:%Y-%m-%d %H:%M}", r["job_id"], r["mode"],
+                     f"{r['range_start']:%Y-%m-%d} … {r['range_end']:%Y-%m-%d}", r["source_uri"],
+                     f"{r['rows_written']:,}", f"{dropped:,}", ", ".join(map(str, r["snapshot_ids"])))
+    out.print(grid if rows else f"no published backfills on {table}")
+
+
 @backfill_app.command("schema")
 def schema() -> None:
     """Print the JSON Schema of the job JSON."""

@@ -137,14 +137,26 @@ def is_conflict(exc: BaseException) -> bool:
     )
 
 
-def with_retry(table: IcebergTable, attempt: Callable[[IcebergTable], T], what: str) -> T:
+def without_blind_retries(table: IcebergTable) -> IcebergTable:
+    """The same table, whose transactions fail on a concurrent commit instead of being replayed.
+
+    pyiceberg replays a failed commit on the new main without asking the caller; publish must
+    re-check the rows live writers just committed before it tries again, so it retries itself.
+    Only this in-memory handle changes: no property is written to the table.
+    """
+    properties = {**table.metadata.properties, "commit.retry.num-retries": "0"}
+    return IcebergTable(table._identifier, table.metadata.model_copy(update={"properties": properties}),
+                        table.metadata_location, table.io, table.catalog)
+
+
+def with_retry(table: IcebergTable, attempt: Callable[[IcebergTable], T], what: str, attempts: int = COMMIT_ATTEMPTS) -> T:
     """Run ``attempt`` on fresh table metadata until it commits, with jittered backoff on conflicts."""
-    for n in range(COMMIT_ATTEMPTS):
+    for n in range(attempts):
         try:
             return attempt(table)
         except Exception as exc:
-            if not is_conflict(exc) or n == COMMIT_ATTEMPTS - 1:
+            if not is_conflict(exc) or n == attempts - 1:
                 raise
-            time.sleep(min(2.0, 0.02 * 2**n) * (0.5 + random.random()))
+            time.sleep(min(1.0, 0.02 * 2**n) * (0.5 + random.random()))
             table = table.refresh()
     raise AssertionError("unreachable")

@@ -31,3 +31,7 @@ class DstRefused(BackfillError):
 
 class Interrupted(BackfillError):
     """The job was stopped (Ctrl-C) between steps; it can be resumed."""
+
+
+class Aborted(BackfillError):
+    """The job was aborted: its branch, staged files and lease are gone; main is untouched."""

@@ -24,7 +24,8 @@ from .report import build_report, progress
 from .runner import run_job
 from .runtime import DEFAULT_WAREHOUSE, LakeConfig, Runtime
 from .spec import JobSpec
-from .store import JobRecord
+from .abort import abort, request_abort
+from .store import JobRecord, Lease
 from .timeutil import parse_duration, parse_instant, parse_size, to_micros
 
 
@@ -124,6 +125,20 @@ class Lake:
         self.runtime.store.create_job(JobRecord(spec.job_id, spec.table, "created", spec.to_json()))
         return Job(self, spec.job_id)
 
+    def leases(self, table: str | None = None) -> list[Lease]:
+        """Ranges held by unpublished backfills (all tables, or one)."""
+        return self.runtime.store.leases(table)
+
+    def is_range_leased(self, table: str, start: str | datetime, end: str | datetime) -> bool:
+        """Whether an unpublished backfill holds any part of [start, end) of ``table``.
+
+        The contract for compactors and other maintenance: before rewriting a partition, ask for
+        its time range and skip it while this is True; the backfill will publish already-compacted
+        files there, and a rewrite in between would only be thrown away or conflict.
+        """
+        lo, hi = to_micros(parse_instant(start)), to_micros(parse_instant(end))
+        return any(lease.start < hi and lease.end > lo for lease in self.runtime.store.leases(table))
+
     def submit(self, spec: JobSpec, source: Any = None, wait: bool = False) -> "Job":
         """Create the job record and start it on a background thread (``wait`` runs it inline)."""
         job = self.create_job(spec)
@@ -159,6 +174,12 @@ class Table:
         hi = to_micros(parse_instant(end)) if end is not None else None
         rows = read_range(self.iceberg, ct.time_column, lo, hi, ref=ref)
         return rows.sort_by([(k, "ascending") for k in (*ct.series_key, ct.time_column)])
+
+    def history(self) -> pa.Table:
+        """Published backfills of this table (rows of ``timelake.backfills``), oldest first."""
+        from .provenance import history
+
+        return history(self.lake.runtime, self.name)
 
     def backfill(
         self, source: Any, map: dict[str, str] | None = None, tz: str | None = None, mode: str = "merge",  # noqa: A002
@@ -232,9 +253,20 @@ class Job:
         store = self.lake.runtime.store
         return build_report(store.get_job(self.id), store.units(self.id))
 
+    def abort(self) -> dict[str, Any]:
+        """Stop the job and remove every trace of it that is not on main (branch, files, lease)."""
+        request_abort(self.lake.runtime, self.id)
+        if self._thread is not None and self._thread.is_alive():
+            self._thread.join()
+            self._error = None
+        return abort(self.lake.runtime, self.id) if self.record().phase != "aborted" else {
+            "job_id": self.id, "phase": "aborted", "files_deleted": self.record().state.get("files_deleted", 0)}
+
     def resume(self, source: Any = None, wait: bool = False) -> "Job":
         """Continue from the first unfinished step; done units are skipped. Safe to call repeatedly."""
         phase = self.record().phase
+        if phase == "aborted":
+            raise BackfillError(f"job {self.id} was aborted; start a new job")
         if phase == "failed_validation":
             raise BackfillError(f"job {self.id} failed validation; nothing was published. Fix the source and start a new job")
         self._error = None

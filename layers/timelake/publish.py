@@ -17,7 +17,9 @@ import pyarrow.parquet as pq
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table as IcebergTable
 
-from .commit import CHUNK_PROPERTY, JOB_PROPERTY, STEP_PROPERTY, added_files, append_files, data_file, is_conflict, with_retry
+from .commit import (CHUNK_PROPERTY, JOB_PROPERTY, STEP_PROPERTY, added_files, append_files, data_file, is_conflict, with_retry,
+                     without_blind_retries)
+from . import provenance
 from .contract import Contract
 from .errors import BackfillError
 from .events import BACKFILL_PUBLISHED
@@ -28,6 +30,9 @@ from .spec import JobSpec
 from .timeutil import floor_to, iso, next_boundary
 from .write import drop_existing, write_parquet
 
+
+
+PUBLISH_ATTEMPTS = 50  # live writers may commit every few ms; each retry only re-checks the newest commits
 
 
 @dataclass
@@ -76,9 +81,11 @@ def publish(rt: Runtime, job_id: str, max_chunks: int | None = None) -> dict[str
             current.manage_snapshots().remove_branch(state["branch"]).commit()
 
     with_retry(table.refresh(), drop_branch, "remove branch")
+    job = rt.store.update_job(job_id, published_chunks=published, publish_conflicts=late)
+    provenance.record(rt, job, rt.store.units(job_id))
     rt.store.release_lease(job_id)
     _drop_spill(rt, job_id)
-    rt.store.update_job(job_id, "published", published_chunks=published, publish_conflicts=late)
+    rt.store.update_job(job_id, "published")
     return {"job_id": job_id, "done": True, "chunks_published": len(published)}
 
 
@@ -125,13 +132,17 @@ def _commit_chunk(
     rt: Runtime, table: IcebergTable, job_id: str, spec: JobSpec, contract: Contract, state: dict[str, Any],
     chunk: Chunk, late: dict[str, Any],
 ) -> list[int]:
-    properties = {JOB_PROPERTY: job_id, STEP_PROPERTY: "publish", CHUNK_PROPERTY: chunk.key}
+    properties = {JOB_PROPERTY: job_id, STEP_PROPERTY: "publish", CHUNK_PROPERTY: chunk.key,
+                  "timelake.range-start": iso(chunk.start), "timelake.range-end": iso(chunk.end),
+                  **provenance.summary_properties(rt.store.get_job(job_id))}
     files = chunk.files
+    checked: set[int] = set()
 
     def commit(current: IcebergTable) -> None:
         nonlocal files
         if spec.mode == "merge":
-            files = _drop_late_conflicts(current, job_id, contract, state, chunk, files, late)
+            files = _drop_late_conflicts(current, job_id, contract, state, chunk, files, late, checked)
+        current = without_blind_retries(current)
         with current.transaction() as tx:
             if spec.mode == "replace":
                 tx.delete(time_filter(contract.time_column, chunk.start, chunk.end), snapshot_properties=properties)
@@ -140,7 +151,7 @@ def _commit_chunk(
 
     before = {s.snapshot_id for s in table.snapshots()}
     try:
-        with_retry(table, commit, f"publish {chunk.key}")
+        with_retry(table, commit, f"publish {chunk.key}", attempts=PUBLISH_ATTEMPTS)
     except Exception as exc:
         if is_conflict(exc):
             raise BackfillError(f"job {job_id}: publish of chunk {chunk.key} kept conflicting with other commits: {exc}") from exc
@@ -152,18 +163,20 @@ def _commit_chunk(
 
 def _drop_late_conflicts(
     table: IcebergTable, job_id: str, contract: Contract, state: dict[str, Any], chunk: Chunk,
-    files: list[DataFile], late: dict[str, Any],
+    files: list[DataFile], late: dict[str, Any], checked: set[int],
 ) -> list[DataFile]:
     """Rows live writers committed in the chunk's range after the plan win over staged rows with the same key.
 
     Affected staged files are rewritten without those rows (a new path, so the staged file stays intact
-    for a retry); the counts land in the report as conflicts found at publish.
+    for a retry); the counts land in the report as conflicts found at publish. Snapshots in ``checked``
+    were handled by an earlier attempt, so a retry after losing a commit race reads only the newest.
     """
     keys = list(contract.dedup_key)
     live = []
     for snapshot in _since(table, state.get("base_snapshot_id")):
-        if (snapshot.summary or {}).get(JOB_PROPERTY) == job_id:
+        if snapshot.snapshot_id in checked or (snapshot.summary or {}).get(JOB_PROPERTY) == job_id:
             continue
+        checked.add(snapshot.snapshot_id)  # its keys are gone from ``files`` after this call: a retry skips it
         for f in added_files(table, snapshot.snapshot_id):
             if not _overlaps(table, contract, f, chunk):
                 continue

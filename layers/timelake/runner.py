@@ -14,7 +14,8 @@ from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from typing import Any
 
-from .errors import BackfillError, Interrupted
+from .abort import abort
+from .errors import Aborted, BackfillError, Interrupted
 from .faults import checkpoint
 from .plan import cut, pending_pieces, plan, scan
 from .publish import publish
@@ -48,8 +49,7 @@ def run_job(
     job = reopen(rt, job_id)
     while job.phase not in TERMINAL:
         step = NEXT_STEP[job.phase]
-        if cancel is not None and cancel.is_set():
-            raise Interrupted(f"job {job_id} interrupted before {step}; resume with: timelake backfill resume {job_id}")
+        _check(cancel, job_id, f"before {step}", rt)
         try:
             if step == "plan":
                 rt.store.update_job(job_id, "planning")
@@ -68,6 +68,9 @@ def run_job(
                 validate(rt, job_id)
             elif step == "publish":
                 publish(rt, job_id)
+        except Aborted:
+            abort(rt, job_id)
+            raise
         except Interrupted:
             raise
         except BackfillError as exc:
@@ -104,7 +107,7 @@ def _scan_all(rt: Runtime, job_id: str, source: Any, on_progress: Progress | Non
     workers = min(spec.max_concurrency or os.cpu_count() or 1, len(pending))
     if source is not None or workers <= 1:
         for piece in pending:
-            _check(cancel, job_id, "scanning")
+            _check(cancel, job_id, "while scanning", rt)
             scan(rt, job_id, piece, source)
             checkpoint("scan.unit")
     else:
@@ -124,7 +127,7 @@ def _write_all(rt: Runtime, job_id: str, on_progress: Progress | None, cancel: t
     tick()
     if workers <= 1 or job.state.get("rows_in_scope", 0) < IN_PROCESS_ROWS:
         for unit_id in pending:
-            _check(cancel, job_id, "writing")
+            _check(cancel, job_id, "while writing", rt)
             write_unit(rt, job_id, unit_id)
             tick()
             checkpoint("write.unit")
@@ -133,9 +136,12 @@ def _write_all(rt: Runtime, job_id: str, on_progress: Progress | None, cancel: t
     rt.store.update_job(job_id, "written", write_finished_at=time.time())
 
 
-def _check(cancel: threading.Event | None, job_id: str, doing: str) -> None:
+def _check(cancel: threading.Event | None, job_id: str, doing: str, rt: Runtime | None = None) -> None:
+    """Stop between steps or units when interrupted (Ctrl-C) or when an abort was requested."""
     if cancel is not None and cancel.is_set():
-        raise Interrupted(f"job {job_id} interrupted while {doing}; resume with: timelake backfill resume {job_id}")
+        raise Interrupted(f"job {job_id} interrupted {doing}; resume with: timelake backfill resume {job_id}")
+    if rt is not None and rt.store.get_job(job_id).state.get("abort_requested"):
+        raise Aborted(f"job {job_id} was aborted")
 
 
 def _fan_out(
@@ -165,7 +171,7 @@ def _fan_out(
                         raise BackfillError(f"job {job_id}: {step} of {item} failed: {type(exc).__name__}: {exc}") from exc
                     tick()
                     checkpoint(f"{step}.unit")
-                _check(cancel, job_id, f"{step}ning" if step == "scan" else "writing")
+                _check(cancel, job_id, f"while {step}ning" if step == "scan" else "while writing", rt)
         except BaseException:
             pool.shutdown(wait=True, cancel_futures=True)
             raise

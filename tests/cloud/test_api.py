@@ -144,3 +144,23 @@ def test_cli_on_aws_runs_checks_and_resumes(cloud: Cloud, readings, monkeypatch)
     assert cli("status", started["job_id"])["phase"] == "published"
     assert cli("resume", started["job_id"])["how"] == "nothing to do: published"
     assert cloud.lake.table("iot.sensor").to_arrow().num_rows == 96
+
+
+def test_abort_through_the_api_removes_the_branch_and_staged_files(api, cloud: Cloud, readings):
+    table = sensor_table(cloud.lake)
+    _upload(readings(recent(5), days=2, devices=2), "src/a.parquet")
+    code, started = api("POST", "/backfills", {"table": "iot.sensor", "source": f"s3://{BUCKET}/src/*.parquet",
+                                               "job_id": "bf-api-abort", "assertions": ["SELECT * FROM staged"]})
+    assert cloud.wait(started["execution_arn"])["status"] == "FAILED"  # the assertion fails: staged, not published
+    assert "backfill/bf-api-abort" in table.refresh().iceberg.metadata.refs
+    staged = [u.result["path"] for u in cloud.lake.runtime.store.units("bf-api-abort")]
+    code, aborted = api("POST", "/backfills/bf-api-abort/abort")
+    assert code == 200 and aborted["phase"] == "aborted" and aborted["files_deleted"] == len(staged) == 2
+    assert "backfill/bf-api-abort" not in table.refresh().iceberg.metadata.refs
+    s3 = boto3.client("s3")
+    for path in staged:
+        bucket, _, key = path.removeprefix("s3://").partition("/")
+        assert s3.list_objects_v2(Bucket=bucket, Prefix=key)["KeyCount"] == 0
+    assert table.to_arrow().num_rows == 0
+    code, again = api("POST", "/backfills/bf-api-abort/resume")
+    assert code == 409 and "aborted" in again["message"]

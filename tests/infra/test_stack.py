@@ -201,7 +201,8 @@ def test_each_function_role_grants_only_what_it_needs(synthesized: Synthesized) 
         assert ("events:PutEvents" in granted) == (name == "publish"), name
         assert {"dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:Query"} <= granted, name
         states = {a for a in granted if a.startswith("states:")}
-        expected = {"states:StartExecution", "states:DescribeExecution", "states:RedriveExecution", "states:ListExecutions"}
+        expected = {"states:StartExecution", "states:DescribeExecution", "states:RedriveExecution", "states:ListExecutions",
+                    "states:StopExecution"}
         assert states == (expected if name == "api" else set()), name
         assert not {a for a in granted if a.endswith("*")}, name
 
@@ -236,7 +237,7 @@ def test_api_routes_use_iam_auth_and_lambda_proxy(synthesized: Synthesized) -> N
         assert "RequestValidatorId" in props
         routes.add((props["HttpMethod"], path(props["ResourceId"]["Ref"])))
     assert routes == {("POST", "/backfills"), ("GET", "/backfills"), ("GET", "/backfills/{id}"),
-                      ("GET", "/backfills/{id}/report"), ("POST", "/backfills/{id}/resume")}
+                      ("GET", "/backfills/{id}/report"), ("POST", "/backfills/{id}/resume"), ("POST", "/backfills/{id}/abort")}
 
 
 def test_api_validates_the_job_body_and_logs_and_traces_its_stage(synthesized: Synthesized, template: Template) -> None:

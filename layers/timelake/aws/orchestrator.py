@@ -12,6 +12,7 @@ from typing import Any
 import boto3
 from botocore.exceptions import ClientError
 
+from ..abort import abort
 from ..report import build_report, progress
 from ..runtime import Runtime
 from ..service import ensure_job
@@ -58,6 +59,8 @@ class StepFunctionsOrchestrator:
         """Redrive the failed execution when Step Functions allows it (only its failed units run again);
         otherwise start a new execution of the same job, which skips every unit already done."""
         job = self.rt.store.get_job(job_id)
+        if job.phase in ("aborted", "failed_validation"):
+            raise ValueError(f"job {job_id} ended {job.phase.replace('_', ' ')}; nothing to resume, start a new job")
         if job.phase in ("published", "dry_run_complete"):
             return {"job_id": job_id, "execution_arn": job.state.get("execution_arn"), "how": f"nothing to do: {job.phase}"}
         arn = job.state.get("execution_arn")
@@ -74,6 +77,14 @@ class StepFunctionsOrchestrator:
         )["executionArn"]
         self.rt.store.update_job(job_id, execution_arn=new_arn, executions=[*executions, new_arn])
         return {"job_id": job_id, "execution_arn": new_arn, "how": "new execution"}
+
+    def abort(self, job_id: str) -> dict[str, Any]:
+        """Stop the running execution (if any), then remove the branch, unpublished files and the lease."""
+        job = self.rt.store.get_job(job_id)
+        arn = job.state.get("execution_arn")
+        if arn and self.sfn.describe_execution(executionArn=arn)["status"] == "RUNNING":
+            self.sfn.stop_execution(executionArn=arn, error="Aborted", cause=f"job {job_id} aborted by request")
+        return abort(self.rt, job_id)
 
     def _redrive(self, arn: str) -> bool:
         try:
