@@ -9,7 +9,7 @@ and, unless it is a dry run, takes the lease and creates the branch. A dry run c
 from __future__ import annotations
 
 import json
-import math
+import os
 from datetime import datetime, timezone
 from typing import Any
 
@@ -19,15 +19,16 @@ from .contract import Contract
 from .cost import estimate_cost
 from .errors import InvalidJob
 from .runtime import Runtime, filesystem
-from .scan import ScanContext, ScanResult, mapper_for, open_job_source, read_result, refuse_dst, scan_piece
+from .scan import ScanContext, ScanResult, mapper_for, open_job_source, read_result, refuse_dst, scan_task
 from .spec import JobSpec
 from .store import Lease, UnitRecord
 from .timeutil import US_PER_DAY, floor_to, from_micros, iso, next_boundary, subtract_duration, to_micros
 
 
-def plan(rt: Runtime, job_id: str, source: Any = None) -> dict[str, Any]:
-    """Plan step. Input: a job id (the job record holds the spec); ``source`` only for in-memory data.
-    Output: the number of pieces and where their list is (a JSON array a Distributed Map can read)."""
+def plan(rt: Runtime, job_id: str, source: Any = None, parallelism: int | None = None) -> dict[str, Any]:
+    """Plan step. Input: a job id (the job record holds the spec); ``source`` only for in-memory data;
+    how many workers will scan (default: the job's max_concurrency, else this machine's cores).
+    Output: the number of scan tasks and where their list is (a JSON array a Distributed Map reads)."""
     job = rt.store.get_job(job_id)
     spec = JobSpec.model_validate(job.spec)
     table = rt.load_table(spec.table)
@@ -36,13 +37,29 @@ def plan(rt: Runtime, job_id: str, source: Any = None) -> dict[str, Any]:
     ctx = context(spec, table, to_micros(now))
     mapper = mapper_for(ctx, src)  # a wrong map, a naive time without tz, ... fail here, before reading data
     clear_staging(rt, job_id)
-    pieces = src.pieces()
-    manifest = write_json(rt, job_id, "scan/pieces.json", [{"job_id": job_id, "piece": i} for i in range(len(pieces))])
-    rt.store.update_job(job_id, "scanning", planned_at_us=to_micros(now), pieces=len(pieces),
+    tasks = scan_tasks(src.sizes(), spec.max_concurrency or parallelism or os.cpu_count() or 1)
+    manifest = write_json(rt, job_id, "scan/tasks.json", [{"job_id": job_id, "piece": i} for i in range(len(tasks))])
+    rt.store.update_job(job_id, "scanning", planned_at_us=to_micros(now), scan_tasks=tasks,
                         source_uri=src.uri, source_fingerprint=src.fingerprint(),
                         columns_filled_with_null=mapper.filled_with_null,
                         ignored_source_columns=mapper.ignored_source_columns)
-    return {"job_id": job_id, "pieces": len(pieces), "manifest": manifest}
+    return {"job_id": job_id, "scan_tasks": len(tasks), "manifest": manifest}
+
+
+def scan_tasks(sizes: list[int], parallelism: int) -> list[list[int]]:
+    """Runs of consecutive source pieces, [first, last), of about equal bytes: about four tasks per
+    worker so that uneven files even out, and no task below a few MB (a task has a fixed cost)."""
+    total = sum(sizes)
+    target = max(total / (4 * parallelism), 8 << 20)
+    tasks, start, acc = [], 0, 0
+    for i, size in enumerate(sizes):
+        acc += size
+        if acc >= target:
+            tasks.append([start, i + 1])
+            start, acc = i + 1, 0
+    if start < len(sizes) or not tasks:
+        tasks.append([start, len(sizes)])
+    return tasks
 
 
 def context(spec: JobSpec, table: Any, now_us: int) -> ScanContext:
@@ -63,17 +80,20 @@ def scan(rt: Runtime, job_id: str, piece: int, source: Any = None) -> dict[str, 
     table = rt.load_table(spec.table)
     ctx = context(spec, table, job.state["planned_at_us"])
     src = open_job_source(spec, source)
+    first, last = job.state["scan_tasks"][piece]
     try:
-        result = scan_piece(rt, ctx, job_id, piece, src, table)
+        result = scan_task(rt, ctx, job_id, piece, range(first, last), src, table)
     except Exception as exc:
-        failures.note(rt, job_id, f"piece-{piece}", exc)
+        failures.note(rt, job_id, f"scan-task-{piece}", exc)
         raise
-    failures.clear(rt, job_id, f"piece-{piece}")
+    failures.clear(rt, job_id, f"scan-task-{piece}")
     return {"job_id": job_id, "piece": piece, "rows": result.rows_in_source}
 
 
 def pending_pieces(rt: Runtime, job_id: str) -> list[int]:
-    return [i for i in range(rt.store.get_job(job_id).state["pieces"]) if read_result(rt, job_id, i) is None]
+    """Scan tasks without a result yet."""
+    tasks = rt.store.get_job(job_id).state["scan_tasks"]
+    return [i for i in range(len(tasks)) if read_result(rt, job_id, i) is None]
 
 
 def cut(rt: Runtime, job_id: str) -> dict[str, Any]:
@@ -84,15 +104,15 @@ def cut(rt: Runtime, job_id: str) -> dict[str, Any]:
     contract = Contract.from_table(table)
     total = ScanResult()
     missing = []
-    for piece in range(job.state["pieces"]):
+    for piece in range(len(job.state["scan_tasks"])):
         result = read_result(rt, job_id, piece)
         if result is None:
             missing.append(piece)
         else:
             total.merge(result)
     if missing:
-        cause = failures.first(rt, job_id, [f"piece-{i}" for i in missing])
-        raise InvalidJob(f"job {job_id}: {len(missing)} source piece(s) not scanned"
+        cause = failures.first(rt, job_id, [f"scan-task-{i}" for i in missing])
+        raise InvalidJob(f"job {job_id}: {len(missing)} scan task(s) not done"
                          + (f"; {cause}" if cause else f" yet (first: {missing[0]}); resume the job"))
     if total.rows_in_source == 0:
         raise InvalidJob(f"source '{job.state['source_uri']}' has no rows")

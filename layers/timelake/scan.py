@@ -1,9 +1,9 @@
-"""Scan: read one piece of the source (one file), map it onto the table contract, count, and spill.
+"""Scan: read one task's run of source files, map them onto the table contract, count, and spill.
 
-Pieces are scanned independently (a process pool here, a Distributed Map of Lambdas on AWS), so the
+Tasks are scanned independently (a process pool here, a Distributed Map of Lambdas on AWS), so the
 source is read once, in parallel, whatever its size. Each scan spills its in-scope rows, already
 mapped and grouped by target partition, to Arrow IPC files, and writes its counts as one JSON result
-next to them; the result's existence marks the piece as done, which makes a re-run skip it.
+next to them; the result's existence marks the task as done, which makes a re-run skip it.
 """
 
 from __future__ import annotations
@@ -128,11 +128,11 @@ class _Spiller:
     """Arrow IPC streams per partition, at most MAX_OPEN_SPILLS open at once (a piece spanning years
     touches thousands of partitions; a closed one continues in a new part file)."""
 
-    def __init__(self, rt: Runtime, job_id: str, piece: int, schema: pa.Schema) -> None:
+    def __init__(self, rt: Runtime, job_id: str, task: int, schema: pa.Schema) -> None:
         self.uri = rt.staging_path(job_id, "spill")
         self.fs, root = filesystem(self.uri)
         self.fs.create_dir(root, recursive=True)
-        self.piece = piece
+        self.task = task
         self.schema = schema
         self.open: dict[PartitionKey, tuple[Any, Any]] = {}
 
@@ -140,7 +140,7 @@ class _Spiller:
         if part.key not in self.open:
             if len(self.open) >= MAX_OPEN_SPILLS:
                 self._close(next(iter(self.open)))
-            uri = f"{self.uri}/{part.key.name}-p{self.piece:05d}-{len(part.spill)}.arrow"
+            uri = f"{self.uri}/{part.key.name}-t{self.task:05d}-{len(part.spill)}.arrow"
             stream = self.fs.open_output_stream(filesystem(uri)[1])
             self.open[part.key] = (stream, pa.ipc.new_stream(stream, self.schema))
             part.spill.append(uri)
@@ -184,12 +184,12 @@ def mapper_for(ctx: ScanContext, src: Source) -> Mapper:
     )
 
 
-def result_uri(rt: Runtime, job_id: str, piece: int) -> str:
-    return rt.staging_path(job_id, "scan", f"piece-{piece:05d}.json")
+def result_uri(rt: Runtime, job_id: str, task: int) -> str:
+    return rt.staging_path(job_id, "scan", f"task-{task:05d}.json")
 
 
-def read_result(rt: Runtime, job_id: str, piece: int) -> ScanResult | None:
-    fs, path = filesystem(result_uri(rt, job_id, piece))
+def read_result(rt: Runtime, job_id: str, task: int) -> ScanResult | None:
+    fs, path = filesystem(result_uri(rt, job_id, task))
     try:
         with fs.open_input_stream(path) as handle:
             return ScanResult.from_json(json.loads(handle.read()))
@@ -197,18 +197,19 @@ def read_result(rt: Runtime, job_id: str, piece: int) -> ScanResult | None:
         return None
 
 
-def scan_piece(rt: Runtime, ctx: ScanContext, job_id: str, piece: int, src: Source, table: Any) -> ScanResult:
-    """Scan one piece; idempotent (a finished piece returns its stored result)."""
-    done = read_result(rt, job_id, piece)
+def scan_task(rt: Runtime, ctx: ScanContext, job_id: str, task: int, pieces: range, src: Source, table: Any) -> ScanResult:
+    """Scan one task (a run of source pieces); idempotent (a finished task returns its stored result)."""
+    done = read_result(rt, job_id, task)
     if done is not None:
         return done
-    name = src.pieces()[piece]
+    names = src.pieces()
     mapper = mapper_for(ctx, src)
-    spiller = None if ctx.spec.dry_run else _Spiller(rt, job_id, piece, ctx.target)
+    spiller = None if ctx.spec.dry_run else _Spiller(rt, job_id, task, ctx.target)
     overlap = _OverlapCounter(ctx.contract) if ctx.spec.dry_run else None
     result = ScanResult()
+    batches = (batch for piece in pieces for batch in src.batches(names[piece]))
     try:
-        for batch in src.batches(name):
+        for batch in batches:
             mapped = mapper.apply(batch)
             result.rows_in_source += batch.data.num_rows
             result.rejected.update(mapped.rejected)
@@ -222,7 +223,7 @@ def scan_piece(rt: Runtime, ctx: ScanContext, job_id: str, piece: int, src: Sour
             spiller.close()
     if overlap is not None and result.min_us is not None:
         result.overlap_existing_rows = overlap.finish(table, result.min_us, result.max_us + 1)
-    fs, path = filesystem(result_uri(rt, job_id, piece))
+    fs, path = filesystem(result_uri(rt, job_id, task))
     fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
     with fs.open_output_stream(path) as out:
         out.write(json.dumps(result.to_json()).encode())

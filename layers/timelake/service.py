@@ -89,7 +89,7 @@ def begin(rt: Runtime, spec: JobSpec) -> dict[str, Any]:
     job = reopen(rt, spec.job_id)
     if job.phase in ("created", "planning"):
         rt.store.update_job(spec.job_id, "planning")
-        plan(rt, spec.job_id)
+        plan(rt, spec.job_id, parallelism=DEFAULT_MAP_CONCURRENCY)
         job = rt.store.get_job(spec.job_id)
     pieces = pending_pieces(rt, spec.job_id) if job.phase == "scanning" else []
     manifest = write_json(rt, spec.job_id, f"scan/pending-{time.time_ns()}.json",

@@ -80,6 +80,10 @@ class Source(ABC):
     def fingerprint(self) -> str:
         """A sha256 hex digest that changes when the input changes; cheap because no data is read."""
 
+    @abstractmethod
+    def sizes(self) -> list[int]:
+        """Bytes of each piece (as stored), so a planner can group small pieces into even scan tasks."""
+
 
 class FileSource(Source):
     """Files on a local or remote filesystem, all of one known format each."""
@@ -123,6 +127,9 @@ class FileSource(Source):
                 raise SourceError(f"source file {piece} no longer exists")
             digest.update(f"{piece}\0{info.size}\0{info.mtime_ns}\n".encode())
         return digest.hexdigest()
+
+    def sizes(self) -> list[int]:
+        return [info.size or 0 for info in self._fs.get_file_info(list(self._paths.values()))]
 
     def _read(self, piece: str) -> Iterator[SourceBatch]:
         path, fmt = self._paths[piece], self._formats[piece]
@@ -205,6 +212,9 @@ class MemorySource(Source):
 
     def pieces(self) -> list[str]:
         return [MEMORY]
+
+    def sizes(self) -> list[int]:
+        return [self._data.nbytes if isinstance(self._data, pa.Table) else 0]
 
     def schema(self) -> pa.Schema:
         return self._data.schema

@@ -130,15 +130,40 @@ def drop_existing(rows: pa.Table, existing: pa.Table, contract: Contract) -> tup
     """Merge mode: existing rows win. Returns the rows left, how many were dropped and their check sum."""
     if rows.num_rows == 0 or existing.num_rows == 0:
         return rows, 0, 0.0
-    keys = list(contract.dedup_key)
-    left = rows.select(keys).append_column("__row", pa.array(np.arange(rows.num_rows)))
-    hits = left.join(existing.select(keys).cast(left.select(keys).schema), keys=keys, join_type="left semi")
-    if hits.num_rows == 0:
+    mask = _existing_mask(rows, existing, contract)
+    if not mask.any():
         return rows, 0, 0.0
-    mask = np.zeros(rows.num_rows, dtype=bool)
-    mask[hits.column("__row").to_numpy()] = True
     conflict_sum = _sum(rows.filter(pa.array(mask)), contract)
     return rows.filter(pa.array(~mask)), int(mask.sum()), conflict_sum
+
+
+def _existing_mask(rows: pa.Table, existing: pa.Table, contract: Contract) -> np.ndarray:
+    """Which of ``rows`` have a key in ``existing``.
+
+    For the usual key (one series column + time) both sides become one int64 per row (the series'
+    rank among this unit's series, then microseconds) and numpy answers the membership: several
+    times faster than a hash join on strings. Other keys take Arrow's join.
+    """
+    keys = list(contract.dedup_key)
+    if len(contract.series_key) == 1 and keys == [contract.series_key[0], contract.time_column]:
+        series, time_column = contract.series_key[0], contract.time_column
+        distinct = pc.unique(rows.column(series))
+        codes = [pc.index_in(rows.column(series), value_set=distinct),
+                 pc.index_in(existing.column(series), value_set=distinct.cast(existing.schema.field(series).type))]
+        times = [pc.cast(t.column(time_column), pa.int64()).to_numpy(zero_copy_only=False) for t in (rows, existing)]
+        base = min(int(t.min()) for t in times)
+        time_bits = max(max(int(t.max()) for t in times) - base, 1).bit_length()
+        if time_bits + len(distinct).bit_length() + 1 <= 63:
+            mine, theirs = (
+                (pc.fill_null(c, len(distinct)).to_numpy(zero_copy_only=False).astype(np.int64) << time_bits) | (t - base)
+                for c, t in zip(codes, times)
+            )  # a series unknown to this unit gets a code no row has
+            return np.isin(mine, theirs)
+    left = rows.select(keys).append_column("__row", pa.array(np.arange(rows.num_rows)))
+    hits = left.join(existing.select(keys).cast(left.select(keys).schema), keys=keys, join_type="left semi")
+    mask = np.zeros(rows.num_rows, dtype=bool)
+    mask[hits.column("__row").to_numpy()] = True
+    return mask
 
 
 def _sum(rows: pa.Table, contract: Contract) -> float:
