@@ -10,8 +10,8 @@ import os
 from typing import Any
 
 ASSUMPTIONS: dict[str, float] = {
-    "local_rows_per_second_per_core": 1_500_000,
-    "lambda_rows_per_second": 1_000_000,
+    "local_rows_per_second_per_core": 600_000,  # measured end to end by bench/bench_backfill.py on 2 cores
+    "lambda_rows_per_second": 500_000,
     "lambda_overhead_seconds_per_unit": 2.0,
     "lambda_memory_gb": 3.0,
     "lambda_usd_per_gb_second_arm64": 0.0000133334,
