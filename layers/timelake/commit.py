@@ -73,15 +73,17 @@ def data_files(table: IcebergTable, items: Iterable[tuple[str, int, int]]) -> li
 
 
 def append_files(
-    tx: Transaction, table: IcebergTable, files: list[DataFile], branch: str, properties: dict[str, str]
-) -> None:
-    """Add ``files`` (of any partition specs) to ``branch`` as one snapshot inside ``tx``."""
+    tx: Transaction, table: IcebergTable, files: list[DataFile], branch: str | None, properties: dict[str, str]
+) -> int:
+    """Add ``files`` (of any partition specs) to ``branch`` as one snapshot inside ``tx``; returns its id.
+    ``branch=None`` makes a snapshot no ref points to yet (staging on a table whose main is empty)."""
     producer = _MultiSpecAppend(
         operation=Operation.APPEND, transaction=tx, io=table.io, branch=branch, snapshot_properties=properties
     )
     for f in files:
         producer.append_data_file(f)
     producer.commit()
+    return producer.snapshot_id
 
 
 class _MultiSpecAppend(_FastAppendFiles):

@@ -14,7 +14,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from . import failures
-from .commit import JOB_PROPERTY, STEP_PROPERTY, with_retry
+from .commit import with_retry
 from .contract import Contract
 from .cost import estimate_cost
 from .errors import InvalidJob
@@ -145,28 +145,22 @@ def cut(rt: Runtime, job_id: str) -> dict[str, Any]:
         refuse_dst(total)
     rt.store.acquire_lease(Lease(spec.table, range_start, range_end, job_id))
     branch = f"backfill/{job_id}"
-    base = table.current_snapshot() or _empty_snapshot(table, job_id)
-
-    def fork(current: Any) -> None:
-        if current.metadata.refs.get(branch) is None:  # a retry may find it made by the attempt that "failed"
-            current.manage_snapshots().create_branch(snapshot_id=base.snapshot_id, branch_name=branch).commit()
-
-    with_retry(table, fork, "create branch")
-    state.update(branch=branch, base_snapshot_id=base.snapshot_id)
+    base = table.current_snapshot()
+    if base is not None:  # on an empty table, stage creates the branch at its own snapshot: main gets no commit
+        fork_branch(table, branch, base.snapshot_id)
+    state.update(branch=branch, base_snapshot_id=base.snapshot_id if base else None)
     rt.store.put_units(job_id, units)
     write_json(rt, job_id, "units.json", [{"job_id": job_id, "unit_id": u.unit_id} for u in units])
     rt.store.update_job(job_id, "planned", **state)
     return {"job_id": job_id, "dry_run": False, "units": len(units)}
 
 
-def _empty_snapshot(table: Any, job_id: str) -> Any:
-    """Iceberg branches fork from a snapshot; a brand-new table gets an empty one (readers see no rows)."""
-    def append_nothing(current: Any) -> None:
-        with current.transaction() as tx:
-            tx.update_snapshot(snapshot_properties={JOB_PROPERTY: job_id, STEP_PROPERTY: "fork"}).fast_append().commit()
+def fork_branch(table: Any, branch: str, snapshot_id: int) -> None:
+    def fork(current: Any) -> None:
+        if current.metadata.refs.get(branch) is None:  # a retry may find it made by the attempt that "failed"
+            current.manage_snapshots().create_branch(snapshot_id=snapshot_id, branch_name=branch).commit()
 
-    with_retry(table, append_nothing, "empty snapshot")
-    return table.refresh().current_snapshot()
+    with_retry(table, fork, "create branch")
 
 
 def _job_range(total: ScanResult, start_us: int | None, end_us: int | None) -> tuple[int, int]:

@@ -13,6 +13,7 @@ from . import failures
 from .commit import JOB_PROPERTY, STEP_PROPERTY, append_files, data_files, with_retry
 from .errors import BackfillError
 from .faults import checkpoint
+from .plan import fork_branch
 from .runtime import Runtime
 from .spec import JobSpec
 
@@ -35,15 +36,17 @@ def stage(rt: Runtime, job_id: str) -> dict[str, Any]:
         snapshot_id: int | None = head.snapshot_id
     elif written:
         files = data_files(table, written)
+        forked = branch in table.metadata.refs
 
-        def commit(current: IcebergTable) -> None:
+        def commit(current: IcebergTable) -> int:
             with current.transaction() as tx:
-                append_files(tx, current, files, branch, {JOB_PROPERTY: job_id, STEP_PROPERTY: "stage"})
+                return append_files(tx, current, files, branch if forked else None,
+                                    {JOB_PROPERTY: job_id, STEP_PROPERTY: "stage"})
 
-        with_retry(table, commit, "stage")
+        snapshot_id = with_retry(table, commit, "stage")
+        if not forked:
+            fork_branch(table, branch, snapshot_id)
         checkpoint("stage.committed")
-        table = table.refresh()
-        snapshot_id = table.snapshot_by_name(branch).snapshot_id  # type: ignore[union-attr]
     else:
         snapshot_id = None
     rt.store.update_job(job_id, "staged", staged_snapshot_id=snapshot_id, files=len(written))

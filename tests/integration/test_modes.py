@@ -108,6 +108,11 @@ def test_publish_by_day_commits_one_chunk_per_day(sensor, readings):
     report = sensor.backfill(source=source, publish_by="day").wait().report()
     assert len(report["published_snapshot_ids"]) == 3
     assert len(report["published_chunks"]) == 3
+    main = sensor.refresh().iceberg
+    history = [main.current_snapshot()]
+    while history[-1].parent_snapshot_id is not None:
+        history.append(main.snapshot_by_id(history[-1].parent_snapshot_id))
+    assert sorted(s.snapshot_id for s in history) == sorted(report["published_snapshot_ids"])  # nothing but the chunks
     assert sort_rows(sensor.to_arrow()).equals(sort_rows(source))
     assert duplicate_keys(sensor.to_arrow()) == 0
 
