@@ -5,10 +5,11 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Iterable
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table as IcebergTable
@@ -26,7 +27,7 @@ from .runtime import DEFAULT_WAREHOUSE, LakeConfig, Runtime
 from .spec import JobSpec
 from .abort import abort, request_abort
 from .store import JobRecord, Lease
-from .timeutil import parse_duration, parse_instant, parse_size, to_micros
+from .timeutil import parse_duration, parse_instant, parse_size, subtract_duration, to_micros
 
 
 def connect(
@@ -160,11 +161,26 @@ class Table:
         self.iceberg = self.iceberg.refresh()
         return self
 
-    def append(self, data: pa.Table | Any) -> None:
-        """The plain live write path (one commit): what a live ingester does, for demos and tests."""
+    def append(self, data: pa.Table | Any, as_backfill: bool = False, older_than: str = "PT6H") -> "Job | None":
+        """The plain live write path (one commit): what a live ingester does.
+
+        With ``as_backfill=True`` the rows older than ``older_than`` (a gateway's buffered dump after an
+        outage) go through a backfill job instead (merge: existing rows win), written sorted and sized
+        into their old partitions rather than as small files; the recent rest is appended as usual.
+        Returns the backfill job when there was one.
+        """
         rows = data if isinstance(data, pa.Table) else pa.Table.from_pandas(data, preserve_index=False)
         rows = rows.cast(self.iceberg.schema().as_arrow())
-        self.iceberg = with_retry(self.iceberg.refresh(), lambda t: (t.append(rows), t.refresh())[1], "append")
+        job = None
+        if as_backfill:
+            cutoff = to_micros(subtract_duration(datetime.now(timezone.utc), older_than))
+            old = pc.less(pc.cast(rows.column(self.contract.time_column), pa.int64()), cutoff)
+            if pc.any(old).as_py():
+                job = self.backfill(source=rows.filter(old)).wait()
+                rows = rows.filter(pc.invert(old))
+        if rows.num_rows:
+            self.iceberg = with_retry(self.iceberg.refresh(), lambda t: (t.append(rows), t.refresh())[1], "append")
+        return job
 
     def to_arrow(self, start: str | datetime | None = None, end: str | datetime | None = None, ref: str | None = None) -> pa.Table:
         """Rows of main (or ``ref``) in [start, end), sorted by series key and time."""
