@@ -79,3 +79,22 @@ def sort_rows(table: pa.Table) -> pa.Table:
 def duplicate_keys(table: pa.Table) -> int:
     counts = table.group_by(["device_id", "ts"]).aggregate([([], "count_all")]).column("count_all")
     return sum(1 for c in counts.to_pylist() if c > 1)
+
+
+def stage_job(lake: timelake.Lake, source: pa.Table, table: str = "iot.sensor") -> str:
+    """Drive a job's steps one by one up to a staged branch (no validation, no publish); its id."""
+    from timelake.plan import cut, pending_pieces, plan, scan
+    from timelake.spec import JobSpec
+    from timelake.stage import stage
+    from timelake.write import write_unit
+
+    rt = lake.runtime
+    job = lake.create_job(JobSpec(table=table, source="<pyarrow.Table>"))
+    plan(rt, job.id, source)
+    for task in pending_pieces(rt, job.id):
+        scan(rt, job.id, task, source)
+    cut(rt, job.id)
+    for unit in rt.store.units(job.id):
+        write_unit(rt, job.id, unit.unit_id)
+    stage(rt, job.id)
+    return job.id

@@ -13,27 +13,10 @@ import pytest
 
 import timelake
 from timelake.errors import BackfillError
-from timelake.plan import cut, pending_pieces, plan, scan
-from timelake.spec import JobSpec
-from timelake.stage import stage
-from timelake.write import write_unit
 
-from tests.conftest import recent
+from tests.conftest import recent, stage_job
 
 TIMELAKE = str(Path(sys.executable).parent / "timelake")
-
-
-def _staged(lake, source) -> str:
-    rt = lake.runtime
-    job = lake.create_job(JobSpec(table="iot.sensor", source="<pyarrow.Table>"))
-    plan(rt, job.id, source)
-    for piece in pending_pieces(rt, job.id):
-        scan(rt, job.id, piece, source)
-    cut(rt, job.id)
-    for unit in rt.store.units(job.id):
-        write_unit(rt, job.id, unit.unit_id)
-    stage(rt, job.id)
-    return job.id
 
 
 def _staged_paths(lake, job_id) -> list[Path]:
@@ -43,7 +26,7 @@ def _staged_paths(lake, job_id) -> list[Path]:
 def test_abort_a_staged_job_leaves_no_trace(lake, sensor, readings, warehouse):
     sensor.append(readings(recent(9), days=1, devices=2))
     before = sensor.refresh().iceberg.metadata.refs["main"]
-    job_id = _staged(lake, readings(recent(6), days=3, devices=2))
+    job_id = stage_job(lake, readings(recent(6), days=3, devices=2))
     files = _staged_paths(lake, job_id)
     assert len(files) == 3 and all(p.exists() for p in files)
     assert lake.is_range_leased("iot.sensor", recent(5), recent(4))
@@ -83,7 +66,7 @@ def test_a_published_job_cannot_be_aborted(lake, sensor, readings):
 
 
 def test_leases_and_abort_from_the_cli(lake, sensor, readings, warehouse):
-    job_id = _staged(lake, readings(recent(6), days=2, devices=2))
+    job_id = stage_job(lake, readings(recent(6), days=2, devices=2))
     env_args = ["--warehouse", str(warehouse), "--json"]
     held = json.loads(subprocess.run([TIMELAKE, "backfill", "leases", "iot.sensor", *env_args], capture_output=True,
                                      text=True, check=True).stdout)

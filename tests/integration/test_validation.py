@@ -8,31 +8,18 @@ import pyarrow.parquet as pq
 import pytest
 
 from timelake.errors import ValidationFailed
-from timelake.plan import cut, pending_pieces, plan, scan
-from timelake.spec import JobSpec
-from timelake.stage import stage
 from timelake.validate import validate
-from timelake.write import write_unit
 
-from tests.conftest import recent
+from tests.conftest import recent, stage_job
 
 
-def _staged_job(lake, sensor, source) -> tuple[str, str]:
-    rt = lake.runtime
-    job = lake.create_job(JobSpec(table="iot.sensor", source="<pyarrow.Table>"))
-    plan(rt, job.id, source)
-    for piece in pending_pieces(rt, job.id):
-        scan(rt, job.id, piece, source)
-    cut(rt, job.id)
-    for unit in rt.store.units(job.id):
-        write_unit(rt, job.id, unit.unit_id)
-    stage(rt, job.id)
-    path = rt.store.units(job.id)[0].result["path"]
-    return job.id, path.removeprefix("file://")
+def _staged_job(lake, source) -> tuple[str, str]:
+    job_id = stage_job(lake, source)
+    return job_id, lake.runtime.store.units(job_id)[0].result["path"].removeprefix("file://")
 
 
 def test_clean_staging_passes_every_check(lake, sensor, readings):
-    job_id, _ = _staged_job(lake, sensor, readings(recent(4), days=1, devices=3))
+    job_id, _ = _staged_job(lake, readings(recent(4), days=1, devices=3))
     assert validate(lake.runtime, job_id)["passed"]
     checks = {c["name"]: c["passed"] for c in lake.runtime.store.get_job(job_id).state["checks"]}
     assert checks == {"row_count_balance": True, "staged_files_match_units": True, "time_bounds": True,
@@ -41,7 +28,7 @@ def test_clean_staging_passes_every_check(lake, sensor, readings):
 
 
 def test_tampered_file_fails_sorting_uniqueness_and_aggregate(lake, sensor, readings):
-    job_id, path = _staged_job(lake, sensor, readings(recent(4), days=1, devices=3))
+    job_id, path = _staged_job(lake, readings(recent(4), days=1, devices=3))
     rows = pq.read_table(path)
     ts = rows.column("ts").to_pylist()
     ts[1] = ts[0]  # a duplicate key, same row count
