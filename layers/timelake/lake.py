@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from collections.abc import Iterable
@@ -22,6 +23,9 @@ from .errors import BackfillError
 from .events import EventBus
 from .layout import read_range
 from .report import build_report, progress
+from .rollup import ROLLUPS
+from .rollup import create_tables as create_rollup_tables
+from .rollup import parse as parse_rollups
 from .runner import run_job
 from .runtime import DEFAULT_WAREHOUSE, LakeConfig, Runtime
 from .spec import JobSpec
@@ -59,7 +63,7 @@ class Lake:
         self, name: str, schema: pa.Schema | Schema, time_column: str, series_key: Iterable[str] = (),
         partition_by: str | dict[str | None, str] = "day", retention: str | None = None,
         target_file_size: str | int = "128MB", dedup_key: Iterable[str] | None = None,
-        properties: dict[str, str] | None = None,
+        properties: dict[str, str] | None = None, rollups: list[dict[str, Any]] | None = None,
     ) -> "Table":
         """Create an Iceberg table that carries its timelake contract in its properties.
 
@@ -89,6 +93,9 @@ class Lake:
             c.TARGET_FILE_SIZE: str(parse_size(target_file_size)), "write.parquet.compression-codec": "zstd",
             **({c.RETENTION: retention} if retention else {}), **(properties or {}),
         }
+        declared = parse_rollups(rollups, iceberg_schema.as_arrow())
+        if declared:
+            props[ROLLUPS] = json.dumps([{"interval": r.interval, "columns": list(r.columns)} for r in declared])
         table = self.catalog.create_table(
             name, schema=iceberg_schema, sort_order=sort_order, properties=props,
             partition_spec=PartitionSpec(PartitionField(time_field.field_id, 1000, c.TRANSFORM_CLASSES[oldest](), f"{time_column}_{oldest}")),
@@ -102,9 +109,9 @@ class Lake:
             table = table.refresh()
             spec_ids[transform] = table.spec().spec_id
             previous = transform
+        if declared:
+            create_rollup_tables(self.runtime, name, c.Contract.from_table(table), iceberg_schema.as_arrow(), declared)
         if len(tiers) > 1:
-            import json
-
             with table.transaction() as tx:
                 tx.set_properties({c.PARTITION_TIERS: json.dumps(
                     [{"max_age": age, "transform": t, "spec_id": spec_ids[t]} for age, t in tiers])})

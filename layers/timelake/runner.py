@@ -19,6 +19,7 @@ from .errors import Aborted, BackfillError, Interrupted
 from .faults import checkpoint
 from .plan import cut, pending_pieces, plan, scan
 from .publish import publish
+from .rollup import refresh_published, rollups_of
 from .runtime import Runtime, runtime_for
 from .spec import JobSpec
 from .stage import stage
@@ -36,6 +37,7 @@ NEXT_STEP = {
     "written": "stage",
     "staged": "validate",
     "validated": "publish", "publishing": "publish",
+    "refreshing": "refresh",
 }
 TERMINAL = {"published", "dry_run_complete", "failed_validation", "aborted"}
 IN_PROCESS_ROWS = 300_000
@@ -68,6 +70,10 @@ def run_job(
                 validate(rt, job_id)
             elif step == "publish":
                 publish(rt, job_id)
+                if rollups_of(rt.load_table(job.table)):
+                    rt.store.update_job(job_id, "refreshing")
+            elif step == "refresh":
+                refresh_published(rt, job_id)
         except Aborted:
             abort(rt, job_id)
             raise

@@ -10,7 +10,7 @@ from typing import Any
 from pyiceberg.table import Table as IcebergTable
 
 from . import failures
-from .commit import JOB_PROPERTY, STEP_PROPERTY, append_files, data_files, with_retry
+from .commit import JOB_PROPERTY, STEP_PROPERTY, append_files, data_files, with_retry, without_blind_retries
 from .errors import BackfillError
 from .faults import checkpoint
 from .plan import fork_branch
@@ -39,7 +39,7 @@ def stage(rt: Runtime, job_id: str) -> dict[str, Any]:
         forked = branch in table.metadata.refs
 
         def commit(current: IcebergTable) -> int:
-            with current.transaction() as tx:
+            with without_blind_retries(current).transaction() as tx:
                 return append_files(tx, current, files, branch if forked else None,
                                     {JOB_PROPERTY: job_id, STEP_PROPERTY: "stage"})
 
