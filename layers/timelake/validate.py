@@ -27,7 +27,7 @@ from .commit import added_files
 from .contract import Contract
 from .errors import ValidationFailed
 from .layout import PartitionKey, read_range
-from .write import sort_key_codes
+from .write import existing_mask, sort_key_codes
 from .runtime import Runtime, filesystem
 from .spec import JobSpec
 from .timeutil import iso
@@ -205,8 +205,8 @@ def _scan_files(table: Any, contract: Contract, staged: list[DataFile], mode: st
         for name, main in mains.items():
             ts = pc.cast(main.column(contract.time_column), pa.int64())
             near = main.filter(pc.and_(pc.greater_equal(ts, lo), pc.less(ts, hi)))
-            hits = rows.select(keys).join(near.select(keys).cast(rows.select(keys).schema), keys=keys, join_type="left semi") \
-                if near.num_rows else rows.slice(0, 0).select(keys)
+            hits = rows.select(keys).filter(pa.array(existing_mask(rows, near, contract))) if near.num_rows \
+                else rows.slice(0, 0).select(keys)
             overlap[name], samples[name] = hits.num_rows, [_fmt_row(r) for r in hits.slice(0, SAMPLES).to_pylist()]
         check = state.get("check_column")
         return _FileFacts(

@@ -130,14 +130,14 @@ def drop_existing(rows: pa.Table, existing: pa.Table, contract: Contract) -> tup
     """Merge mode: existing rows win. Returns the rows left, how many were dropped and their check sum."""
     if rows.num_rows == 0 or existing.num_rows == 0:
         return rows, 0, 0.0
-    mask = _existing_mask(rows, existing, contract)
+    mask = existing_mask(rows, existing, contract)
     if not mask.any():
         return rows, 0, 0.0
     conflict_sum = _sum(rows.filter(pa.array(mask)), contract)
     return rows.filter(pa.array(~mask)), int(mask.sum()), conflict_sum
 
 
-def _existing_mask(rows: pa.Table, existing: pa.Table, contract: Contract) -> np.ndarray:
+def existing_mask(rows: pa.Table, existing: pa.Table, contract: Contract) -> np.ndarray:
     """Which of ``rows`` have a key in ``existing``.
 
     For the usual key (one series column + time) both sides become one int64 per row (the series'
