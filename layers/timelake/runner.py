@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from importlib.machinery import ModuleSpec
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from typing import Any
 
@@ -40,7 +43,8 @@ NEXT_STEP = {
     "refreshing": "refresh",
 }
 TERMINAL = {"published", "dry_run_complete", "failed_validation", "aborted"}
-IN_PROCESS_ROWS = 300_000
+# Below this many rows, starting worker processes (~1.5 s here) costs more than they save.
+IN_PROCESS_ROWS = int(os.environ.get("TIMELAKE_IN_PROCESS_ROWS", 2_000_000))
 
 
 def run_job(
@@ -156,9 +160,9 @@ def _fan_out(
 ) -> None:
     """Run ``step`` (scan or write) over ``items`` on a process pool, recording progress as items finish."""
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["timelake.write", "timelake.scan"])
+    context.set_forkserver_preload(["timelake.write", "timelake.scan", "pyiceberg.catalog.sql"])
     config = rt.config.model_dump()
-    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+    with _workers_skip_main(), ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
         queue = list(reversed(items))
         running: dict[Future, Any] = {}
         try:
@@ -181,6 +185,24 @@ def _fan_out(
         except BaseException:
             pool.shutdown(wait=True, cancel_futures=True)
             raise
+
+
+@contextmanager
+def _workers_skip_main() -> Iterator[None]:
+    """Worker processes run engine code only. Without this, multiprocessing re-runs the caller's
+    script in every worker, and a script without ``if __name__ == "__main__":`` (as most pyiceberg
+    scripts are) would create tables and start jobs again there; naming the main module ``__main__``
+    makes the workers skip it."""
+    main = sys.modules.get("__main__")
+    if main is None:
+        yield
+        return
+    saved = getattr(main, "__spec__", None)
+    main.__spec__ = ModuleSpec("__main__", None)
+    try:
+        yield
+    finally:
+        main.__spec__ = saved
 
 
 def _in_worker(config: dict[str, Any], step: str, job_id: str, item: Any) -> dict[str, Any]:
