@@ -21,7 +21,9 @@ from aws_cdk import aws_glue as glue
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
+from aws_cdk import aws_events_targets as targets
 from aws_cdk import aws_s3 as s3
+from aws_cdk import aws_sqs as sqs
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
@@ -64,8 +66,9 @@ FUNCTIONS: dict[str, FunctionSpec] = {
     "publish": FunctionSpec(2048, Duration.minutes(15), engine=True, commits=True, put_events=True),
     "record_failure": FunctionSpec(512, Duration.seconds(30)),
     "api": FunctionSpec(512, Duration.seconds(30), engine=True, commits=True),  # abort removes the branch and staged files
+    "rollup": FunctionSpec(2048, Duration.minutes(15), engine=True, commits=True),  # swaps rollup chunks
 }
-WORKFLOW_FUNCTIONS = tuple(name for name in FUNCTIONS if name != "api")  # each is ${<Name>FunctionArn} in the ASL
+WORKFLOW_FUNCTIONS = tuple(name for name in FUNCTIONS if name not in ("api", "rollup"))  # each is ${<Name>FunctionArn} in the ASL
 API_ROUTES: tuple[tuple[str, str], ...] = (
     ("POST", "/backfills"), ("GET", "/backfills"), ("GET", "/backfills/{id}"),
     ("GET", "/backfills/{id}/report"), ("POST", "/backfills/{id}/resume"), ("POST", "/backfills/{id}/abort"),
@@ -108,6 +111,7 @@ class BackfillStack(Stack):
             metric=self.state_machine.metric_failed(period=Duration.minutes(5), statistic=cw.Stats.SUM),
             threshold=1, evaluation_periods=1, comparison_operator=cw.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
             treat_missing_data=cw.TreatMissingData.NOT_BREACHING)
+        self.rollup_rule = self._rollup_rule()
         self.dashboard = self._dashboard()
         for name, value in {
             "BucketName": self.bucket.bucket_name, "JobsTableName": self.jobs_table.table_name,
@@ -271,6 +275,16 @@ class BackfillStack(Stack):
             body = {"application/json": job_model} if (method, path) == ("POST", "/backfills") else None
             resource.add_method(method, integration, request_validator=validator, request_parameters=params or None, request_models=body)
         return api
+
+    def _rollup_rule(self) -> events.Rule:
+        """"Backfill Published" → the rollup Lambda, retried for a day, then parked in a dead-letter queue."""
+        dead_letters = sqs.Queue(self, "RollupDeadLetters", enforce_ssl=True, encryption=sqs.QueueEncryption.SQS_MANAGED,
+                                 retention_period=Duration.days(14))
+        rule = events.Rule(self, "BackfillPublished", event_bus=self.bus, description="Refresh rollups over published ranges",
+                           event_pattern=events.EventPattern(source=["timelake.backfill"], detail_type=["Backfill Published"]))
+        rule.add_target(targets.LambdaFunction(self.functions["rollup"], dead_letter_queue=dead_letters,
+                                               retry_attempts=8, max_event_age=Duration.hours(24)))
+        return rule
 
     def _dashboard(self) -> cw.Dashboard:
         period = Duration.minutes(5)

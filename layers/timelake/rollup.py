@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import duckdb
+from pydantic import BaseModel
 import pyarrow as pa
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.transforms import DayTransform, MonthTransform
@@ -31,6 +32,15 @@ ROLLUPS = "timelake.rollups"
 INTERVALS = {"1h": US_PER_HOUR, "1d": US_PER_DAY}
 CHUNK = {"1h": "day", "1d": "month"}  # one atomic swap per chunk
 AGGREGATES = ("min", "max", "sum", "avg")
+
+
+class PublishedEvent(BaseModel):
+    """The detail of a "Backfill Published" event: the range whose rollups are stale."""
+
+    job_id: str
+    table: str
+    start: str
+    end: str
 
 
 @dataclass(frozen=True)

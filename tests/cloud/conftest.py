@@ -29,14 +29,16 @@ FUNCTIONS = ("plan", "scan", "cut", "write", "stage", "validate", "publish", "re
 BUCKET, JOBS, BUS = "timelake-lake", "timelake-jobs", "timelake-backfill"
 
 
+def load_function(name: str) -> Any:
+    """The module of ``functions/<name>/app.py`` (every handler file is named app.py)."""
+    spec = importlib.util.spec_from_file_location(f"fn_{name}", ROOT / "functions" / name / "app.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def _load_handlers() -> dict[str, Any]:
-    handlers = {}
-    for name in FUNCTIONS:
-        spec = importlib.util.spec_from_file_location(f"fn_{name}", ROOT / "functions" / name / "app.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        handlers[f"timelake-{name}"] = module.handler
-    return handlers
+    return {f"timelake-{name}": load_function(name).handler for name in FUNCTIONS}
 
 
 class _Context:

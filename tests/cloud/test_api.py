@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 from pathlib import Path
@@ -11,16 +10,13 @@ from typing import Any
 import boto3
 import pytest
 
-from tests.cloud.conftest import BUCKET, ROOT, Cloud, _Context, sensor_table
+from tests.cloud.conftest import BUCKET, ROOT, Cloud, _Context, load_function, sensor_table
 from tests.cloud.test_workflow import _upload
 from tests.conftest import recent
 
 
 def _api_module() -> Any:
-    spec = importlib.util.spec_from_file_location("fn_api", ROOT / "functions" / "api" / "app.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_function("api")
 
 
 @pytest.fixture

@@ -6,6 +6,8 @@ import io
 import json
 
 import boto3
+import duckdb
+import pytest
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -116,3 +118,24 @@ def test_a_new_execution_of_a_published_job_changes_nothing(cloud: Cloud, readin
     assert again["status"] == "SUCCEEDED" and json.loads(again["output"])["phase"] == "published"
     assert table.refresh().iceberg.current_snapshot().snapshot_id == snapshot
     assert cloud.lake.job("bf-once").report()["phase"] == "published"
+
+
+def test_the_published_event_drives_the_rollup_handler(cloud: Cloud, readings):
+    from tests.cloud.conftest import _Context, load_function
+    from tests.conftest import SCHEMA
+
+    table = cloud.lake.create_table("iot.sensor", schema=SCHEMA, time_column="ts", series_key=["device_id"],
+                                    rollups=[{"interval": "1h", "columns": ["value"]}])
+    queue = _subscribe_queue()
+    _upload(readings(recent(6), days=2, devices=2, step_minutes=20), "src/a.parquet")
+    assert cloud.run({"table": "iot.sensor", "source": f"s3://{BUCKET}/src/*.parquet"}, "bf-rollup")["status"] == "SUCCEEDED"
+    (event,) = _received(queue, 1)  # what the EventBridge rule hands the rollup Lambda
+    result = load_function("rollup").handler(event, _Context("timelake-rollup"))
+    assert result == {"job_id": "bf-rollup", "rollups": {"iot.sensor_1h": 96}}
+    base = table.to_arrow()  # noqa: F841 (read by DuckDB)
+    expected = duckdb.sql("""SELECT device_id, count(*) AS n, sum(value) AS s FROM base
+                             GROUP BY device_id, date_trunc('hour', ts) ORDER BY ALL""").fetchall()
+    rollup = cloud.lake.catalog.load_table("iot.sensor_1h").scan().to_arrow()  # noqa: F841
+    got = duckdb.sql("SELECT device_id, rows, value_sum FROM rollup ORDER BY ALL").fetchall()
+    assert [(d, n) for d, n, _ in got] == [(d, n) for d, n, _ in expected]
+    assert [s for *_, s in got] == pytest.approx([s for *_, s in expected])

@@ -125,7 +125,7 @@ def test_functions_are_arm64_python312_traced_with_the_layer_and_log_retention(s
         assert log_group["Properties"]["RetentionInDays"] == 90, name
     memory = {name: props["MemorySize"] for name, (_, props) in functions(synthesized).items()}
     assert memory == {"plan": 3008, "scan": 3008, "cut": 3008, "write": 3008, "stage": 2048, "validate": 2048, "publish": 2048,
-                      "record_failure": 512, "api": 512}
+                      "record_failure": 512, "api": 512, "rollup": 2048}
     layer_props = synthesized.template["Resources"][layer]["Properties"]
     assert layer_props["CompatibleArchitectures"] == ["arm64"] and layer_props["CompatibleRuntimes"] == ["python3.12"]
 
@@ -283,3 +283,14 @@ def test_source_buckets_are_readable_by_the_functions_that_read_sources() -> Non
         granted = [s for s in statements(synthesized, props["Role"]["Fn::GetAtt"][0]) if "exports" in json.dumps(s["Resource"])]
         assert bool(granted) == FUNCTIONS[name].reads_sources, name
         assert all(actions(s) <= {"s3:GetObject", "s3:ListBucket", "s3:GetBucketLocation"} for s in granted), name
+
+
+def test_published_events_refresh_rollups_with_retries_and_a_dead_letter_queue(synthesized: Synthesized) -> None:
+    (_, rule), = synthesized.resources("AWS::Events::Rule").items()
+    props = rule["Properties"]
+    assert props["EventPattern"] == {"source": ["timelake.backfill"], "detail-type": ["Backfill Published"]}
+    (target,) = props["Targets"]
+    assert functions(synthesized)["rollup"][0] in json.dumps(target["Arn"])
+    assert target["RetryPolicy"] == {"MaximumEventAgeInSeconds": 86400, "MaximumRetryAttempts": 8}
+    queues = synthesized.resources("AWS::SQS::Queue")
+    assert list(queues) and json.dumps(target["DeadLetterConfig"]["Arn"]).count(next(iter(queues))) == 1

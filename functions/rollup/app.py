@@ -1,0 +1,18 @@
+"""Rollup Lambda: an EventBridge rule on "Backfill Published" invokes it with the published range."""
+
+from typing import Any
+
+from aws_lambda_powertools import Logger, Tracer
+from aws_lambda_powertools.utilities.typing import LambdaContext
+
+from timelake.rollup import PublishedEvent, refresh
+from timelake.service import lambda_runtime
+
+logger, tracer = Logger(), Tracer()
+
+
+@logger.inject_lambda_context
+@tracer.capture_lambda_handler
+def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+    published = PublishedEvent.model_validate(event["detail"])
+    return {"job_id": published.job_id, "rollups": refresh(lambda_runtime(), published.table, published.start, published.end)}
