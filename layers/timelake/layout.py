@@ -51,7 +51,10 @@ def partition_codes(ts: np.ndarray, contract: Contract, cutoffs: list[int]) -> t
         if not mask.any():
             continue
         values = transform_values(ts[mask], tier.transform)
-        uniques, inverse = np.unique(values, return_inverse=True)
+        if values.min() == values.max():  # the usual batch of a time-ordered export: one partition, no sort
+            uniques, inverse = values[:1], np.zeros(len(values), dtype=np.int64)
+        else:
+            uniques, inverse = np.unique(values, return_inverse=True)
         codes[mask] = inverse + len(keys)
         keys.extend(PartitionKey(tier.spec_id, tier.transform, int(v)) for v in uniques)
     return codes, keys
@@ -76,6 +79,8 @@ def split_by_code(table: pa.Table, codes: np.ndarray) -> list[tuple[int, pa.Tabl
     """Group rows by code, keeping their order within each group (one sort, then slices)."""
     if table.num_rows == 0:
         return []
+    if codes.min() == codes.max():
+        return [(int(codes[0]), table)]
     order = np.argsort(codes, kind="stable")
     sorted_codes = codes[order]
     cuts = np.flatnonzero(np.diff(sorted_codes)) + 1

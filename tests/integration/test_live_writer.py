@@ -165,10 +165,12 @@ def _run_with_live_traffic(live: Live, publish_by: str | None, collide: bool) ->
     collisions = _collision_keys(4) if collide else None
 
     def after_plan() -> bool:
-        # in-range live rows only once the plan is done and before publishing starts: each of them
-        # lands after the plan's base snapshot, so only publish's re-check can keep it winning
+        # in-range live rows only after the plan and well before publishing: each of them lands after
+        # the plan's base snapshot, so only publish's re-check can keep it winning. (Validation runs
+        # in between: a live append racing the publish commit itself would be the live writer's own
+        # duplicate, which no backfill can prevent.)
         return bool(job_id) and live.lake.runtime.store.get_job(job_id[0]).phase in (
-            "planned", "writing", "written", "staged", "validated")
+            "planned", "writing", "written", "staged")
 
     writer = LiveWriter(live.warehouse, live.stop, collisions, after_plan if collide else None)
     reader = Reader(live.warehouse, live.stop)
