@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable
 from typing import TypeVar
 from concurrent.futures import ThreadPoolExecutor
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 from pyiceberg.exceptions import CommitFailedException, ValidationException
 from pyiceberg.io.pyarrow import (
@@ -162,3 +163,18 @@ def with_retry(table: IcebergTable, attempt: Callable[[IcebergTable], T], what: 
             time.sleep(min(1.0, 0.02 * 2**n) * (0.5 + random.random()))
             table = table.refresh()
     raise AssertionError("unreachable")
+
+
+def swap_range(target: IcebergTable, column: str, lo: int | None, hi: int | None, fresh: pa.Table, what: str) -> None:
+    """Replace ``target``'s rows with ``column`` in [lo, hi) (None: unbounded) by ``fresh`` in ONE commit,
+    so a reader sees the old rows or the new ones, never a mix. No blind replay on a conflict: the
+    whole swap is rebuilt on the new metadata."""
+    from .layout import time_filter
+
+    def swap(current: IcebergTable) -> None:
+        with without_blind_retries(current).transaction() as tx:
+            tx.delete(time_filter(column, lo, hi))
+            if fresh.num_rows:
+                tx.append(fresh)
+
+    with_retry(target, swap, what)

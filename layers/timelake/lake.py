@@ -30,6 +30,9 @@ from .runner import run_job
 from .runtime import DEFAULT_WAREHOUSE, LakeConfig, Runtime
 from .spec import JobSpec
 from .abort import abort, request_abort
+from . import completion
+from .coverage import CoverageMap
+from .coverage import compute as compute_coverage
 from .store import JobRecord, Lease
 from .timeutil import parse_duration, parse_instant, parse_size, subtract_duration, to_micros
 
@@ -168,13 +171,16 @@ class Table:
         self.iceberg = self.iceberg.refresh()
         return self
 
-    def append(self, data: pa.Table | Any, as_backfill: bool = False, older_than: str = "PT6H") -> "Job | None":
+    def append(
+        self, data: pa.Table | Any, as_backfill: bool = False, older_than: str = "PT6H", update_coverage: bool = False,
+    ) -> "Job | None":
         """The plain live write path (one commit): what a live ingester does.
 
         With ``as_backfill=True`` the rows older than ``older_than`` (a gateway's buffered dump after an
         outage) go through a backfill job instead (merge: existing rows win), written sorted and sized
         into their old partitions rather than as small files; the recent rest is appended as usual.
-        Returns the backfill job when there was one.
+        With ``update_coverage=True`` the partitions it wrote are refreshed in the companion coverage
+        table (a publish always does this). Returns the backfill job when there was one.
         """
         rows = data if isinstance(data, pa.Table) else pa.Table.from_pandas(data, preserve_index=False)
         rows = rows.cast(self.iceberg.schema().as_arrow())
@@ -187,7 +193,21 @@ class Table:
                 rows = rows.filter(pc.invert(old))
         if rows.num_rows:
             self.iceberg = with_retry(self.iceberg.refresh(), lambda t: (t.append(rows), t.refresh())[1], "append")
+            if update_coverage:
+                ts = pc.cast(rows.column(self.contract.time_column), pa.int64())
+                completion.update(self.lake.runtime, self.name, pc.min(ts).as_py(), pc.max(ts).as_py() + 1)
         return job
+
+    def coverage(self, start: str | datetime | None = None, end: str | datetime | None = None) -> pa.Table:
+        """The completion signal: the companion table's rows (partition, rows, expected, status,
+        last_writer, updated_at) for partitions starting in [start, end), as Arrow."""
+        return completion.read(self.lake.runtime, self.name, start, end)
+
+    def coverage_map(
+        self, start: str | datetime | None = None, end: str | datetime | None = None, by: str = "day", series: bool = False,
+    ) -> CoverageMap:
+        """Coverage computed now from the table's metadata, per hour/day/month bucket (see `coverage`)."""
+        return compute_coverage(self.lake.runtime, self.name, start, end, by=by, series=series)
 
     def to_arrow(self, start: str | datetime | None = None, end: str | datetime | None = None, ref: str | None = None) -> pa.Table:
         """Rows of main (or ``ref``) in [start, end), sorted by series key and time."""

@@ -22,9 +22,9 @@ import pyarrow as pa
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.transforms import DayTransform, MonthTransform
 
-from .commit import with_retry, without_blind_retries
+from .commit import swap_range
 from .contract import Contract
-from .layout import read_range, time_filter
+from .layout import read_range
 from .runtime import Runtime
 from .timeutil import US_PER_DAY, US_PER_HOUR, floor_to, next_boundary, parse_instant, to_micros
 
@@ -132,15 +132,7 @@ def _compute_chunk(table: Any, contract: Contract, r: Rollup, schema: pa.Schema,
 
 
 def _swap(target: Any, r: Rollup, lo: int, hi: int, fresh: pa.Table) -> None:
-    """Delete the chunk's rollup rows and append the fresh ones in one commit. No blind replay on a
-    conflict: the whole swap is rebuilt on the new metadata."""
-    def swap(current: Any) -> None:
-        with without_blind_retries(current).transaction() as tx:
-            tx.delete(time_filter("bucket_start", lo, hi))
-            if fresh.num_rows:
-                tx.append(fresh)
-
-    with_retry(target, swap, f"rollup {r.interval}")
+    swap_range(target, "bucket_start", lo, hi, fresh, f"rollup {r.interval}")
 
 
 def refresh_published(rt: Runtime, job_id: str) -> dict[str, int]:
