@@ -256,7 +256,7 @@ def coverage_show(
     if as_json:
         out.print_json(json.dumps(cmap.to_dict()))
         return
-    out.print(terminal(cmap), end="")
+    out.print(terminal(cmap), end="", soft_wrap=True)
     if html_file:
         out.print(f"  page: {html_file}")
 

@@ -163,7 +163,6 @@ def file_stats(rt: Runtime, table: IcebergTable, contract: Contract, lo: int | N
     Manifests whose partition summary lies outside [lo, hi) are not opened; the rest are read in
     parallel (each is one small Avro file)."""
     snapshot = table.current_snapshot()
-    writers = _writers_by_snapshot(rt, table)
     if snapshot is None:
         return FileStats([], *(np.zeros(0, dtype=np.int64) for _ in range(5)), [LIVE])
     time_field = table.schema().find_field(contract.time_column)
@@ -192,6 +191,7 @@ def file_stats(rt: Runtime, table: IcebergTable, contract: Contract, lo: int | N
 
     with ThreadPoolExecutor(max_workers=8) as pool:
         entries = [e for part in pool.map(read, manifests) for e in part]
+    writers = _writers_by_snapshot(rt, table, {e[5] for e in entries})
     names = [LIVE, *sorted(set(writers.values()))]
     code = {n: i for i, n in enumerate(names)}
     columns = list(zip(*entries)) if entries else [[] for _ in range(6)]
@@ -218,13 +218,16 @@ def _grain_at(contract: Contract, now_us: int, by: str) -> Any:
     return lambda t: contract.tiers[int(contract.tier_index(np.array([t]), cutoffs)[0])].transform
 
 
-def _writers_by_snapshot(rt: Runtime, table: IcebergTable) -> dict[int, str]:
-    """Snapshot id → backfill job id, from the publish commits' summaries and, for snapshots since
-    expired, from the provenance records (``timelake.backfills``); any other snapshot is the live path."""
+def _writers_by_snapshot(rt: Runtime, table: IcebergTable, wanted: set[int]) -> dict[int, str]:
+    """Snapshot id → backfill job id, from the publish commits' summaries; for snapshots since expired
+    (and only then: it is a table read) from the provenance records in ``timelake.backfills``.
+    Any other snapshot is the live path."""
     from .provenance import history
 
     writers = {s.snapshot_id: s.summary[JOB_PROPERTY] for s in table.snapshots()
                if s.summary is not None and s.summary.get(JOB_PROPERTY) and s.summary.get(STEP_PROPERTY) == "publish"}
+    if wanted <= {s.snapshot_id for s in table.snapshots()}:
+        return writers
     published = history(rt, ".".join(table.name()[-2:]))
     for job_id, ids in zip(published.column("job_id").to_pylist(), published.column("snapshot_ids").to_pylist()):
         for snapshot_id in ids or []:
