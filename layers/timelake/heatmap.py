@@ -23,6 +23,8 @@ _LAYOUT = {  # grain → (row label format, columns, column of a bucket start)
     "hour": ("%Y-%m-%d", 24, lambda d: d.hour),
     "month": ("%Y", 12, lambda d: d.month - 1),
 }
+_HEADERS = {"day": [str(d) for d in range(1, 32)], "hour": [f"{h:02d}" for h in range(24)],
+            "month": ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"]}
 
 
 def rows_of(cmap: CoverageMap) -> list[tuple[str, list[Bucket | None]]]:
@@ -96,7 +98,7 @@ def page(cmap: CoverageMap) -> str:
     data = {**cmap.to_dict(), "grid": [[label, [None if b is None else {
         "bucket": b.label, "rows": b.rows, "expected": b.expected, "status": b.status, "level": level(b, busiest),
         "writers": b.writers, "jobs": b.backfill_jobs, "estimated": b.estimated} for b in slots]]
-        for label, slots in rows_of(cmap)] if cmap.buckets else []}
+        for label, slots in rows_of(cmap)] if cmap.buckets else [], "columns": _HEADERS[cmap.by]}
     payload = json.dumps(data).replace("</", "<\\/")
     title = html.escape(f"coverage of {cmap.table} by {cmap.by}")
     return _PAGE.replace("{title}", title).replace("{payload}", payload)
@@ -111,6 +113,7 @@ h1 { font-size: 18px; }
 .cells { display: flex; gap: 2px; }
 .cell, .swatch { display: inline-block; width: 14px; height: 14px; border-radius: 2px; box-sizing: border-box; }
 .cell.pad { background: transparent; }
+.head { width: 14px; font-size: 9px; color: #888; text-align: center; overflow: visible; }
 .gap { background: #fff; border: 1px solid #d33; }
 .complete { background: #2a9d3a; }
 .partial { background: #e3a21a; }
@@ -132,7 +135,9 @@ const el = (tag, cls, text) => { const e = document.createElement(tag); if (cls)
 const s = data.statuses;
 document.getElementById("summary").textContent = data.buckets.length
   ? `${data.start} … ${data.end}: ${data.rows.toLocaleString("en")} rows; ${s.complete} complete, ${s.partial} partial, ${s.backfilling} backfilling, ${s.gap} gap`
-    + (data.expected_interval ? ` (expected: one row every ${data.expected_interval} for ${data.expected_series ?? "?"} series)` : "")
+    + (data.expected_interval ? (data.expected_series != null
+        ? ` (expected: one row every ${data.expected_interval} for each of ${data.expected_series} series)`
+        : ` (cadence ${data.expected_interval}; series count unknown: set timelake.expected-series or use --series)`) : "")
   : "no data files";
 const legend = document.getElementById("legend");
 for (const status of ["complete", "partial", "backfilling", "gap"]) {
@@ -142,6 +147,11 @@ for (const status of ["complete", "partial", "backfilling", "gap"]) {
 }
 legend.append(el("span", "", "shade: rows in the bucket"));
 const grid = document.getElementById("grid");
+if (data.grid.length) {
+  const head = el("div", "cells");
+  for (const c of data.columns) head.append(el("div", "head", c));
+  grid.append(el("div"), head, el("div"));
+}
 for (const [label, slots] of data.grid) {
   grid.append(el("div", "label", label));
   const cells = el("div", "cells");

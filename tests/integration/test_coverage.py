@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+from html.parser import HTMLParser
 from pathlib import Path
 
 import duckdb
@@ -17,6 +18,7 @@ import pytest
 from pyiceberg.io.pyarrow import PyArrowFileIO
 
 import timelake
+from timelake import heatmap
 from timelake.coverage import EXPECTED_INTERVAL, EXPECTED_SERIES
 from timelake.publish import publish
 from timelake.validate import validate
@@ -262,3 +264,37 @@ def test_cli_text_json_html_and_errors(lake, scene, warehouse, tmp_path):
     assert len(bad.stderr.strip().splitlines()) == 1
     bad_by = run("iot.sensor", "--by", "week")
     assert bad_by.returncode == 1 and "--by 'week'" in bad_by.stderr
+
+
+CHROMIUM = ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+            "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+class _Cells(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.cells: list[tuple[str, str, str]] = []
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        classes = (a.get("class") or "").split()
+        if "cell" in classes and "pad" not in classes:
+            self.cells.append((a.get("data-bucket"), a.get("data-status"), classes[1]))
+
+
+def test_html_page_in_headless_chromium(lake, scene, tmp_path):
+    assert shutil.which("chromium"), "chromium is missing: `make install` installs it"
+    table, start, end = scene["table"], recent(21), recent(3)
+    page = tmp_path / "coverage.html"
+    page.write_text(heatmap.page(table.coverage_map(start, end)))
+    dom = subprocess.run([*CHROMIUM, f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom", page.as_uri()],
+                         capture_output=True, text=True, timeout=90, check=True).stdout
+    assert "coverage-data" in page.read_text() and "<script src" not in page.read_text()  # standalone
+    parser = _Cells()
+    parser.feed(dom)  # the cells exist only after the page's script ran
+    reference = _reference(table, scene["written"], lake.leases("iot.sensor"), start, end)
+    assert parser.cells == [(r["bucket"], r["status"], r["status"]) for r in reference]
+    shot = tmp_path / "coverage.png"
+    subprocess.run([*CHROMIUM, f"--user-data-dir={tmp_path / 'profile2'}", "--window-size=900,360", f"--screenshot={shot}",
+                    page.as_uri()], capture_output=True, timeout=90, check=True)
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
