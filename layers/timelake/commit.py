@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 import time
+import warnings
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from typing import TypeVar
@@ -172,7 +173,8 @@ def swap_range(target: IcebergTable, column: str, lo: int | None, hi: int | None
     from .layout import time_filter
 
     def swap(current: IcebergTable) -> None:
-        with without_blind_retries(current).transaction() as tx:
+        with without_blind_retries(current).transaction() as tx, warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "Delete operation did not match any records")  # a first swap: nothing to replace
             tx.delete(time_filter(column, lo, hi))
             if fresh.num_rows:
                 tx.append(fresh)
