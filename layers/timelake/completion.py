@@ -43,9 +43,12 @@ def companion_name(table_name: str) -> str:
     return f"{table_name}{SUFFIX}"
 
 
-def update(rt: Runtime, table_name: str, start: int | None = None, end: int | None = None) -> int:
+def update(rt: Runtime, table_name: str, start: int | None = None, end: int | None = None, create: bool = True) -> int:
     """Recompute the coverage of the partitions overlapping [start, end) (UTC µs; both None: the whole
-    table, dropping rows of partitions that no longer exist) and swap them in; returns rows written."""
+    table, dropping rows of partitions that no longer exist) and swap them in; returns rows written.
+    ``create=False`` only corrects an existing companion (an abort must not start one)."""
+    if not create and not rt.catalog.table_exists(companion_name(".".join(rt.load_table(table_name).name()[-2:]))):
+        return 0
     cmap = compute(rt, table_name, start, end, by="partition")
     target = _companion(rt, cmap.table)
     rows = to_rows(cmap)

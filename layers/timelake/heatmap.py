@@ -17,6 +17,7 @@ from rich.text import Text
 from .coverage import Bucket, CoverageMap
 
 SHADES = "░▒▓█"
+SERIES_SHOWN = 20
 COLOURS = {"complete": "green", "partial": "yellow", "backfilling": "blue", "gap": "red"}
 _LAYOUT = {  # grain → (row label format, columns, column of a bucket start)
     "day": ("%Y-%m", 31, lambda d: d.day - 1),
@@ -73,6 +74,25 @@ def terminal(cmap: CoverageMap) -> Text:
         spans = _spans([b for b in cmap.buckets if b.status == status])
         if spans:
             text.append(f"  {status}: ", style=COLOURS[status]).append("; ".join(spans[:8]) + (" …" if len(spans) > 8 else "") + "\n")
+    if any(b.series is not None for b in cmap.buckets):
+        text.append(_series_lines(cmap))
+    return text
+
+
+def _series_lines(cmap: CoverageMap) -> Text:
+    """Per series: rows in range and the buckets where it has no rows (what a per-series gap looks like)."""
+    names = sorted({s for b in cmap.buckets for s in (b.series or {})})
+    gaps = {name: [b for b in cmap.buckets if not (b.series or {}).get(name)] for name in names}
+    shown = sorted(names, key=lambda n: (-len(gaps[n]), n))[:SERIES_SHOWN]  # the most incomplete first
+    text = Text(f"  {len(names)} series seen" + (f", the {SERIES_SHOWN} most incomplete (all in --json)" if len(names) > SERIES_SHOWN else "") + ":\n")
+    for name in shown:
+        missing = gaps[name]
+        rows = sum((b.series or {}).get(name, 0) for b in cmap.buckets)
+        text.append(f"    {name:<20} {rows:>12,} rows")
+        if missing:
+            spans = _spans(missing)
+            text.append(f"  missing in {len(missing)} {cmap.by}(s): ", style="red").append("; ".join(spans[:4]) + (" …" if len(spans) > 4 else ""))
+        text.append("\n")
     return text
 
 

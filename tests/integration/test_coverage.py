@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pytest
 from pyiceberg.io.pyarrow import PyArrowFileIO
@@ -255,6 +257,10 @@ def test_cli_text_json_html_and_errors(lake, scene, warehouse, tmp_path):
     data = json.loads(run("iot.sensor", "--start", recent(21), "--end", recent(3), "--json").stdout)
     assert data["statuses"] == {"complete": 9, "partial": 1, "backfilling": 2, "gap": 6}
     assert len(data["buckets"]) == 18
+    per_series = run("iot.sensor", "--start", recent(21), "--end", recent(3), "--series")
+    assert per_series.returncode == 0 and "3 series seen" in per_series.stdout
+    d00 = pc.sum(pc.equal(scene["table"].to_arrow(recent(21), recent(3)).column("device_id"), "d00")).as_py()
+    assert re.search(r"^\s+d00\s+([\d,]+) rows", per_series.stdout, re.M).group(1) == f"{d00:,}"
     page = tmp_path / "coverage.html"
     assert run("iot.sensor", "--html", str(page)).returncode == 0 and "coverage-data" in page.read_text()
     refreshed = json.loads(run("refresh", "iot.sensor", "--json").stdout)
@@ -298,3 +304,13 @@ def test_html_page_in_headless_chromium(lake, scene, tmp_path):
     subprocess.run([*CHROMIUM, f"--user-data-dir={tmp_path / 'profile2'}", "--window-size=900,360", f"--screenshot={shot}",
                     page.as_uri()], capture_output=True, timeout=90, check=True)
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_abort_takes_backfilling_out_of_the_signal(lake, scene):
+    from timelake.completion import update
+
+    update(lake.runtime, "iot.sensor")
+    status = lambda: {r["partition"]: r["status"] for r in scene["table"].coverage().to_pylist()}  # noqa: E731
+    assert status()[recent(6)] == status()[recent(5)] == "backfilling"
+    lake.job(scene["staged"]).abort()
+    assert status()[recent(6)] == "gap" and status()[recent(5)] == "complete"  # back to what main holds
