@@ -14,10 +14,9 @@ import time
 import warnings
 from collections import defaultdict
 from collections.abc import Callable, Iterable
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 from concurrent.futures import ThreadPoolExecutor
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 from pyiceberg.exceptions import CommitFailedException, ValidationException
 from pyiceberg.io.pyarrow import (
@@ -33,6 +32,10 @@ from pyiceberg.table.update.snapshot import _FastAppendFiles
 from pyiceberg.typedef import Record
 
 from .runtime import filesystem
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyiceberg.expressions import BooleanExpression
 
 T = TypeVar("T")
 COMMIT_ATTEMPTS = 10
@@ -166,17 +169,17 @@ def with_retry(table: IcebergTable, attempt: Callable[[IcebergTable], T], what: 
     raise AssertionError("unreachable")
 
 
-def swap_range(target: IcebergTable, column: str, lo: int | None, hi: int | None, fresh: pa.Table, what: str) -> None:
-    """Replace ``target``'s rows with ``column`` in [lo, hi) (None: unbounded) by ``fresh`` in ONE commit,
-    so a reader sees the old rows or the new ones, never a mix. No blind replay on a conflict: the
-    whole swap is rebuilt on the new metadata."""
-    from .layout import time_filter
+def swap(table: IcebergTable, row_filter: "BooleanExpression | None", rows: "pa.Table", what: str) -> None:
+    """Delete the rows matching ``row_filter`` and append ``rows`` in ONE commit, so a reader sees the
+    old rows or the new ones, never a mix. A conflict rebuilds the whole swap on fresh metadata
+    rather than letting pyiceberg replay the append onto rows it never saw."""
+    def attempt(current: IcebergTable) -> None:
+        with without_blind_retries(current).transaction() as tx:
+            if row_filter is not None:
+                with warnings.catch_warnings():  # an empty range to clear is normal here, not a mistake
+                    warnings.filterwarnings("ignore", "Delete operation did not match any records")
+                    tx.delete(row_filter)
+            if rows.num_rows:
+                tx.append(rows)
 
-    def swap(current: IcebergTable) -> None:
-        with without_blind_retries(current).transaction() as tx, warnings.catch_warnings():
-            warnings.filterwarnings("ignore", "Delete operation did not match any records")  # a first swap: nothing to replace
-            tx.delete(time_filter(column, lo, hi))
-            if fresh.num_rows:
-                tx.append(fresh)
-
-    with_retry(target, swap, what)
+    with_retry(table, attempt, what)

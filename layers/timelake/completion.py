@@ -14,11 +14,12 @@ from datetime import datetime, timezone
 
 import pyarrow as pa
 from pyiceberg.exceptions import NoSuchTableError, TableAlreadyExistsError
+from pyiceberg.expressions import AlwaysTrue
 from pyiceberg.table import Table as IcebergTable
 
-from .commit import swap_range
+from .commit import swap
 from .coverage import CoverageMap, compute
-from .layout import read_range
+from .layout import read_range, time_filter
 from .runtime import Runtime
 from .timeutil import parse_instant, to_micros
 
@@ -53,8 +54,8 @@ def update(rt: Runtime, table_name: str, start: int | None = None, end: int | No
     target = _companion(rt, cmap.table)
     rows = to_rows(cmap)
     whole = start is None and end is None
-    swap_range(target, "partition_start", None if whole else cmap.start, None if whole else cmap.end, rows,
-               f"coverage of {cmap.table}")
+    affected = AlwaysTrue() if whole else time_filter("partition_start", cmap.start, cmap.end)
+    swap(target, affected, rows, f"coverage of {cmap.table}")
     return rows.num_rows
 
 

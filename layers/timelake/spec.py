@@ -46,6 +46,8 @@ class JobSpec(BaseModel):
     max_concurrency: int | None = Field(default=None, ge=1, le=10_000)
     assertions: list[str] = Field(default_factory=list, description="SQL over view `staged` returning failing rows")
     override_retention: bool = False
+    evaluate_rules: bool = Field(default=False, description="After publish, evaluate the table's rules over the "
+                                 "published range into its events table (source 'backfill'); never alarms")
 
     @field_validator("tz")
     @classmethod
