@@ -36,7 +36,7 @@ from pyiceberg.manifest import DataFileContent, ManifestContent, ManifestFile
 from pyiceberg.table import Table as IcebergTable
 
 from .commit import JOB_PROPERTY, STEP_PROPERTY
-from .contract import Contract, _spec_transform
+from .contract import TRANSFORM_CLASSES, Contract, _spec_transform
 from .runtime import Runtime, filesystem
 from .timeutil import US_PER_DAY, US_PER_HOUR, floor_to, iso, next_boundary, parse_duration, parse_instant, to_micros, transform_range
 
@@ -171,9 +171,7 @@ def file_stats(rt: Runtime, table: IcebergTable, contract: Contract, lo: int | N
                  if m.content == ManifestContent.DATA and _may_overlap(table, contract, m, lo, hi)]
 
     def read(manifest: ManifestFile) -> list[tuple[str, int, int, int, int, int]]:
-        spec = table.specs()[manifest.partition_spec_id]
-        transform = _spec_transform(table, spec.spec_id, contract.time_column)
-        index = next(i for i, f in enumerate(spec.fields) if f.source_id == time_field.field_id)
+        index, transform, _ = _time_partition(table, contract, manifest.partition_spec_id)
         found = []
         for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
             f = entry.data_file
@@ -242,17 +240,24 @@ def _may_overlap(table: IcebergTable, contract: Contract, manifest: ManifestFile
     """From the manifest list's partition summary: can this manifest hold files in [lo, hi)?"""
     if (lo is None and hi is None) or not manifest.partitions:
         return True
-    spec = table.specs()[manifest.partition_spec_id]
-    transform = _spec_transform(table, spec.spec_id, contract.time_column)
-    source_id = table.schema().find_field(contract.time_column).field_id
-    index = next(i for i, f in enumerate(spec.fields) if f.source_id == source_id)
+    index, transform, result_type = _time_partition(table, contract, manifest.partition_spec_id)
     summary = manifest.partitions[index]
     if summary.lower_bound is None or summary.upper_bound is None:
         return True
-    result_type = spec.fields[index].transform.result_type(table.schema().find_field(source_id).field_type)
     first = transform_range(transform, from_bytes(result_type, summary.lower_bound))[0]
     last = transform_range(transform, from_bytes(result_type, summary.upper_bound))[1]
     return (hi is None or first < hi) and (lo is None or last > lo)
+
+
+def _time_partition(table: IcebergTable, contract: Contract, spec_id: int) -> tuple[int, str, Any]:
+    """Where a spec keeps the time column's partition value: (field index, transform name, value type).
+    An evolved spec may still list a removed time field as a void transform; that one is skipped."""
+    transform = _spec_transform(table, spec_id, contract.time_column)
+    time_field = table.schema().find_field(contract.time_column)
+    for i, f in enumerate(table.specs()[spec_id].fields):
+        if f.source_id == time_field.field_id and isinstance(f.transform, TRANSFORM_CLASSES[transform]):
+            return i, transform, f.transform.result_type(time_field.field_type)
+    raise AssertionError("unreachable: _spec_transform found the field")
 
 
 def _assign(

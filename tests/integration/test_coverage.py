@@ -314,3 +314,44 @@ def test_abort_takes_backfilling_out_of_the_signal(lake, scene):
     assert status()[recent(6)] == status()[recent(5)] == "backfilling"
     lake.job(scene["staged"]).abort()
     assert status()[recent(6)] == "gap" and status()[recent(5)] == "complete"  # back to what main holds
+
+
+def test_tiered_table_signal_follows_each_partition_grain(lake):
+    """Older rows live in month (or year) partitions: the companion has one row per partition of the
+    tier that holds it, and day buckets over a month partition are spread and flagged estimated."""
+    from datetime import datetime, timedelta, timezone
+
+    from tests.conftest import SCHEMA, make_readings
+
+    table = lake.create_table("iot.tiered", schema=SCHEMA, time_column="ts", series_key=["device_id"],
+                              partition_by={"P30D": "day", None: "month"}, retention="P5Y")
+    now = datetime.now(timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
+    source = pa.concat_tables([make_readings(now - timedelta(days=5), days=2, devices=2),
+                               make_readings(now - timedelta(days=150), days=40, devices=2, step_minutes=240)])
+    job = table.backfill(source=source).wait()
+    data = table.to_arrow()  # noqa: F841
+    con = duckdb.connect()
+    con.execute("SET TimeZone = 'UTC'")
+    cutoff = table.contract.tier_cutoffs(now)[0]
+    reference = dict(con.execute(f"""SELECT CASE WHEN epoch_us(ts) >= {cutoff} THEN strftime(ts, '%Y-%m-%d')
+                                           ELSE strftime(ts, '%Y-%m') END, count(*) FROM data GROUP BY 1""").fetchall())
+    signal = table.coverage().to_pylist()
+    assert {r["partition"]: r["rows"] for r in signal if r["rows"]} == reference
+    assert {r["last_writer"] for r in signal if r["rows"]} == {job.id}
+    days = table.coverage_map(now - timedelta(days=150), now - timedelta(days=110))
+    per_day = dict(con.execute("SELECT strftime(ts, '%Y-%m-%d'), count(*) FROM data GROUP BY 1").fetchall())
+    assert sum(b.rows for b in days.buckets) == sum(n for d, n in per_day.items() if d in {b.label for b in days.buckets})
+    assert all(b.estimated for b in days.buckets if b.rows)
+    assert all(abs(b.rows - per_day.get(b.label, 0)) <= 1 for b in days.buckets)  # 12 rows/day on a regular cadence
+
+
+def test_empty_table_and_bad_ranges(lake, sensor):
+    assert sensor.coverage_map().buckets == [] and sensor.coverage().num_rows == 0
+    empty = sensor.coverage_map(recent(3), recent(1))
+    assert [b.status for b in empty.buckets] == ["gap", "gap"]
+    with pytest.raises(ValueError, match="is not before --end"):
+        sensor.coverage_map(recent(1), recent(3))
+    with sensor.iceberg.transaction() as tx:
+        tx.set_properties({EXPECTED_INTERVAL: "P1M"})
+    with pytest.raises(ValueError, match="must be a fixed duration"):
+        sensor.refresh().coverage_map(recent(3), recent(1))
