@@ -126,14 +126,16 @@ def compute(
     lo, hi = _micros(start), _micros(end)
     if lo is not None and hi is not None and lo >= hi:
         raise ValueError(f"coverage of {name}: --start {iso(lo)} is not before --end {iso(hi)}")
-    stats = file_stats(rt, table, contract, lo, hi)
     grain_at = _grain_at(contract, now_us, by)
+    # whole buckets only: a bucket cut by the range would count some of its files and not others
+    lo = floor_to(lo, grain_at(lo)) if lo is not None else None
+    hi = _ceil(hi, grain_at) if hi is not None else None
+    stats = file_stats(rt, table, contract, lo, hi)
     if lo is None or hi is None:
         if not len(stats.rows):
             return _empty(name, by, table)
-        lo = lo if lo is not None else int(stats.lo.min())
-        hi = hi if hi is not None else int(stats.hi.max()) + 1
-    lo = floor_to(lo, grain_at(lo))
+        lo = lo if lo is not None else floor_to(int(stats.lo.min()), grain_at(int(stats.lo.min())))
+        hi = hi if hi is not None else _ceil(int(stats.hi.max()) + 1, grain_at)
     edges = bucket_edges(lo, hi, grain_at, by)
     buckets = [Bucket(a, b, grain_at(a)) for a, b in zip(edges, edges[1:])]
     interval = _fixed_interval(table.properties[EXPECTED_INTERVAL]) if table.properties.get(EXPECTED_INTERVAL) else None
@@ -149,6 +151,12 @@ def compute(
         b.status = _status(b)
     return CoverageMap(name, by, edges[0], edges[-1], buckets, table.properties.get(EXPECTED_INTERVAL),
                        series_count, source)
+
+
+def _ceil(t: int, grain_at: Any) -> int:
+    """The first bucket boundary at or after ``t``."""
+    start = floor_to(t, grain_at(t))
+    return t if start == t else next_boundary(start, grain_at(start))
 
 
 def _micros(value: str | datetime | int | None) -> int | None:

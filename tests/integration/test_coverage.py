@@ -355,3 +355,10 @@ def test_empty_table_and_bad_ranges(lake, sensor):
         tx.set_properties({EXPECTED_INTERVAL: "P1M"})
     with pytest.raises(ValueError, match="must be a fixed duration"):
         sensor.refresh().coverage_map(recent(3), recent(1))
+
+
+def test_a_range_inside_a_bucket_counts_the_whole_bucket(lake, scene):
+    whole = {b.label: b.rows for b in scene["table"].coverage_map(recent(20), recent(18)).buckets}
+    # the first day's file ends at 23:00, before the range starts at 23:30: the map still counts whole days
+    cut = {b.label: b.rows for b in scene["table"].coverage_map(f"{recent(20)}T23:30:00Z", f"{recent(19)}T00:00:00.5Z").buckets}
+    assert cut == whole == {recent(20): PER_DAY, recent(19): PER_DAY}
