@@ -21,6 +21,7 @@ from rich.text import Text
 
 from .cli import _drive, _print_report
 from .coverage import EXPECTED_INTERVAL, EXPECTED_SERIES
+from . import heatmap
 from .heatmap import terminal
 from .lake import Table, connect
 from .spec import JobSpec
@@ -94,6 +95,12 @@ def run_demo(warehouse: Path) -> None:
     keys = result.group_by(["device_id", "ts"]).aggregate([([], "count_all")])
     console.print(f"  rows on main: {result.num_rows:,}; duplicate keys: {sum(1 for c in keys.column('count_all').to_pylist() if c > 1)}; "
                   f"live rows appended during the backfill: {appended:,}, all on main: {_live_count(result, today) == appended}")
+    signal = table.coverage()
+    statuses = dict(zip(*signal.group_by("status").aggregate([([], "count_all")]).to_pydict().values()))
+    page = warehouse / "coverage.html"
+    page.write_text(heatmap.page(table.coverage_map(window, window + timedelta(days=70))))
+    console.print(f"  completion signal {table.name}__coverage (written by the publish): "
+                  f"{', '.join(f'{n} {s}' for s, n in sorted(statuses.items()))} partition(s); the same picture as a page: {page}")
 
 
 def _live_writer(table: Table, today: datetime, stop: threading.Event):
