@@ -278,6 +278,8 @@ def coverage_refresh(table: str, as_json: JsonFlag = False, warehouse: Warehouse
         out.print_json(json.dumps(result))
     else:
         out.print(f"{result['coverage_table']}: {written} partition(s) written")
+
+
 @table_app.command("show")
 def show_table(table: str, as_json: JsonFlag = False, warehouse: Warehouse = None) -> None:
     """The contract of TABLE: time column, series and dedup key, retention, partition tiers, rollups, rules."""
