@@ -264,7 +264,7 @@ def coverage_show(
         return
     out.print(terminal(cmap), end="", soft_wrap=True)
     if html_file:
-        out.print(f"  page: {html_file}")
+        out.print(f"  page: {html_file}", soft_wrap=True)
 
 
 @coverage_app.command("refresh")

@@ -212,9 +212,10 @@ def test_companion_table_follows_the_publish_flow(lake, scene, warehouse):
     assert {r["partition"]: r["last_writer"] for r in after_first.to_pylist()} == {
         recent(11): scene["published"], recent(10): scene["published"]}  # the first publish covered its range
 
-    refreshed = subprocess.run([TIMELAKE, "coverage", "refresh", "iot.sensor", "--warehouse", str(warehouse)],
+    refreshed = subprocess.run([TIMELAKE, "coverage", "refresh", "iot.sensor", "--warehouse", str(warehouse), "--json"],
                                capture_output=True, text=True, timeout=60)
     assert refreshed.returncode == 0, refreshed.stderr
+    assert json.loads(refreshed.stdout) == {"table": "iot.sensor", "coverage_table": "iot.sensor__coverage", "partitions": 16}  # recent(20) … recent(5)
     leased = {r["partition"]: r["status"] for r in reader.load_table("iot.sensor__coverage").scan().to_arrow().to_pylist()}
     assert leased[recent(5)] == leased[recent(6)] == "backfilling" and leased[recent(14)] == "gap"
 
@@ -251,26 +252,19 @@ def test_live_append_can_update_the_signal(lake, sensor, readings):
 def test_cli_text_json_html_and_errors(lake, scene, warehouse, tmp_path):
     env = {**os.environ, "TIMELAKE_WAREHOUSE": str(warehouse)}
     run = lambda *a: subprocess.run([TIMELAKE, "coverage", *a], capture_output=True, text=True, env=env, timeout=60)  # noqa: E731
-    text = run("iot.sensor", "--start", recent(21), "--end", recent(3))
+    page = tmp_path / "coverage.html"
+    text = run("iot.sensor", "--start", recent(21), "--end", recent(3), "--series", "--html", str(page))
     assert text.returncode == 0 and "legend" in text.stdout and f"gap: {recent(21)}; {recent(15)}…{recent(13)} (3); " in text.stdout
-    assert f"job {scene['staged']}" in text.stdout
+    assert f"job {scene['staged']}" in text.stdout and "3 series seen" in text.stdout
+    d00 = pc.sum(pc.equal(scene["table"].to_arrow(recent(21), recent(3)).column("device_id"), "d00")).as_py()
+    assert re.search(r"^\s+d00\s+([\d,]+) rows", text.stdout, re.M).group(1) == f"{d00:,}"
+    assert "coverage-data" in page.read_text() and f"page: {page}" in text.stdout
     data = json.loads(run("iot.sensor", "--start", recent(21), "--end", recent(3), "--json").stdout)
     assert data["statuses"] == {"complete": 9, "partial": 1, "backfilling": 2, "gap": 6}
     assert len(data["buckets"]) == 18
-    per_series = run("iot.sensor", "--start", recent(21), "--end", recent(3), "--series")
-    assert per_series.returncode == 0 and "3 series seen" in per_series.stdout
-    d00 = pc.sum(pc.equal(scene["table"].to_arrow(recent(21), recent(3)).column("device_id"), "d00")).as_py()
-    assert re.search(r"^\s+d00\s+([\d,]+) rows", per_series.stdout, re.M).group(1) == f"{d00:,}"
-    page = tmp_path / "coverage.html"
-    assert run("iot.sensor", "--html", str(page)).returncode == 0 and "coverage-data" in page.read_text()
-    refreshed = json.loads(run("refresh", "iot.sensor", "--json").stdout)
-    assert refreshed["coverage_table"] == "iot.sensor__coverage" and refreshed["partitions"] > 0
     bad = run("iot.nothing")
     assert bad.returncode == 1 and bad.stderr.startswith("error: table 'iot.nothing' does not exist")
     assert len(bad.stderr.strip().splitlines()) == 1
-    bad_by = run("iot.sensor", "--by", "week")
-    assert bad_by.returncode == 1 and "--by 'week'" in bad_by.stderr
-
 
 CHROMIUM = ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
             "--disable-background-networking", "--disable-component-update", "--disable-sync"]
@@ -351,6 +345,8 @@ def test_empty_table_and_bad_ranges(lake, sensor):
     assert [b.status for b in empty.buckets] == ["gap", "gap"]
     with pytest.raises(ValueError, match="is not before --end"):
         sensor.coverage_map(recent(1), recent(3))
+    with pytest.raises(ValueError, match="--by 'week' is not one of hour, day, month"):
+        sensor.coverage_map(by="week")
     with sensor.iceberg.transaction() as tx:
         tx.set_properties({EXPECTED_INTERVAL: "P1M"})
     with pytest.raises(ValueError, match="must be a fixed duration"):
