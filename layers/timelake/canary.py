@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from .abort import abort
 from .commit import with_retry
 from .errors import BackfillError, InvalidJob
 from .layout import micros, read_range
@@ -114,6 +115,25 @@ def approve(rt: Runtime, job_id: str) -> dict[str, Any]:
     rt.store.update_job(job_id, "writing", canary_approved=True, approved_at=time.time(), write_started_at=time.time(),
                         approval_token=None)
     return {"job_id": job_id, "phase": "writing", "approved": True}
+
+
+def await_decision(rt: Runtime, job_id: str, token: str) -> dict[str, Any]:
+    """Keep the workflow's task token on the job, where the API and the CLI find it to approve or reject."""
+    job = rt.store.get_job(job_id)
+    if job.phase != AWAITING:
+        raise BackfillError(f"job {job_id} is {job.phase}, not {AWAITING}")
+    rt.store.update_job(job_id, approval_token=token)
+    return {"job_id": job_id, "phase": AWAITING}
+
+
+def reject(rt: Runtime, job_id: str, reason: str | None) -> dict[str, str]:
+    """The canary was rejected, or nobody decided in time: drop the job (branch, files, lease).
+    Returns the error and cause the workflow ends with."""
+    timed_out = reason == "States.Timeout"
+    abort(rt, job_id)
+    why = "nobody approved the canary in time" if timed_out else "the canary was rejected"
+    rt.store.update_job(job_id, approval_token=None, error=f"{why}; the job was aborted, main is untouched")
+    return {"error": "ApprovalTimedOut" if timed_out else "CanaryRejected", "cause": f"job {job_id}: {why}; aborted"}
 
 
 def build(rt: Runtime, job: JobRecord, units: list[UnitRecord], snapshot_id: int | None, source: Any = None) -> dict[str, Any]:

@@ -291,7 +291,8 @@ class Job:
         """Accept the canary day: write the other units (the canary's files stay as they are), stage,
         validate the whole job and publish. Returns at once unless ``wait``; ``wait()`` joins."""
         approve_canary(self.lake.runtime, self.id)
-        return self.resume(wait=wait)
+        self.resume()
+        return self.wait() if wait else self
 
     def resume(self, source: Any = None, wait: bool = False) -> "Job":
         """Continue from the first unfinished step; done units are skipped. Safe to call repeatedly."""

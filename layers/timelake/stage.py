@@ -53,6 +53,6 @@ def stage_files(table: IcebergTable, job_id: str, branch: str, written: list[tup
 
     snapshot_id = with_retry(table, commit, step)
     if not forked:
-        fork_branch(table, branch, snapshot_id)
+        fork_branch(table.refresh(), branch, snapshot_id)
     checkpoint(f"{step}.committed")
     return snapshot_id
