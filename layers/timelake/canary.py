@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 
 from .abort import abort
 from .commit import with_retry
-from .errors import BackfillError, InvalidJob
+from .errors import Aborted, BackfillError, InvalidJob
 from .layout import micros, read_range
 from .plan import context, fork_branch
 from .runtime import Runtime, filesystem
@@ -54,14 +54,14 @@ def select(rt: Runtime, job_id: str) -> list[str]:
         return job.state["canary"]["units"]
     spec = JobSpec.model_validate(job.spec)
     days = _source_days(rt, job)
-    if not days:
-        raise InvalidJob(f"job {job_id}: no source rows in scope, so there is no day to run as a canary")
-    day = min(days) if spec.canary is True else _day_number(spec.canary)
+    day = (min(days) if days else None) if spec.canary is True else _day_number(spec.canary)
     if day not in days:
-        raise InvalidJob(
-            f"canary day {_day_text(day)} has no source rows in the job (rows from {_day_text(min(days))} "
-            f"to {_day_text(max(days))}); pick a day with rows or --canary without a day for the first one"
-        )
+        abort(rt, job_id)  # the lease and the branch were taken by the cut; a job that cannot run holds neither
+        message = (f"canary day {_day_text(day)} has no source rows in the job (rows from {_day_text(min(days))} "
+                   f"to {_day_text(max(days))}); pick a day with rows, or --canary without a day for the first one"
+                   if days and day is not None else "no source rows in scope, so there is no day to run as a canary")
+        rt.store.update_job(job_id, error=message)
+        raise Aborted(f"job {job_id}: {message}; the job was aborted, main is untouched")
     start, end = day * US_PER_DAY, (day + 1) * US_PER_DAY
     units = [u for u in rt.store.units(job_id) if u.info["start"] < end and u.info["end"] > start]
     chosen = {"day": _day_text(day), "start": min(u.info["start"] for u in units), "end": max(u.info["end"] for u in units),
