@@ -15,6 +15,7 @@ import time
 from datetime import date, datetime, timezone
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -248,26 +249,18 @@ def _pairs(mapper: Any, batch: SourceBatch, time_column: str, start: int, end: i
     """(source row, mapped row, where) for the batch's rows inside [start, end). The mapper drops
     rejected rows, so a batch with rejections is mapped row by row to keep each pair together."""
     mapped = mapper.apply(batch)
-    if not mapped.rejected:
-        rows = [(i, r) for i, r in enumerate(_in_range(mapped.table, time_column, start, end))]
-        return [(batch.data.slice(i, 1).to_pylist()[0], row, f"{batch.origin} row {batch.row_offset + i + 1}")
-                for i, row in rows if row is not None][:CANDIDATE_ROWS]
-    pairs = []
-    for i in range(min(batch.data.num_rows, ROW_BY_ROW_LIMIT)):
-        one = SourceBatch(batch.data.slice(i, 1), batch.origin, batch.row_offset + i)
-        rows = _in_range(mapper.apply(one).table, time_column, start, end)
-        if rows and rows[0] is not None:
-            pairs.append((one.data.to_pylist()[0], rows[0], f"{batch.origin} row {batch.row_offset + i + 1}"))
-    return pairs
-
-
-def _in_range(rows: pa.Table, time_column: str, start: int, end: int) -> list[dict[str, Any] | None]:
-    """Each row as a dict when its time is in [start, end), else None (positions kept)."""
-    if rows.num_rows == 0:
+    if mapped.rejected:
+        if batch.data.num_rows == 1:
+            return []  # the row itself was rejected
+        singles = (SourceBatch(batch.data.slice(i, 1), batch.origin, batch.row_offset + i)
+                   for i in range(min(batch.data.num_rows, ROW_BY_ROW_LIMIT)))
+        return [pair for one in singles for pair in _pairs(mapper, one, time_column, start, end)]
+    if mapped.table.num_rows == 0:
         return []
-    ts = micros(rows, time_column)
-    inside = (ts >= start) & (ts < end)
-    return [row if keep else None for row, keep in zip(rows.to_pylist(), inside.tolist())]
+    ts = micros(mapped.table, time_column)
+    inside = pa.array(np.flatnonzero((ts >= start) & (ts < end))[:CANDIDATE_ROWS])
+    rows = zip(batch.data.take(inside).to_pylist(), mapped.table.take(inside).to_pylist(), inside.to_pylist())
+    return [(raw, row, f"{batch.origin} row {batch.row_offset + i + 1}") for raw, row, i in rows]
 
 
 def _outcome(mode: str, has_existing: bool) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import os
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
@@ -17,7 +17,7 @@ import pytest
 
 from timelake.errors import Aborted
 
-from tests.conftest import SCHEMA, make_readings, recent, reference_merge, sort_rows
+from tests.conftest import make_readings, recent, reference_merge, sort_rows
 from tests.integration.test_cli import cli
 
 BERLIN = ZoneInfo("Europe/Berlin")
@@ -26,7 +26,8 @@ BERLIN = ZoneInfo("Europe/Berlin")
 @pytest.fixture
 def scene(sensor, tmp_path):
     """Main holds two devices on day -6; the export (naive Berlin wall-clock time, other column names)
-    covers days -7 … -5 for three devices, with one corrected (duplicate) reading on day -6."""
+    covers days -7 … -5 for three devices, with one corrected (duplicate) reading on day -6 and one
+    row without a time (rejected)."""
     existing = make_readings(recent(6), days=1, devices=2, seed=1)
     sensor.append(existing)
     utc = make_readings(recent(7), days=3, devices=3, seed=2)
@@ -36,7 +37,8 @@ def scene(sensor, tmp_path):
     export = tmp_path / "export"
     export.mkdir()
     raw = pa.table({"timestamp": local, "tag_name": utc.column("device_id"), "val": utc.column("value")})
-    pq.write_table(raw.slice(0, 150), export / "a.parquet")
+    no_time = pa.table({"timestamp": pa.array([None], pa.timestamp("us")), "tag_name": ["d00"], "val": [1.0]})
+    pq.write_table(pa.concat_tables([raw.slice(0, 150), no_time]), export / "a.parquet")  # one row rejected: no time
     pq.write_table(raw.slice(150), export / "b.parquet")
     return sensor, existing, utc, export
 
@@ -49,7 +51,7 @@ def _start(sensor, export: Path, canary):
 def _day(table: pa.Table, day: str) -> pa.Table:
     start = datetime.fromisoformat(day).replace(tzinfo=timezone.utc)
     ts = table.column("ts")
-    return table.filter(pc.and_(pc.greater_equal(ts, start), pc.less(ts, start + (datetime(2000, 1, 2) - datetime(2000, 1, 1)))))
+    return table.filter(pc.and_(pc.greater_equal(ts, start), pc.less(ts, start + timedelta(days=1))))
 
 
 def _unit_files(lake, job_id: str) -> dict[str, int]:
@@ -85,6 +87,7 @@ def test_canary_day_is_staged_alone_and_equals_the_reference(lake, scene):
         "row_count_balance", "unique_keys_in_staged", "no_overlap_with_main", "aggregate_matches_source"}
     samples = canary["samples"]
     assert 1 <= len(samples) <= 5 and any(s["existing"] for s in samples)
+    assert any("a.parquet row " in s["origin"] for s in samples)  # a batch with a rejected row, mapped row by row
     for s in samples:
         local = datetime.fromisoformat(s["source"]["timestamp"]).replace(tzinfo=BERLIN)
         assert datetime.fromisoformat(s["mapped"]["ts"]) == local.astimezone(timezone.utc)
@@ -109,6 +112,7 @@ def test_continue_gives_the_full_result_without_rewriting_the_canary(lake, scene
     job.approve(wait=True)
     assert job.record().phase == "published"
     assert sort_rows(sensor.refresh().to_arrow()).equals(reference_merge(existing, utc))
+    assert job.report()["rows_rejected"]["reasons"] == {"null_time": 1}
     files = _unit_files(lake, job.id)
     assert len(files) == 3 and {p: files[p] for p in canary_files} == canary_files  # same paths, same mtimes
     on_main = {f.file_path for f in sensor.iceberg.scan().plan_files() for f in [f.file]}
