@@ -15,7 +15,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from timelake.errors import Aborted
+from timelake.errors import Aborted, ValidationFailed
 
 from tests.conftest import make_readings, recent, reference_merge, sort_rows
 from tests.integration.test_cli import cli
@@ -162,3 +162,16 @@ def test_cli_canary_prints_the_report_and_continue_publishes(lake, scene, wareho
     assert dry["phase"] == "dry_run_complete"
     refused = cli("backfill", "continue", dry["job_id"], warehouse=warehouse, check=False)
     assert refused.returncode == 1 and "is dry_run_complete, not awaiting-approval" in refused.stderr
+
+
+def test_a_failed_check_on_the_canary_day_stops_the_job_before_the_rest(lake, scene):
+    sensor, existing, _, export = scene
+    job = sensor.backfill(source=f"{export}/*.parquet", map={"ts": "timestamp", "device_id": "tag_name", "value": "val"},
+                          tz="Europe/Berlin", canary=recent(6), assertions=["SELECT * FROM staged WHERE device_id = 'd02'"])
+    with pytest.raises(ValidationFailed, match=r"validation failed \(assertion_1\).*24 failing row"):
+        job.wait()
+    record = job.record()
+    assert record.phase == "failed_validation" and "canary_report" not in record.state
+    assert len(_unit_files(lake, job.id)) == 1  # the other days were never written
+    assert lake.leases() == [] and sort_rows(sensor.refresh().to_arrow()).equals(sort_rows(existing))
+    assert f"backfill/{job.id}" in sensor.iceberg.metadata.refs  # kept for inspection, as for any failed validation
