@@ -22,7 +22,9 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_events_targets as targets
+from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
+from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sqs as sqs
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
@@ -98,6 +100,9 @@ class BackfillStack(Stack):
             name=DATABASE, description="Iceberg tables loaded by timelake backfill",
             location_uri=self.bucket.s3_url_for_object(f"{WAREHOUSE_PREFIX}/{DATABASE}.db")))
         self.jobs_table = self._jobs_table()
+        self.alarm_topic = sns.Topic(
+            self, "AlarmTopic", display_name="timelake real-time alarms", enforce_ssl=True,
+            master_key=kms.Alias.from_alias_name(self, "SnsManagedKey", "alias/aws/sns"))
         self.bus = events.EventBus(self, "EventBus", event_bus_name=EVENT_BUS,
                                    description="Backfill lifecycle events (Backfill Published) for rollup refresh")
         self.layer = lambda_.LayerVersion(
@@ -118,7 +123,7 @@ class BackfillStack(Stack):
         for name, value in {
             "BucketName": self.bucket.bucket_name, "JobsTableName": self.jobs_table.table_name,
             "StateMachineArn": self.state_machine.state_machine_arn, "ApiUrl": self.api.url,
-            "EventBusName": self.bus.event_bus_name, "GlueDatabase": DATABASE,
+            "EventBusName": self.bus.event_bus_name, "GlueDatabase": DATABASE, "AlarmTopicArn": self.alarm_topic.topic_arn,
             "LakeConfig": self.lake_config(),  # read by `timelake ... --on aws`
         }.items():
             CfnOutput(self, name, value=value)
@@ -132,6 +137,8 @@ class BackfillStack(Stack):
             "store": f"dynamodb://{self.jobs_table.table_name}",
             "staging": self.bucket.s3_url_for_object(STAGING_PREFIX.rstrip("/")),
             "events": f"eventbridge://{self.bus.event_bus_name}",
+            # The live path publishes here; no role of this stack may (historical data never pages anyone).
+            "alarms": f"sns://{self.alarm_topic.topic_arn}",
         })
 
     def _access_log_bucket(self) -> s3.Bucket:

@@ -62,6 +62,8 @@ backfill_app = typer.Typer(
     help="Backfill a table: `timelake backfill TABLE --from SRC \\[options]`, or status/resume/list a job.",
 )
 app.add_typer(backfill_app, name="backfill")
+table_app = typer.Typer(no_args_is_help=True, help="A table's contract: show it, declare rollups and rules, list rule events.")
+app.add_typer(table_app, name="table")
 
 
 def _lake(warehouse: Path | None) -> Lake:
@@ -95,6 +97,9 @@ def run(
     max_concurrency: Annotated[Optional[int], typer.Option("--max-concurrency")] = None,
     assertions: Annotated[Optional[list[str]], typer.Option("--assert", help="SQL over `staged` returning failing rows")] = None,
     override_retention: Annotated[bool, typer.Option("--override-retention")] = False,
+    evaluate_rules: Annotated[bool, typer.Option(
+        "--evaluate-rules", help="After publish, evaluate the table's rules over the range into its events table "
+        "(source 'backfill'); never alarms")] = False,
     time_unit: Annotated[Optional[str], typer.Option("--time-unit", help="s | ms | us | ns for epoch integers")] = None,
     dst_policy: Annotated[str, typer.Option("--dst-policy", help="refuse | earliest | latest | drop")] = "refuse",
     fmt: Annotated[Optional[str], typer.Option("--format", help="parquet | csv | json (default: from extension)")] = None,
@@ -118,6 +123,7 @@ def run(
             fields[flag] = value
     fields["dry_run"] = dry_run or fields.get("dry_run", False)
     fields["override_retention"] = override_retention or fields.get("override_retention", False)
+    fields["evaluate_rules"] = evaluate_rules or fields.get("evaluate_rules", False)
     if not fields.get("source"):
         _fail("--from SRC (or a --job file with a source) is required")
     spec = JobSpec.model_validate(fields)
@@ -251,6 +257,65 @@ def history(table: str, as_json: JsonFlag = False, warehouse: Warehouse = None) 
 def schema() -> None:
     """Print the JSON Schema of the job JSON."""
     out.print_json(json.dumps(JobSpec.model_json_schema()))
+
+
+@table_app.command("show")
+def show_table(table: str, as_json: JsonFlag = False, warehouse: Warehouse = None) -> None:
+    """The contract of TABLE: time column, series and dedup key, retention, partition tiers, rollups, rules."""
+    from .rollup import rollups_of
+    from .rules import rules_of
+
+    handle = _lake(warehouse).table(table)
+    ct = handle.contract
+    info = {"table": table, "time_column": ct.time_column, "series_key": list(ct.series_key), "dedup_key": list(ct.dedup_key),
+            "retention": ct.retention, "partition_tiers": [{"max_age": t.max_age, "transform": t.transform} for t in ct.tiers],
+            "target_file_size": ct.target_file_size,
+            "rollups": [{"interval": r.interval, "columns": list(r.columns), "table": r.table_name(table)} for r in rollups_of(handle.iceberg)],
+            "rules": [r.to_json() for r in rules_of(handle.iceberg)]}
+    if as_json:
+        out.print_json(json.dumps(info))
+        return
+    for key, value in info.items():
+        out.print(f"[bold]{key}[/]: {value}")
+
+
+@table_app.command("declare")
+def declare(
+    table: str,
+    rollup: Annotated[Optional[list[str]], typer.Option("--rollup", help="INTERVAL:COLUMN[,COLUMN…], e.g. 1h:value")] = None,
+    rule: Annotated[Optional[list[str]], typer.Option("--rule", help="'NAME: COLUMN OP THRESHOLD [for PT10M] [severity S]'")] = None,
+    warehouse: Warehouse = None,
+) -> None:
+    """Add rollups (built from the whole table at once) and rules to TABLE's contract."""
+    rollups = []
+    for item in rollup or []:
+        interval, sep, columns = item.partition(":")
+        if not sep:
+            raise typer.BadParameter(f"'{item}' is not INTERVAL:COLUMN[,COLUMN…]", param_hint="--rollup")
+        rollups.append({"interval": interval.strip(), "columns": [c.strip() for c in columns.split(",") if c.strip()]})
+    _lake(warehouse).table(table).declare(rollups=rollups or None, rules=rule or None)
+    out.print(f"{table}: declared {len(rollups)} rollup(s) and {len(rule or [])} rule(s)")
+
+
+@table_app.command("events")
+def table_events(
+    table: str, source: Annotated[Optional[str], typer.Option("--source", help="live | backfill")] = None,
+    as_json: JsonFlag = False, warehouse: Warehouse = None,
+) -> None:
+    """Rule events of TABLE (the events table), oldest first."""
+    rows = [r for r in _lake(warehouse).table(table).events().to_pylist() if source is None or r["source"] == source]
+    if as_json:
+        out.print_json(json.dumps(rows, default=str))
+        return
+    grid = RichTable("fired", "rule", "severity", "series", "started", "value", "source", "job")
+    for r in rows:
+        series = ", ".join(str(v) for k, v in r.items() if k not in _EVENT_COLUMNS)
+        grid.add_row(f"{r['fired_at']:%Y-%m-%d %H:%M:%S}", r["rule"], r["severity"], series, f"{r['started_at']:%Y-%m-%d %H:%M:%S}",
+                     f"{r['value']:g}", r["source"], r["job_id"] or "")
+    out.print(grid if rows else f"no rule events on {table}")
+
+
+_EVENT_COLUMNS = {"rule", "severity", "started_at", "fired_at", "value", "threshold", "source", "job_id", "recorded_at"}
 
 
 @app.command("demo")

@@ -23,7 +23,7 @@ from .errors import Aborted, BackfillError, Interrupted
 from .faults import checkpoint
 from .plan import cut, pending_pieces, plan, scan
 from .publish import publish
-from .rollup import refresh_published, rollups_of
+from . import followup
 from .runtime import Runtime, runtime_for
 from .spec import JobSpec
 from .stage import stage
@@ -79,10 +79,10 @@ def run_job(
                 validate(rt, job_id)
             elif step == "publish":
                 publish(rt, job_id)
-                if rollups_of(rt.load_table(job.table)):
+                if followup.needed(rt.load_table(job.table), JobSpec.model_validate(job.spec)):
                     rt.store.update_job(job_id, "refreshing")
             elif step == "refresh":
-                refresh_published(rt, job_id)
+                followup.run(rt, job_id)
         except Aborted:
             abort(rt, job_id)
             raise

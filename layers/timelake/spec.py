@@ -46,6 +46,8 @@ class JobSpec(BaseModel):
     max_concurrency: int | None = Field(default=None, ge=1, le=10_000)
     assertions: list[str] = Field(default_factory=list, description="SQL over view `staged` returning failing rows")
     override_retention: bool = False
+    evaluate_rules: bool = Field(default=False, description="After publish, evaluate the table's rules over the "
+                                 "published range into its events table (source 'backfill'); never alarms")
     canary: bool | date | None = Field(
         default=None, description="Write and validate one UTC day first, then wait for approval: a day, or true for the "
         "first day with source rows")
