@@ -107,9 +107,9 @@ def reopen(rt: Runtime, job_id: str) -> JobRecord:
 
 
 def record_failure(rt: Runtime, job_id: str, error: str) -> JobRecord:
-    """Mark a job failed, remembering the phase to resume from (a failed validation stays as it is)."""
+    """Mark a job failed, remembering the phase to resume from (a failed validation or an abort stays as it is)."""
     job = rt.store.get_job(job_id)
-    if job.phase in ("failed", "failed_validation"):
+    if job.phase in ("failed", "failed_validation", "aborted"):
         return rt.store.update_job(job_id, error=error) if job.phase == "failed" else job
     return rt.store.update_job(job_id, "failed", failed_phase=job.phase, error=error)
 

@@ -142,6 +142,8 @@ def test_a_canary_day_without_rows_is_refused_and_holds_nothing(lake, scene):
         _start(sensor, export, "2001-01-01")
     assert lake.leases() == [] and sort_rows(sensor.refresh().to_arrow()).equals(sort_rows(existing))
     assert [r for r in sensor.iceberg.metadata.refs] == ["main"]
+    record = lake.jobs()[-1].record()
+    assert record.phase == "aborted" and record.state["error"].startswith("canary day 2001-01-01 has no source rows")
 
 
 def test_cli_canary_prints_the_report_and_continue_publishes(lake, scene, warehouse):
