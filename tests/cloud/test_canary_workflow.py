@@ -64,8 +64,11 @@ def test_approve_resumes_the_paused_workflow_to_the_full_result(cloud: Cloud, st
     assert cloud.invocations.count("timelake-write") == 1  # only the canary day's unit
     assert table.refresh().iceberg.metadata.refs["main"].snapshot_id == main_before
     assert cloud.lake.is_range_leased("iot.sensor", recent(5), recent(4))
-    canary_report = job.report()["canary"]
-    assert canary_report["rows_written"] == 48 and all(c["passed"] for c in canary_report["checks"])
+    code, report = api("GET", "/backfills/bf-canary-ok/report")
+    canary_report = report["canary"]
+    assert code == 200 and canary_report["day"] == recent(7) and canary_report["rows_written"] == 48
+    assert all(c["passed"] for c in canary_report["checks"]) and canary_report["samples"]
+    assert canary_report["samples"][0]["origin"].startswith(f"s3://{BUCKET}/src/a.parquet row ")
 
     code, approved = api("POST", "/backfills/bf-canary-ok/approve")
     assert code == 202 and approved["how"].startswith("approved"), approved
