@@ -67,6 +67,7 @@ FUNCTIONS: dict[str, FunctionSpec] = {
     "validate": FunctionSpec(2048, Duration.minutes(15), engine=True),
     "publish": FunctionSpec(2048, Duration.minutes(15), engine=True, commits=True, put_events=True),
     "record_failure": FunctionSpec(512, Duration.seconds(30)),
+    "canary": FunctionSpec(2048, Duration.minutes(15), engine=True, commits=True, reads_sources=True),  # stages, resets, aborts; samples the source
     "api": FunctionSpec(512, Duration.seconds(30), engine=True, commits=True),  # abort removes the branch and staged files
     "rollup": FunctionSpec(2048, Duration.minutes(15), engine=True, commits=True),  # swaps rollup chunks
 }
@@ -74,6 +75,7 @@ WORKFLOW_FUNCTIONS = tuple(name for name in FUNCTIONS if name not in ("api", "ro
 API_ROUTES: tuple[tuple[str, str], ...] = (
     ("POST", "/backfills"), ("GET", "/backfills"), ("GET", "/backfills/{id}"),
     ("GET", "/backfills/{id}/report"), ("POST", "/backfills/{id}/resume"), ("POST", "/backfills/{id}/abort"),
+    ("POST", "/backfills/{id}/approve"), ("POST", "/backfills/{id}/reject"),
 )
 GLUE_READ = ["glue:GetDatabase", "glue:GetDatabases", "glue:GetTable", "glue:GetTables"]
 GLUE_COMMIT = ["glue:UpdateTable", "glue:CreateTable"]  # CreateTable: companion tables made on first use (provenance, coverage)
@@ -255,6 +257,9 @@ class BackfillStack(Stack):
         states = f"arn:{Aws.PARTITION}:states:{Aws.REGION}:{Aws.ACCOUNT_ID}"
         fn.add_to_role_policy(iam.PolicyStatement(actions=["states:StartExecution", "states:ListExecutions"],
                                                   resources=[self.state_machine.state_machine_arn]))
+        # approve/reject answer the canary's task token; the token's resource is the state machine
+        fn.add_to_role_policy(iam.PolicyStatement(actions=["states:SendTaskSuccess", "states:SendTaskFailure"],
+                                                  resources=[self.state_machine.state_machine_arn]))
         fn.add_to_role_policy(iam.PolicyStatement(actions=["states:DescribeExecution", "states:RedriveExecution", "states:StopExecution"],
                                                   resources=[f"{states}:execution:{self.state_machine.state_machine_name}:*"]))
 
@@ -263,7 +268,7 @@ class BackfillStack(Stack):
         model's required fields here; the handler validates the full model (422 on bad input)."""
         access_logs = logs.LogGroup(self, "ApiAccessLogs", retention=LOG_RETENTION, removal_policy=RemovalPolicy.DESTROY)
         api = apigw.RestApi(
-            self, "Api", rest_api_name=SERVICE, description="Start, list, inspect, resume and abort backfills",
+            self, "Api", rest_api_name=SERVICE, description="Start, list, inspect, resume, approve, reject and abort backfills",
             endpoint_types=[apigw.EndpointType.REGIONAL], cloud_watch_role=True,
             default_method_options=apigw.MethodOptions(authorization_type=apigw.AuthorizationType.IAM),
             deploy_options=apigw.StageOptions(

@@ -6,6 +6,7 @@ Every failure exits non-zero with one line naming what is wrong; `--json` prints
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -17,12 +18,15 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table as RichTable
 from typer.core import TyperGroup
 
+from .canary import AWAITING
+from .canary import approve as approve_canary
 from .errors import BackfillError
 from .lake import Lake, connect
 from .report import build_report, progress
-from .runner import TERMINAL, run_job
+from .runner import TERMINAL, WAITING, run_job
 from .spec import JobSpec
 
+FIRST_DAY = "first"
 console = Console(stderr=True)
 out = Console()
 
@@ -41,7 +45,17 @@ class _BackfillGroup(TyperGroup):
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         if args and args[0] not in self.commands and not args[0].startswith("-"):
             args = [self.default, *args]
-        return super().parse_args(ctx, args)
+        return super().parse_args(ctx, _canary_value(args))
+
+
+def _canary_value(args: list[str]) -> list[str]:
+    """``--canary`` takes an optional DAY: a bare ``--canary`` means the first day with source rows."""
+    result = []
+    for i, arg in enumerate(args):
+        if arg == "--canary" and not (i + 1 < len(args) and re.fullmatch(r"\d{4}-\d{2}-\d{2}", args[i + 1])):
+            arg = f"--canary={FIRST_DAY}"
+        result.append(arg)
+    return result
 
 
 class _CoverageGroup(_BackfillGroup):
@@ -102,6 +116,8 @@ def run(
     time_unit: Annotated[Optional[str], typer.Option("--time-unit", help="s | ms | us | ns for epoch integers")] = None,
     dst_policy: Annotated[str, typer.Option("--dst-policy", help="refuse | earliest | latest | drop")] = "refuse",
     fmt: Annotated[Optional[str], typer.Option("--format", help="parquet | csv | json (default: from extension)")] = None,
+    canary: Annotated[Optional[str], typer.Option(
+        "--canary", metavar="[DAY]", help="Write and check one UTC day first (default: the first day with rows), then wait")] = None,
     as_json: JsonFlag = False,
     warehouse: Warehouse = None,
     on: On = "local",
@@ -111,7 +127,7 @@ def run(
     given = {
         "source": source, "map": _parse_map(map_) or None, "tz": tz, "start": start, "end": end,
         "publish_by": publish_by, "max_concurrency": max_concurrency, "assertions": assertions or None,
-        "time_unit": time_unit, "format": fmt,
+        "time_unit": time_unit, "format": fmt, "canary": True if canary == FIRST_DAY else canary,
     }
     fields.update({k: v for k, v in given.items() if v is not None})
     fields["table"] = table
@@ -147,6 +163,17 @@ def resume(job_id: str, as_json: JsonFlag = False, warehouse: Warehouse = None, 
     _drive(lake, job_id, as_json)
 
 
+@backfill_app.command("continue")
+def continue_job(job_id: str, as_json: JsonFlag = False, warehouse: Warehouse = None, on: On = "local") -> None:
+    """Approve a canary: write the rest of the job, validate all of it and publish."""
+    if _on_aws(on):
+        _print_json_or(_aws().approve(job_id), as_json, "approved")
+        return
+    lake = _lake(warehouse)
+    approve_canary(lake.runtime, job_id)
+    _drive(lake, job_id, as_json)
+
+
 @backfill_app.command("status")
 def status(
     job_id: str, watch: Annotated[bool, typer.Option("--watch", help="Refresh until the job ends")] = False,
@@ -165,7 +192,7 @@ def status(
             out.print_json(json.dumps(info))
         else:
             out.print(_status_line(info))
-        if not watch or info["phase"] in TERMINAL or info["phase"] == "failed":
+        if not watch or info["phase"] in TERMINAL | WAITING or info["phase"] == "failed":
             break
         time.sleep(1.0)
 
@@ -199,6 +226,8 @@ def abort_job(job_id: str, as_json: JsonFlag = False, warehouse: Warehouse = Non
         result = job.abort()
     if as_json:
         out.print_json(json.dumps(result))
+    elif "how" in result:  # a canary waiting on AWS: the workflow runs the abort
+        out.print(f"job {job_id}: {result['how']}")
     else:
         out.print(f"aborted job {job_id}: {result['files_deleted']} unpublished file(s) deleted, branch and lease removed")
 
@@ -394,6 +423,8 @@ def _drive(lake: Lake, job_id: str, as_json: bool) -> None:
         out.print_json(json.dumps(report, default=str))
     else:
         _print_report(report)
+        if report["phase"] == AWAITING and report.get("canary"):
+            _print_canary(report["canary"], job_id)
     if error:
         _fail(error)
 
@@ -430,6 +461,32 @@ def _print_report(r: dict[str, Any]) -> None:
         mark = "[green]pass[/]" if check["passed"] else ("[red]FAIL[/]" if check["blocking"] else "[yellow]warn[/]")
         grid.add_row(f"check {check['name']}", f"{mark} {check['detail']}")
     out.print(grid)
+
+
+def _print_canary(c: dict[str, Any], job_id: str) -> None:
+    """The canary day as a person judges it: counts, rows through the mapping, columns, projections."""
+    out.print(f"[bold]canary {c['day']}[/] ({c['range']['start']} … {c['range']['end']}): {c['rows_in_source']:,} rows in, "
+              f"{c['rows_written']:,} staged, {c['rows_duplicate_in_source']:,} duplicates, "
+              f"{c['rows_conflicting_existing']:,} conflicting existing; {c['units']} unit(s), {c['files']} file(s)")
+    samples = RichTable("where", "source row", "mapped row (UTC)", "existing row on main", "outcome", title="sample rows")
+    for s in c["samples"]:
+        samples.add_row(s["origin"], _row_text(s["source"]), _row_text(s["mapped"]), _row_text(s["existing"]), s["outcome"])
+    out.print(samples)
+    columns = RichTable("column", "source min", "source max", "source nulls", "staged min", "staged max", "staged nulls",
+                        title="columns, source rows of the day vs staged")
+    for col in c["columns"]:
+        src, staged = col["source"], col["staged"]
+        columns.add_row(col["column"], *(str(x) for x in (src["min"], src["max"], src["nulls"], staged["min"], staged["max"], staged["nulls"])))
+    out.print(columns)
+    p = c["projected"]
+    speed = f"; {p['canary_rows_per_second']:,} rows/s in the canary" if p["canary_rows_per_second"] else ""
+    out.print(f"whole job: {p['rows_in_scope']:,} rows in scope, ~{p['rows_written']:,} to write, {p['units']} unit(s) / "
+              f"{p['files']} file(s), {_cost(p['estimated_cost'])}{speed}")
+    out.print(f"approve with: timelake backfill continue {job_id}    drop it with: timelake backfill abort {job_id}")
+
+
+def _row_text(row: dict[str, Any] | None) -> str:
+    return "—" if row is None else ", ".join(f"{k}={v}" for k, v in row.items())
 
 
 def _cost(cost: dict[str, Any] | None) -> str:

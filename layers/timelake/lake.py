@@ -6,7 +6,7 @@ import json
 import os
 import threading
 from collections.abc import Iterable
-from datetime import datetime, timezone
+from datetime import date, datetime, timezone
 from typing import Any
 
 import pyarrow as pa
@@ -40,6 +40,7 @@ from .abort import abort, request_abort
 from . import completion
 from .coverage import CoverageMap
 from .coverage import compute as compute_coverage
+from .canary import approve as approve_canary
 from .store import JobRecord, Lease
 from .timeutil import iso, parse_duration, parse_instant, parse_size, subtract_duration, to_micros
 
@@ -272,6 +273,7 @@ class Table:
         publish_by: str | None = None, max_concurrency: int | None = None, assertions: Iterable[str] = (),
         override_retention: bool = False, time_unit: str | None = None, dst_policy: str = "refuse",
         format: str | None = None, evaluate_rules: bool = False, wait: bool = False,  # noqa: A002
+        canary: bool | str | date | None = None,
     ) -> "Job":
         """Start a backfill of ``source`` (path/glob/URI, pyarrow Table or reader, pandas DataFrame).
 
@@ -284,6 +286,7 @@ class Table:
             "publish_by": publish_by, "max_concurrency": max_concurrency, "assertions": list(assertions),
             "override_retention": override_retention, "time_unit": time_unit, "dst_policy": dst_policy,
             "evaluate_rules": evaluate_rules,
+            "canary": canary,
         })
         return self.lake.submit(spec, source if in_memory else None, wait=wait)
 
@@ -347,6 +350,13 @@ class Job:
             self._error = None
         return abort(self.lake.runtime, self.id) if self.record().phase != "aborted" else {
             "job_id": self.id, "phase": "aborted", "files_deleted": self.record().state.get("files_deleted", 0)}
+
+    def approve(self, wait: bool = False) -> "Job":
+        """Accept the canary day: write the other units (the canary's files stay as they are), stage,
+        validate the whole job and publish. Returns at once unless ``wait``; ``wait()`` joins."""
+        approve_canary(self.lake.runtime, self.id)
+        self.resume()
+        return self.wait() if wait else self
 
     def resume(self, source: Any = None, wait: bool = False) -> "Job":
         """Continue from the first unfinished step; done units are skipped. Safe to call repeatedly."""

@@ -193,25 +193,28 @@ def context_rows(table: Any, contract: Contract, rules: list[Rule], start_us: in
     columns = tuple(dict.fromkeys([*contract.series_key, contract.time_column, *(r.column for r in rules)]))
     lo = start_us - max(r.hold_us for r in rules)
     rows = read_range(table, contract.time_column, lo, end_us, columns)
-    bounds = time_bounds(table, contract.time_column)
-    step, first = max(start_us - lo, US_PER_DAY), bounds[0] if bounds else None
-    while first is not None and lo > first and _open_at_start(rows, contract, rules):
+    step, still_open = max(start_us - lo, US_PER_DAY), _open_series(rows, contract, rules)
+    bounds = time_bounds(table, contract.time_column) if still_open else None  # the usual case needs no file listing
+    first = bounds[0] if bounds else None
+    while still_open and first is not None and lo > first:
         earlier = read_range(table, contract.time_column, max(lo - step, first), lo, columns)
         rows = pa.concat_tables([earlier, rows])
         lo, step = max(lo - step, first), step * 2
+        still_open &= _open_series(rows, contract, rules)  # a series found closed stays closed
     return rows
 
 
-def _open_at_start(rows: pa.Table, contract: Contract, rules: list[Rule]) -> bool:
-    """Whether any series' earliest row read meets some rule's condition."""
+def _open_series(rows: pa.Table, contract: Contract, rules: list[Rule]) -> set[tuple[Any, ...]]:
+    """The series whose earliest row read meets some rule's condition: their run may have begun earlier."""
     if rows.num_rows == 0:
-        return False
-    keys = ", ".join(f'"{k}"' for k in contract.series_key)
+        return set()
+    keys = [f'"{k}"' for k in contract.series_key]
     con = duckdb.connect()
     con.register("base", rows)
     hit = " OR ".join(f'coalesce("{r.column}" {r.op} {r.threshold!r}, false)' for r in rules)
-    return bool(con.sql(f"""SELECT coalesce(bool_or({hit}), false) FROM (SELECT * FROM base
-        QUALIFY row_number() OVER ({'PARTITION BY ' + keys if keys else ''} ORDER BY "{contract.time_column}") = 1)""").fetchall()[0][0])
+    first = con.sql(f"""SELECT {', '.join(keys + [''])} {hit} AS hit FROM base
+        QUALIFY row_number() OVER ({'PARTITION BY ' + ', '.join(keys) if keys else ''} ORDER BY "{contract.time_column}") = 1""")
+    return {tuple(row[:-1]) for row in first.fetchall() if row[-1]}
 
 
 def record(rt: Runtime, base: str, events: pa.Table, source: str, job_id: str | None,

@@ -125,7 +125,7 @@ def test_functions_are_arm64_python312_traced_with_the_layer_and_log_retention(s
         assert log_group["Properties"]["RetentionInDays"] == 90, name
     memory = {name: props["MemorySize"] for name, (_, props) in functions(synthesized).items()}
     assert memory == {"plan": 3008, "scan": 3008, "cut": 3008, "write": 3008, "stage": 2048, "validate": 2048, "publish": 2048,
-                      "record_failure": 512, "api": 512, "rollup": 2048}
+                      "record_failure": 512, "canary": 2048, "api": 512, "rollup": 2048}
     layer_props = synthesized.template["Resources"][layer]["Properties"]
     assert layer_props["CompatibleArchitectures"] == ["arm64"] and layer_props["CompatibleRuntimes"] == ["python3.12"]
 
@@ -204,7 +204,7 @@ def test_each_function_role_grants_only_what_it_needs(synthesized: Synthesized) 
         assert {"dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:Query"} <= granted, name
         states = {a for a in granted if a.startswith("states:")}
         expected = {"states:StartExecution", "states:DescribeExecution", "states:RedriveExecution", "states:ListExecutions",
-                    "states:StopExecution"}
+                    "states:StopExecution", "states:SendTaskSuccess", "states:SendTaskFailure"}
         assert states == (expected if name == "api" else set()), name
         assert not {a for a in granted if a.endswith("*")}, name
 
@@ -239,7 +239,8 @@ def test_api_routes_use_iam_auth_and_lambda_proxy(synthesized: Synthesized) -> N
         assert "RequestValidatorId" in props
         routes.add((props["HttpMethod"], path(props["ResourceId"]["Ref"])))
     assert routes == {("POST", "/backfills"), ("GET", "/backfills"), ("GET", "/backfills/{id}"),
-                      ("GET", "/backfills/{id}/report"), ("POST", "/backfills/{id}/resume"), ("POST", "/backfills/{id}/abort")}
+                      ("GET", "/backfills/{id}/report"), ("POST", "/backfills/{id}/resume"), ("POST", "/backfills/{id}/abort"),
+                      ("POST", "/backfills/{id}/approve"), ("POST", "/backfills/{id}/reject")}
 
 
 def test_api_validates_the_job_body_and_logs_and_traces_its_stage(synthesized: Synthesized, template: Template) -> None:
