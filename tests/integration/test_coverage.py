@@ -358,3 +358,15 @@ def test_a_range_inside_a_bucket_counts_the_whole_bucket(lake, scene):
     # the first day's file ends at 23:00, before the range starts at 23:30: the map still counts whole days
     cut = {b.label: b.rows for b in scene["table"].coverage_map(f"{recent(20)}T23:30:00Z", f"{recent(19)}T00:00:00.5Z").buckets}
     assert cut == whole == {recent(20): PER_DAY, recent(19): PER_DAY}
+
+
+def test_a_canary_awaiting_approval_is_backfilling_until_it_publishes(lake, sensor, readings):
+    sensor.append(readings(recent(9), days=1, devices=2))
+    job = sensor.backfill(source=readings(recent(8), days=3, devices=2), canary=recent(7)).wait()
+    assert job.record().phase == "awaiting-approval"
+    cmap = sensor.coverage_map(recent(9), recent(5))
+    assert [(b.status, b.backfill_jobs) for b in cmap.buckets] == [("complete", [])] + [("backfilling", [job.id])] * 3
+    assert sensor.coverage().num_rows == 0  # nothing published: no signal yet
+    job.approve(wait=True)
+    signal = {r["partition"]: (r["status"], r["last_writer"], r["rows"]) for r in sensor.coverage().to_pylist()}
+    assert signal == {recent(d): ("complete", job.id, 48) for d in (8, 7, 6)}
