@@ -13,6 +13,7 @@ $(STAMP): pyproject.toml package.json $(NPM_LOCK)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'
 	npm $(if $(NPM_LOCK),ci,install) --no-audit --no-fund --loglevel=error
+	command -v chromium >/dev/null || (apt-get update && apt-get install -y chromium)
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -29,6 +30,7 @@ synth: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/bench_backfill.py
+	$(PY) bench/bench_coverage.py
 
 clean:
 	rm -rf $(VENV) .timelake .pytest_cache

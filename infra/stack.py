@@ -78,7 +78,7 @@ API_ROUTES: tuple[tuple[str, str], ...] = (
     ("POST", "/backfills/{id}/approve"), ("POST", "/backfills/{id}/reject"),
 )
 GLUE_READ = ["glue:GetDatabase", "glue:GetDatabases", "glue:GetTable", "glue:GetTables"]
-GLUE_COMMIT = ["glue:UpdateTable"]
+GLUE_COMMIT = ["glue:UpdateTable", "glue:CreateTable"]  # CreateTable: companion tables made on first use (provenance, coverage)
 DYNAMODB_READ_WRITE = [
     "dynamodb:GetItem", "dynamodb:BatchGetItem", "dynamodb:Query", "dynamodb:Scan", "dynamodb:DescribeTable",
     "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem", "dynamodb:BatchWriteItem",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import completion
 from .commit import JOB_PROPERTY, added_files, with_retry
 from .errors import BackfillError
 from .plan import clear_staging
@@ -46,6 +47,8 @@ def abort(rt: Runtime, job_id: str) -> dict[str, Any]:
             deleted += _delete(path)
     clear_staging(rt, job_id)
     rt.store.release_lease(job_id)
+    if "range_start" in job.state:  # a refresh during the lease may have marked the range backfilling
+        completion.update(rt, spec.table, job.state["range_start"], job.state["range_end"], create=False)
     rt.store.update_job(job_id, "aborted", files_deleted=deleted)
     return {"job_id": job_id, "phase": "aborted", "files_deleted": deleted, "files_kept_on_main": len(on_main)}
 

@@ -40,9 +40,11 @@ On = Annotated[str, typer.Option("--on", help="local (embedded lake) or aws (the
 class _BackfillGroup(TyperGroup):
     """`timelake backfill TABLE …` runs a job; `timelake backfill status|resume|list …` are subcommands."""
 
+    default = "run"
+
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         if args and args[0] not in self.commands and not args[0].startswith("-"):
-            args = ["run", *args]
+            args = [self.default, *args]
         return super().parse_args(ctx, _canary_value(args))
 
 
@@ -56,12 +58,23 @@ def _canary_value(args: list[str]) -> list[str]:
     return result
 
 
+class _CoverageGroup(_BackfillGroup):
+    """`timelake coverage TABLE …` shows the map; `timelake coverage refresh TABLE` rebuilds the signal."""
+
+    default = "show"
+
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="timelake: load history into live Iceberg tables.")
 backfill_app = typer.Typer(
     cls=_BackfillGroup, no_args_is_help=True,
     help="Backfill a table: `timelake backfill TABLE --from SRC \\[options]`, or status/resume/list a job.",
 )
 app.add_typer(backfill_app, name="backfill")
+coverage_app = typer.Typer(
+    cls=_CoverageGroup, no_args_is_help=True,
+    help="Coverage of a table: `timelake coverage TABLE \\[options]`, or `timelake coverage refresh TABLE`.",
+)
+app.add_typer(coverage_app, name="coverage")
 table_app = typer.Typer(no_args_is_help=True, help="A table's contract: show it, declare rollups and rules, list rule events.")
 app.add_typer(table_app, name="table")
 
@@ -257,6 +270,43 @@ def history(table: str, as_json: JsonFlag = False, warehouse: Warehouse = None) 
 def schema() -> None:
     """Print the JSON Schema of the job JSON."""
     out.print_json(json.dumps(JobSpec.model_json_schema()))
+
+
+@coverage_app.command("show", hidden=True)
+def coverage_show(
+    table: Annotated[str, typer.Argument(help="Table, namespace.name")],
+    start: Annotated[Optional[str], typer.Option("--start", help="Inclusive lower bound (ISO; default: oldest row)")] = None,
+    end: Annotated[Optional[str], typer.Option("--end", help="Exclusive upper bound (ISO; default: newest row)")] = None,
+    by: Annotated[str, typer.Option("--by", help="hour | day | month")] = "day",
+    series: Annotated[bool, typer.Option("--series", help="Rows per series too (reads the series-key column only)")] = False,
+    html_file: Annotated[Optional[Path], typer.Option("--html", help="Also write a standalone HTML page")] = None,
+    as_json: JsonFlag = False, warehouse: Warehouse = None,
+) -> None:
+    """Rows, files, completeness and writer per bucket, from Iceberg metadata: a calendar heatmap."""
+    from .heatmap import page, terminal
+
+    cmap = _lake(warehouse).table(table).coverage_map(start, end, by=by, series=series)
+    if html_file:
+        html_file.write_text(page(cmap))
+    if as_json:
+        out.print_json(json.dumps(cmap.to_dict()))
+        return
+    out.print(terminal(cmap), end="", soft_wrap=True)
+    if html_file:
+        out.print(f"  page: {html_file}", soft_wrap=True)
+
+
+@coverage_app.command("refresh")
+def coverage_refresh(table: str, as_json: JsonFlag = False, warehouse: Warehouse = None) -> None:
+    """Rebuild TABLE's companion coverage table (`<table>__coverage`) from its metadata."""
+    from .completion import companion_name, update
+
+    written = update(_lake(warehouse).runtime, table)
+    result = {"table": table, "coverage_table": companion_name(table), "partitions": written}
+    if as_json:
+        out.print_json(json.dumps(result))
+    else:
+        out.print(f"{result['coverage_table']}: {written} partition(s) written")
 
 
 @table_app.command("show")

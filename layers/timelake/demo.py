@@ -17,8 +17,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from rich.console import Console
+from rich.text import Text
 
 from .cli import _drive, _print_report
+from .coverage import EXPECTED_INTERVAL, EXPECTED_SERIES
+from . import heatmap
+from .heatmap import terminal
 from .lake import Table, connect
 from .spec import JobSpec
 
@@ -38,19 +42,9 @@ def readings(start: datetime, end: datetime, step: timedelta = STEP, devices: in
     return pa.table({"ts": pa.array(ts).cast(pa.timestamp("us", tz="UTC")), "device_id": dev, "value": value})
 
 
-def coverage(table: Table, start: datetime, days: int) -> str:
-    """Rows per day as a calendar strip, one character per day, one line per 30 days."""
-    ts = table.to_arrow().column("ts")
-    day_index = pc.cast(ts, pa.int64()).to_numpy() // 86_400_000_000
-    first = int(start.timestamp()) // 86_400
-    counts = np.bincount(np.clip(day_index - first, 0, days), minlength=days + 1)[:days]
-    full = DEVICES * int(timedelta(days=1) / STEP)
-    shades = " ░▒▓█"
-    lines = []
-    for offset in range(0, days, 30):
-        cells = "".join(shades[min(4, int(np.ceil(4 * c / full)))] if c else "·" for c in counts[offset:offset + 30])
-        lines.append(f"  {(start + timedelta(days=offset)).date()} │{cells}│")
-    return "\n".join(lines) + f"\n  legend: · no rows   {shades[1:]} up to {full:,} rows/day"
+def coverage(table: Table, start: datetime, days: int) -> Text:
+    """The calendar heatmap of `timelake coverage` (from the table's metadata) over ``days`` from ``start``."""
+    return terminal(table.refresh().coverage_map(start, start + timedelta(days=days)))
 
 
 def run_demo(warehouse: Path) -> None:
@@ -59,14 +53,15 @@ def run_demo(warehouse: Path) -> None:
     today = datetime.now(timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
     schema = pa.schema([("ts", pa.timestamp("us", tz="UTC")), ("device_id", pa.string()), ("value", pa.float64())])
     table = lake.create_table("iot.sensor", schema=schema, time_column="ts", series_key=["device_id"],
-                              partition_by="day", retention="P3Y", target_file_size="8MB")
+                              partition_by="day", retention="P3Y", target_file_size="8MB",
+                              properties={EXPECTED_INTERVAL: f"PT{int(STEP.total_seconds() // 60)}M", EXPECTED_SERIES: str(DEVICES)})
     gap_start, gap_end = today - timedelta(days=360), today - timedelta(days=330)
     for lo, hi in ((today - timedelta(days=375), gap_start), (gap_end, today - timedelta(days=320)),
                    (today - timedelta(days=2), today)):
         table.append(readings(lo, hi, seed=lo.toordinal()))
     console.rule("live table iot.sensor before the backfill")
     window = today - timedelta(days=380)
-    console.print(coverage(table, window, 70))
+    console.print(coverage(table, window, 70), end="", soft_wrap=True)
 
     export = warehouse / "historian-export"
     export.mkdir(parents=True)
@@ -96,10 +91,16 @@ def run_demo(warehouse: Path) -> None:
     appended = live_rows()
     result = table.refresh().to_arrow()
     console.rule("after")
-    console.print(coverage(table, window, 70))
+    console.print(coverage(table, window, 70), end="", soft_wrap=True)
     keys = result.group_by(["device_id", "ts"]).aggregate([([], "count_all")])
     console.print(f"  rows on main: {result.num_rows:,}; duplicate keys: {sum(1 for c in keys.column('count_all').to_pylist() if c > 1)}; "
                   f"live rows appended during the backfill: {appended:,}, all on main: {_live_count(result, today) == appended}")
+    signal = table.coverage()
+    statuses = dict(zip(*signal.group_by("status").aggregate([([], "count_all")]).to_pydict().values()))
+    page = warehouse / "coverage.html"
+    page.write_text(heatmap.page(table.coverage_map(window, window + timedelta(days=70))))
+    console.print(f"  completion signal {table.name}__coverage (written by the publish): "
+                  f"{', '.join(f'{n} {s}' for s, n in sorted(statuses.items()))} partition(s); the same picture as a page: {page}")
 
 
 def _live_writer(table: Table, today: datetime, stop: threading.Event):

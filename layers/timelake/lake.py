@@ -37,6 +37,9 @@ from .runner import run_job
 from .runtime import DEFAULT_WAREHOUSE, LakeConfig, Runtime
 from .spec import JobSpec
 from .abort import abort, request_abort
+from . import completion
+from .coverage import CoverageMap
+from .coverage import compute as compute_coverage
 from .canary import approve as approve_canary
 from .store import JobRecord, Lease
 from .timeutil import iso, parse_duration, parse_instant, parse_size, subtract_duration, to_micros
@@ -181,14 +184,15 @@ class Table:
         return self
 
     def append(self, data: pa.Table | Any, as_backfill: bool = False, older_than: str = "PT6H",
-               evaluate_rules: bool = True) -> "Job | None":
+               evaluate_rules: bool = True, update_coverage: bool = False) -> "Job | None":
         """The plain live write path (one commit): what a live ingester does.
 
         The appended rows are evaluated against the table's rules in real time (``evaluate_rules``):
         events that fire go to the events table and the lake's alarm sink. With ``as_backfill=True`` the rows older than ``older_than`` (a gateway's buffered dump after an
         outage) go through a backfill job instead (merge: existing rows win), written sorted and sized
         into their old partitions rather than as small files; the recent rest is appended as usual.
-        Returns the backfill job when there was one.
+        With ``update_coverage=True`` the partitions it wrote are refreshed in the companion coverage
+        table (a publish always does this). Returns the backfill job when there was one.
         """
         rows = data if isinstance(data, pa.Table) else pa.Table.from_pandas(data, preserve_index=False)
         rows = rows.cast(self.iceberg.schema().as_arrow())
@@ -203,7 +207,21 @@ class Table:
             self.iceberg = with_retry(self.iceberg.refresh(), lambda t: (t.append(rows), t.refresh())[1], "append")
             if evaluate_rules:
                 evaluate_live(self.lake.runtime, self.name, rows)
+            if update_coverage:
+                ts = pc.cast(rows.column(self.contract.time_column), pa.int64())
+                completion.update(self.lake.runtime, self.name, pc.min(ts).as_py(), pc.max(ts).as_py() + 1)
         return job
+
+    def coverage(self, start: str | datetime | None = None, end: str | datetime | None = None) -> pa.Table:
+        """The completion signal: the companion table's rows (partition, rows, expected, status,
+        last_writer, updated_at) for partitions starting in [start, end), as Arrow."""
+        return completion.read(self.lake.runtime, self.name, start, end)
+
+    def coverage_map(
+        self, start: str | datetime | None = None, end: str | datetime | None = None, by: str = "day", series: bool = False,
+    ) -> CoverageMap:
+        """Coverage computed now from the table's metadata, per hour/day/month bucket (see `coverage`)."""
+        return compute_coverage(self.lake.runtime, self.name, start, end, by=by, series=series)
 
     def declare(self, rollups: list[dict[str, Any]] | None = None, rules: list[dict[str, Any] | str] | None = None) -> "Table":
         """Add rollups and rules to the contract of an existing table (a rule of the same name is

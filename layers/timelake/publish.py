@@ -19,7 +19,7 @@ from pyiceberg.table import Table as IcebergTable
 
 from .commit import (CHUNK_PROPERTY, JOB_PROPERTY, STEP_PROPERTY, added_files, append_files, data_file, is_conflict, with_retry,
                      without_blind_retries)
-from . import provenance
+from . import completion, provenance
 from .contract import Contract
 from .errors import BackfillError
 from .events import BACKFILL_PUBLISHED
@@ -85,6 +85,7 @@ def publish(rt: Runtime, job_id: str, max_chunks: int | None = None) -> dict[str
     job = rt.store.update_job(job_id, published_chunks=published, publish_conflicts=late)
     provenance.record(rt, job, rt.store.units(job_id))
     rt.store.release_lease(job_id)
+    completion.update(rt, spec.table, state["range_start"], state["range_end"])  # the readers' completion signal
     _drop_spill(rt, job_id)
     rt.store.update_job(job_id, "published")
     return {"job_id": job_id, "done": True, "chunks_published": len(published)}

@@ -66,6 +66,9 @@ def test_full_backfill_equals_the_embedded_runner(cloud: Cloud, readings, tmp_pa
     assert [e["detail-type"] for e in events] == ["Backfill Published"] * 3
     assert sorted(e["detail"]["start"] for e in events) == [f"{recent(d)}T00:00:00Z" for d in (7, 6, 5)]
     assert {e["detail"]["job_id"] for e in events} == {"bf-cloud-1"}
+    signal = table.coverage().to_pylist()  # the completion signal, written by the publish Lambda into Glue
+    assert {r["partition"]: (r["last_writer"], r["rows"]) for r in signal} == {
+        recent(7): ("live", 72), recent(6): ("bf-cloud-1", 72), recent(5): ("bf-cloud-1", 72)}
 
 
 def _subscribe_queue() -> str:

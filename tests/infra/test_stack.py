@@ -197,6 +197,7 @@ def test_each_function_role_grants_only_what_it_needs(synthesized: Synthesized) 
         granted = set().union(*(actions(s) for s in statements(synthesized, role)))
         spec = FUNCTIONS[name]
         assert ("glue:UpdateTable" in granted) == spec.commits, name
+        assert ("glue:CreateTable" in granted) == spec.commits, name  # the publish step creates <table>__coverage
         assert ("glue:GetTable" in granted) == spec.engine, name
         assert ("s3:PutObject" in granted) == spec.engine, name
         assert ("events:PutEvents" in granted) == (name == "publish"), name
