@@ -210,6 +210,7 @@ class Table:
         publish_by: str | None = None, max_concurrency: int | None = None, assertions: Iterable[str] = (),
         override_retention: bool = False, time_unit: str | None = None, dst_policy: str = "refuse",
         format: str | None = None, wait: bool = False,  # noqa: A002
+        query: str | None = None, source_max_connections: int | None = None, source_rows_per_second: int | None = None,
     ) -> "Job":
         """Start a backfill of ``source`` (path/glob/URI, pyarrow Table or reader, pandas DataFrame).
 
@@ -221,6 +222,8 @@ class Table:
             "map": map or {}, "tz": tz, "mode": mode, "start": start, "end": end, "dry_run": dry_run,
             "publish_by": publish_by, "max_concurrency": max_concurrency, "assertions": list(assertions),
             "override_retention": override_retention, "time_unit": time_unit, "dst_policy": dst_policy,
+            "query": query, "source_max_connections": source_max_connections,
+            "source_rows_per_second": source_rows_per_second,
         })
         return self.lake.submit(spec, source if in_memory else None, wait=wait)
 

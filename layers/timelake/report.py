@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -71,9 +72,19 @@ def build_report(job: JobRecord, units: list[UnitRecord]) -> dict[str, Any]:
         "columns_filled_with_null": s.get("columns_filled_with_null", []),
         "ignored_source_columns": s.get("ignored_source_columns", []),
         "error": s.get("error"),
+        "source_limits": source_limits(job),
         "progress": progress(job, units),
     }
     return report
+
+
+def source_limits(job: JobRecord) -> dict[str, Any]:
+    """The job's source connection and rate limits, with how long reading the source takes under them."""
+    from .spec import JobSpec
+    from .throttle import limits
+
+    spec = JobSpec.model_validate(job.spec)
+    return limits(spec).to_json(job.state.get("rows_in_source"), spec.max_concurrency or os.cpu_count() or 1)
 
 
 def _iso(micros: int | None) -> str | None:

@@ -84,6 +84,11 @@ class Source(ABC):
     def sizes(self) -> list[int]:
         """Bytes of each piece (as stored), so a planner can group small pieces into even scan tasks."""
 
+    def plan_state(self) -> dict | None:
+        """What a scan in another process needs to see the same pieces, kept with the job; None when
+        listing the pieces again gives the same list (files), not so for a live database."""
+        return None
+
 
 class FileSource(Source):
     """Files on a local or remote filesystem, all of one known format each."""
