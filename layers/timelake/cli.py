@@ -331,7 +331,7 @@ def _cost(cost: dict[str, Any] | None) -> str:
 def _source_limits(limits: dict[str, Any]) -> str:
     connections = limits["max_connections"] or "no limit on"
     rate = f"{limits['rows_per_second']:,} rows/s" if limits["rows_per_second"] else "no rate limit"
-    eta = f"; reading the source takes ~{limits['read_eta_seconds']} s" if limits["read_eta_seconds"] is not None else ""
+    eta = f", read ETA ~{limits['read_eta_seconds']} s" if limits["read_eta_seconds"] is not None else ""
     return f"{connections} connection(s), {rate}{eta}"
 
 

@@ -83,7 +83,7 @@ def source_limits(job: JobRecord) -> dict[str, Any]:
     from .spec import JobSpec
     from .throttle import limits
 
-    spec = JobSpec.model_validate(job.spec)
+    spec = JobSpec.model_validate(dict(job.spec))  # a copy: validation normalizes start/end in place
     return limits(spec).to_json(job.state.get("rows_in_source"), spec.max_concurrency or os.cpu_count() or 1)
 
 

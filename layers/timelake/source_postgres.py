@@ -51,6 +51,9 @@ _OWN_PARAMS = ("table", "secret", "password_env", "piece_rows")
 _UNIT_US = {"s": 1_000_000, "ms": 1_000, "us": 1, "ns": 0}
 _TIME_TYPES = {"timestamptz": "timestamptz", "timestamp": "timestamp", "int2": "integer", "int4": "integer",
                "int8": "integer"}
+# What libpq says when a connection is lost (server shutdown or pg_terminate_backend: SQLSTATE 57P01).
+_DROPPED = ("terminating connection", "server closed the connection", "could not receive data", "could not send data",
+            "connection reset", "connection timed out", "no connection to the server", "ssl syscall")
 _NAME = re.compile(r'^(?:"[^"]+"|[A-Za-z_][A-Za-z0-9_$]*)(?:\.(?:"[^"]+"|[A-Za-z_][A-Za-z0-9_$]*))?$')
 
 
@@ -186,11 +189,13 @@ class PostgresSource(Source):
         """What another process needs to see the same pieces (stored with the job)."""
         return dict(self._plan)
 
-    def pace(self, take: Callable[[int], None]) -> None:
-        """Called with a function that blocks until n more rows may be read; it is called after
-        every batch fetched from the server, so the server is read at the allowed rate (the open
-        COPY waits between batches) rather than in bursts."""
+    def pace(self, take: Callable[[int], None], rows_per_second: int) -> None:
+        """``take(n)`` blocks until n more rows fit the job's rate; it is called after every batch
+        fetched from the server, so the server is read at that rate (the open COPY waits between
+        batches) rather than in bursts. Batches then hold about 1/20 s of the rate, which keeps the
+        rate even at the scale of a second."""
         self._pace = take
+        self._pace_batch_bytes = max(16 << 10, round(rows_per_second * self._plan["width"] / 20))
 
     # --- planning -------------------------------------------------------------------------------
 
@@ -316,7 +321,7 @@ class PostgresSource(Source):
         cursor = self._cursor()
         try:
             if self._pace is not None:
-                cursor.adbc_statement.set_options(**{_option("BATCH_SIZE_HINT_BYTES"): str(256 << 10)})
+                cursor.adbc_statement.set_options(**{_option("BATCH_SIZE_HINT_BYTES"): str(self._pace_batch_bytes)})
             cursor.execute(sql)
             for batch in cursor.fetch_record_batch():
                 yield batch
@@ -377,18 +382,16 @@ class PostgresSource(Source):
 
 
 def _dropped(exc: BaseException) -> bool:
-    """A lost connection (worth a re-read), as opposed to a bad query or permissions."""
-    from adbc_driver_manager import OperationalError
-
+    """A lost connection (worth a re-read), as opposed to a bad query, a refused login or permissions."""
     text = str(exc).lower()
-    return isinstance(exc, OperationalError) or any(
-        s in text for s in ("terminating connection", "server closed the connection", "connection", "57p01"))
+    return any(marker in text for marker in _DROPPED)
 
 
 def _adbc_errors() -> tuple[type[BaseException], ...]:
+    """The driver's errors, and the OSError its Arrow stream raises when the server fails mid-result."""
     from adbc_driver_manager import Error
 
-    return (Error,)
+    return (Error, OSError)
 
 
 def _option(name: str) -> str:

@@ -203,13 +203,20 @@ class SqliteJobStore:
             now = time.time()
             empty_at = reserved_until(row[0] if row else None, now, rows, rows_per_second)
             con.execute("INSERT OR REPLACE INTO rates VALUES (?,?)", (job_id, empty_at))
-        return empty_at - now
+        return empty_at - now - RATE_BURST_SECONDS
+
+
+RATE_BURST_SECONDS = 1.0
 
 
 def reserved_until(empty_at: float | None, now: float, rows: int, rows_per_second: float) -> float:
-    """The job's rate budget after reserving ``rows``: it empties ``rows / rate`` seconds after it
-    would have anyway, or after now if it is empty already (an idle bucket saves up no burst)."""
-    return max(empty_at or now, now) + rows / rows_per_second
+    """A job's rate budget as the time its reservations run out, after reserving ``rows`` more.
+
+    The caller waits until ``RATE_BURST_SECONDS`` before that time: a worker that paused (to map
+    and spill what it read, or to commit this very reservation) may catch up by up to a second's
+    worth of rows, never more, and a new budget starts empty so a job never opens with a burst."""
+    start = now + RATE_BURST_SECONDS if empty_at is None else max(empty_at, now)
+    return start + rows / rows_per_second
 
 
 class _Tx:

@@ -64,7 +64,7 @@ class RateStore(Protocol):
 class Paced(Protocol):
     """A source that applies the budget itself, between the batches it fetches."""
 
-    def pace(self, take: Any) -> None: ...
+    def pace(self, take: Any, rows_per_second: int) -> None: ...
 
 
 class RowBudget:
@@ -89,7 +89,7 @@ def read(src: Source, pieces: list[str], row_budget: RowBudget | None) -> Iterat
     fetches; any other source waits after each batch it yields."""
     own = row_budget is not None and isinstance(src, Paced)
     if own:
-        src.pace(row_budget.take)
+        src.pace(row_budget.take, row_budget.rows_per_second)
     for piece in pieces:
         for batch in src.batches(piece):
             yield batch

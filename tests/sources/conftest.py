@@ -21,7 +21,11 @@ import pytest
 
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
 READER_PASSWORD = "s3cr3t-Reader-pw"
-_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3}) UTC \[(\d+)\] LOG:  (statement|duration): (.*)$")
+# Simple queries log "statement: SQL", the extended protocol (which the driver uses) "execute <name>: SQL";
+# both end with a bare "duration: N ms" line (the "duration: N ms  parse ..." lines are other phases).
+_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3}) UTC \[(\d+)\] LOG:  "
+                   r"(?:(statement|execute [^:]+): (.*)|(duration): [\d.]+ ms)$")
+_COPY = re.compile(r"^COPY \((.*)\) TO STDOUT \(FORMAT binary\)$")
 
 
 @dataclass(frozen=True)
@@ -73,14 +77,20 @@ class PgServer:
                     found[-1] = Statement(last.pid, last.start, None, f"{last.sql} {line.strip()}")
                 continue
             stamp = datetime.strptime(match[1], "%Y-%m-%d %H:%M:%S.%f").replace(tzinfo=timezone.utc)
-            pid, kind, rest = int(match[2]), match[3], match[4]
-            if kind == "statement":
+            pid, kind, rest = int(match[2]), match[3] or match[5], match[4]
+            if kind != "duration":
                 running[pid] = len(found)
                 found.append(Statement(pid, stamp, None, rest))
             elif pid in running:
                 i = running.pop(pid)
                 found[i] = Statement(pid, found[i].start, stamp, found[i].sql)
-        return [Statement(s.pid, s.start, s.end, " ".join(s.sql.split())) for s in found]
+        return [Statement(s.pid, s.start, s.end, _unwrap(" ".join(s.sql.split()))) for s in found]
+
+
+def _unwrap(sql: str) -> str:
+    """The query itself: the driver reads results through ``COPY (query) TO STDOUT``."""
+    match = _COPY.match(sql)
+    return match[1] if match else sql
 
 
 def _free_port() -> int:

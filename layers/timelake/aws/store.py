@@ -47,7 +47,7 @@ import boto3
 from botocore.config import Config
 
 
-from ..store import JobRecord, Lease, UnitRecord, job_exists, job_not_found, lease_conflict, reserved_until, unit_not_found
+from ..store import RATE_BURST_SECONDS, JobRecord, Lease, UnitRecord, job_exists, job_not_found, lease_conflict, reserved_until, unit_not_found
 
 Item = dict[str, dict[str, Any]]
 
@@ -182,7 +182,7 @@ class DynamoJobStore:
             held = float(item["empty_at"]["N"]) if item else None
             return {"empty_at": {"N": repr(reserved_until(held, time.time(), rows, rows_per_second))}}
 
-        return float(self._swap(_rate_key(job_id), change)["empty_at"]["N"]) - time.time()
+        return float(self._swap(_rate_key(job_id), change)["empty_at"]["N"]) - time.time() - RATE_BURST_SECONDS
 
     def _get(self, key: Item) -> Item | None:
         return self._client.get_item(TableName=self.table_name, Key=key, ConsistentRead=True).get("Item")
