@@ -52,7 +52,8 @@ class JobSpec(BaseModel):
     source_max_connections: int | None = Field(
         default=None, ge=1, le=10_000, description="Scan tasks reading the source at once (database default: 2)")
     source_rows_per_second: int | None = Field(
-        default=None, ge=1, description="Rows per second read from the source by all workers together (database default: 250000)")
+        default=None, ge=0,
+        description="Rows per second read from the source by all workers together; 0: no limit (database default: 250000)")
 
     @field_validator("tz")
     @classmethod

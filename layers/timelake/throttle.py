@@ -50,9 +50,10 @@ class SourceLimits:
 def limits(spec: Any) -> SourceLimits:
     """The job's limits; a database source gets conservative defaults, files none."""
     database = is_postgres(spec.source)
+    rate = spec.source_rows_per_second
     return SourceLimits(
         spec.source_max_connections or (DATABASE_CONNECTIONS if database else None),
-        spec.source_rows_per_second or (DATABASE_ROWS_PER_SECOND if database else None),
+        (DATABASE_ROWS_PER_SECOND if database else None) if rate is None else (rate or None),  # 0: no limit
     )
 
 

@@ -12,6 +12,7 @@ import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -103,10 +104,11 @@ def _as_postgres(*args: str) -> None:
     subprocess.run(["runuser", "-u", "postgres", "--", *args], check=True, capture_output=True, timeout=120)
 
 
-@pytest.fixture(scope="session")
-def postgres() -> Iterator[PgServer]:
-    """PostgreSQL 15 as the ``postgres`` user (it refuses root), statements logged, stopped at the end.
-    The superuser logs in without a password; role ``reader`` needs one (scram-sha-256)."""
+@contextmanager
+def running_postgres(**settings: str) -> Iterator[PgServer]:
+    """PostgreSQL 15 as the ``postgres`` user (it refuses root) on a free loopback port, every
+    statement logged, removed afterwards. The superuser logs in without a password; role ``reader``
+    needs one (scram-sha-256). ``settings`` are added to postgresql.conf."""
     root = Path(tempfile.mkdtemp(prefix="timelake-pg-"))
     shutil.chown(root, "postgres")
     data = root / "data"
@@ -114,10 +116,11 @@ def postgres() -> Iterator[PgServer]:
     (data / "pg_hba.conf").write_text(
         "local all all trust\nhost all postgres 127.0.0.1/32 trust\nhost all all 127.0.0.1/32 scram-sha-256\n")
     server = PgServer(root, _free_port())
-    with (data / "postgresql.conf").open("a") as conf:
-        conf.write(f"port = {server.port}\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = '{root}'\n"
-                   "log_statement = 'all'\nlog_min_duration_statement = 0\nlog_line_prefix = '%m [%p] '\n"
-                   "log_timezone = 'UTC'\nfsync = off\nlogging_collector = off\n")
+    conf = {"port": str(server.port), "listen_addresses": "'127.0.0.1'", "unix_socket_directories": f"'{root}'",
+            "log_statement": "'all'", "log_min_duration_statement": "0", "log_line_prefix": "'%m [%p] '",
+            "log_timezone": "'UTC'", "fsync": "off", **settings}
+    with (data / "postgresql.conf").open("a") as handle:
+        handle.writelines(f"{key} = {value}\n" for key, value in conf.items())
     _as_postgres(str(PG_BIN / "pg_ctl"), "-D", str(data), "-l", str(server.log), "-w", "start")
     try:
         server.sql("CREATE DATABASE timelake", db="postgres")
@@ -126,6 +129,12 @@ def postgres() -> Iterator[PgServer]:
     finally:
         _as_postgres(str(PG_BIN / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop")
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PgServer]:
+    with running_postgres() as server:
+        yield server
 
 
 def year_start() -> datetime:
