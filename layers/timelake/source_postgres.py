@@ -32,6 +32,7 @@ import os
 import re
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timezone
 from typing import Any
@@ -46,6 +47,8 @@ from .timeutil import US_PER_DAY, from_micros, iso, to_micros
 SCHEMES = ("postgresql://", "postgres://")
 PIECE_ROWS = 250_000  # rows per piece: the re-read buffer on a dropped connection (~10 MB of Arrow)
 ATTEMPTS = 4  # reads of one piece before its scan task fails
+# The plan is kept in the job state (one DynamoDB item on AWS, 400 KB at most): larger tables get larger pieces.
+MAX_PIECES = 2_000
 # Our own query parameters; everything else in the query string is handed to libpq (sslmode, ...).
 _OWN_PARAMS = ("table", "secret", "password_env", "piece_rows")
 _UNIT_US = {"s": 1_000_000, "ms": 1_000, "us": 1, "ns": 0}
@@ -137,6 +140,7 @@ class PostgresSource(Source):
         time_unit: str | None = None, start_us: int | None = None, end_us: int | None = None,
         batch_rows: int = 262_144, planned: dict[str, Any] | None = None,
     ) -> None:
+        self._con: Any = None
         self.uri = uri
         self._target = _parse(uri, query)
         self._query = query
@@ -145,7 +149,6 @@ class PostgresSource(Source):
         self._bounds = (start_us, end_us)
         self._batch_rows = batch_rows
         self._secret: str | None = None
-        self._con: Any = None
         self._pace: Callable[[int], None] | None = None
         self._schema: pa.Schema | None = None
         self._plan = planned or self._make_plan()
@@ -161,14 +164,24 @@ class PostgresSource(Source):
         return self._schema
 
     def batches(self, piece: str | None = None) -> Iterator[SourceBatch]:
-        names = self.pieces()
-        if piece is not None and piece not in names:
-            raise SourceError(f"{piece} is not a piece of source '{self.uri}'")
-        for name, (lo, hi) in zip(names, self._ranges(), strict=True):
-            if piece is None or name == piece:
+        return self.read(self.pieces() if piece is None else [piece])
+
+    def read(self, pieces: list[str]) -> Iterator[SourceBatch]:
+        """The pieces in order, the next one read while the caller maps and spills this one: the
+        server, the driver (which decodes outside the GIL) and the mapping then work at once."""
+        ranges = dict(zip(self.pieces(), self._ranges(), strict=True))
+        unknown = [p for p in pieces if p not in ranges]
+        if unknown:
+            raise SourceError(f"{unknown[0]} is not a piece of source '{self.uri}'")
+        with ThreadPoolExecutor(1, thread_name_prefix="postgres-read-ahead") as ahead:
+            pending = [ahead.submit(self._read_piece, p, *ranges[p]) for p in pieces[:1]]
+            for i, piece in enumerate(pieces):
+                batches = pending.pop().result()
+                if i + 1 < len(pieces):
+                    pending.append(ahead.submit(self._read_piece, pieces[i + 1], *ranges[pieces[i + 1]]))
                 offset = 0
-                for batch in _rebatch(self._read_piece(name, lo, hi), self._batch_rows):
-                    yield SourceBatch(batch, name, offset)
+                for batch in _rebatch(batches, self._batch_rows):
+                    yield SourceBatch(batch, piece, offset)
                     offset += batch.num_rows
 
     def fingerprint(self) -> str:
@@ -218,6 +231,7 @@ class PostgresSource(Source):
                                 "edges": [], "piece_rows": []}
         if lo is None:
             return plan
+        full = hi + 1 - lo
         start, end = self._domain_bounds()
         lo, hi = max(lo, start) if start is not None else lo, min(hi + 1, end) if end is not None else hi + 1
         if lo >= hi:
@@ -225,11 +239,12 @@ class PostgresSource(Source):
         chunks = self._chunks(lo, hi) if kind != "integer" and self._target.table else None
         if chunks:
             plan["edges"] = [lo, *[c[1] for c in chunks[:-1]], hi]
-            plan["piece_rows"] = [c[2] for c in chunks]
+            plan["piece_rows"] = [round(c[2]) for c in chunks]
         else:
-            count = max(1, math.ceil(rows / self._target.piece_rows))
+            in_range = rows * (hi - lo) / full  # the estimate is for the whole source; rows spread evenly
+            count = min(MAX_PIECES, max(1, math.ceil(in_range / self._target.piece_rows)))
             plan["edges"] = sorted({lo + (hi - lo) * i // count for i in range(count)} | {hi})
-            plan["piece_rows"] = [rows / count] * (len(plan["edges"]) - 1)
+            plan["piece_rows"] = [round(in_range / count)] * (len(plan["edges"]) - 1)
         return plan
 
     def _source_field(self) -> str:
@@ -361,6 +376,9 @@ class PostgresSource(Source):
             except _adbc_errors() as exc:
                 raise self._error(exc, connecting=True) from exc
         return self._con.cursor()
+
+    def __del__(self) -> None:
+        self._close()
 
     def _close(self) -> None:
         if self._con is not None:

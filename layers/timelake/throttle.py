@@ -91,8 +91,7 @@ def read(src: Source, pieces: list[str], row_budget: RowBudget | None) -> Iterat
     own = row_budget is not None and isinstance(src, Paced)
     if own:
         src.pace(row_budget.take, row_budget.rows_per_second)
-    for piece in pieces:
-        for batch in src.batches(piece):
-            yield batch
-            if row_budget is not None and not own:
-                row_budget.take(batch.data.num_rows)
+    for batch in src.read(pieces):
+        yield batch
+        if row_budget is not None and not own:
+            row_budget.take(batch.data.num_rows)
