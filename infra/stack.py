@@ -22,7 +22,9 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_events_targets as targets
+from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
+from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sqs as sqs
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
@@ -65,6 +67,7 @@ FUNCTIONS: dict[str, FunctionSpec] = {
     "validate": FunctionSpec(2048, Duration.minutes(15), engine=True),
     "publish": FunctionSpec(2048, Duration.minutes(15), engine=True, commits=True, put_events=True),
     "record_failure": FunctionSpec(512, Duration.seconds(30)),
+    "canary": FunctionSpec(2048, Duration.minutes(15), engine=True, commits=True, reads_sources=True),  # stages, resets, aborts; samples the source
     "api": FunctionSpec(512, Duration.seconds(30), engine=True, commits=True),  # abort removes the branch and staged files
     "rollup": FunctionSpec(2048, Duration.minutes(15), engine=True, commits=True),  # swaps rollup chunks
 }
@@ -72,6 +75,7 @@ WORKFLOW_FUNCTIONS = tuple(name for name in FUNCTIONS if name not in ("api", "ro
 API_ROUTES: tuple[tuple[str, str], ...] = (
     ("POST", "/backfills"), ("GET", "/backfills"), ("GET", "/backfills/{id}"),
     ("GET", "/backfills/{id}/report"), ("POST", "/backfills/{id}/resume"), ("POST", "/backfills/{id}/abort"),
+    ("POST", "/backfills/{id}/approve"), ("POST", "/backfills/{id}/reject"),
 )
 GLUE_READ = ["glue:GetDatabase", "glue:GetDatabases", "glue:GetTable", "glue:GetTables"]
 GLUE_COMMIT = ["glue:UpdateTable"]
@@ -96,6 +100,9 @@ class BackfillStack(Stack):
             name=DATABASE, description="Iceberg tables loaded by timelake backfill",
             location_uri=self.bucket.s3_url_for_object(f"{WAREHOUSE_PREFIX}/{DATABASE}.db")))
         self.jobs_table = self._jobs_table()
+        self.alarm_topic = sns.Topic(
+            self, "AlarmTopic", display_name="timelake real-time alarms", enforce_ssl=True,
+            master_key=kms.Alias.from_alias_name(self, "SnsManagedKey", "alias/aws/sns"))
         self.bus = events.EventBus(self, "EventBus", event_bus_name=EVENT_BUS,
                                    description="Backfill lifecycle events (Backfill Published) for rollup refresh")
         self.layer = lambda_.LayerVersion(
@@ -116,7 +123,7 @@ class BackfillStack(Stack):
         for name, value in {
             "BucketName": self.bucket.bucket_name, "JobsTableName": self.jobs_table.table_name,
             "StateMachineArn": self.state_machine.state_machine_arn, "ApiUrl": self.api.url,
-            "EventBusName": self.bus.event_bus_name, "GlueDatabase": DATABASE,
+            "EventBusName": self.bus.event_bus_name, "GlueDatabase": DATABASE, "AlarmTopicArn": self.alarm_topic.topic_arn,
             "LakeConfig": self.lake_config(),  # read by `timelake ... --on aws`
         }.items():
             CfnOutput(self, name, value=value)
@@ -130,6 +137,8 @@ class BackfillStack(Stack):
             "store": f"dynamodb://{self.jobs_table.table_name}",
             "staging": self.bucket.s3_url_for_object(STAGING_PREFIX.rstrip("/")),
             "events": f"eventbridge://{self.bus.event_bus_name}",
+            # The live path publishes here; no role of this stack may (historical data never pages anyone).
+            "alarms": f"sns://{self.alarm_topic.topic_arn}",
         })
 
     def _access_log_bucket(self) -> s3.Bucket:
@@ -248,6 +257,9 @@ class BackfillStack(Stack):
         states = f"arn:{Aws.PARTITION}:states:{Aws.REGION}:{Aws.ACCOUNT_ID}"
         fn.add_to_role_policy(iam.PolicyStatement(actions=["states:StartExecution", "states:ListExecutions"],
                                                   resources=[self.state_machine.state_machine_arn]))
+        # approve/reject answer the canary's task token; the token's resource is the state machine
+        fn.add_to_role_policy(iam.PolicyStatement(actions=["states:SendTaskSuccess", "states:SendTaskFailure"],
+                                                  resources=[self.state_machine.state_machine_arn]))
         fn.add_to_role_policy(iam.PolicyStatement(actions=["states:DescribeExecution", "states:RedriveExecution", "states:StopExecution"],
                                                   resources=[f"{states}:execution:{self.state_machine.state_machine_name}:*"]))
 
@@ -256,7 +268,7 @@ class BackfillStack(Stack):
         model's required fields here; the handler validates the full model (422 on bad input)."""
         access_logs = logs.LogGroup(self, "ApiAccessLogs", retention=LOG_RETENTION, removal_policy=RemovalPolicy.DESTROY)
         api = apigw.RestApi(
-            self, "Api", rest_api_name=SERVICE, description="Start, list, inspect, resume and abort backfills",
+            self, "Api", rest_api_name=SERVICE, description="Start, list, inspect, resume, approve, reject and abort backfills",
             endpoint_types=[apigw.EndpointType.REGIONAL], cloud_watch_role=True,
             default_method_options=apigw.MethodOptions(authorization_type=apigw.AuthorizationType.IAM),
             deploy_options=apigw.StageOptions(

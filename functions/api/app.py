@@ -63,6 +63,18 @@ def abort(job_id: str) -> dict[str, Any]:
     return orchestrator().abort(job_id)
 
 
+@app.post("/backfills/<job_id>/approve", summary="Approve the canary day: write, validate and publish the rest",
+          responses={202: {"description": "Approved"}})
+def approve(job_id: str) -> Response[dict[str, Any]]:
+    return Response(202, content_types.APPLICATION_JSON, orchestrator().approve(job_id))
+
+
+@app.post("/backfills/<job_id>/reject", summary="Reject the canary day: the workflow aborts the job, main untouched",
+          responses={202: {"description": "Rejected"}})
+def reject(job_id: str) -> Response[dict[str, Any]]:
+    return Response(202, content_types.APPLICATION_JSON, orchestrator().reject(job_id))
+
+
 @logger.inject_lambda_context
 @tracer.capture_lambda_handler
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:

@@ -1,11 +1,12 @@
-"""Rollup Lambda: an EventBridge rule on "Backfill Published" invokes it with the published range."""
+"""Rollup Lambda: an EventBridge rule on "Backfill Published" invokes it with the published range;
+it refreshes the rollups there and, if the job asked, evaluates the rules in historical mode."""
 
 from typing import Any
 
 from aws_lambda_powertools import Logger, Tracer
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from timelake.rollup import PublishedEvent, refresh
+from timelake.followup import PublishedEvent, on_published
 from timelake.service import lambda_runtime
 
 logger, tracer = Logger(), Tracer()
@@ -15,4 +16,4 @@ logger, tracer = Logger(), Tracer()
 @tracer.capture_lambda_handler
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     published = PublishedEvent.model_validate(event["detail"])
-    return {"job_id": published.job_id, "rollups": refresh(lambda_runtime(), published.table, published.start, published.end)}
+    return {"job_id": published.job_id, **on_published(lambda_runtime(), published)}

@@ -6,6 +6,7 @@ Every failure exits non-zero with one line naming what is wrong; `--json` prints
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -17,12 +18,15 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table as RichTable
 from typer.core import TyperGroup
 
+from .canary import AWAITING
+from .canary import approve as approve_canary
 from .errors import BackfillError
 from .lake import Lake, connect
 from .report import build_report, progress
-from .runner import TERMINAL, run_job
+from .runner import TERMINAL, WAITING, run_job
 from .spec import JobSpec
 
+FIRST_DAY = "first"
 console = Console(stderr=True)
 out = Console()
 
@@ -39,7 +43,17 @@ class _BackfillGroup(TyperGroup):
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         if args and args[0] not in self.commands and not args[0].startswith("-"):
             args = ["run", *args]
-        return super().parse_args(ctx, args)
+        return super().parse_args(ctx, _canary_value(args))
+
+
+def _canary_value(args: list[str]) -> list[str]:
+    """``--canary`` takes an optional DAY: a bare ``--canary`` means the first day with source rows."""
+    result = []
+    for i, arg in enumerate(args):
+        if arg == "--canary" and not (i + 1 < len(args) and re.fullmatch(r"\d{4}-\d{2}-\d{2}", args[i + 1])):
+            arg = f"--canary={FIRST_DAY}"
+        result.append(arg)
+    return result
 
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="timelake: load history into live Iceberg tables.")
@@ -48,6 +62,8 @@ backfill_app = typer.Typer(
     help="Backfill a table: `timelake backfill TABLE --from SRC \\[options]`, or status/resume/list a job.",
 )
 app.add_typer(backfill_app, name="backfill")
+table_app = typer.Typer(no_args_is_help=True, help="A table's contract: show it, declare rollups and rules, list rule events.")
+app.add_typer(table_app, name="table")
 
 
 def _lake(warehouse: Path | None) -> Lake:
@@ -81,9 +97,14 @@ def run(
     max_concurrency: Annotated[Optional[int], typer.Option("--max-concurrency")] = None,
     assertions: Annotated[Optional[list[str]], typer.Option("--assert", help="SQL over `staged` returning failing rows")] = None,
     override_retention: Annotated[bool, typer.Option("--override-retention")] = False,
+    evaluate_rules: Annotated[bool, typer.Option(
+        "--evaluate-rules", help="After publish, evaluate the table's rules over the range into its events table "
+        "(source 'backfill'); never alarms")] = False,
     time_unit: Annotated[Optional[str], typer.Option("--time-unit", help="s | ms | us | ns for epoch integers")] = None,
     dst_policy: Annotated[str, typer.Option("--dst-policy", help="refuse | earliest | latest | drop")] = "refuse",
     fmt: Annotated[Optional[str], typer.Option("--format", help="parquet | csv | json (default: from extension)")] = None,
+    canary: Annotated[Optional[str], typer.Option(
+        "--canary", metavar="[DAY]", help="Write and check one UTC day first (default: the first day with rows), then wait")] = None,
     query: Annotated[Optional[str], typer.Option("--query", help="SELECT to read from a PostgreSQL source")] = None,
     source_max_connections: Annotated[Optional[int], typer.Option("--source-max-connections", help="Scan tasks reading the source at once")] = None,
     source_rows_per_second: Annotated[Optional[int], typer.Option("--source-rows-per-second", help="Rows/s read from the source, all workers together")] = None,
@@ -96,7 +117,8 @@ def run(
     given = {
         "source": source, "map": _parse_map(map_) or None, "tz": tz, "start": start, "end": end,
         "publish_by": publish_by, "max_concurrency": max_concurrency, "assertions": assertions or None,
-        "time_unit": time_unit, "format": fmt, "query": query, "source_max_connections": source_max_connections,
+        "time_unit": time_unit, "format": fmt, "canary": True if canary == FIRST_DAY else canary,
+        "query": query, "source_max_connections": source_max_connections,
         "source_rows_per_second": source_rows_per_second,
     }
     fields.update({k: v for k, v in given.items() if v is not None})
@@ -106,6 +128,7 @@ def run(
             fields[flag] = value
     fields["dry_run"] = dry_run or fields.get("dry_run", False)
     fields["override_retention"] = override_retention or fields.get("override_retention", False)
+    fields["evaluate_rules"] = evaluate_rules or fields.get("evaluate_rules", False)
     if not fields.get("source"):
         _fail("--from SRC (or a --job file with a source) is required")
     spec = JobSpec.model_validate(fields)
@@ -132,6 +155,17 @@ def resume(job_id: str, as_json: JsonFlag = False, warehouse: Warehouse = None, 
     _drive(lake, job_id, as_json)
 
 
+@backfill_app.command("continue")
+def continue_job(job_id: str, as_json: JsonFlag = False, warehouse: Warehouse = None, on: On = "local") -> None:
+    """Approve a canary: write the rest of the job, validate all of it and publish."""
+    if _on_aws(on):
+        _print_json_or(_aws().approve(job_id), as_json, "approved")
+        return
+    lake = _lake(warehouse)
+    approve_canary(lake.runtime, job_id)
+    _drive(lake, job_id, as_json)
+
+
 @backfill_app.command("status")
 def status(
     job_id: str, watch: Annotated[bool, typer.Option("--watch", help="Refresh until the job ends")] = False,
@@ -150,7 +184,7 @@ def status(
             out.print_json(json.dumps(info))
         else:
             out.print(_status_line(info))
-        if not watch or info["phase"] in TERMINAL or info["phase"] == "failed":
+        if not watch or info["phase"] in TERMINAL | WAITING or info["phase"] == "failed":
             break
         time.sleep(1.0)
 
@@ -184,6 +218,8 @@ def abort_job(job_id: str, as_json: JsonFlag = False, warehouse: Warehouse = Non
         result = job.abort()
     if as_json:
         out.print_json(json.dumps(result))
+    elif "how" in result:  # a canary waiting on AWS: the workflow runs the abort
+        out.print(f"job {job_id}: {result['how']}")
     else:
         out.print(f"aborted job {job_id}: {result['files_deleted']} unpublished file(s) deleted, branch and lease removed")
 
@@ -226,6 +262,65 @@ def history(table: str, as_json: JsonFlag = False, warehouse: Warehouse = None) 
 def schema() -> None:
     """Print the JSON Schema of the job JSON."""
     out.print_json(json.dumps(JobSpec.model_json_schema()))
+
+
+@table_app.command("show")
+def show_table(table: str, as_json: JsonFlag = False, warehouse: Warehouse = None) -> None:
+    """The contract of TABLE: time column, series and dedup key, retention, partition tiers, rollups, rules."""
+    from .rollup import rollups_of
+    from .rules import rules_of
+
+    handle = _lake(warehouse).table(table)
+    ct = handle.contract
+    info = {"table": table, "time_column": ct.time_column, "series_key": list(ct.series_key), "dedup_key": list(ct.dedup_key),
+            "retention": ct.retention, "partition_tiers": [{"max_age": t.max_age, "transform": t.transform} for t in ct.tiers],
+            "target_file_size": ct.target_file_size,
+            "rollups": [{"interval": r.interval, "columns": list(r.columns), "table": r.table_name(table)} for r in rollups_of(handle.iceberg)],
+            "rules": [r.to_json() for r in rules_of(handle.iceberg)]}
+    if as_json:
+        out.print_json(json.dumps(info))
+        return
+    for key, value in info.items():
+        out.print(f"[bold]{key}[/]: {value}")
+
+
+@table_app.command("declare")
+def declare(
+    table: str,
+    rollup: Annotated[Optional[list[str]], typer.Option("--rollup", help="INTERVAL:COLUMN[,COLUMN…], e.g. 1h:value")] = None,
+    rule: Annotated[Optional[list[str]], typer.Option("--rule", help="'NAME: COLUMN OP THRESHOLD [for PT10M] [severity S]'")] = None,
+    warehouse: Warehouse = None,
+) -> None:
+    """Add rollups (built from the whole table at once) and rules to TABLE's contract."""
+    rollups = []
+    for item in rollup or []:
+        interval, sep, columns = item.partition(":")
+        if not sep:
+            raise typer.BadParameter(f"'{item}' is not INTERVAL:COLUMN[,COLUMN…]", param_hint="--rollup")
+        rollups.append({"interval": interval.strip(), "columns": [c.strip() for c in columns.split(",") if c.strip()]})
+    _lake(warehouse).table(table).declare(rollups=rollups or None, rules=rule or None)
+    out.print(f"{table}: declared {len(rollups)} rollup(s) and {len(rule or [])} rule(s)")
+
+
+@table_app.command("events")
+def table_events(
+    table: str, source: Annotated[Optional[str], typer.Option("--source", help="live | backfill")] = None,
+    as_json: JsonFlag = False, warehouse: Warehouse = None,
+) -> None:
+    """Rule events of TABLE (the events table), oldest first."""
+    rows = [r for r in _lake(warehouse).table(table).events().to_pylist() if source is None or r["source"] == source]
+    if as_json:
+        out.print_json(json.dumps(rows, default=str))
+        return
+    grid = RichTable("fired", "rule", "severity", "series", "started", "value", "source", "job")
+    for r in rows:
+        series = ", ".join(str(v) for k, v in r.items() if k not in _EVENT_COLUMNS)
+        grid.add_row(f"{r['fired_at']:%Y-%m-%d %H:%M:%S}", r["rule"], r["severity"], series, f"{r['started_at']:%Y-%m-%d %H:%M:%S}",
+                     f"{r['value']:g}", r["source"], r["job_id"] or "")
+    out.print(grid if rows else f"no rule events on {table}")
+
+
+_EVENT_COLUMNS = {"rule", "severity", "started_at", "fired_at", "value", "threshold", "source", "job_id", "recorded_at"}
 
 
 @app.command("demo")
@@ -283,6 +378,8 @@ def _drive(lake: Lake, job_id: str, as_json: bool) -> None:
         out.print_json(json.dumps(report, default=str))
     else:
         _print_report(report)
+        if report["phase"] == AWAITING and report.get("canary"):
+            _print_canary(report["canary"], job_id)
     if error:
         _fail(error)
 
@@ -320,6 +417,32 @@ def _print_report(r: dict[str, Any]) -> None:
         mark = "[green]pass[/]" if check["passed"] else ("[red]FAIL[/]" if check["blocking"] else "[yellow]warn[/]")
         grid.add_row(f"check {check['name']}", f"{mark} {check['detail']}")
     out.print(grid)
+
+
+def _print_canary(c: dict[str, Any], job_id: str) -> None:
+    """The canary day as a person judges it: counts, rows through the mapping, columns, projections."""
+    out.print(f"[bold]canary {c['day']}[/] ({c['range']['start']} … {c['range']['end']}): {c['rows_in_source']:,} rows in, "
+              f"{c['rows_written']:,} staged, {c['rows_duplicate_in_source']:,} duplicates, "
+              f"{c['rows_conflicting_existing']:,} conflicting existing; {c['units']} unit(s), {c['files']} file(s)")
+    samples = RichTable("where", "source row", "mapped row (UTC)", "existing row on main", "outcome", title="sample rows")
+    for s in c["samples"]:
+        samples.add_row(s["origin"], _row_text(s["source"]), _row_text(s["mapped"]), _row_text(s["existing"]), s["outcome"])
+    out.print(samples)
+    columns = RichTable("column", "source min", "source max", "source nulls", "staged min", "staged max", "staged nulls",
+                        title="columns, source rows of the day vs staged")
+    for col in c["columns"]:
+        src, staged = col["source"], col["staged"]
+        columns.add_row(col["column"], *(str(x) for x in (src["min"], src["max"], src["nulls"], staged["min"], staged["max"], staged["nulls"])))
+    out.print(columns)
+    p = c["projected"]
+    speed = f"; {p['canary_rows_per_second']:,} rows/s in the canary" if p["canary_rows_per_second"] else ""
+    out.print(f"whole job: {p['rows_in_scope']:,} rows in scope, ~{p['rows_written']:,} to write, {p['units']} unit(s) / "
+              f"{p['files']} file(s), {_cost(p['estimated_cost'])}{speed}")
+    out.print(f"approve with: timelake backfill continue {job_id}    drop it with: timelake backfill abort {job_id}")
+
+
+def _row_text(row: dict[str, Any] | None) -> str:
+    return "—" if row is None else ", ".join(f"{k}={v}" for k, v in row.items())
 
 
 def _cost(cost: dict[str, Any] | None) -> str:

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import random
 import time
+import warnings
 from collections import defaultdict
 from collections.abc import Callable, Iterable
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 from concurrent.futures import ThreadPoolExecutor
 
 import pyarrow.parquet as pq
@@ -31,6 +32,10 @@ from pyiceberg.table.update.snapshot import _FastAppendFiles
 from pyiceberg.typedef import Record
 
 from .runtime import filesystem
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyiceberg.expressions import BooleanExpression
 
 T = TypeVar("T")
 COMMIT_ATTEMPTS = 10
@@ -162,3 +167,19 @@ def with_retry(table: IcebergTable, attempt: Callable[[IcebergTable], T], what: 
             time.sleep(min(1.0, 0.02 * 2**n) * (0.5 + random.random()))
             table = table.refresh()
     raise AssertionError("unreachable")
+
+
+def swap(table: IcebergTable, row_filter: "BooleanExpression | None", rows: "pa.Table", what: str) -> None:
+    """Delete the rows matching ``row_filter`` and append ``rows`` in ONE commit, so a reader sees the
+    old rows or the new ones, never a mix. A conflict rebuilds the whole swap on fresh metadata
+    rather than letting pyiceberg replay the append onto rows it never saw."""
+    def attempt(current: IcebergTable) -> None:
+        with without_blind_retries(current).transaction() as tx:
+            if row_filter is not None:
+                with warnings.catch_warnings():  # an empty range to clear is normal here, not a mistake
+                    warnings.filterwarnings("ignore", "Delete operation did not match any records")
+                    tx.delete(row_filter)
+            if rows.num_rows:
+                tx.append(rows)
+
+    with_retry(table, attempt, what)

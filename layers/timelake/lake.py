@@ -6,11 +6,12 @@ import json
 import os
 import threading
 from collections.abc import Iterable
-from datetime import datetime, timezone
+from datetime import date, datetime, timezone
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table as IcebergTable
@@ -21,25 +22,33 @@ from . import contract as c
 from .commit import with_retry
 from .errors import BackfillError
 from .events import EventBus
-from .layout import read_range
+from .layout import read_range, time_bounds
 from .report import build_report, progress
 from .rollup import ROLLUPS
 from .rollup import create_tables as create_rollup_tables
 from .rollup import parse as parse_rollups
+from .rollup import refresh as refresh_rollups
+from .rollup import rollups_of
+from .rollup import to_property as rollups_property
+from .rules import RULES, AlarmSink, evaluate_live, events_table_name, rules_of
+from .rules import parse as parse_rules
+from .rules import to_property as rules_property
 from .runner import run_job
 from .runtime import DEFAULT_WAREHOUSE, LakeConfig, Runtime
 from .spec import JobSpec
 from .abort import abort, request_abort
+from .canary import approve as approve_canary
 from .store import JobRecord, Lease
-from .timeutil import parse_duration, parse_instant, parse_size, subtract_duration, to_micros
+from .timeutil import iso, parse_duration, parse_instant, parse_size, subtract_duration, to_micros
 
 
 def connect(
     warehouse: str | os.PathLike[str] | None = None, catalog: str | None = None, *, bus: EventBus | None = None,
-    store: str | None = None, staging: str | None = None, **catalog_props: str,
+    store: str | None = None, staging: str | None = None, alarms: AlarmSink | None = None, **catalog_props: str,
 ) -> "Lake":
     """The embedded lake in ``warehouse`` (default ``./.timelake`` or $TIMELAKE_WAREHOUSE), or a named
-    pyiceberg catalog configured by ``catalog_props`` (job state then goes to ``store``)."""
+    pyiceberg catalog configured by ``catalog_props`` (job state then goes to ``store``). ``alarms``
+    receives the live path's real-time alarms (default: kept in process)."""
     if catalog is None:
         config = LakeConfig.embedded(warehouse or os.environ.get("TIMELAKE_WAREHOUSE", DEFAULT_WAREHOUSE))
     else:
@@ -48,7 +57,7 @@ def connect(
             catalog_name=catalog, catalog_props=catalog_props,
             store=store or f"sqlite:///{root}/jobs.db", staging=staging or f"file://{root}/_backfill",
         )
-    return Lake(Runtime(config, bus))
+    return Lake(Runtime(config, bus, alarms))
 
 
 class Lake:
@@ -64,6 +73,7 @@ class Lake:
         partition_by: str | dict[str | None, str] = "day", retention: str | None = None,
         target_file_size: str | int = "128MB", dedup_key: Iterable[str] | None = None,
         properties: dict[str, str] | None = None, rollups: list[dict[str, Any]] | None = None,
+        rules: list[dict[str, Any] | str] | None = None,
     ) -> "Table":
         """Create an Iceberg table that carries its timelake contract in its properties.
 
@@ -95,7 +105,9 @@ class Lake:
         }
         declared = parse_rollups(rollups, iceberg_schema.as_arrow())
         if declared:
-            props[ROLLUPS] = json.dumps([{"interval": r.interval, "columns": list(r.columns)} for r in declared])
+            props[ROLLUPS] = rollups_property(declared)
+        if rules:
+            props[RULES] = rules_property(parse_rules(rules, iceberg_schema.as_arrow()))
         table = self.catalog.create_table(
             name, schema=iceberg_schema, sort_order=sort_order, properties=props,
             partition_spec=PartitionSpec(PartitionField(time_field.field_id, 1000, c.TRANSFORM_CLASSES[oldest](), f"{time_column}_{oldest}")),
@@ -168,10 +180,12 @@ class Table:
         self.iceberg = self.iceberg.refresh()
         return self
 
-    def append(self, data: pa.Table | Any, as_backfill: bool = False, older_than: str = "PT6H") -> "Job | None":
+    def append(self, data: pa.Table | Any, as_backfill: bool = False, older_than: str = "PT6H",
+               evaluate_rules: bool = True) -> "Job | None":
         """The plain live write path (one commit): what a live ingester does.
 
-        With ``as_backfill=True`` the rows older than ``older_than`` (a gateway's buffered dump after an
+        The appended rows are evaluated against the table's rules in real time (``evaluate_rules``):
+        events that fire go to the events table and the lake's alarm sink. With ``as_backfill=True`` the rows older than ``older_than`` (a gateway's buffered dump after an
         outage) go through a backfill job instead (merge: existing rows win), written sorted and sized
         into their old partitions rather than as small files; the recent rest is appended as usual.
         Returns the backfill job when there was one.
@@ -187,7 +201,38 @@ class Table:
                 rows = rows.filter(pc.invert(old))
         if rows.num_rows:
             self.iceberg = with_retry(self.iceberg.refresh(), lambda t: (t.append(rows), t.refresh())[1], "append")
+            if evaluate_rules:
+                evaluate_live(self.lake.runtime, self.name, rows)
         return job
+
+    def declare(self, rollups: list[dict[str, Any]] | None = None, rules: list[dict[str, Any] | str] | None = None) -> "Table":
+        """Add rollups and rules to the contract of an existing table (a rule of the same name is
+        replaced). A new rollup's table is created and built from the whole base table at once, so it
+        is complete from the start rather than only over ranges backfilled later."""
+        self.refresh()
+        schema = self.iceberg.schema().as_arrow()
+        known = rollups_of(self.iceberg)
+        new = [r for r in parse_rollups(rollups, schema) if r.interval not in {k.interval for k in known}]
+        updated = {r.name: r for r in [*rules_of(self.iceberg), *parse_rules(rules, schema)]}
+        props = {RULES: rules_property(list(updated.values()))} if rules else {}
+        if new:
+            create_rollup_tables(self.lake.runtime, self.name, self.contract, schema, new)
+            props[ROLLUPS] = rollups_property([*known, *new])
+        if props:
+            with self.iceberg.transaction() as tx:
+                tx.set_properties(props)
+            self.refresh()
+        bounds = time_bounds(self.iceberg, self.contract.time_column)
+        if new and bounds is not None:
+            refresh_rollups(self.lake.runtime, self.name, iso(bounds[0]), iso(bounds[1] + 1))
+        return self
+
+    def events(self) -> pa.Table:
+        """The rule events of this table (live and backfill), oldest first; empty if none fired yet."""
+        try:
+            return self.lake.catalog.load_table(events_table_name(self.name)).scan().to_arrow().sort_by("fired_at")
+        except NoSuchTableError:
+            return pa.table({})
 
     def to_arrow(self, start: str | datetime | None = None, end: str | datetime | None = None, ref: str | None = None) -> pa.Table:
         """Rows of main (or ``ref``) in [start, end), sorted by series key and time."""
@@ -209,7 +254,8 @@ class Table:
         start: str | datetime | None = None, end: str | datetime | None = None, dry_run: bool = False,
         publish_by: str | None = None, max_concurrency: int | None = None, assertions: Iterable[str] = (),
         override_retention: bool = False, time_unit: str | None = None, dst_policy: str = "refuse",
-        format: str | None = None, wait: bool = False,  # noqa: A002
+        format: str | None = None, evaluate_rules: bool = False, wait: bool = False,  # noqa: A002
+        canary: bool | str | date | None = None,
         query: str | None = None, source_max_connections: int | None = None, source_rows_per_second: int | None = None,
     ) -> "Job":
         """Start a backfill of ``source`` (path/glob/URI, pyarrow Table or reader, pandas DataFrame).
@@ -222,6 +268,8 @@ class Table:
             "map": map or {}, "tz": tz, "mode": mode, "start": start, "end": end, "dry_run": dry_run,
             "publish_by": publish_by, "max_concurrency": max_concurrency, "assertions": list(assertions),
             "override_retention": override_retention, "time_unit": time_unit, "dst_policy": dst_policy,
+            "evaluate_rules": evaluate_rules,
+            "canary": canary,
             "query": query, "source_max_connections": source_max_connections,
             "source_rows_per_second": source_rows_per_second,
         })
@@ -287,6 +335,13 @@ class Job:
             self._error = None
         return abort(self.lake.runtime, self.id) if self.record().phase != "aborted" else {
             "job_id": self.id, "phase": "aborted", "files_deleted": self.record().state.get("files_deleted", 0)}
+
+    def approve(self, wait: bool = False) -> "Job":
+        """Accept the canary day: write the other units (the canary's files stay as they are), stage,
+        validate the whole job and publish. Returns at once unless ``wait``; ``wait()`` joins."""
+        approve_canary(self.lake.runtime, self.id)
+        self.resume()
+        return self.wait() if wait else self
 
     def resume(self, source: Any = None, wait: bool = False) -> "Job":
         """Continue from the first unfinished step; done units are skipped. Safe to call repeatedly."""

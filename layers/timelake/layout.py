@@ -18,6 +18,7 @@ from .timeutil import transform_range, transform_values
 
 if TYPE_CHECKING:
     from pyiceberg.expressions import BooleanExpression
+    from pyiceberg.schema import Schema
     from pyiceberg.table import Table as IcebergTable
 
 
@@ -114,3 +115,25 @@ def read_range(
     if ref:
         scan = scan.use_ref(ref)
     return scan.to_arrow()
+
+
+def fresh_schema(schema: pa.Schema) -> "Schema":
+    """An Iceberg schema for an Arrow schema of our own making (rollups, events), with fresh field ids."""
+    from pyiceberg.io.pyarrow import _ConvertToIcebergWithoutIDs, visit_pyarrow
+    from pyiceberg.schema import assign_fresh_schema_ids
+
+    return assign_fresh_schema_ids(visit_pyarrow(schema, _ConvertToIcebergWithoutIDs()))
+
+
+def time_bounds(table: "IcebergTable", column: str) -> tuple[int, int] | None:
+    """Oldest and newest time on main (UTC µs) from the data files' column bounds: no data is read."""
+    from pyiceberg.conversions import from_bytes
+
+    field = table.schema().find_field(column)
+    lows, highs = [], []
+    for task in table.scan().plan_files():
+        lo, hi = (task.file.lower_bounds or {}).get(field.field_id), (task.file.upper_bounds or {}).get(field.field_id)
+        if lo is not None and hi is not None:
+            lows.append(from_bytes(field.field_type, lo))
+            highs.append(from_bytes(field.field_type, hi))
+    return (min(lows), max(highs)) if lows else None

@@ -75,6 +75,7 @@ def publish(rt: Runtime, job_id: str, max_chunks: int | None = None) -> dict[str
         rt.bus.put(BACKFILL_PUBLISHED, {
             "job_id": job_id, "table": spec.table, "mode": spec.mode, "chunk": chunk.key,
             "start": iso(chunk.start), "end": iso(chunk.end), "snapshot_ids": marker,
+            "evaluate_rules": spec.evaluate_rules,
         })
     def drop_branch(current: IcebergTable) -> None:
         if state["branch"] in current.metadata.refs:

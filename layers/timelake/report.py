@@ -72,6 +72,7 @@ def build_report(job: JobRecord, units: list[UnitRecord]) -> dict[str, Any]:
         "columns_filled_with_null": s.get("columns_filled_with_null", []),
         "ignored_source_columns": s.get("ignored_source_columns", []),
         "error": s.get("error"),
+        "canary": s.get("canary_report"),
         "source_limits": source_limits(job),
         "progress": progress(job, units),
     }

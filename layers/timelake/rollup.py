@@ -17,14 +17,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import duckdb
-from pydantic import BaseModel
 import pyarrow as pa
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.transforms import DayTransform, MonthTransform
 
-from .commit import with_retry, without_blind_retries
+from .commit import swap
 from .contract import Contract
-from .layout import read_range, time_filter
+from .layout import fresh_schema, read_range, time_filter
 from .runtime import Runtime
 from .timeutil import US_PER_DAY, US_PER_HOUR, floor_to, next_boundary, parse_instant, to_micros
 
@@ -32,15 +31,6 @@ ROLLUPS = "timelake.rollups"
 INTERVALS = {"1h": US_PER_HOUR, "1d": US_PER_DAY}
 CHUNK = {"1h": "day", "1d": "month"}  # one atomic swap per chunk
 AGGREGATES = ("min", "max", "sum", "avg")
-
-
-class PublishedEvent(BaseModel):
-    """The detail of a "Backfill Published" event: the range whose rollups are stale."""
-
-    job_id: str
-    table: str
-    start: str
-    end: str
 
 
 @dataclass(frozen=True)
@@ -66,6 +56,10 @@ def parse(definitions: list[dict[str, Any]] | None, schema: pa.Schema) -> list[R
     return rollups
 
 
+def to_property(rollups: list[Rollup]) -> str:
+    return json.dumps([{"interval": r.interval, "columns": list(r.columns)} for r in rollups])
+
+
 def rollups_of(table: Any) -> list[Rollup]:
     return [Rollup(d["interval"], tuple(d["columns"])) for d in json.loads(table.properties.get(ROLLUPS, "[]"))]
 
@@ -73,11 +67,7 @@ def rollups_of(table: Any) -> list[Rollup]:
 def create_tables(rt: Runtime, base: str, contract: Contract, schema: pa.Schema, rollups: list[Rollup]) -> None:
     """One Iceberg table per rollup, partitioned by day (hourly buckets) or month (daily ones)."""
     for r in rollups:
-        arrow = rollup_schema(contract, schema, r)
-        from pyiceberg.io.pyarrow import _ConvertToIcebergWithoutIDs, visit_pyarrow
-        from pyiceberg.schema import assign_fresh_schema_ids
-
-        iceberg = assign_fresh_schema_ids(visit_pyarrow(arrow, _ConvertToIcebergWithoutIDs()))
+        iceberg = fresh_schema(rollup_schema(contract, schema, r))
         transform = DayTransform() if r.interval == "1h" else MonthTransform()
         spec = PartitionSpec(PartitionField(iceberg.find_field("bucket_start").field_id, 1000, transform, "bucket_part"))
         rt.catalog.create_table(r.table_name(base), schema=iceberg, partition_spec=spec,
@@ -109,7 +99,7 @@ def refresh(rt: Runtime, base: str, start: str, end: str) -> dict[str, int]:
         with ThreadPoolExecutor(max_workers=4) as pool:  # chunks are computed in parallel ...
             fresh = list(pool.map(lambda b: _compute_chunk(table, contract, r, schema, *b), bounds))
         for (lo_, hi_), rows in zip(bounds, fresh):  # ... and swapped one transaction each
-            _swap(target, r, lo_, hi_, rows)
+            swap(target, time_filter("bucket_start", lo_, hi_), rows, f"rollup {r.interval}")
         done[r.table_name(base)] = sum(t.num_rows for t in fresh)
     return done
 
@@ -129,26 +119,3 @@ def compute(rows: pa.Table, contract: Contract, r: Rollup, schema: pa.Schema) ->
 def _compute_chunk(table: Any, contract: Contract, r: Rollup, schema: pa.Schema, lo: int, hi: int) -> pa.Table:
     rows = read_range(table, contract.time_column, lo, hi, (*contract.series_key, contract.time_column, *r.columns))
     return compute(rows, contract, r, schema)
-
-
-def _swap(target: Any, r: Rollup, lo: int, hi: int, fresh: pa.Table) -> None:
-    """Delete the chunk's rollup rows and append the fresh ones in one commit. No blind replay on a
-    conflict: the whole swap is rebuilt on the new metadata."""
-    def swap(current: Any) -> None:
-        with without_blind_retries(current).transaction() as tx:
-            tx.delete(time_filter("bucket_start", lo, hi))
-            if fresh.num_rows:
-                tx.append(fresh)
-
-    with_retry(target, swap, f"rollup {r.interval}")
-
-
-def refresh_published(rt: Runtime, job_id: str) -> dict[str, int]:
-    """Refresh step: the rollups over every range this job published (the embedded bus's subscriber)."""
-    job = rt.store.get_job(job_id)
-    from .timeutil import iso
-
-    lo, hi = iso(job.state["range_start"]), iso(job.state["range_end"])
-    done = refresh(rt, job.table, lo, hi)
-    rt.store.update_job(job_id, "published", rollups_refreshed=done)
-    return done

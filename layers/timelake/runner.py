@@ -17,12 +17,13 @@ from importlib.machinery import ModuleSpec
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from typing import Any
 
+from . import canary
 from .abort import abort
 from .errors import Aborted, BackfillError, Interrupted
 from .faults import checkpoint
 from .plan import cut, pending_pieces, plan, scan
 from .publish import publish
-from .rollup import refresh_published, rollups_of
+from . import followup
 from .runtime import Runtime, runtime_for
 from .spec import JobSpec
 from .stage import stage
@@ -44,6 +45,7 @@ NEXT_STEP = {
     "refreshing": "refresh",
 }
 TERMINAL = {"published", "dry_run_complete", "failed_validation", "aborted"}
+WAITING = {canary.AWAITING}  # the job stops here until a person approves (continue) or aborts it
 # Below this many rows, starting worker processes (~1.5 s here) costs more than they save.
 IN_PROCESS_ROWS = int(os.environ.get("TIMELAKE_IN_PROCESS_ROWS", 2_000_000))
 
@@ -54,7 +56,7 @@ def run_job(
 ) -> str:
     """Run a job from its current phase to the end; returns the final phase."""
     job = reopen(rt, job_id)
-    while job.phase not in TERMINAL:
+    while job.phase not in TERMINAL | WAITING:
         step = NEXT_STEP[job.phase]
         _check(cancel, job_id, f"before {step}", rt)
         try:
@@ -66,6 +68,9 @@ def run_job(
             elif step == "cut":
                 cut(rt, job_id)
                 checkpoint("plan.done")
+            elif step == "write" and canary.wanted(job):
+                _write_all(rt, job_id, on_progress, cancel, only=canary.select(rt, job_id))
+                canary.check(rt, job_id, source)
             elif step == "write":
                 _write_all(rt, job_id, on_progress, cancel)
             elif step == "stage":
@@ -75,10 +80,10 @@ def run_job(
                 validate(rt, job_id)
             elif step == "publish":
                 publish(rt, job_id)
-                if rollups_of(rt.load_table(job.table)):
+                if followup.needed(rt.load_table(job.table), JobSpec.model_validate(job.spec)):
                     rt.store.update_job(job_id, "refreshing")
             elif step == "refresh":
-                refresh_published(rt, job_id)
+                followup.run(rt, job_id)
         except Aborted:
             abort(rt, job_id)
             raise
@@ -103,9 +108,9 @@ def reopen(rt: Runtime, job_id: str) -> JobRecord:
 
 
 def record_failure(rt: Runtime, job_id: str, error: str) -> JobRecord:
-    """Mark a job failed, remembering the phase to resume from (a failed validation stays as it is)."""
+    """Mark a job failed, remembering the phase to resume from (a failed validation or an abort stays as it is)."""
     job = rt.store.get_job(job_id)
-    if job.phase in ("failed", "failed_validation"):
+    if job.phase in ("failed", "failed_validation", "aborted"):
         return rt.store.update_job(job_id, error=error) if job.phase == "failed" else job
     return rt.store.update_job(job_id, "failed", failed_phase=job.phase, error=error)
 
@@ -126,13 +131,16 @@ def _scan_all(rt: Runtime, job_id: str, source: Any, on_progress: Progress | Non
     rt.store.update_job(job_id, "scanned")
 
 
-def _write_all(rt: Runtime, job_id: str, on_progress: Progress | None, cancel: threading.Event | None) -> None:
+def _write_all(
+    rt: Runtime, job_id: str, on_progress: Progress | None, cancel: threading.Event | None, only: list[str] | None = None,
+) -> None:
+    """Write every unit not done yet (or only those of ``only``, a canary, which leaves the phase at writing)."""
     job = rt.store.update_job(job_id, "writing")
     if "write_started_at" not in job.state:
         job = rt.store.update_job(job_id, write_started_at=time.time())
     spec = JobSpec.model_validate(job.spec)
     units = rt.store.units(job_id)
-    pending = [u.unit_id for u in units if u.status != "done"]
+    pending = [u.unit_id for u in units if u.status != "done" and (only is None or u.unit_id in only)]
     workers = min(spec.max_concurrency or os.cpu_count() or 1, len(pending)) if pending else 0
     tick = _Ticker(rt, job_id, on_progress)
     tick()
@@ -144,7 +152,8 @@ def _write_all(rt: Runtime, job_id: str, on_progress: Progress | None, cancel: t
             checkpoint("write.unit")
     else:
         _fan_out(rt, job_id, "write", pending, workers, tick, cancel)
-    rt.store.update_job(job_id, "written", write_finished_at=time.time())
+    if only is None:
+        rt.store.update_job(job_id, "written", write_finished_at=time.time())
 
 
 def _check(cancel: threading.Event | None, job_id: str, doing: str, rt: Runtime | None = None) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow.fs as pafs
 from pydantic import BaseModel, Field
@@ -21,6 +21,9 @@ from .errors import TableNotFound
 from .events import EventBus, InProcessBus
 from .store import JobStore, SqliteJobStore
 
+if TYPE_CHECKING:
+    from .rules import AlarmSink
+
 DEFAULT_WAREHOUSE = "./.timelake"
 
 
@@ -30,6 +33,8 @@ class LakeConfig(BaseModel):
     store: str = Field(description="sqlite:///path/jobs.db (embedded) or dynamodb://table (AWS)")
     staging: str = Field(description="Root URI for job scratch files (spills, unit manifests)")
     events: str | None = Field(default=None, description="eventbridge://BUS on AWS; None: the in-process bus")
+    alarms: str | None = Field(default=None, description="sns://TOPIC_ARN for the live path's real-time alarms; "
+                               "None: in-process. Backfills never send to it")
 
     @classmethod
     def from_env(cls) -> "LakeConfig":
@@ -52,9 +57,23 @@ class LakeConfig(BaseModel):
 
 
 class Runtime:
-    def __init__(self, config: LakeConfig, bus: EventBus | None = None) -> None:
+    def __init__(self, config: LakeConfig, bus: EventBus | None = None, alarms: "AlarmSink | None" = None) -> None:
         self.config = config
         self.bus: EventBus = bus or _bus(config)
+        self._alarms = alarms
+
+    @functools.cached_property
+    def alarms(self) -> "AlarmSink":
+        """The real-time alarm sink; only the live path (`rules.evaluate_live`) uses it."""
+        if self._alarms is not None:
+            return self._alarms
+        if self.config.alarms and self.config.alarms.startswith("sns://"):
+            from .aws.alarms import SnsAlarmSink
+
+            return SnsAlarmSink(self.config.alarms.removeprefix("sns://"))
+        from .rules import InProcessAlarms
+
+        return InProcessAlarms()
 
     @functools.cached_property
     def catalog(self) -> Catalog:

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, model_validator
 
+from . import canary
 from .errors import JobNotFound, ValidationFailed
 from .plan import cut, pending_pieces, plan, write_json
 from .report import build_report
@@ -56,6 +57,20 @@ class PieceEvent(JobEvent):
 
 class PublishEvent(JobEvent):
     max_chunks: int | None = None
+
+
+class CanaryEvent(JobEvent):
+    """The workflow's canary steps: check the written day, wait (storing the task token), approve, reject."""
+
+    action: Literal["check", "await", "approve", "reject"]
+    token: str | None = None
+    reason: str | None = None
+
+    @model_validator(mode="after")
+    def _token_to_keep(self) -> "CanaryEvent":
+        if self.action == "await" and not self.token:
+            raise ValueError("action 'await' needs the task token ($$.Task.Token)")
+        return self
 
 
 class FailureEvent(ExecutionEvent):
@@ -111,14 +126,17 @@ def cut_units(rt: Runtime, job_id: str) -> dict[str, Any]:
         if job.phase == "failed_validation":
             raise ValidationFailed(f"job {job_id} failed validation; nothing was published. Start a new job")
         return {"job_id": job_id, "dry_run": job.phase == "dry_run_complete", "finished": True,
-                "report": summary(rt, job_id), "manifest": None, "units_pending": 0, "max_concurrency": 1}
-    pending = [u.unit_id for u in rt.store.units(job_id) if u.status != "done"]
+                "report": summary(rt, job_id), "manifest": None, "units_pending": 0, "max_concurrency": 1,
+                "canary": False, "approval_timeout_seconds": spec.approval_timeout_seconds}
+    only = canary.select(rt, job_id) if canary.wanted(job) else None  # a canary writes its day's units first
+    pending = [u.unit_id for u in rt.store.units(job_id) if u.status != "done" and (only is None or u.unit_id in only)]
     if job.phase == "planned":
         rt.store.update_job(job_id, "writing", write_started_at=time.time())
     manifest = write_json(rt, job_id, f"pending-units-{time.time_ns()}.json",
                           [{"job_id": job_id, "unit_id": u} for u in pending])
     return {"job_id": job_id, "dry_run": False, "finished": False, "report": None, "units_pending": len(pending),
-            "manifest": manifest, "max_concurrency": spec.max_concurrency or DEFAULT_MAP_CONCURRENCY}
+            "manifest": manifest, "max_concurrency": spec.max_concurrency or DEFAULT_MAP_CONCURRENCY,
+            "canary": only is not None, "approval_timeout_seconds": spec.approval_timeout_seconds}
 
 
 def finish_writes(rt: Runtime, job_id: str) -> None:

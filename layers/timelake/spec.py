@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import re
 import secrets
-from datetime import datetime, timezone
+from datetime import date, datetime, timezone
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -48,6 +48,14 @@ class JobSpec(BaseModel):
     max_concurrency: int | None = Field(default=None, ge=1, le=10_000)
     assertions: list[str] = Field(default_factory=list, description="SQL over view `staged` returning failing rows")
     override_retention: bool = False
+    evaluate_rules: bool = Field(default=False, description="After publish, evaluate the table's rules over the "
+                                 "published range into its events table (source 'backfill'); never alarms")
+    canary: bool | date | None = Field(
+        default=None, description="Write and validate one UTC day first, then wait for approval: a day, or true for the "
+        "first day with source rows")
+    approval_timeout_seconds: int = Field(
+        default=7 * 24 * 3600, ge=1, le=365 * 24 * 3600,
+        description="On AWS, how long a canary waits for approve or reject before the job is aborted")
     query: str | None = Field(default=None, description="SELECT to read from a PostgreSQL source (instead of ?table=)")
     source_max_connections: int | None = Field(
         default=None, ge=1, le=10_000, description="Scan tasks reading the source at once (database default: 2)")

@@ -29,25 +29,30 @@ def stage(rt: Runtime, job_id: str) -> dict[str, Any]:
         raise BackfillError(f"job {job_id}: {len(pending)} unit(s) not written"
                             + (f"; {cause}" if cause else f" yet (first: {pending[0]}); resume the job"))
     table = rt.load_table(spec.table)
-    branch = job.state["branch"]
-    head = table.snapshot_by_name(branch)
     written = [(u.result["path"], u.result["spec_id"], u.result["value"]) for u in units if u.result.get("path")]
-    if head is not None and head.summary and head.summary.get(JOB_PROPERTY) == job_id and head.summary.get(STEP_PROPERTY) == "stage":
-        snapshot_id: int | None = head.snapshot_id
-    elif written:
-        files = data_files(table, written)
-        forked = branch in table.metadata.refs
-
-        def commit(current: IcebergTable) -> int:
-            with without_blind_retries(current).transaction() as tx:
-                return append_files(tx, current, files, branch if forked else None,
-                                    {JOB_PROPERTY: job_id, STEP_PROPERTY: "stage"})
-
-        snapshot_id = with_retry(table, commit, "stage")
-        if not forked:
-            fork_branch(table, branch, snapshot_id)
-        checkpoint("stage.committed")
-    else:
-        snapshot_id = None
+    snapshot_id = stage_files(table, job_id, job.state["branch"], written, "stage")
     rt.store.update_job(job_id, "staged", staged_snapshot_id=snapshot_id, files=len(written))
     return {"job_id": job_id, "staged_snapshot_id": snapshot_id, "files": len(written)}
+
+
+def stage_files(table: IcebergTable, job_id: str, branch: str, written: list[tuple[str, int, int]], step: str) -> int | None:
+    """One commit of ``written`` (path, spec id, partition value) onto ``branch``, marked with ``step``
+    so a retry that finds its marker at the branch head only returns it. On a table whose main is
+    empty the branch is created at that commit (main gets no commit before publish)."""
+    head = table.snapshot_by_name(branch)
+    if head is not None and head.summary and head.summary.get(JOB_PROPERTY) == job_id and head.summary.get(STEP_PROPERTY) == step:
+        return head.snapshot_id
+    if not written:
+        return None
+    files = data_files(table, written)
+    forked = branch in table.metadata.refs
+
+    def commit(current: IcebergTable) -> int:
+        with without_blind_retries(current).transaction() as tx:
+            return append_files(tx, current, files, branch if forked else None, {JOB_PROPERTY: job_id, STEP_PROPERTY: step})
+
+    snapshot_id = with_retry(table, commit, step)
+    if not forked:
+        fork_branch(table.refresh(), branch, snapshot_id)
+    checkpoint(f"{step}.committed")
+    return snapshot_id

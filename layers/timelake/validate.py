@@ -47,11 +47,16 @@ class Check:
 def validate(rt: Runtime, job_id: str) -> dict[str, Any]:
     """Validate step. Input: job id. Output: the checks; raises ValidationFailed if a blocking one failed."""
     job = rt.store.get_job(job_id)
-    spec = JobSpec.model_validate(job.spec)
+    checks = run_checks(rt, job.spec, rt.store.units(job_id), job.state)
+    return conclude(rt, job_id, checks, "validated", job.state["branch"])
+
+
+def run_checks(rt: Runtime, job_spec: dict[str, Any], units: list[Any], state: dict[str, Any]) -> list[Check]:
+    """Every check over the files ``state["staged_snapshot_id"]`` added, against ``units`` and the
+    counts in ``state``: the whole job, or (with a narrowed state) one canary day of it."""
+    spec = JobSpec.model_validate(job_spec)
     table = rt.load_table(spec.table)
     contract = Contract.from_table(table)
-    units = rt.store.units(job_id)
-    state = job.state
     staged = added_files(table, state["staged_snapshot_id"]) if state.get("staged_snapshot_id") else []
     totals = _unit_totals(units)
 
@@ -71,7 +76,11 @@ def validate(rt: Runtime, job_id: str) -> dict[str, Any]:
             checks.extend(_assertions(con, spec.assertions, table.schema().as_arrow(), bool(staged)))
         finally:
             con.close()
+    return checks
 
+
+def conclude(rt: Runtime, job_id: str, checks: list[Check], passed_phase: str, branch: str) -> dict[str, Any]:
+    """Record the checks; on a blocking failure stop the job (lease released, branch kept for inspection)."""
     report = [asdict(c) for c in checks]
     failed = [c for c in checks if c.blocking and not c.passed]
     if failed:
@@ -79,9 +88,9 @@ def validate(rt: Runtime, job_id: str) -> dict[str, Any]:
         rt.store.release_lease(job_id)
         raise ValidationFailed(
             f"job {job_id}: validation failed ({', '.join(c.name for c in failed)}): {failed[0].detail}; "
-            f"nothing was published, the staged data stays on branch {state['branch']}"
+            f"nothing was published, the staged data stays on branch {branch}"
         )
-    rt.store.update_job(job_id, "validated", checks=report)
+    rt.store.update_job(job_id, passed_phase, checks=report)
     return {"job_id": job_id, "passed": True, "checks": len(checks)}
 
 

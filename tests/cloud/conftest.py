@@ -25,7 +25,7 @@ from timelake.runtime import LakeConfig, Runtime
 from tests.aws_fixtures import aws, dynamo_table, moto_server  # noqa: F401
 
 ROOT = Path(__file__).parents[2]
-FUNCTIONS = ("plan", "scan", "cut", "write", "stage", "validate", "publish", "record_failure")
+FUNCTIONS = ("plan", "scan", "cut", "write", "stage", "validate", "publish", "record_failure", "canary")
 BUCKET, JOBS, BUS = "timelake-lake", "timelake-jobs", "timelake-backfill"
 
 

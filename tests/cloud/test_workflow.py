@@ -139,3 +139,43 @@ def test_the_published_event_drives_the_rollup_handler(cloud: Cloud, readings):
     got = duckdb.sql("SELECT device_id, rows, value_sum FROM rollup ORDER BY ALL").fetchall()
     assert [(d, n) for d, n, _ in got] == [(d, n) for d, n, _ in expected]
     assert [s for *_, s in got] == pytest.approx([s for *_, s in expected])
+
+
+def test_rules_in_historical_mode_never_reach_the_alarm_topic(cloud: Cloud, readings, monkeypatch):
+    """The live path's alarms reach an SQS queue subscribed to the SNS alarm topic; the workflow with
+    ``evaluate_rules`` and the rollup handler then record backfill events, and the queue stays empty."""
+    from datetime import timedelta
+
+    from tests.cloud.conftest import _Context, load_function
+    from tests.conftest import SCHEMA
+    from tests.integration.test_rules import day, heat, recorded, reference
+
+    sns, sqs = boto3.client("sns"), boto3.client("sqs")
+    topic = sns.create_topic(Name="timelake-alarms")["TopicArn"]
+    alarms = sqs.create_queue(QueueName="pager")["QueueUrl"]
+    alarms_arn = sqs.get_queue_attributes(QueueUrl=alarms, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=alarms_arn, Attributes={"RawMessageDelivery": "true"})
+    config = cloud.config.model_copy(update={"alarms": f"sns://{topic}"})
+    monkeypatch.setenv("TIMELAKE_CONFIG", config.model_dump_json())
+    lake = timelake.Lake(timelake.lake.Runtime(config))
+    table = lake.create_table("iot.sensor", schema=SCHEMA, time_column="ts", series_key=["device_id"],
+                              partition_by="day", retention="P3Y", rules=["hot: value > 80 for PT20M severity critical",
+                                                                          "cold: value < 4"])
+    table.append(heat(readings(recent(10), days=1, devices=2, step_minutes=10, seed=1), "d00", day(10), day(10) + timedelta(hours=1)))
+    live = reference(table.to_arrow())
+    live_alarms = _received(alarms, len(live))
+    assert sorted((m["rule"], m["device_id"]) for m in live_alarms) == sorted((e[0], e[1]) for e in live)  # the alarm path is wired
+    assert "hot" in {m["rule"] for m in live_alarms}
+    published = _subscribe_queue()
+    source = heat(readings(recent(8), days=2, devices=2, step_minutes=10, seed=3), "d01", day(7), day(7) + timedelta(hours=2))
+    _upload(source, "src/a.parquet")
+    job = {"table": "iot.sensor", "source": f"s3://{BUCKET}/src/*.parquet", "evaluate_rules": True, "publish_by": "day"}
+    assert cloud.run(job, "bf-rules")["status"] == "SUCCEEDED"
+    events = _received(published, 2)
+    assert len(events) == 2 and all(e["detail"]["evaluate_rules"] for e in events)
+    rollup = load_function("rollup").handler
+    counts = [rollup(event, _Context("timelake-rollup"))["events"] for event in events]
+    rollup(events[0], _Context("timelake-rollup"))  # a redelivered event changes nothing
+    expected = reference(table.to_arrow(), day(8), day(6))
+    assert recorded(table, "backfill") == expected and sum(counts) == len(expected) and expected
+    assert sqs.receive_message(QueueUrl=alarms, WaitTimeSeconds=0).get("Messages", []) == []

@@ -125,22 +125,23 @@ def test_functions_are_arm64_python312_traced_with_the_layer_and_log_retention(s
         assert log_group["Properties"]["RetentionInDays"] == 90, name
     memory = {name: props["MemorySize"] for name, (_, props) in functions(synthesized).items()}
     assert memory == {"plan": 3008, "scan": 3008, "cut": 3008, "write": 3008, "stage": 2048, "validate": 2048, "publish": 2048,
-                      "record_failure": 512, "api": 512, "rollup": 2048}
+                      "record_failure": 512, "canary": 2048, "api": 512, "rollup": 2048}
     layer_props = synthesized.template["Resources"][layer]["Properties"]
     assert layer_props["CompatibleArchitectures"] == ["arm64"] and layer_props["CompatibleRuntimes"] == ["python3.12"]
 
 
 def test_every_function_gets_a_lake_config_the_engine_parses(synthesized: Synthesized) -> None:
     names = {data_bucket(synthesized): "data-bucket", **{k: "jobs-table" for k in synthesized.resources("AWS::DynamoDB::Table")},
-             **{k: EVENT_BUS for k in synthesized.resources("AWS::Events::EventBus")}}
+             **{k: EVENT_BUS for k in synthesized.resources("AWS::Events::EventBus")},
+             **{k: "alarm-topic" for k in synthesized.resources("AWS::SNS::Topic")}}
     for name, (_, props) in functions(synthesized).items():
         env = props["Environment"]["Variables"]
         config = LakeConfig.model_validate_json(render(env["TIMELAKE_CONFIG"], names))
         assert config.catalog_name == "glue"
         assert config.catalog_props == {"type": "glue", "warehouse": "s3://data-bucket/warehouse", "glue.id": "123456789012",
                                         "glue.region": "eu-central-1", "s3.region": "eu-central-1"}
-        assert (config.store, config.staging, config.events) == (
-            "dynamodb://jobs-table", "s3://data-bucket/_backfill", f"eventbridge://{EVENT_BUS}")
+        assert (config.store, config.staging, config.events, config.alarms) == (
+            "dynamodb://jobs-table", "s3://data-bucket/_backfill", f"eventbridge://{EVENT_BUS}", "sns://alarm-topic")
         assert {k: v for k, v in env.items() if k.startswith("POWERTOOLS_")} == {
             "POWERTOOLS_SERVICE_NAME": "timelake-backfill", "POWERTOOLS_METRICS_NAMESPACE": "Timelake", "POWERTOOLS_LOG_LEVEL": "INFO"}
         assert ("STATE_MACHINE_ARN" in env) == (name == "api"), name
@@ -202,7 +203,7 @@ def test_each_function_role_grants_only_what_it_needs(synthesized: Synthesized) 
         assert {"dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:Query"} <= granted, name
         states = {a for a in granted if a.startswith("states:")}
         expected = {"states:StartExecution", "states:DescribeExecution", "states:RedriveExecution", "states:ListExecutions",
-                    "states:StopExecution"}
+                    "states:StopExecution", "states:SendTaskSuccess", "states:SendTaskFailure"}
         assert states == (expected if name == "api" else set()), name
         assert not {a for a in granted if a.endswith("*")}, name
 
@@ -237,7 +238,8 @@ def test_api_routes_use_iam_auth_and_lambda_proxy(synthesized: Synthesized) -> N
         assert "RequestValidatorId" in props
         routes.add((props["HttpMethod"], path(props["ResourceId"]["Ref"])))
     assert routes == {("POST", "/backfills"), ("GET", "/backfills"), ("GET", "/backfills/{id}"),
-                      ("GET", "/backfills/{id}/report"), ("POST", "/backfills/{id}/resume"), ("POST", "/backfills/{id}/abort")}
+                      ("GET", "/backfills/{id}/report"), ("POST", "/backfills/{id}/resume"), ("POST", "/backfills/{id}/abort"),
+                      ("POST", "/backfills/{id}/approve"), ("POST", "/backfills/{id}/reject")}
 
 
 def test_api_validates_the_job_body_and_logs_and_traces_its_stage(synthesized: Synthesized, template: Template) -> None:
@@ -271,7 +273,7 @@ def test_alarm_on_failed_executions(synthesized: Synthesized, template: Template
 
 def test_outputs(synthesized: Synthesized) -> None:
     assert set(synthesized.template["Outputs"]) == {"BucketName", "JobsTableName", "StateMachineArn", "ApiUrl", "EventBusName", "GlueDatabase",
-                                                       "LakeConfig"}
+                                                       "LakeConfig", "AlarmTopicArn"}
     assert synthesized.template["Outputs"]["GlueDatabase"]["Value"] == DATABASE
 
 
@@ -294,3 +296,13 @@ def test_published_events_refresh_rollups_with_retries_and_a_dead_letter_queue(s
     assert target["RetryPolicy"] == {"MaximumEventAgeInSeconds": 86400, "MaximumRetryAttempts": 8}
     queues = synthesized.resources("AWS::SQS::Queue")
     assert list(queues) and json.dumps(target["DeadLetterConfig"]["Arn"]).count(next(iter(queues))) == 1
+
+
+def test_the_alarm_topic_is_encrypted_and_no_backfill_role_may_publish_to_it(synthesized: Synthesized, template: Template) -> None:
+    (topic, props), = synthesized.resources("AWS::SNS::Topic").items()
+    assert render(props["Properties"]["KmsMasterKeyId"], {}).endswith(":alias/aws/sns")
+    policies = json.dumps(synthesized.resources("AWS::IAM::Policy"))
+    assert "sns:Publish" not in policies and topic not in policies
+    (_, topic_policy), = synthesized.resources("AWS::SNS::TopicPolicy").items()
+    (deny,) = topic_policy["Properties"]["PolicyDocument"]["Statement"]
+    assert deny["Effect"] == "Deny" and deny["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}

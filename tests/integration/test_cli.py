@@ -117,3 +117,20 @@ def test_ctrl_c_leaves_a_resumable_job(sensor, warehouse, tmp_path, readings):
     assert sensor.to_arrow().num_rows == 0
     cli("backfill", "resume", job_id, warehouse=warehouse)
     assert sort_rows(sensor.to_arrow()).equals(sort_rows(source))
+
+
+def test_declare_rules_and_rollups_then_backfill_with_evaluate_rules(sensor, warehouse, export, readings):
+    sensor.append(readings(recent(20), days=1, devices=2))
+    cli("table", "declare", "iot.sensor", "--rollup", "1d:value", "--rule", "high: value > 50 for PT1H severity critical",
+        warehouse=warehouse)
+    shown = json.loads(cli("table", "show", "iot.sensor", "--json", warehouse=warehouse).stdout)
+    assert shown["rollups"] == [{"interval": "1d", "columns": ["value"], "table": "iot.sensor_1d"}]
+    assert shown["rules"] == [{"name": "high", "column": "value", "op": ">", "threshold": 50.0, "for": "PT1H", "severity": "critical"}]
+    assert timelake.connect(warehouse=warehouse).catalog.load_table("iot.sensor_1d").scan().to_arrow().num_rows == 2
+    report = json.loads(cli("backfill", "iot.sensor", "--from", str(export), "--map", "ts=timestamp,device_id=tag_name,value=val",
+                            "--evaluate-rules", "--json", warehouse=warehouse).stdout)
+    assert report["phase"] == "published"
+    events = json.loads(cli("table", "events", "iot.sensor", "--source", "backfill", "--json", warehouse=warehouse).stdout)
+    assert events and {e["job_id"] for e in events} == {report["job_id"]} and {e["rule"] for e in events} == {"high"}
+    bad = cli("table", "declare", "iot.sensor", "--rule", "high value", warehouse=warehouse, check=False)
+    assert bad.returncode == 1 and bad.stderr.startswith("error: cannot read rule 'high value'")

@@ -13,6 +13,7 @@ import boto3
 from botocore.exceptions import ClientError
 
 from ..abort import abort
+from ..canary import AWAITING
 from ..report import build_report, progress
 from ..runtime import Runtime
 from ..service import ensure_job
@@ -78,9 +79,33 @@ class StepFunctionsOrchestrator:
         self.rt.store.update_job(job_id, execution_arn=new_arn, executions=[*executions, new_arn])
         return {"job_id": job_id, "execution_arn": new_arn, "how": "new execution"}
 
-    def abort(self, job_id: str) -> dict[str, Any]:
-        """Stop the running execution (if any), then remove the branch, unpublished files and the lease."""
+    def approve(self, job_id: str) -> dict[str, Any]:
+        """Send the waiting execution the approval of its canary; it then writes and publishes the rest."""
+        token = self._approval_token(job_id)
+        self.sfn.send_task_success(taskToken=token, output=json.dumps({"approved": True}))
+        return {"job_id": job_id, "execution_arn": self.rt.store.get_job(job_id).state.get("execution_arn"),
+                "how": "approved: the workflow writes, validates and publishes the rest"}
+
+    def reject(self, job_id: str, reason: str | None = None) -> dict[str, Any]:
+        """Send the waiting execution the rejection of its canary; its abort path drops the job."""
+        token = self._approval_token(job_id)
+        self.sfn.send_task_failure(taskToken=token, error="Rejected", cause=reason or f"job {job_id}: canary rejected")
+        return {"job_id": job_id, "execution_arn": self.rt.store.get_job(job_id).state.get("execution_arn"),
+                "how": "rejected: the workflow aborts the job"}
+
+    def _approval_token(self, job_id: str) -> str:
         job = self.rt.store.get_job(job_id)
+        token = job.state.get("approval_token")
+        if job.phase != AWAITING or not token:
+            raise ValueError(f"job {job_id} is {job.phase}, not waiting for a canary decision")
+        return str(token)
+
+    def abort(self, job_id: str) -> dict[str, Any]:
+        """Stop the running execution (if any), then remove the branch, unpublished files and the lease.
+        A job waiting on its canary is rejected instead, so the workflow itself runs the abort."""
+        job = self.rt.store.get_job(job_id)
+        if job.phase == AWAITING and job.state.get("approval_token"):
+            return self.reject(job_id, f"job {job_id}: aborted by request")
         arn = job.state.get("execution_arn")
         if arn and self.sfn.describe_execution(executionArn=arn)["status"] == "RUNNING":
             self.sfn.stop_execution(executionArn=arn, error="Aborted", cause=f"job {job_id} aborted by request")
