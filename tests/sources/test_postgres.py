@@ -288,3 +288,20 @@ def _closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("column, options", [
+    ("ts AT TIME ZONE 'Europe/Berlin'", {"tz": "Europe/Berlin"}),  # timestamp without time zone, local wall clock
+    ("extract(epoch from ts)::int8", {"time_unit": "s"}),  # integer epoch seconds
+])
+def test_naive_and_epoch_time_columns_push_the_range_down_in_their_own_terms(postgres, readings_table, sensor, column, options):
+    start, end = _window(10, 13)
+    mark = postgres.log_mark()
+    job = sensor.backfill(source=postgres.uri(), query=f"SELECT {column} AS ts, device_id, value FROM readings",
+                          start=start, end=end, **options).wait()
+    assert sort_rows(sensor.to_arrow()).equals(sort_rows(_rows(postgres, f"ts >= '{start}' AND ts < '{end}'")))
+    [read] = [s.sql for s in postgres.statements(mark) if "AS src WHERE" in s.sql]
+    typed = r"'[^']+'::timestamp" if "tz" in options else r"\d+"  # the column's own type, so its index applies
+    assert re.search(rf'"ts" >= {typed} AND "ts" < {typed}$', read), read
+    report = job.report()
+    assert report["rows_in_source"] - report["rows_outside_range"] == 3 * 24 * 20
