@@ -222,29 +222,26 @@ class PostgresSource(Source):
         self._kind = kind
         col = _ident(self._time_column)
         as_int = f"(extract(epoch from {{}}) * 1000000)::int8" if kind != "integer" else "{}::int8"
+        within = self._where(*self._domain_bounds(), kind)  # the job's range, so min/max and the estimate use the index
         lo, hi = self._fetch(
-            f"SELECT {as_int.format(f'min({col})')} AS lo, {as_int.format(f'max({col})')} AS hi FROM ({self._base()}) AS src"
+            f"SELECT {as_int.format(f'min({col})')} AS lo, {as_int.format(f'max({col})')} AS hi "
+            f"FROM ({self._base()}) AS src{within}"
         ).to_pylist()[0].values()
-        rows, width = self._estimate()
+        rows, width = self._estimate(within)
         relation = self._relation_oid() if self._target.table else self._query
         plan: dict[str, Any] = {"relation": relation, "kind": kind, "rows": rows, "width": width,
                                 "edges": [], "piece_rows": []}
         if lo is None:
             return plan
-        full = hi + 1 - lo
-        start, end = self._domain_bounds()
-        lo, hi = max(lo, start) if start is not None else lo, min(hi + 1, end) if end is not None else hi + 1
-        if lo >= hi:
-            return plan
+        hi += 1
         chunks = self._chunks(lo, hi) if kind != "integer" and self._target.table else None
         if chunks:
             plan["edges"] = [lo, *[c[1] for c in chunks[:-1]], hi]
             plan["piece_rows"] = [round(c[2]) for c in chunks]
-        else:
-            in_range = rows * (hi - lo) / full  # the estimate is for the whole source; rows spread evenly
-            count = min(MAX_PIECES, max(1, math.ceil(in_range / self._target.piece_rows)))
+        else:  # equal spans: rows are assumed to spread evenly over the range
+            count = min(MAX_PIECES, max(1, math.ceil(rows / self._target.piece_rows)))
             plan["edges"] = sorted({lo + (hi - lo) * i // count for i in range(count)} | {hi})
-            plan["piece_rows"] = [round(in_range / count)] * (len(plan["edges"]) - 1)
+            plan["piece_rows"] = [round(rows / count)] * (len(plan["edges"]) - 1)
         return plan
 
     def _source_field(self) -> str:
@@ -253,9 +250,10 @@ class PostgresSource(Source):
                               f"it has {', '.join(self.schema().names)}. Select it or map it with --map")
         return self._time_column
 
-    def _estimate(self) -> tuple[float, float]:
-        """The planner's row count and row width for the whole source: statistics, not a count."""
-        plan = json.loads(self._fetch(f"EXPLAIN (FORMAT JSON) {self._base()}", copy=False).column(0)[0].as_py())
+    def _estimate(self, within: str) -> tuple[float, float]:
+        """The planner's row count and row width for the source's rows in range: statistics, not a count."""
+        sql = f"EXPLAIN (FORMAT JSON) SELECT * FROM ({self._base()}) AS src{within}"
+        plan = json.loads(self._fetch(sql, copy=False).column(0)[0].as_py())
         top = plan[0]["Plan"]
         return float(top["Plan Rows"]), float(top["Plan Width"])
 
@@ -316,9 +314,13 @@ class PostgresSource(Source):
         return self._query.strip().rstrip(";") if self._query else f"SELECT * FROM {self._target.table}"
 
     def _piece_sql(self, lo: int, hi: int) -> str:
-        col, kind = _ident(self._time_column), self._plan["kind"]
-        return (f"SELECT * FROM ({self._base()}) AS src "
-                f"WHERE {col} >= {_literal_time(lo, kind)} AND {col} < {_literal_time(hi, kind)}")
+        return f"SELECT * FROM ({self._base()}) AS src{self._where(lo, hi, self._plan['kind'])}"
+
+    def _where(self, lo: int | None, hi: int | None, kind: str) -> str:
+        """`` WHERE col >= lo AND col < hi`` with the bounds given, as typed literals."""
+        col = _ident(self._time_column)
+        terms = [f"{col} {op} {_literal_time(v, kind)}" for op, v in ((">=", lo), ("<", hi)) if v is not None]
+        return f" WHERE {' AND '.join(terms)}" if terms else ""
 
     def _read_piece(self, name: str, lo: int, hi: int) -> list[pa.RecordBatch]:
         """The whole piece, re-read from the start when the connection drops (see the module doc)."""
