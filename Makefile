@@ -4,11 +4,14 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench clean install synth
+.PHONY: demo test bench bench-postgres clean install synth
 
 NPM_LOCK := $(wildcard package-lock.json)
 
+PG_BIN := /usr/lib/postgresql/15/bin
+
 $(STAMP): pyproject.toml package.json $(NPM_LOCK)
+	test -x $(PG_BIN)/postgres || (apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y postgresql-15)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'
@@ -31,6 +34,10 @@ synth: $(STAMP)
 bench: $(STAMP)
 	$(PY) bench/bench_backfill.py
 	$(PY) bench/bench_coverage.py
+
+# Migrating rows from a local PostgreSQL vs the COPY floor (ROWS=10000000 by default).
+bench-postgres: $(STAMP)
+	$(PY) bench/bench_postgres.py $(if $(ROWS),--rows $(ROWS),)
 
 clean:
 	rm -rf $(VENV) .timelake .pytest_cache

@@ -102,6 +102,9 @@ PRUNED = (
     "zstandard/_cffi.*.so", "zstandard/backend_cffi.py",
     # pyiceberg's Hive catalog client (thrift stubs).
     "hive_metastore", "fb303",
+    # The C++ sources and headers the ADBC driver manager ships beside its compiled extension.
+    "adbc_driver_manager/*.cc", "adbc_driver_manager/*.h", "adbc_driver_manager/*.hpp",
+    "adbc_driver_manager/arrow-adbc", "adbc_driver_manager/toml++",
 )
 
 

@@ -118,6 +118,9 @@ def run(
     fmt: Annotated[Optional[str], typer.Option("--format", help="parquet | csv | json (default: from extension)")] = None,
     canary: Annotated[Optional[str], typer.Option(
         "--canary", metavar="[DAY]", help="Write and check one UTC day first (default: the first day with rows), then wait")] = None,
+    query: Annotated[Optional[str], typer.Option("--query", help="SELECT to read from a PostgreSQL source")] = None,
+    source_max_connections: Annotated[Optional[int], typer.Option("--source-max-connections", help="Scan tasks reading the source at once")] = None,
+    source_rows_per_second: Annotated[Optional[int], typer.Option("--source-rows-per-second", help="Rows/s read from the source, all workers together")] = None,
     as_json: JsonFlag = False,
     warehouse: Warehouse = None,
     on: On = "local",
@@ -128,6 +131,8 @@ def run(
         "source": source, "map": _parse_map(map_) or None, "tz": tz, "start": start, "end": end,
         "publish_by": publish_by, "max_concurrency": max_concurrency, "assertions": assertions or None,
         "time_unit": time_unit, "format": fmt, "canary": True if canary == FIRST_DAY else canary,
+        "query": query, "source_max_connections": source_max_connections,
+        "source_rows_per_second": source_rows_per_second,
     }
     fields.update({k: v for k, v in given.items() if v is not None})
     fields["table"] = table
@@ -453,6 +458,7 @@ def _print_report(r: dict[str, Any]) -> None:
         ("units / files", f"{r['units']} / {r['files']}"),
         ("source gaps", ", ".join(f"{g['start']}…{g['end']}" for g in r["source_gaps"][:5]) or "none"),
         ("estimated cost", _cost(r["estimated_cost"])),
+        ("source limits", _source_limits(r["source_limits"])),
         ("published snapshots", ", ".join(map(str, r["published_snapshot_ids"])) or "none"),
     ]
     for key, value in rows:
@@ -493,6 +499,13 @@ def _cost(cost: dict[str, Any] | None) -> str:
     if not cost:
         return "n/a"
     return f"~{cost['local_wall_seconds']} s here on {cost['local_cores']} core(s); ~${cost['aws_usd']:.4f} on AWS"
+
+
+def _source_limits(limits: dict[str, Any]) -> str:
+    connections = limits["max_connections"] or "no limit on"
+    rate = f"{limits['rows_per_second']:,} rows/s" if limits["rows_per_second"] else "no rate limit"
+    eta = f", read ETA ~{limits['read_eta_seconds']} s" if limits["read_eta_seconds"] is not None else ""
+    return f"{connections} connection(s), {rate}{eta}"
 
 
 def _fail(message: str) -> None:

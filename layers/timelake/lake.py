@@ -274,6 +274,7 @@ class Table:
         override_retention: bool = False, time_unit: str | None = None, dst_policy: str = "refuse",
         format: str | None = None, evaluate_rules: bool = False, wait: bool = False,  # noqa: A002
         canary: bool | str | date | None = None,
+        query: str | None = None, source_max_connections: int | None = None, source_rows_per_second: int | None = None,
     ) -> "Job":
         """Start a backfill of ``source`` (path/glob/URI, pyarrow Table or reader, pandas DataFrame).
 
@@ -287,6 +288,8 @@ class Table:
             "override_retention": override_retention, "time_unit": time_unit, "dst_policy": dst_policy,
             "evaluate_rules": evaluate_rules,
             "canary": canary,
+            "query": query, "source_max_connections": source_max_connections,
+            "source_rows_per_second": source_rows_per_second,
         })
         return self.lake.submit(spec, source if in_memory else None, wait=wait)
 

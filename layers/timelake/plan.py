@@ -32,7 +32,7 @@ def plan(rt: Runtime, job_id: str, source: Any = None, parallelism: int | None =
     job = rt.store.get_job(job_id)
     spec = JobSpec.model_validate(job.spec)
     table = rt.load_table(spec.table)
-    src = open_job_source(spec, source)
+    src = open_job_source(spec, source, table)
     now = datetime.now(timezone.utc)
     ctx = context(spec, table, to_micros(now))
     mapper = mapper_for(ctx, src)  # a wrong map, a naive time without tz, ... fail here, before reading data
@@ -40,7 +40,7 @@ def plan(rt: Runtime, job_id: str, source: Any = None, parallelism: int | None =
     tasks = scan_tasks(src.sizes(), spec.max_concurrency or parallelism or os.cpu_count() or 1)
     manifest = write_json(rt, job_id, "scan/tasks.json", [{"job_id": job_id, "piece": i} for i in range(len(tasks))])
     rt.store.update_job(job_id, "scanning", planned_at_us=to_micros(now), scan_tasks=tasks,
-                        source_uri=src.uri, source_fingerprint=src.fingerprint(),
+                        source_uri=src.uri, source_fingerprint=src.fingerprint(), source_plan=src.plan_state(),
                         columns_filled_with_null=mapper.filled_with_null,
                         ignored_source_columns=mapper.ignored_source_columns)
     return {"job_id": job_id, "scan_tasks": len(tasks), "manifest": manifest}
@@ -79,7 +79,7 @@ def scan(rt: Runtime, job_id: str, piece: int, source: Any = None) -> dict[str, 
     spec = JobSpec.model_validate(job.spec)
     table = rt.load_table(spec.table)
     ctx = context(spec, table, job.state["planned_at_us"])
-    src = open_job_source(spec, source)
+    src = open_job_source(spec, source, table, job.state.get("source_plan"))
     first, last = job.state["scan_tasks"][piece]
     try:
         result = scan_task(rt, ctx, job_id, piece, range(first, last), src, table)

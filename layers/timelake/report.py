@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -72,9 +73,19 @@ def build_report(job: JobRecord, units: list[UnitRecord]) -> dict[str, Any]:
         "ignored_source_columns": s.get("ignored_source_columns", []),
         "error": s.get("error"),
         "canary": s.get("canary_report"),
+        "source_limits": source_limits(job),
         "progress": progress(job, units),
     }
     return report
+
+
+def source_limits(job: JobRecord) -> dict[str, Any]:
+    """The job's source connection and rate limits, with how long reading the source takes under them."""
+    from .spec import JobSpec
+    from .throttle import limits
+
+    spec = JobSpec.model_validate(dict(job.spec))  # a copy: validation normalizes start/end in place
+    return limits(spec).to_json(job.state.get("rows_in_source"), spec.max_concurrency or os.cpu_count() or 1)
 
 
 def _iso(micros: int | None) -> str | None:

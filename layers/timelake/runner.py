@@ -28,6 +28,7 @@ from .runtime import Runtime, runtime_for
 from .spec import JobSpec
 from .stage import stage
 from .store import JobRecord
+from .throttle import limits
 from .validate import validate
 from .write import write_unit
 
@@ -119,7 +120,7 @@ def _scan_all(rt: Runtime, job_id: str, source: Any, on_progress: Progress | Non
     job = rt.store.get_job(job_id)
     spec = JobSpec.model_validate(job.spec)
     pending = pending_pieces(rt, job_id)
-    workers = min(spec.max_concurrency or os.cpu_count() or 1, len(pending))
+    workers = min(limits(spec).scan_workers(spec.max_concurrency or os.cpu_count() or 1), len(pending))
     if source is not None or workers <= 1:
         for piece in pending:
             _check(cancel, job_id, "while scanning", rt)

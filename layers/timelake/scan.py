@@ -21,12 +21,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from . import throttle
 from .contract import Contract
 from .errors import DstRefused, InvalidJob
 from .layout import PartitionKey, micros, partition_codes, read_range, series_hash, split_by_code
 from .mapping import Mapper
 from .runtime import Runtime, filesystem
 from .source import Source, open_source
+from .source_postgres import is_postgres, open_for_job
 from .spec import JobSpec
 from .timeutil import US_PER_DAY
 
@@ -171,9 +173,12 @@ class ScanContext:
     end_us: int | None
 
 
-def open_job_source(spec: JobSpec, source: Any = None) -> Source:
+def open_job_source(spec: JobSpec, source: Any = None, table: Any = None, planned: dict | None = None) -> Source:
+    """``table`` tells a database source its time column; ``planned`` is the source's plan_state()."""
     if source is None and spec.source.startswith("<"):
         raise InvalidJob(f"job {spec.job_id}: the source was in-memory data ({spec.source}) and is gone; start a new job")
+    if source is None and is_postgres(spec.source):
+        return open_for_job(spec, Contract.from_table(table).time_column, planned)
     return open_source(source if source is not None else spec.source, format=spec.format)
 
 
@@ -207,7 +212,7 @@ def scan_task(rt: Runtime, ctx: ScanContext, job_id: str, task: int, pieces: ran
     spiller = None if ctx.spec.dry_run else _Spiller(rt, job_id, task, ctx.target)
     overlap = _OverlapCounter(ctx.contract) if ctx.spec.dry_run else None
     result = ScanResult()
-    batches = (batch for piece in pieces for batch in src.batches(names[piece]))
+    batches = throttle.read(src, [names[p] for p in pieces], throttle.budget(rt.store, ctx.spec, job_id))
     try:
         for batch in batches:
             mapped = mapper.apply(batch)

@@ -20,6 +20,7 @@ from .runner import TERMINAL, record_failure, reopen
 from .runtime import LakeConfig, Runtime, runtime_for
 from .spec import JobSpec
 from .store import JobRecord
+from .throttle import limits
 
 DEFAULT_MAP_CONCURRENCY = 100
 SUMMARY_KEYS = ("job_id", "table", "mode", "phase", "rows_in_source", "rows_written", "rows_duplicate_in_source",
@@ -110,7 +111,7 @@ def begin(rt: Runtime, spec: JobSpec) -> dict[str, Any]:
     manifest = write_json(rt, spec.job_id, f"scan/pending-{time.time_ns()}.json",
                           [{"job_id": spec.job_id, "piece": i} for i in pieces])
     return {"job_id": spec.job_id, "pieces_pending": len(pieces), "manifest": manifest,
-            "max_concurrency": spec.max_concurrency or DEFAULT_MAP_CONCURRENCY}
+            "max_concurrency": limits(spec).scan_workers(spec.max_concurrency or DEFAULT_MAP_CONCURRENCY)}
 
 
 def cut_units(rt: Runtime, job_id: str) -> dict[str, Any]:

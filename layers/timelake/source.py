@@ -84,6 +84,16 @@ class Source(ABC):
     def sizes(self) -> list[int]:
         """Bytes of each piece (as stored), so a planner can group small pieces into even scan tasks."""
 
+    def read(self, pieces: list[str]) -> Iterator[SourceBatch]:
+        """The batches of ``pieces`` in order (a scan task's run); a source may read ahead."""
+        for piece in pieces:
+            yield from self.batches(piece)
+
+    def plan_state(self) -> dict | None:
+        """What a scan in another process needs to see the same pieces, kept with the job; None when
+        listing the pieces again gives the same list (files), not so for a live database."""
+        return None
+
 
 class FileSource(Source):
     """Files on a local or remote filesystem, all of one known format each."""

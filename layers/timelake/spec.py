@@ -6,6 +6,7 @@ It is the whole input of a job, so a job JSON replayed anywhere (laptop or AWS) 
 from __future__ import annotations
 
 import json
+import re
 import secrets
 from datetime import date, datetime, timezone
 from typing import Literal
@@ -18,6 +19,7 @@ Mode = Literal["merge", "replace", "append"]
 PublishBy = Literal["day", "week", "month"]
 DstPolicy = Literal["refuse", "earliest", "latest", "drop"]
 TimeUnit = Literal["s", "ms", "us", "ns"]
+_URI_PASSWORD = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/@?#]*:[^/@?#]*@")
 
 
 def new_job_id() -> str:
@@ -54,6 +56,12 @@ class JobSpec(BaseModel):
     approval_timeout_seconds: int = Field(
         default=7 * 24 * 3600, ge=1, le=365 * 24 * 3600,
         description="On AWS, how long a canary waits for approve or reject before the job is aborted")
+    query: str | None = Field(default=None, description="SELECT to read from a PostgreSQL source (instead of ?table=)")
+    source_max_connections: int | None = Field(
+        default=None, ge=1, le=10_000, description="Scan tasks reading the source at once (database default: 2)")
+    source_rows_per_second: int | None = Field(
+        default=None, ge=0,
+        description="Rows per second read from the source by all workers together; 0: no limit (database default: 250000)")
 
     @field_validator("tz")
     @classmethod
@@ -66,6 +74,14 @@ class JobSpec(BaseModel):
             except Exception as exc:
                 raise ValueError(f"unknown time zone '{tz}' (use an IANA name such as Europe/Berlin)") from exc
         return tz
+
+    @field_validator("source")
+    @classmethod
+    def _no_password(cls, source: str) -> str:
+        """The job JSON is stored and shown: a password in a URI would end up in both."""
+        if _URI_PASSWORD.match(source):
+            raise ValueError("the source URI holds a password; pass it through PGPASSWORD, password_env=VAR or secret=ARN")
+        return source
 
     @field_validator("table")
     @classmethod
@@ -87,6 +103,8 @@ class JobSpec(BaseModel):
     def _ordered(self) -> "JobSpec":
         if self.start and self.end and self.start >= self.end:
             raise ValueError(f"start {self.start.isoformat()} must be before end {self.end.isoformat()}")
+        if self.query is not None and not self.source.startswith(("postgresql://", "postgres://")):
+            raise ValueError("query applies to a PostgreSQL source (postgresql://...) only")
         return self
 
     def to_json(self) -> dict:

@@ -75,6 +75,7 @@ class JobStore(Protocol):
     def acquire_lease(self, lease: Lease) -> None: ...
     def release_lease(self, job_id: str) -> None: ...
     def leases(self, table: str | None = None) -> list[Lease]: ...
+    def reserve_rows(self, job_id: str, rows: int, rows_per_second: float) -> float: ...
 
 
 _SCHEMA = """
@@ -84,6 +85,7 @@ CREATE TABLE IF NOT EXISTS units (job_id TEXT NOT NULL, unit_id TEXT NOT NULL, s
     info TEXT NOT NULL, result TEXT NOT NULL, PRIMARY KEY (job_id, unit_id));
 CREATE TABLE IF NOT EXISTS leases (job_id TEXT PRIMARY KEY, tbl TEXT NOT NULL, start_us INTEGER NOT NULL,
     end_us INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS rates (job_id TEXT PRIMARY KEY, empty_at REAL NOT NULL);
 """
 
 
@@ -194,6 +196,27 @@ class SqliteJobStore:
         if table:
             sql, args = sql + " WHERE tbl=?", (table,)
         return [Lease(*r) for r in self._con().execute(sql, args)]
+
+    def reserve_rows(self, job_id: str, rows: int, rows_per_second: float) -> float:
+        with self._tx() as con:
+            row = con.execute("SELECT empty_at FROM rates WHERE job_id=?", (job_id,)).fetchone()
+            now = time.time()
+            empty_at = reserved_until(row[0] if row else None, now, rows, rows_per_second)
+            con.execute("INSERT OR REPLACE INTO rates VALUES (?,?)", (job_id, empty_at))
+        return empty_at - now - RATE_BURST_SECONDS
+
+
+RATE_BURST_SECONDS = 1.0
+
+
+def reserved_until(empty_at: float | None, now: float, rows: int, rows_per_second: float) -> float:
+    """A job's rate budget as the time its reservations run out, after reserving ``rows`` more.
+
+    The caller waits until ``RATE_BURST_SECONDS`` before that time: a worker that paused (to map
+    and spill what it read, or to commit this very reservation) may catch up by up to a second's
+    worth of rows, never more, and a new budget starts empty so a job never opens with a burst."""
+    start = now + RATE_BURST_SECONDS if empty_at is None else max(empty_at, now)
+    return start + rows / rows_per_second
 
 
 class _Tx:

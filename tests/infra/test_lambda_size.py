@@ -34,6 +34,7 @@ LAZY_IMPORTS = (  # loaded at run time, not when a handler module is imported
     "pyiceberg.catalog.glue", "pyiceberg.io.pyarrow", "pyiceberg.table.update.snapshot", "pyarrow.dataset",
     "pyarrow.parquet", "pyarrow.csv", "pyarrow.json", "pyarrow.ipc", "pyarrow.compute", "duckdb", "aws_xray_sdk",
     "timelake.aws.store", "timelake.aws.events", "timelake.aws.orchestrator",
+    "adbc_driver_manager.dbapi", "adbc_driver_postgresql.dbapi",
 )
 
 
@@ -182,6 +183,8 @@ assert duckdb.sql("SELECT sum(x) AS s FROM read_parquet('{tmp_path / "t.parquet"
 assert zstandard.decompress(zstandard.compress(b"x" * 100)) == b"x" * 100 and len(pyroaring.BitMap([1, 2])) == 2
 days = DayTransform().pyarrow_transform(TimestampType())(pa.array([86_400_000_000], pa.timestamp("us")))  # pyiceberg-core
 assert days.to_pylist() == [1] and S3FileSystem
+import adbc_driver_postgresql, pathlib
+assert pathlib.Path(adbc_driver_postgresql._driver_path()).is_file()  # the driver library a connection loads
 print("ok")
 """
     env = {"PATH": os.environ["PATH"], "AWS_DEFAULT_REGION": "us-east-1", "POWERTOOLS_SERVICE_NAME": "timelake-backfill",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -114,3 +115,42 @@ def test_a_lease_cannot_be_taken_twice_by_racing_processes(store):
             location = store.path if isinstance(store, SqliteJobStore) else store.table_name
             won = pool.starmap(_race, [(type(store), location, f"j{i}", barrier) for i in range(4)])
     assert sum(won) == 1 and [lease.job_id for lease in store.leases("iot.a")] == [f"j{won.index(True)}"]
+
+
+def test_row_reservations_queue_up_per_job(store):
+    """A new budget starts empty (no opening burst); each reservation waits behind the ones before
+    it, also when earlier ones were not waited for. ``due`` is when a reservation may proceed,
+    relative to the first call: late by at most the store's own latency, never early."""
+    began = time.time()
+
+    def due(job: str, rows: int) -> float:
+        return store.reserve_rows(job, rows, 1000.0) + (time.time() - began)
+
+    assert 0.5 <= due("j", 500) < 0.75
+    assert 1.0 <= due("j", 500) < 1.25
+    other = time.time()
+    assert 0.1 <= store.reserve_rows("other", 100, 1000.0) + (time.time() - other) < 0.35  # a budget per job
+    time.sleep(0.3)
+    assert 1.5 <= due("j", 500) < 1.75
+
+
+def _reserve(kind: type, location: str, barrier) -> None:
+    store = kind(location)
+    barrier.wait()
+    for _ in range(10):
+        store.reserve_rows("j", 1000, 1000.0)
+
+
+def test_racing_processes_lose_no_reservation(store):
+    """Four processes reserve 10 x 1,000 rows each at 1,000 rows/s: the budget then runs out 40 s
+    after the first reservation, which came a moment after ``began`` (forking takes well under half
+    a second); one lost update would show as a whole second missing."""
+    ctx = multiprocessing.get_context("fork")
+    location = store.path if isinstance(store, SqliteJobStore) else store.table_name
+    began = time.time()
+    with ctx.Manager() as manager:
+        barrier = manager.Barrier(4)
+        with ctx.Pool(4) as pool:
+            pool.starmap(_reserve, [(type(store), location, barrier)] * 4)
+    ahead = store.reserve_rows("j", 0, 1000.0) + (time.time() - began)
+    assert 39.99 < ahead < 40.5, ahead

@@ -10,6 +10,7 @@ pk                sk                  attributes
                                       ``gsi1sk="<created_at, zero-padded>#<job_id>"``
 ``JOB#<job_id>``  ``UNIT#<unit_id>``  unit_id, status, info and result (JSON strings)
 ``LEASES``        ``LEASES``          leases (JSON: job_id → [table, start, end]), version
+``JOB#<job_id>``  ``RATE``            empty_at (the source rate budget, see `timelake.throttle`), version
 ================  ==================  ===================================================
 
 Why this shape:
@@ -46,7 +47,7 @@ import boto3
 from botocore.config import Config
 
 
-from ..store import JobRecord, Lease, UnitRecord, job_exists, job_not_found, lease_conflict, unit_not_found
+from ..store import RATE_BURST_SECONDS, JobRecord, Lease, UnitRecord, job_exists, job_not_found, lease_conflict, reserved_until, unit_not_found
 
 Item = dict[str, dict[str, Any]]
 
@@ -176,6 +177,13 @@ class DynamoJobStore:
         held = _held(self._get(_LEASES))
         return [Lease(t, start, end, job_id) for job_id, (t, start, end) in held.items() if not table or t == table]
 
+    def reserve_rows(self, job_id: str, rows: int, rows_per_second: float) -> float:
+        def change(item: Item | None) -> Item:
+            held = float(item["empty_at"]["N"]) if item else None
+            return {"empty_at": {"N": repr(reserved_until(held, time.time(), rows, rows_per_second))}}
+
+        return float(self._swap(_rate_key(job_id), change)["empty_at"]["N"]) - time.time() - RATE_BURST_SECONDS
+
     def _get(self, key: Item) -> Item | None:
         return self._client.get_item(TableName=self.table_name, Key=key, ConsistentRead=True).get("Item")
 
@@ -214,6 +222,10 @@ def _backoff(attempt: int) -> None:
 
 def _job_key(job_id: str) -> Item:
     return {"pk": {"S": f"JOB#{job_id}"}, "sk": {"S": "JOB"}}
+
+
+def _rate_key(job_id: str) -> Item:
+    return {"pk": {"S": f"JOB#{job_id}"}, "sk": {"S": "RATE"}}
 
 
 def _unit_key(job_id: str, unit_id: str) -> Item:
