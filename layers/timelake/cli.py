@@ -83,7 +83,10 @@ def run(
     override_retention: Annotated[bool, typer.Option("--override-retention")] = False,
     time_unit: Annotated[Optional[str], typer.Option("--time-unit", help="s | ms | us | ns for epoch integers")] = None,
     dst_policy: Annotated[str, typer.Option("--dst-policy", help="refuse | earliest | latest | drop")] = "refuse",
-    fmt: Annotated[Optional[str], typer.Option("--format", help="parquet | csv | json (default: from extension)")] = None,
+    fmt: Annotated[Optional[str], typer.Option("--format", help="parquet | csv | json | influx (default: from extension)")] = None,
+    from_sql: Annotated[Optional[str], typer.Option("--from-sql", help="A DuckDB query as the source")] = None,
+    measurement: Annotated[Optional[str], typer.Option("--measurement", help="InfluxDB measurement (default: table name)")] = None,
+    precision: Annotated[Optional[str], typer.Option("--precision", help="ns | us | ms | s of line-protocol times")] = None,
     as_json: JsonFlag = False,
     warehouse: Warehouse = None,
     on: On = "local",
@@ -93,10 +96,13 @@ def run(
     given = {
         "source": source, "map": _parse_map(map_) or None, "tz": tz, "start": start, "end": end,
         "publish_by": publish_by, "max_concurrency": max_concurrency, "assertions": assertions or None,
-        "time_unit": time_unit, "format": fmt,
+        "time_unit": time_unit, "format": fmt, "measurement": measurement, "precision": precision,
+        "query": from_sql,
     }
     fields.update({k: v for k, v in given.items() if v is not None})
     fields["table"] = table
+    if from_sql and not source:
+        fields["source"] = "duckdb:"
     for flag, value, default in (("mode", mode, "merge"), ("dst_policy", dst_policy, "refuse")):
         if value != default or flag not in fields:
             fields[flag] = value

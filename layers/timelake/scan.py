@@ -27,6 +27,7 @@ from .layout import PartitionKey, micros, partition_codes, read_range, series_ha
 from .mapping import Mapper
 from .runtime import Runtime, filesystem
 from .source import Source, open_source
+from .sources import open_spec_source
 from .spec import JobSpec
 from .timeutil import US_PER_DAY
 
@@ -174,6 +175,8 @@ class ScanContext:
 def open_job_source(spec: JobSpec, source: Any = None) -> Source:
     if source is None and spec.source.startswith("<"):
         raise InvalidJob(f"job {spec.job_id}: the source was in-memory data ({spec.source}) and is gone; start a new job")
+    if source is None and (named := open_spec_source(spec)) is not None:
+        return named
     return open_source(source if source is not None else spec.source, format=spec.format)
 
 

@@ -33,7 +33,8 @@ class JobSpec(BaseModel):
     job_id: str = Field(default_factory=new_job_id, pattern=r"^[0-9A-Za-z_-]{1,80}$")
     table: str = Field(description="Target table, namespace.name")
     source: str = Field(description="Path, glob or URI of the source files; '<memory ...>' for in-process data")
-    format: Literal["parquet", "csv", "json"] | None = None
+    format: Literal["parquet", "csv", "json", "influx"] | None = Field(
+        default=None, description="Source file format; influx is InfluxDB line protocol (default: from the extension)")
     map: dict[str, str] = Field(default_factory=dict, description="table column -> source column")
     tz: str | None = Field(default=None, description="IANA zone of naive source timestamps (and of naive start/end)")
     time_unit: TimeUnit | None = Field(default=None, description="Unit of integer epoch timestamps")
@@ -46,6 +47,9 @@ class JobSpec(BaseModel):
     max_concurrency: int | None = Field(default=None, ge=1, le=10_000)
     assertions: list[str] = Field(default_factory=list, description="SQL over view `staged` returning failing rows")
     override_retention: bool = False
+    query: str | None = Field(default=None, description="SQL text for database sources (source 'duckdb:' for --from-sql)")
+    measurement: str | None = Field(default=None, description="InfluxDB measurement to read (default: the table's name)")
+    precision: TimeUnit | None = Field(default=None, description="Timestamp unit of line-protocol files (default ns)")
 
     @field_validator("tz")
     @classmethod
