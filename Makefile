@@ -13,6 +13,7 @@ $(STAMP): pyproject.toml package.json $(NPM_LOCK)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'
 	npm $(if $(NPM_LOCK),ci,install) --no-audit --no-fund --loglevel=error
+	command -v influxd >/dev/null || (apt-get update && apt-get install -y influxdb)
 	touch $(STAMP)
 
 install: $(STAMP)

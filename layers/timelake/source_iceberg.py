@@ -23,6 +23,7 @@ from pyiceberg.expressions import AlwaysTrue, And, BooleanExpression, GreaterTha
 from pyiceberg.table import DataScan
 from pyiceberg.transforms import IdentityTransform
 from pyiceberg.types import TimestampType, TimestamptzType
+from pyiceberg.utils.config import Config
 
 from .source import Source, SourceBatch, SourceError, _rebatch
 from .timeutil import TRANSFORMS, iso, to_micros, transform_range
@@ -44,8 +45,13 @@ class IcebergSource(Source):
         identifier, _, snapshot = rest.partition("@")
         if not catalog_name or identifier.count(".") < 1:
             raise SourceError(f"'{uri}' must be iceberg://CATALOG/namespace.table[@snapshot_id]")
+        # Read the configuration now, not at pyiceberg's import, so that a catalog set up later is found.
+        props = Config().get_catalog_config(catalog_name)
+        if props is None:
+            raise SourceError(f"catalog '{catalog_name}' of source '{uri}' is not configured: define it in "
+                              f".pyiceberg.yaml or PYICEBERG_CATALOG__{catalog_name.upper()}__TYPE=... variables")
         try:
-            self.table = load_catalog(catalog_name).load_table(identifier)
+            self.table = load_catalog(catalog_name, **props).load_table(identifier)
         except (NoSuchTableError, NoSuchNamespaceError) as e:
             raise SourceError(f"source table '{identifier}' does not exist in catalog '{catalog_name}'") from e
         except Exception as e:  # a catalog that is not configured or cannot be reached: pyiceberg raises many types
