@@ -68,13 +68,11 @@ class IcebergSource(Source):
         self._column: str | None = None
 
     def pieces(self) -> list[str]:
-        if self._column is None and self._time_ranges():
-            return [WHOLE]
-        return [f"{iso(lo)}/{iso(hi)}" for lo, hi, _ in self._time_ranges()]
+        ranges = self._time_ranges()
+        return [WHOLE if self._column is None else f"{iso(lo)}/{iso(hi)}" for lo, hi, _ in ranges]
 
     def sizes(self) -> list[int]:
-        ranges = self._time_ranges()
-        return [sum(size for *_, size in ranges)] if self._column is None and ranges else [s for *_, s in ranges]
+        return [size for *_, size in self._time_ranges()]
 
     def schema(self) -> pa.Schema:
         snapshot = self.table.snapshot_by_id(self.snapshot_id) if self.snapshot_id else None
@@ -122,7 +120,8 @@ class IcebergSource(Source):
             columns.add(column)
             found.append((lo, hi, task.file.file_size_in_bytes))
         self._column = columns.pop() if len(columns) == 1 else None
-        self._ranges = _merged(found) if self._column is not None else found
+        # Without one time column partitioning every file, the table is one piece (a full scan).
+        self._ranges = _merged(found) if self._column is not None else [(0, 0, sum(s for *_, s in found))]
         return self._ranges
 
     def _partition_range(self, spec: Any, partition: Any) -> tuple[str, int, int] | None:
