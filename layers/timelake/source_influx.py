@@ -14,13 +14,15 @@ import hashlib
 import json
 import os
 import re
+import tempfile
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from dataclasses import dataclass
 
+import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -30,6 +32,10 @@ from .source import FileSource, Source, SourceBatch, SourceError, _line_chunks, 
 from .timeutil import US_PER_DAY
 
 TIME = "time"
+LINE = "__line"
+_DUCK = {pa.int64(): "BIGINT", pa.uint64(): "UBIGINT", pa.float64(): "DOUBLE", pa.string(): "VARCHAR",
+         pa.bool_(): "BOOLEAN"}
+_MERGE_MEMORY = "512MB"
 _TIME_TYPE = pa.timestamp("ns", tz="UTC")
 _NS_PER = {"ns": 1, "us": 1_000, "ms": 1_000_000, "s": 1_000_000_000}
 _CHUNK_BYTES = 8 << 20
@@ -88,18 +94,43 @@ class LineProtocol:
         self.factor = _NS_PER[precision]
         self.origin = origin
         self.kinds: dict[str, tuple[str, int]] = {}
+        self.tags: set[str] = set()
         self.seen: set[str] = set()
-        self.line = 1
 
     def batches(self, stream: pa.NativeFile) -> Iterator[pa.RecordBatch]:
-        for chunk in _line_chunks(stream, _CHUNK_BYTES):
-            first = self.line
-            self.line += chunk.count(b"\n") + (not chunk.endswith(b"\n"))
-            batch = self.parse(chunk, first)
+        """The points of the measurement, one row per line (with its line number in LINE)."""
+        for chunk, first in self._chunks(stream):
+            batch = self._columns(*self._parts(chunk, first))
             if batch.num_rows:
                 yield batch
 
-    def parse(self, chunk: bytes, first_line: int) -> pa.RecordBatch:
+    def scan(self, stream: pa.NativeFile) -> pa.Schema:
+        """Tags and typed fields of the whole stream, without building columns; raises on a field's second type."""
+        for chunk, first in self._chunks(stream):
+            for part in self._parts(chunk, first):
+                wanted = np.asarray(pc.equal(part.measurement, self.measurement).to_numpy(zero_copy_only=False), dtype=bool)
+                self.seen.update(pc.unique(part.measurement).to_pylist())
+                tag_mine = pa.array(wanted[np.asarray(part.tag_rows, dtype=np.int64)])
+                self.tags.update(pc.unique(part.tag_keys.filter(tag_mine)).to_pylist())
+                rows = np.asarray(part.field_rows, dtype=np.int64)
+                mine = wanted[rows]
+                keys, values, lines = part.field_keys.filter(pa.array(mine)), part.field_values.filter(pa.array(mine)), part.lines[rows[mine]]
+                for key in pc.unique(keys).to_pylist():
+                    pick = pc.equal(keys, key)
+                    self._kind(key, values.filter(pick), lines[np.asarray(pick.to_numpy(zero_copy_only=False), dtype=bool)])
+        return self.schema()
+
+    def schema(self) -> pa.Schema:
+        return pa.schema([(TIME, _TIME_TYPE), *((t, pa.string()) for t in sorted(self.tags)),
+                          *((f, _ARROW[k]) for f, (k, _) in sorted(self.kinds.items()))])
+
+    def _chunks(self, stream: pa.NativeFile) -> Iterator[tuple[bytes, int]]:
+        line = 1
+        for chunk in _line_chunks(stream, _CHUNK_BYTES):
+            yield chunk, line
+            line += chunk.count(b"\n") + (not chunk.endswith(b"\n"))
+
+    def _parts(self, chunk: bytes, first_line: int) -> tuple[_Parsed, _Parsed]:
         lines = pc.list_flatten(pc.split_pattern(pa.array([chunk], pa.binary()), b"\n"))
         try:
             lines = pc.utf8_trim(lines.cast(pa.string()), "\r")
@@ -114,7 +145,7 @@ class LineProtocol:
                                    pc.match_substring_regex(lines, "[\x01-\x03]")).to_numpy(zero_copy_only=False), dtype=bool)
         fast = self._fast(_mask_quoted(lines.filter(pa.array(~tricky))), numbers[~tricky])
         slow = self._slow(lines.filter(pa.array(tricky)), numbers[tricky])
-        return self._columns(fast, slow)
+        return fast, slow
 
     def _fast(self, lines: pa.Array, numbers: np.ndarray) -> _Parsed:
         parts = pc.split_pattern(lines, " ", max_splits=2)
@@ -171,7 +202,7 @@ class LineProtocol:
         position[np.flatnonzero(wanted)[order]] = np.arange(int(wanted.sum()))
         lines = numbers[wanted][order]
         stamps = pa.concat_arrays([p.time for p in parts]).take(pa.array(np.flatnonzero(wanted)[order]))
-        columns: dict[str, pa.Array] = {TIME: self._time(stamps, lines)}
+        columns: dict[str, pa.Array] = {TIME: self._time(stamps, lines), LINE: pa.array(lines, pa.int64())}
 
         def triples(kind: str) -> tuple[np.ndarray, pa.Array, pa.Array]:
             rows = np.concatenate([np.asarray(getattr(p, f"{kind}_rows"), dtype=np.int64) + off
@@ -183,6 +214,7 @@ class LineProtocol:
             return at[mine], keys.filter(pa.array(mine)), values.filter(pa.array(mine))
 
         at, keys, values = triples("tag")
+        self.tags.update(pc.unique(keys).to_pylist())
         for key in sorted(pc.unique(keys).to_pylist()):
             pick = np.asarray(pc.equal(keys, key).to_numpy(zero_copy_only=False), dtype=bool)
             columns[key] = _scatter(at[pick], values.filter(pa.array(pick)), len(lines))
@@ -191,7 +223,8 @@ class LineProtocol:
             pick = np.asarray(pc.equal(keys, key).to_numpy(zero_copy_only=False), dtype=bool)
             if key in columns:
                 raise InfluxError(f"{self.origin}: '{key}' of measurement '{self.measurement}' is both a tag and a field")
-            typed = self._field(key, values.filter(pa.array(pick)), lines[at[pick]])
+            raw = values.filter(pa.array(pick))
+            typed = self._typed(key, self._kind(key, raw, lines[at[pick]]), raw)
             columns[key] = _scatter(at[pick], typed, len(lines))
         return pa.RecordBatch.from_pydict(columns)
 
@@ -208,8 +241,8 @@ class LineProtocol:
     def _precision_name(self) -> str:
         return next(unit for unit, f in _NS_PER.items() if f == self.factor)
 
-    def _field(self, key: str, raw: pa.Array, lines: np.ndarray) -> pa.Array:
-        """The field's values typed by their protocol spelling; every point must spell the same type."""
+    def _kind(self, key: str, raw: pa.Array, lines: np.ndarray) -> str:
+        """The field's type by the protocol spelling of its values; every point must spell the same type."""
         kinds = np.select(
             [np.asarray(m.to_numpy(zero_copy_only=False), dtype=bool) for m in (
                 pc.starts_with(raw, '"'), pc.ends_with(raw, "i"), pc.ends_with(raw, "u"),
@@ -223,7 +256,9 @@ class LineProtocol:
                     f"field '{key}' of measurement '{self.measurement}' has two types in {self.origin}: "
                     f"{known[0]} at line {known[1]} and {kind} at line {lines[first]}"
                 )
-        kind = self.kinds[key][0]
+        return self.kinds[key][0]
+
+    def _typed(self, key: str, kind: str, raw: pa.Array) -> pa.Array:
         if kind == "string":
             inner = _unmask(pc.utf8_slice_codeunits(raw, 1, -1))
             return pc.replace_substring(pc.replace_substring(inner, '\\"', '"'), "\\\\", "\\")
@@ -273,6 +308,40 @@ def _scatter(at: np.ndarray, values: pa.Array, rows: int) -> pa.Array:
     return values.take(pa.array(index, mask=index < 0))
 
 
+def _points(parser: LineProtocol, lines: Iterator[pa.RecordBatch], batch_rows: int) -> Iterator[pa.RecordBatch]:
+    """Lines of one point (series and time) merged into one row, the later line winning per field.
+
+    Exports write one line per field of a point (TSM files store fields apart), far apart in the
+    file, so the merge cannot be done chunk by chunk: the lines go to an on-disk DuckDB table,
+    whose aggregation spills, and come back one row per point.
+    """
+    with tempfile.TemporaryDirectory(prefix="timelake-influx-") as tmp, \
+            closing(duckdb.connect(f"{tmp}/points.db", config={"memory_limit": _MERGE_MEMORY})) as con:
+        columns: dict[str, pa.DataType] = {}
+        for batch in lines:
+            batch = batch.set_column(0, TIME, batch.column(0).cast(pa.int64()))  # DuckDB would drop the nanoseconds
+            if not columns:
+                con.execute("CREATE TABLE points AS SELECT * FROM batch")
+            else:
+                for f in batch.schema:
+                    if f.name not in columns:
+                        con.execute(f"ALTER TABLE points ADD COLUMN {_ident(f.name)} {_DUCK[f.type]}")
+                con.execute("INSERT INTO points BY NAME SELECT * FROM batch")
+            columns.update({f.name: f.type for f in batch.schema if f.name not in columns})
+        if not columns:
+            return
+        tags = [_ident(t) for t in sorted(parser.tags)]
+        fields = [_ident(f) for f in columns if f not in (TIME, LINE) and f not in parser.tags]
+        picks = [f"arg_max({f}, {LINE}) FILTER (WHERE {f} IS NOT NULL) AS {f}" for f in fields]
+        query = f"SELECT {', '.join([TIME, *tags, *picks])} FROM points GROUP BY {', '.join([TIME, *tags])}"
+        for batch in con.sql(query).to_arrow_reader(batch_rows):
+            yield batch.set_column(0, TIME, batch.column(0).cast(_TIME_TYPE))
+
+
+def _ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
 class InfluxFileSource(FileSource):
     """Export files; each file is one piece, read in one stream (a gzip stream cannot be split)."""
 
@@ -283,23 +352,27 @@ class InfluxFileSource(FileSource):
         self.precision = precision
 
     def schema(self) -> pa.Schema:
-        """From the first chunk holding the measurement, so a missing measurement is an error at plan time."""
+        """Every tag and field of the first file: an export lists each field of a series in its own
+        run of lines, so the first chunk does not know them all. This pass also finds a field with
+        two types, and a missing measurement, before the job is planned."""
         piece = next(iter(self._paths))
         parser = self._parser(piece)
         with self._readable(piece), self._open(self._paths[piece]) as stream:
-            for batch in parser.batches(stream):
-                return batch.schema
-        seen = ", ".join(sorted(parser.seen)) or "none"
-        raise InfluxError(f"measurement '{self.measurement}' is not in {piece} (measurements: {seen}); "
-                          "choose one with --measurement")
+            schema = parser.scan(stream)
+        if not parser.kinds:
+            seen = ", ".join(sorted(parser.seen)) or "none"
+            raise InfluxError(f"measurement '{self.measurement}' is not in {piece} (measurements: {seen}); "
+                              "choose one with --measurement")
+        return schema
 
     def _parser(self, piece: str) -> LineProtocol:
         return LineProtocol(self.measurement, self.precision, piece)
 
     def _read(self, piece: str) -> Iterator[SourceBatch]:
         offset = 0
+        parser = self._parser(piece)
         with self._readable(piece), self._open(self._paths[piece]) as stream:
-            for batch in _rebatch(self._parser(piece).batches(stream), self._batch_rows):
+            for batch in _rebatch(_points(parser, parser.batches(stream), self._batch_rows), self._batch_rows):
                 yield SourceBatch(batch, piece, offset)
                 offset += batch.num_rows
 

@@ -31,10 +31,11 @@ CREATE DATABASE hist WITH NAME autogen
 """
 
 
-def _points() -> tuple[pa.Table, dict[str, list[str]]]:
-    """The expected rows, and the same points as line protocol per write precision (plus another measurement)."""
+def _points() -> tuple[pa.Table, dict[str, list[str]], list[str]]:
+    """The expected rows; the same points as line protocol per write precision (plus another measurement);
+    and as an export writes them: one line per field, in runs per series and field, times in ns."""
     start = datetime.fromisoformat(recent(10)).replace(tzinfo=timezone.utc)
-    rows, lines = [], {unit: [] for unit, _ in DAYS.values()}
+    rows, lines, export = [], {unit: [] for unit, _ in DAYS.values()}, []
     for day, (unit, extra) in DAYS.items():
         for hour in range(0, 24, 3):
             for i, device in enumerate(["d00", "d01", "d02"]):
@@ -46,20 +47,14 @@ def _points() -> tuple[pa.Table, dict[str, list[str]]]:
                              "state": state, "ok": ok})
                 ns = (int(ts.timestamp()) * 10**9 + ts.microsecond * 1000 + (789 if unit == "ns" else 0))
                 stamp = ns // {"s": 10**9, "ms": 10**6, "ns": 1}[unit]
-                lines[unit].append(f"sensor,device_id={device},site={site_lp} value={value},count={count}i,"
-                                   f"state={state_lp},ok={'t' if ok else 'FALSE'} {stamp}")
+                series = f"sensor,device_id={device},site={site_lp}"
+                fields = {"value": value, "count": f"{count}i", "state": state_lp, "ok": "t" if ok else "FALSE"}
+                lines[unit].append(f"{series} {','.join(f'{k}={v}' for k, v in fields.items())} {stamp}")
                 lines[unit].append(f"other,device_id={device} value=1 {stamp}")
-    return pa.Table.from_pylist(rows, schema=SCHEMA).sort_by(ORDER), lines
-
-
-def _as_ns(lines: dict[str, list[str]]) -> list[str]:
-    factor = {"s": 10**9, "ms": 10**6, "ns": 1}
-    out = []
-    for unit, unit_lines in lines.items():
-        for line in unit_lines:
-            head, _, stamp = line.rpartition(" ")
-            out.append(f"{head} {int(stamp) * factor[unit]}")
-    return out
+                export += [(series, key, f"{series} {key}={v} {ns}") for key, v in fields.items()]
+                export.append(("other", "value", f"other,device_id={device} value=1 {ns}"))
+    export.sort(key=lambda entry: entry[:2])  # stable: time order within each run
+    return pa.Table.from_pylist(rows, schema=SCHEMA).sort_by(ORDER), lines, [line for *_, line in export]
 
 
 def _table(lake: timelake.Lake) -> timelake.Table:
@@ -72,7 +67,7 @@ def _rows(lake: timelake.Lake) -> pa.Table:
 
 
 def test_live_server_backfill_reads_each_day_and_equals_the_written_points(lake, influxd: Influx):
-    expected, lines = _points()
+    expected, lines, _ = _points()
     influxd.query("CREATE DATABASE hist")
     for unit, unit_lines in lines.items():
         influxd.write("hist", "\n".join(unit_lines), unit)
@@ -93,8 +88,8 @@ def test_live_server_backfill_reads_each_day_and_equals_the_written_points(lake,
 
 
 def test_export_files_plain_and_gzip_give_the_same_table(tmp_path: Path, lake, warehouse):
-    expected, lines = _points()
-    body = EXPORT_HEADER + "\n".join(_as_ns(lines)) + "\n"
+    expected, _, export = _points()
+    body = EXPORT_HEADER + "\n".join(export) + "\n"
     (tmp_path / "hist.lp").write_text(body)
     with gzip.open(tmp_path / "hist.lp.gz", "wt") as f:
         f.write(body)
@@ -114,7 +109,7 @@ def test_export_files_plain_and_gzip_give_the_same_table(tmp_path: Path, lake, w
 
 
 def test_precision_of_an_export_file(tmp_path: Path, lake):
-    expected, lines = _points()
+    expected, lines, _ = _points()
     (tmp_path / "seconds").write_text("\n".join(lines["s"]) + "\n")  # no extension: --format influx says what it is
     _table(lake)
     spec = JobSpec(table="iot.sensor", source=str(tmp_path / "seconds"), format="influx", precision="s",
@@ -134,7 +129,7 @@ def test_precision_of_an_export_file(tmp_path: Path, lake):
 ])
 def test_bad_export_file_is_one_clear_line_and_nothing_is_staged(tmp_path, lake, warehouse, lines, message):
     table = _table(lake)
-    expected, _ = _points()
+    expected, *_ = _points()
     table.append(expected.slice(0, 5))
     main = table.refresh().iceberg.current_snapshot().snapshot_id
     file = tmp_path / "bad.lp"
@@ -146,7 +141,7 @@ def test_bad_export_file_is_one_clear_line_and_nothing_is_staged(tmp_path, lake,
 
 def test_server_errors_are_one_clear_line_and_nothing_is_staged(lake, warehouse, influxd: Influx):
     table = _table(lake)
-    expected, _ = _points()
+    expected, *_ = _points()
     table.append(expected.slice(0, 5))
     main = table.refresh().iceberg.current_snapshot().snapshot_id
     influxd.query("CREATE DATABASE mixed")
@@ -163,3 +158,28 @@ def test_server_errors_are_one_clear_line_and_nothing_is_staged(lake, warehouse,
         result = cli("backfill", "iot.sensor", "--from", uri, "--map", "ts=time", warehouse=warehouse)
         assert message in error_line(result)
     assert_nothing_staged(lake, "iot.sensor", main)
+
+
+def _read(path: Path) -> pa.Table:
+    src = open_job_source(JobSpec(table="iot.sensor", source=str(path), map={"ts": "time"}))
+    return pa.Table.from_batches([b.data for b in src.batches()]).select(["time", "device_id", "site", "value", "count",
+                                                                          "state", "ok"])
+
+
+def test_small_chunks_read_the_same_points_and_later_lines_win(tmp_path: Path, monkeypatch):
+    from timelake import source_influx
+
+    _, _, export = _points()
+    first = next(i for i, line in enumerate(export) if line.startswith("sensor") and " count=" in line)
+    series, _, stamp = export[first].split(" ")
+    rewritten = f"{series} count=999i {stamp}"  # the same point again, as a WAL line after the TSM data
+    (tmp_path / "e.lp").write_text(EXPORT_HEADER + "\n".join([*export, rewritten]) + "\n")
+    whole = _read(tmp_path / "e.lp").sort_by([("device_id", "ascending"), ("time", "ascending")])
+    monkeypatch.setattr(source_influx, "_CHUNK_BYTES", 300)  # many chunks: runs of one field span several
+    assert _read(tmp_path / "e.lp").sort_by([("device_id", "ascending"), ("time", "ascending")]).equals(whole)
+    assert whole.num_rows == 72 and whole["count"].to_pylist().count(999) == 1
+
+    (tmp_path / "mixed.lp").write_text("\n".join([*export, f"{series} count=1.5 {stamp}"]) + "\n")
+    with pytest.raises(source_influx.InfluxError,
+                       match=rf"field 'count' .* integer at line {first + 1} and float at line {len(export) + 1}"):
+        _read(tmp_path / "mixed.lp")
