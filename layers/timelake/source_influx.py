@@ -108,17 +108,21 @@ class LineProtocol:
         """Tags and typed fields of the whole stream, without building columns; raises on a field's second type."""
         for chunk, first in self._chunks(stream):
             for part in self._parts(chunk, first):
-                wanted = np.asarray(pc.equal(part.measurement, self.measurement).to_numpy(zero_copy_only=False), dtype=bool)
-                self.seen.update(pc.unique(part.measurement).to_pylist())
+                wanted = self._wanted(part.measurement)
                 tag_mine = pa.array(wanted[np.asarray(part.tag_rows, dtype=np.int64)])
-                self.tags.update(pc.unique(part.tag_keys.filter(tag_mine)).to_pylist())
+                self.tags.update(key for key, _ in _groups(part.tag_keys.filter(tag_mine)))
                 rows = np.asarray(part.field_rows, dtype=np.int64)
                 mine = wanted[rows]
                 keys, values, lines = part.field_keys.filter(pa.array(mine)), part.field_values.filter(pa.array(mine)), part.lines[rows[mine]]
-                for key in pc.unique(keys).to_pylist():
-                    pick = pc.equal(keys, key)
-                    self._kind(key, values.filter(pick), lines[np.asarray(pick.to_numpy(zero_copy_only=False), dtype=bool)])
+                for key, pick in _groups(keys):
+                    self._kind(key, values.filter(pa.array(pick)), lines[pick])
         return self.schema()
+
+    def _wanted(self, measurement: pa.Array) -> np.ndarray:
+        """Rows of the job's measurement; notes the others, to name them if it is missing."""
+        groups = _groups(measurement)
+        self.seen.update(key for key, _ in groups)
+        return next((pick for key, pick in groups if key == self.measurement), np.zeros(len(measurement), dtype=bool))
 
     def schema(self) -> pa.Schema:
         return pa.schema([(TIME, _TIME_TYPE), *((t, pa.string()) for t in sorted(self.tags)),
@@ -139,10 +143,14 @@ class LineProtocol:
         numbers = np.arange(first_line, first_line + len(lines))
         skip = pc.or_(pc.starts_with(lines, "#"), pc.or_(*(pc.starts_with(lines, ddl) for ddl in _DDL)))
         keep = pc.and_(pc.not_equal(lines, ""), pc.invert(skip))
-        lines, numbers = lines.filter(keep), numbers[np.asarray(keep.to_numpy(zero_copy_only=False), dtype=bool)]
-        odd_quotes = pc.equal(pc.bit_wise_and(pc.count_substring(lines, '"'), 1), 1)
-        tricky = np.asarray(pc.or_(pc.or_(odd_quotes, pc.match_substring(lines, "\\")),
-                                   pc.match_substring_regex(lines, "[\x01-\x03]")).to_numpy(zero_copy_only=False), dtype=bool)
+        lines, numbers = lines.filter(keep), numbers[_mask(keep)]
+        tricky = np.zeros(len(lines), dtype=bool)  # whole-chunk tests first: most chunks need no per-line test
+        if b'"' in chunk:
+            tricky |= _mask(pc.equal(pc.bit_wise_and(pc.count_substring(lines, '"'), 1), 1))
+        if b"\\" in chunk:
+            tricky |= _mask(pc.match_substring(lines, "\\"))
+        if any(code.encode() in chunk for code in _MASK.values()):
+            tricky |= _mask(pc.match_substring_regex(lines, "[\x01-\x03]"))
         fast = self._fast(_mask_quoted(lines.filter(pa.array(~tricky))), numbers[~tricky])
         slow = self._slow(lines.filter(pa.array(tricky)), numbers[tricky])
         return fast, slow
@@ -195,8 +203,7 @@ class LineProtocol:
         numbers = np.concatenate([p.lines for p in parts])
         measurement = pa.concat_arrays([p.measurement for p in parts])
         offsets = np.cumsum([0, *(len(p.lines) for p in parts)])
-        self.seen.update(pc.unique(measurement).to_pylist())
-        wanted = np.asarray(pc.equal(measurement, self.measurement).to_numpy(zero_copy_only=False), dtype=bool)
+        wanted = self._wanted(measurement)
         order = np.argsort(numbers[wanted], kind="stable")
         position = np.full(len(numbers), -1, dtype=np.int64)
         position[np.flatnonzero(wanted)[order]] = np.arange(int(wanted.sum()))
@@ -214,13 +221,11 @@ class LineProtocol:
             return at[mine], keys.filter(pa.array(mine)), values.filter(pa.array(mine))
 
         at, keys, values = triples("tag")
-        self.tags.update(pc.unique(keys).to_pylist())
-        for key in sorted(pc.unique(keys).to_pylist()):
-            pick = np.asarray(pc.equal(keys, key).to_numpy(zero_copy_only=False), dtype=bool)
+        for key, pick in _groups(keys):
+            self.tags.add(key)
             columns[key] = _scatter(at[pick], values.filter(pa.array(pick)), len(lines))
         at, keys, values = triples("field")
-        for key in sorted(pc.unique(keys).to_pylist()):
-            pick = np.asarray(pc.equal(keys, key).to_numpy(zero_copy_only=False), dtype=bool)
+        for key, pick in _groups(keys):
             if key in columns:
                 raise InfluxError(f"{self.origin}: '{key}' of measurement '{self.measurement}' is both a tag and a field")
             raw = values.filter(pa.array(pick))
@@ -301,6 +306,17 @@ def _unmask(values: pa.Array) -> pa.Array:
     return values
 
 
+def _mask(values: pa.Array) -> np.ndarray:
+    return np.asarray(values.to_numpy(zero_copy_only=False), dtype=bool)
+
+
+def _groups(keys: pa.Array) -> list[tuple[str, np.ndarray]]:
+    """Each distinct key with the mask of its positions: one hash pass, then integer compares."""
+    encoded = keys.dictionary_encode()
+    codes = encoded.indices.to_numpy(zero_copy_only=False)
+    return sorted((key, codes == code) for code, key in enumerate(encoded.dictionary.to_pylist()))
+
+
 def _scatter(at: np.ndarray, values: pa.Array, rows: int) -> pa.Array:
     """A column of ``rows`` with ``values`` at positions ``at`` and nulls elsewhere (last write wins)."""
     index = np.full(rows, -1, dtype=np.int64)
@@ -312,11 +328,11 @@ def _points(parser: LineProtocol, lines: Iterator[pa.RecordBatch], batch_rows: i
     """Lines of one point (series and time) merged into one row, the later line winning per field.
 
     Exports write one line per field of a point (TSM files store fields apart), far apart in the
-    file, so the merge cannot be done chunk by chunk: the lines go to an on-disk DuckDB table,
-    whose aggregation spills, and come back one row per point.
+    file, so the merge cannot be done chunk by chunk: the lines go to a DuckDB table that spills
+    to a temporary folder beyond _MERGE_MEMORY, and come back one row per point.
     """
     with tempfile.TemporaryDirectory(prefix="timelake-influx-") as tmp, \
-            closing(duckdb.connect(f"{tmp}/points.db", config={"memory_limit": _MERGE_MEMORY})) as con:
+            closing(duckdb.connect(config={"memory_limit": _MERGE_MEMORY, "temp_directory": tmp})) as con:
         columns: dict[str, pa.DataType] = {}
         for batch in lines:
             batch = batch.set_column(0, TIME, batch.column(0).cast(pa.int64()))  # DuckDB would drop the nanoseconds
