@@ -19,7 +19,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
-from contextlib import closing, contextmanager
+from contextlib import closing
 from dataclasses import dataclass
 
 import duckdb
@@ -42,7 +42,6 @@ _CHUNK_BYTES = 8 << 20
 _QUERY_CHUNK_ROWS = 50_000
 _TRUE = ["t", "T", "true", "True", "TRUE"]
 _FALSE = ["f", "F", "false", "False", "FALSE"]
-_SERVER_TYPES = {"float": "float", "integer": "integer", "unsigned": "unsigned", "string": "string", "boolean": "boolean"}
 _ARROW = {"float": pa.float64(), "integer": pa.int64(), "unsigned": pa.uint64(), "string": pa.string(),
           "boolean": pa.bool_()}
 _DDL = ("CREATE DATABASE ", "CREATE RETENTION POLICY ")  # the DDL part of an export
@@ -91,7 +90,7 @@ class LineProtocol:
 
     def __init__(self, measurement: str, precision: str, origin: str) -> None:
         self.measurement = measurement
-        self.factor = _NS_PER[precision]
+        self.precision = precision
         self.origin = origin
         self.kinds: dict[str, tuple[str, int]] = {}
         self.tags: set[str] = set()
@@ -112,8 +111,8 @@ class LineProtocol:
                 tag_mine = pa.array(wanted[np.asarray(part.tag_rows, dtype=np.int64)])
                 self.tags.update(key for key, _ in _groups(part.tag_keys.filter(tag_mine)))
                 rows = np.asarray(part.field_rows, dtype=np.int64)
-                mine = wanted[rows]
-                keys, values, lines = part.field_keys.filter(pa.array(mine)), part.field_values.filter(pa.array(mine)), part.lines[rows[mine]]
+                mine = pa.array(wanted[rows])
+                keys, values, lines = part.field_keys.filter(mine), part.field_values.filter(mine), part.lines[rows[wanted[rows]]]
                 for key, pick in _groups(keys):
                     self._kind(key, values.filter(pa.array(pick)), lines[pick])
         return self.schema()
@@ -151,7 +150,8 @@ class LineProtocol:
             tricky |= _mask(pc.match_substring(lines, "\\"))
         if any(code.encode() in chunk for code in _MASK.values()):
             tricky |= _mask(pc.match_substring_regex(lines, "[\x01-\x03]"))
-        fast = self._fast(_mask_quoted(lines.filter(pa.array(~tricky))), numbers[~tricky])
+        simple = lines.filter(pa.array(~tricky))
+        fast = self._fast(_mask_quoted(simple) if b'"' in chunk else simple, numbers[~tricky])
         slow = self._slow(lines.filter(pa.array(tricky)), numbers[tricky])
         return fast, slow
 
@@ -234,24 +234,20 @@ class LineProtocol:
         return pa.RecordBatch.from_pydict(columns)
 
     def _time(self, stamps: pa.Array, lines: np.ndarray) -> pa.Array:
-        missing = np.flatnonzero(np.asarray(stamps.is_null().to_numpy(zero_copy_only=False), dtype=bool))
+        missing = np.flatnonzero(_mask(stamps.is_null()))
         if len(missing):
             raise InfluxError(f"line {lines[missing[0]]} of {self.origin} has no timestamp (an export always has one)")
         try:
-            ns = pc.multiply_checked(stamps.cast(pa.int64()), self.factor)
+            ns = pc.multiply_checked(stamps.cast(pa.int64()), _NS_PER[self.precision])
         except pa.ArrowInvalid as e:
-            raise InfluxError(f"{self.origin}: a timestamp is not an integer in {self._precision_name()}: {e}") from e
+            raise InfluxError(f"{self.origin}: a timestamp is not an integer number of {self.precision}: {e}") from e
         return ns.cast(_TIME_TYPE)
-
-    def _precision_name(self) -> str:
-        return next(unit for unit, f in _NS_PER.items() if f == self.factor)
 
     def _kind(self, key: str, raw: pa.Array, lines: np.ndarray) -> str:
         """The field's type by the protocol spelling of its values; every point must spell the same type."""
         kinds = np.select(
-            [np.asarray(m.to_numpy(zero_copy_only=False), dtype=bool) for m in (
-                pc.starts_with(raw, '"'), pc.ends_with(raw, "i"), pc.ends_with(raw, "u"),
-                pc.is_in(raw, pa.array(_TRUE + _FALSE)))],
+            [_mask(m) for m in (pc.starts_with(raw, '"'), pc.ends_with(raw, "i"), pc.ends_with(raw, "u"),
+                                pc.is_in(raw, pa.array(_TRUE + _FALSE)))],
             ["string", "integer", "unsigned", "boolean"], "float")
         for kind in np.unique(kinds):
             first = int(np.flatnonzero(kinds == kind)[0])
@@ -288,8 +284,6 @@ def _mask_quoted(lines: pa.Array) -> pa.Array:
     common in real exports, off the per-line tokenizer. Lines are split at their quotes (which,
     without backslashes, pair up), every other part is masked, and the parts are joined again.
     """
-    if not pc.any(pc.match_substring(lines, '"')).as_py():
-        return lines
     parts = pc.split_pattern(lines, '"')
     flat = pc.list_flatten(parts)
     starts = parts.offsets.to_numpy()[np.asarray(pc.list_parent_indices(parts))]
@@ -366,6 +360,7 @@ class InfluxFileSource(FileSource):
         super().__init__(uri, fs, paths, dict.fromkeys(paths, "influx"), batch_rows)
         self.measurement = measurement
         self.precision = precision
+        self._pieces_by_path = {path: piece for piece, path in paths.items()}
 
     def schema(self) -> pa.Schema:
         """Every tag and field of the first file: an export lists each field of a series in its own
@@ -384,20 +379,10 @@ class InfluxFileSource(FileSource):
     def _parser(self, piece: str) -> LineProtocol:
         return LineProtocol(self.measurement, self.precision, piece)
 
-    def _read(self, piece: str) -> Iterator[SourceBatch]:
-        offset = 0
-        parser = self._parser(piece)
-        with self._readable(piece), self._open(self._paths[piece]) as stream:
-            for batch in _rebatch(_points(parser, parser.batches(stream), self._batch_rows), self._batch_rows):
-                yield SourceBatch(batch, piece, offset)
-                offset += batch.num_rows
-
-    @contextmanager
-    def _readable(self, piece: str) -> Iterator[None]:
-        try:
-            yield
-        except (pa.ArrowException, OSError) as e:
-            raise SourceError(f"{piece} is not a readable line-protocol file: {e}") from e
+    def _influx(self, path: str) -> Iterator[pa.RecordBatch]:
+        parser = self._parser(self._pieces_by_path[path])
+        with self._open(path) as stream:
+            yield from _points(parser, parser.batches(stream), self._batch_rows)
 
 
 def open_influx_files(uri: str, measurement: str, precision: str | None, batch_rows: int) -> InfluxFileSource:
@@ -447,7 +432,7 @@ class InfluxServerSource(Source):
             raise SourceError(f"measurement '{self.measurement}' is not in InfluxDB database '{self.database}' "
                               f"at {self.endpoint} (measurements: {names})")
         return pa.schema([(TIME, _TIME_TYPE), *((t, pa.string()) for t in sorted(tags)),
-                          *((f, _ARROW[_SERVER_TYPES[k]]) for f, k in sorted(fields.items()))])
+                          *((f, _ARROW[k]) for f, k in sorted(fields.items()))])
 
     def batches(self, piece: str | None = None) -> Iterator[SourceBatch]:
         names = self.pieces()

@@ -78,7 +78,7 @@ def test_live_server_backfill_reads_each_day_and_equals_the_written_points(lake,
     src = open_job_source(spec)
     assert len(src.pieces()) == 3  # one per day with points: the gap costs no query
     reopened = [open_job_source(spec) for _ in src.pieces()]  # as workers do: a fresh source per piece
-    per_piece = [pa.Table.from_batches([b.data for b in s.batches(p)]) for s, p in zip(reopened, src.pieces())]
+    per_piece = [pa.Table.from_batches([b.data for b in s.batches(p)]) for s, p in zip(reopened, src.pieces(), strict=True)]
     assert [t.num_rows for t in per_piece] == [24, 24, 24]
 
     report = lake.submit(spec, wait=True).wait().report()
