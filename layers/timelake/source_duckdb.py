@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import duckdb
 import pyarrow as pa
@@ -43,8 +44,8 @@ class DuckDBSource(Source):
         return [0]
 
     def schema(self) -> pa.Schema:
-        with self._connect() as con:
-            return self._run(con, f"SELECT * FROM ({self.query}) LIMIT 0").to_arrow_table().schema
+        with self._connect() as con, self._failing():
+            return con.sql(f"SELECT * FROM ({self.query}) LIMIT 0").to_arrow_table().schema
 
     def fingerprint(self) -> str:
         """The query and the database file's size and mtime: the files a query reads are its own business."""
@@ -56,9 +57,8 @@ class DuckDBSource(Source):
         if piece not in (None, PIECE):
             raise SourceError(f"{piece} is not a piece of source '{self.uri}'")
         offset = 0
-        with self._connect() as con:
-            reader = self._run(con, self.query).to_arrow_reader(self._batch_rows)
-            for batch in reader:
+        with self._connect() as con, self._failing():
+            for batch in con.sql(self.query).to_arrow_reader(self._batch_rows):
                 yield SourceBatch(batch, "the query", offset)
                 offset += batch.num_rows
 
@@ -68,8 +68,10 @@ class DuckDBSource(Source):
         except duckdb.Error as e:
             raise SourceError(f"cannot open DuckDB database {self.database}: {e}") from e
 
-    def _run(self, con: duckdb.DuckDBPyConnection, sql: str) -> duckdb.DuckDBPyConnection:
+    @contextmanager
+    def _failing(self) -> Iterator[None]:
+        """A query fails when bound or while its rows stream; either way the user sees DuckDB's reason."""
         try:
-            return con.execute(sql)
-        except duckdb.Error as e:
+            yield
+        except (duckdb.Error, pa.ArrowException) as e:
             raise SourceError(f"the source query failed: {' '.join(str(e).split())}") from e

@@ -405,8 +405,10 @@ class InfluxServerSource(Source):
         if not self.database or not self.measurement:
             raise SourceError(f"'{uri}' must be influx://host:port/database?measurement=name")
         self.endpoint = f"{'https' if options.get('tls') == ['true'] else 'http'}://{url.hostname}:{url.port or 8086}"
+        if url.password:
+            raise SourceError("put the InfluxDB password in INFLUX_PASSWORD, not in the URI: the URI is stored in the job")
         self.user = url.username or os.environ.get("INFLUX_USERNAME")
-        self.password = url.password or os.environ.get("INFLUX_PASSWORD")
+        self.password = os.environ.get("INFLUX_PASSWORD")
         self._batch_rows = batch_rows
         self._days: list[tuple[int, int]] | None = None
 

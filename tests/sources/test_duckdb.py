@@ -12,6 +12,8 @@ import pytest
 
 import timelake
 from timelake.duckdb import register
+from timelake.source import SourceError
+from timelake.spec import JobSpec
 
 from tests.conftest import SCHEMA, make_readings, recent, sort_rows
 from tests.sources.conftest import assert_nothing_staged, cli, error_line
@@ -71,3 +73,16 @@ def test_bad_queries_are_one_clear_line_and_nothing_is_staged(exports, lake, war
     with pytest.raises(duckdb.Error, match="column 'ts' .source 'ts'. is required but missing"):
         con.execute("CALL timelake_backfill('iot.from_sql', 'SELECT device_id, value FROM read_csv(''exports/*.csv'')')")
     assert_nothing_staged(lake, "iot.from_sql", main)
+
+
+def test_a_duckdb_database_file_is_opened_read_only_by_every_reader(exports, lake, tmp_path):
+    with duckdb.connect(str(tmp_path / "history.db")) as con:
+        con.execute("CREATE TABLE readings AS SELECT * FROM read_csv('exports/*.csv')")
+    spec = JobSpec(table="iot.from_sql", source=f"duckdb:{tmp_path / 'history.db'}",
+                   query="SELECT * FROM readings WHERE device_id <> 'd03'")
+    with duckdb.connect(str(tmp_path / "history.db"), read_only=True):  # another reader holds it open meanwhile
+        lake.submit(spec, wait=True).wait()
+    expected = sort_rows(exports.filter(pa.compute.not_equal(exports["device_id"], "d03")))
+    assert sort_rows(lake.table("iot.from_sql").to_arrow()).equals(expected)
+    with pytest.raises(SourceError, match="DuckDB database .*nope.db does not exist"):
+        lake.submit(spec.model_copy(update={"source": "duckdb:nope.db", "job_id": "bf-nope"}), wait=True).wait()

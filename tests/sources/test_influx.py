@@ -10,7 +10,9 @@ import pyarrow as pa
 import pytest
 
 import timelake
+from timelake import source_influx
 from timelake.scan import open_job_source
+from timelake.source import SourceError
 from timelake.spec import JobSpec
 
 from tests.conftest import recent
@@ -66,7 +68,7 @@ def _rows(lake: timelake.Lake) -> pa.Table:
     return lake.table("iot.sensor").to_arrow().cast(SCHEMA).sort_by(ORDER)
 
 
-def test_live_server_backfill_reads_each_day_and_equals_the_written_points(lake, influxd: Influx):
+def test_live_server_backfill_reads_each_day_and_equals_the_written_points(lake, influxd: Influx, monkeypatch):
     expected, lines, _ = _points()
     influxd.query("CREATE DATABASE hist")
     for unit, unit_lines in lines.items():
@@ -77,6 +79,7 @@ def test_live_server_backfill_reads_each_day_and_equals_the_written_points(lake,
 
     src = open_job_source(spec)
     assert len(src.pieces()) == 3  # one per day with points: the gap costs no query
+    monkeypatch.setattr(source_influx, "_QUERY_CHUNK_ROWS", 5)  # a day's points arrive in several chunks
     reopened = [open_job_source(spec) for _ in src.pieces()]  # as workers do: a fresh source per piece
     per_piece = [pa.Table.from_batches([b.data for b in s.batches(p)]) for s, p in zip(reopened, src.pieces(), strict=True)]
     assert [t.num_rows for t in per_piece] == [24, 24, 24]
@@ -85,6 +88,8 @@ def test_live_server_backfill_reads_each_day_and_equals_the_written_points(lake,
     assert report["phase"] == "published" and report["rows_written"] == expected.num_rows
     assert _rows(lake).equals(expected)
     assert [g["days"] for g in report["source_gaps"]] == [2]
+    assert "password" in str(pytest.raises(SourceError, open_job_source, spec.model_copy(
+        update={"source": uri.replace("//", "//reader:secret@")})).value)
 
 
 def test_export_files_plain_and_gzip_give_the_same_table(tmp_path: Path, lake, warehouse):
@@ -167,8 +172,6 @@ def _read(path: Path) -> pa.Table:
 
 
 def test_small_chunks_read_the_same_points_and_later_lines_win(tmp_path: Path, monkeypatch):
-    from timelake import source_influx
-
     _, _, export = _points()
     first = next(i for i, line in enumerate(export) if line.startswith("sensor") and " count=" in line)
     series, _, stamp = export[first].split(" ")
