@@ -105,3 +105,14 @@ def error_line(result: subprocess.CompletedProcess) -> str:
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert result.returncode == 1 and len(errors) == 1, result.stderr
     return errors[0]
+
+
+def job_error(lake: timelake.Lake, **spec: object) -> str:
+    """The error a job fails with, run in this process (the CLI prints the same text as its one line)."""
+    from timelake.spec import JobSpec
+
+    with pytest.raises(Exception) as failure:  # noqa: PT011 (each source has its own error types; the text is checked)
+        lake.submit(JobSpec.model_validate(spec), wait=True).wait()
+    message = str(failure.value)
+    assert "\n" not in message, message
+    return message

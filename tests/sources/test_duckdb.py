@@ -16,7 +16,7 @@ from timelake.source import SourceError
 from timelake.spec import JobSpec
 
 from tests.conftest import SCHEMA, make_readings, recent, sort_rows
-from tests.sources.conftest import assert_nothing_staged, cli, error_line
+from tests.sources.conftest import assert_nothing_staged, cli, error_line, job_error
 
 TABLES = ("iot.from_files", "iot.from_sql", "iot.from_call")
 
@@ -65,9 +65,10 @@ def test_bad_queries_are_one_clear_line_and_nothing_is_staged(exports, lake, war
             "column 'ts' (source 'ts') is required but missing from the source (source columns: device_id, value)",
         "SELECT * FROM read_csv('missing/*.csv')": "the source query failed: IO Error: No files found",
     }
-    for query, message in cases.items():
-        assert message in error_line(cli("backfill", "iot.from_sql", "--from-sql", query, warehouse=warehouse,
-                                         cwd=tmp_path))
+    no_time, bad = cases
+    assert cases[no_time] in error_line(cli("backfill", "iot.from_sql", "--from-sql", no_time, warehouse=warehouse,
+                                            cwd=tmp_path))
+    assert cases[bad] in job_error(lake, table="iot.from_sql", source="duckdb:", query=bad)
     con = duckdb.connect()
     register(con, lake)
     with pytest.raises(duckdb.Error, match="column 'ts' .source 'ts'. is required but missing"):

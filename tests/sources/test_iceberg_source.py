@@ -21,7 +21,7 @@ from timelake.spec import JobSpec
 
 from tests.aws_fixtures import aws, moto_server  # noqa: F401
 from tests.conftest import make_readings, recent, sort_rows
-from tests.sources.conftest import assert_nothing_staged, cli, error_line
+from tests.sources.conftest import assert_nothing_staged, cli, error_line, job_error
 
 SOURCE_SCHEMA = Schema(
     NestedField(1, "event_time", TimestamptzType(), required=True),
@@ -95,16 +95,17 @@ def test_a_snapshot_id_reads_that_snapshot(lake, sensor, sql_source):
 def test_bad_iceberg_sources_are_one_clear_line_and_nothing_is_staged(lake, sensor, warehouse, sql_source):
     sensor.append(make_readings(recent(30), days=1))
     main = sensor.refresh().iceberg.current_snapshot().snapshot_id
-    mapping = "ts=event_time,device_id=sensor,value=reading"
+    missing = error_line(cli("backfill", "iot.sensor", "--from", "iceberg://src/raw.nope", "--map",
+                             "ts=event_time,device_id=sensor,value=reading", warehouse=warehouse))
+    assert "source table 'raw.nope' does not exist in catalog 'src'" in missing
     cases = [
-        (["--from", "iceberg://src/raw.nope", "--map", mapping], "source table 'raw.nope' does not exist in catalog 'src'"),
-        (["--from", "iceberg://nocat/raw.readings", "--map", mapping], "catalog 'nocat' of source"),
-        (["--from", "iceberg://src/raw.readings@12345", "--map", mapping], "source table 'raw.readings' has no snapshot '12345'"),
-        (["--from", "iceberg://src/raw.readings", "--map", "device_id=sensor,value=reading"],
+        ("iceberg://nocat/raw.readings", MAP, "catalog 'nocat' of source"),
+        ("iceberg://src/raw.readings@12345", MAP, "source table 'raw.readings' has no snapshot '12345'"),
+        ("iceberg://src/raw.readings", {"device_id": "sensor", "value": "reading"},
          "column 'ts' (source 'ts') is required but missing from the source"),
     ]
-    for args, message in cases:
-        assert message in error_line(cli("backfill", "iot.sensor", *args, warehouse=warehouse))
+    for uri, mapping, message in cases:
+        assert message in job_error(lake, table="iot.sensor", source=uri, map=mapping)
     assert_nothing_staged(lake, "iot.sensor", main)
 
 

@@ -16,7 +16,7 @@ from timelake.source import SourceError
 from timelake.spec import JobSpec
 
 from tests.conftest import recent
-from tests.sources.conftest import Influx, assert_nothing_staged, cli, error_line, free_port
+from tests.sources.conftest import Influx, assert_nothing_staged, cli, error_line, free_port, job_error
 
 SCHEMA = pa.schema([("ts", pa.timestamp("us", tz="UTC")), ("device_id", pa.string()), ("site", pa.string()),
                     ("value", pa.float64()), ("count", pa.int64()), ("state", pa.string()), ("ok", pa.bool_())])
@@ -124,23 +124,26 @@ def test_precision_of_an_export_file(tmp_path: Path, lake):
     assert day0.num_rows == 24 and _rows(lake).equals(day0.sort_by(ORDER))
 
 
-@pytest.mark.parametrize(("lines", "message"), [
+@pytest.mark.parametrize(("lines", "message", "via_cli"), [
     (["sensor,device_id=d00 value=1.5 1000000000000000000", "other value=1i 1000000000000000000",
       "sensor,device_id=d01 value=2i 1000000000000000000"],
-     "field 'value' of measurement 'sensor' has two types in {file}: float at line 1 and integer at line 3"),
+     "field 'value' of measurement 'sensor' has two types in {file}: float at line 1 and integer at line 3", True),
     (["sensor,device_id=d00 value=1.5 1000000000000000000", "sensor,device_id=d00 1000000000000000000"],
-     "line 2 of {file} is not line protocol: 'sensor,device_id=d00 1000000000000000000'"),
-    (["sensor,device_id=d00 value=1.5"], "line 1 of {file} has no timestamp"),
+     "line 2 of {file} is not line protocol: 'sensor,device_id=d00 1000000000000000000'", False),
+    (["sensor,device_id=d00 value=1.5"], "line 1 of {file} has no timestamp", False),
 ])
-def test_bad_export_file_is_one_clear_line_and_nothing_is_staged(tmp_path, lake, warehouse, lines, message):
+def test_bad_export_file_is_one_clear_line_and_nothing_is_staged(tmp_path, lake, warehouse, lines, message, via_cli):
     table = _table(lake)
     expected, *_ = _points()
     table.append(expected.slice(0, 5))
     main = table.refresh().iceberg.current_snapshot().snapshot_id
     file = tmp_path / "bad.lp"
     file.write_text("\n".join(lines) + "\n")
-    result = cli("backfill", "iot.sensor", "--from", str(file), "--map", "ts=time", warehouse=warehouse)
-    assert message.format(file=file) in error_line(result)
+    if via_cli:
+        error = error_line(cli("backfill", "iot.sensor", "--from", str(file), "--map", "ts=time", warehouse=warehouse))
+    else:
+        error = job_error(lake, table="iot.sensor", source=str(file), map={"ts": "time"})
+    assert message.format(file=file) in error
     assert_nothing_staged(lake, "iot.sensor", main)
 
 
@@ -153,15 +156,16 @@ def test_server_errors_are_one_clear_line_and_nothing_is_staged(lake, warehouse,
     influxd.write("mixed", "sensor,device_id=d00 value=1i 1000000000", "s")
     influxd.write("mixed", "sensor,device_id=d00 value=1.5 1100000000", "s")  # another shard accepts a float
     base = influxd.endpoint.replace("http", "influx")
+    unreachable = f"influx://127.0.0.1:{free_port()}/hist?measurement=sensor"
+    assert "cannot reach InfluxDB at http://127.0.0.1:" in error_line(
+        cli("backfill", "iot.sensor", "--from", unreachable, "--map", "ts=time", warehouse=warehouse))
     cases = {
-        f"influx://127.0.0.1:{free_port()}/hist?measurement=sensor": "cannot reach InfluxDB at http://127.0.0.1:",
         f"{base}/mixed?measurement=nope": "measurement 'nope' is not in InfluxDB database 'mixed'",
         f"{base}/nodb?measurement=sensor": "InfluxDB database 'nodb' at",
         f"{base}/mixed?measurement=sensor": "field 'value' of measurement 'sensor' has two types in database 'mixed'",
     }
     for uri, message in cases.items():
-        result = cli("backfill", "iot.sensor", "--from", uri, "--map", "ts=time", warehouse=warehouse)
-        assert message in error_line(result)
+        assert message in job_error(lake, table="iot.sensor", source=uri, map={"ts": "time"})
     assert_nothing_staged(lake, "iot.sensor", main)
 
 
