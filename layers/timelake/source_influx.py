@@ -18,7 +18,9 @@ import tempfile
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections import deque
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import closing
 from dataclasses import dataclass
 
@@ -39,6 +41,7 @@ _MERGE_MEMORY = "512MB"
 _TIME_TYPE = pa.timestamp("ns", tz="UTC")
 _NS_PER = {"ns": 1, "us": 1_000, "ms": 1_000_000, "s": 1_000_000_000}
 _CHUNK_BYTES = 8 << 20
+_AHEAD = 2  # chunks split ahead of the one being typed
 _QUERY_CHUNK_ROWS = 50_000
 _TRUE = ["t", "T", "true", "True", "TRUE"]
 _FALSE = ["f", "F", "false", "False", "FALSE"]
@@ -98,15 +101,15 @@ class LineProtocol:
 
     def batches(self, stream: pa.NativeFile) -> Iterator[pa.RecordBatch]:
         """The points of the measurement, one row per line (with its line number in LINE)."""
-        for chunk, first in self._chunks(stream):
-            batch = self._columns(*self._parts(chunk, first))
+        for parts in self._split(stream):
+            batch = self._columns(*parts)
             if batch.num_rows:
                 yield batch
 
     def scan(self, stream: pa.NativeFile) -> pa.Schema:
         """Tags and typed fields of the whole stream, without building columns; raises on a field's second type."""
-        for chunk, first in self._chunks(stream):
-            for part in self._parts(chunk, first):
+        for parts in self._split(stream):
+            for part in parts:
                 wanted = self._wanted(part.measurement)
                 tag_mine = pa.array(wanted[np.asarray(part.tag_rows, dtype=np.int64)])
                 self.tags.update(key for key, _ in _groups(part.tag_keys.filter(tag_mine)))
@@ -127,11 +130,22 @@ class LineProtocol:
         return pa.schema([(TIME, _TIME_TYPE), *((t, pa.string()) for t in sorted(self.tags)),
                           *((f, _ARROW[k]) for f, (k, _) in sorted(self.kinds.items()))])
 
-    def _chunks(self, stream: pa.NativeFile) -> Iterator[tuple[bytes, int]]:
-        line = 1
-        for chunk in _line_chunks(stream, _CHUNK_BYTES):
-            yield chunk, line
-            line += chunk.count(b"\n") + (not chunk.endswith(b"\n"))
+    def _split(self, stream: pa.NativeFile) -> Iterator[tuple[_Parsed, _Parsed]]:
+        """Chunks split into triples on threads (Arrow kernels release the GIL), in file order.
+
+        Only splitting runs ahead, at most _AHEAD chunks: typing the fields stays in order, so the
+        first line of each type, named when a type changes, is the first in the file.
+        """
+        with ThreadPoolExecutor(max_workers=_AHEAD, thread_name_prefix="line-protocol") as pool:
+            pending: deque[Future] = deque()
+            line = 1
+            for chunk in _line_chunks(stream, _CHUNK_BYTES):
+                pending.append(pool.submit(self._parts, chunk, line))
+                line += chunk.count(b"\n") + (not chunk.endswith(b"\n"))
+                if len(pending) > _AHEAD:
+                    yield pending.popleft().result()
+            while pending:
+                yield pending.popleft().result()
 
     def _parts(self, chunk: bytes, first_line: int) -> tuple[_Parsed, _Parsed]:
         lines = pc.list_flatten(pc.split_pattern(pa.array([chunk], pa.binary()), b"\n"))
