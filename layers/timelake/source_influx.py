@@ -21,13 +21,15 @@ import urllib.request
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import closing
+from contextlib import closing, contextmanager
+from typing import Any
 from dataclasses import dataclass
 
 import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.csv as pcsv
 import pyarrow.fs as pafs
 
 from .source import FileSource, Source, SourceBatch, SourceError, _line_chunks, _list_files, _rebatch
@@ -425,6 +427,7 @@ class InfluxServerSource(Source):
         self.password = os.environ.get("INFLUX_PASSWORD")
         self._batch_rows = batch_rows
         self._days: list[tuple[int, int]] | None = None
+        self._text_fields: list[str] = []
 
     def pieces(self) -> list[str]:
         return [f"{self.measurement}@{np.datetime64(day * US_PER_DAY, 'us').astype('datetime64[D]')}"
@@ -443,6 +446,7 @@ class InfluxServerSource(Source):
             if fields.setdefault(name, kind) != kind:
                 raise InfluxError(f"field '{name}' of measurement '{self.measurement}' has two types in database "
                                   f"'{self.database}': {fields[name]} and {kind}")
+        self._text_fields = [name for name, kind in fields.items() if kind == "string"]
         if not fields:
             names = ", ".join(row[0] for row in self._rows("SHOW MEASUREMENTS")) or "none"
             raise SourceError(f"measurement '{self.measurement}' is not in InfluxDB database '{self.database}' "
@@ -463,11 +467,24 @@ class InfluxServerSource(Source):
         lo, hi = day * US_PER_DAY * 1000, (day + 1) * US_PER_DAY * 1000
         query = f"SELECT * FROM {self._quoted()} WHERE time >= {lo} AND time < {hi}"
         offset = 0
-        for batch in _rebatch(self._arrow(query, schema), self._batch_rows):
+        reader = self._json_batches if self._text_fields else self._csv_batches
+        for batch in _rebatch(reader(query, schema), self._batch_rows):
             yield SourceBatch(batch, name, offset)
             offset += batch.num_rows
 
-    def _arrow(self, query: str, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+    def _csv_batches(self, query: str, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+        """Points as CSV, parsed by Arrow: twice the speed of JSON decoded in Python. CSV cannot tell an
+        empty string from a missing value, so measurements with string fields are read as JSON."""
+        types = {TIME: pa.int64(), **{f.name: f.type for f in schema if f.name != TIME}}
+        convert = pcsv.ConvertOptions(column_types=types, include_columns=list(types), include_missing_columns=True,
+                                      strings_can_be_null=True)
+        with self._response(query, "application/csv") as response:
+            if not response.peek(1):  # no points: no header either
+                return
+            for batch in pcsv.open_csv(response, convert_options=convert):
+                yield pa.RecordBatch.from_arrays([batch.column(0).cast(_TIME_TYPE), *batch.columns[1:]], schema=schema)
+
+    def _json_batches(self, query: str, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
         for series in self._series(query):
             rows = series.get("values") or []
             if not rows:
@@ -501,15 +518,21 @@ class InfluxServerSource(Source):
 
     def _series(self, query: str) -> Iterator[dict]:
         """Series of a chunked query; one JSON document per line, each a chunk of at most _QUERY_CHUNK_ROWS."""
+        with self._response(query, "application/json") as response:
+            for line in response:
+                if line.strip():
+                    yield from self._checked(json.loads(line))
+
+    @contextmanager
+    def _response(self, query: str, accept: str) -> Iterator[Any]:
         params = {"db": self.database, "q": query, "epoch": "ns", "chunked": "true", "chunk_size": _QUERY_CHUNK_ROWS}
         if self.user:
             params.update(u=self.user, p=self.password or "")
-        url = f"{self.endpoint}/query?{urllib.parse.urlencode(params)}"
+        request = urllib.request.Request(f"{self.endpoint}/query?{urllib.parse.urlencode(params)}",
+                                         headers={"Accept": accept})
         try:
-            with urllib.request.urlopen(url, timeout=60) as response:
-                for line in response:
-                    if line.strip():
-                        yield from self._checked(json.loads(line))
+            with urllib.request.urlopen(request, timeout=60) as response:
+                yield response
         except urllib.error.HTTPError as e:
             detail = e.read().decode(errors="replace").strip()
             raise SourceError(f"InfluxDB at {self.endpoint} refused '{query[:60]}': HTTP {e.code} {detail}") from e

@@ -84,6 +84,12 @@ def test_live_server_backfill_reads_each_day_and_equals_the_written_points(lake,
     per_piece = [pa.Table.from_batches([b.data for b in s.batches(p)]) for s, p in zip(reopened, src.pieces(), strict=True)]
     assert [t.num_rows for t in per_piece] == [24, 24, 24]
 
+    other = open_job_source(spec.model_copy(update={"source": uri.replace("=sensor", "=other")}))
+    points = pa.Table.from_batches([b.data for b in other.batches()])  # no string field: read as CSV, not JSON
+    assert points.schema.names == ["time", "device_id", "value"] and set(points["value"].to_pylist()) == {1.0}
+    assert sorted(pa.compute.floor_temporal(points["time"], unit="microsecond").cast(expected["ts"].type).to_pylist()) \
+        == sorted(expected["ts"].to_pylist())
+
     report = lake.submit(spec, wait=True).wait().report()
     assert report["phase"] == "published" and report["rows_written"] == expected.num_rows
     assert _rows(lake).equals(expected)
