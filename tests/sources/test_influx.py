@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 
 import timelake
-from timelake import source_influx
+from timelake import line_protocol, source_influx
 from timelake.scan import open_job_source
 from timelake.source import SourceError
 from timelake.spec import JobSpec
@@ -188,11 +188,11 @@ def test_small_chunks_read_the_same_points_and_later_lines_win(tmp_path: Path, m
     rewritten = f"{series} count=999i {stamp}"  # the same point again, as a WAL line after the TSM data
     (tmp_path / "e.lp").write_text(EXPORT_HEADER + "\n".join([*export, rewritten]) + "\n")
     whole = _read(tmp_path / "e.lp").sort_by([("device_id", "ascending"), ("time", "ascending")])
-    monkeypatch.setattr(source_influx, "_CHUNK_BYTES", 300)  # many chunks: runs of one field span several
+    monkeypatch.setattr(line_protocol, "_CHUNK_BYTES", 300)  # many chunks: runs of one field span several
     assert _read(tmp_path / "e.lp").sort_by([("device_id", "ascending"), ("time", "ascending")]).equals(whole)
     assert whole.num_rows == 72 and whole["count"].to_pylist().count(999) == 1
 
     (tmp_path / "mixed.lp").write_text("\n".join([*export, f"{series} count=1.5 {stamp}"]) + "\n")
-    with pytest.raises(source_influx.InfluxError,
+    with pytest.raises(line_protocol.InfluxError,
                        match=rf"field 'count' .* integer at line {first + 1} and float at line {len(export) + 1}"):
         _read(tmp_path / "mixed.lp")
