@@ -17,6 +17,7 @@ $(STAMP): pyproject.toml package.json $(NPM_LOCK)
 	$(PY) -m pip install --quiet -e '.[dev]'
 	npm $(if $(NPM_LOCK),ci,install) --no-audit --no-fund --loglevel=error
 	command -v chromium >/dev/null || (apt-get update && apt-get install -y chromium)
+	command -v influxd >/dev/null || (apt-get update && apt-get install -y influxdb)
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -83,6 +83,12 @@ def _lake(warehouse: Path | None) -> Lake:
     return connect(warehouse=warehouse)
 
 
+def _one_query(query: str | None, from_sql: str | None) -> str | None:
+    if query and from_sql:
+        raise typer.BadParameter("give --query (a PostgreSQL source's SELECT) or --from-sql (a DuckDB query), not both")
+    return query or from_sql
+
+
 def _parse_map(text: str | None) -> dict[str, str]:
     if not text:
         return {}
@@ -115,12 +121,15 @@ def run(
         "(source 'backfill'); never alarms")] = False,
     time_unit: Annotated[Optional[str], typer.Option("--time-unit", help="s | ms | us | ns for epoch integers")] = None,
     dst_policy: Annotated[str, typer.Option("--dst-policy", help="refuse | earliest | latest | drop")] = "refuse",
-    fmt: Annotated[Optional[str], typer.Option("--format", help="parquet | csv | json (default: from extension)")] = None,
+    fmt: Annotated[Optional[str], typer.Option("--format", help="parquet | csv | json | influx (default: from extension)")] = None,
     canary: Annotated[Optional[str], typer.Option(
         "--canary", metavar="[DAY]", help="Write and check one UTC day first (default: the first day with rows), then wait")] = None,
     query: Annotated[Optional[str], typer.Option("--query", help="SELECT to read from a PostgreSQL source")] = None,
     source_max_connections: Annotated[Optional[int], typer.Option("--source-max-connections", help="Scan tasks reading the source at once")] = None,
     source_rows_per_second: Annotated[Optional[int], typer.Option("--source-rows-per-second", help="Rows/s read from the source, all workers together")] = None,
+    from_sql: Annotated[Optional[str], typer.Option("--from-sql", help="A DuckDB query as the source")] = None,
+    measurement: Annotated[Optional[str], typer.Option("--measurement", help="InfluxDB measurement (default: table name)")] = None,
+    precision: Annotated[Optional[str], typer.Option("--precision", help="ns | us | ms | s of line-protocol times")] = None,
     as_json: JsonFlag = False,
     warehouse: Warehouse = None,
     on: On = "local",
@@ -131,11 +140,13 @@ def run(
         "source": source, "map": _parse_map(map_) or None, "tz": tz, "start": start, "end": end,
         "publish_by": publish_by, "max_concurrency": max_concurrency, "assertions": assertions or None,
         "time_unit": time_unit, "format": fmt, "canary": True if canary == FIRST_DAY else canary,
-        "query": query, "source_max_connections": source_max_connections,
-        "source_rows_per_second": source_rows_per_second,
+        "query": _one_query(query, from_sql), "source_max_connections": source_max_connections,
+        "source_rows_per_second": source_rows_per_second, "measurement": measurement, "precision": precision,
     }
     fields.update({k: v for k, v in given.items() if v is not None})
     fields["table"] = table
+    if from_sql and not source:
+        fields["source"] = "duckdb:"
     for flag, value, default in (("mode", mode, "merge"), ("dst_policy", dst_policy, "refuse")):
         if value != default or flag not in fields:
             fields[flag] = value

@@ -32,7 +32,7 @@ _FORMATS = {
     ".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".jsonl": "json", ".ndjson": "json", ".json": "json"
 }
 _KNOWN_EXTENSIONS = ", ".join([*_FORMATS, *(f"{ext}.gz" for ext, fmt in _FORMATS.items() if fmt != "parquet")])
-_KIND = {"parquet": "Parquet", "csv": "CSV", "json": "newline-delimited JSON"}
+_KIND = {"parquet": "Parquet", "csv": "CSV", "json": "newline-delimited JSON", "influx": "InfluxDB line-protocol"}
 # "NA" and friends are left alone: they are real values in series keys (country codes) more often than markers.
 _CSV_NULLS = ["", "NULL", "null"]
 # JSON is parsed a chunk of whole lines at a time; this bounds memory per chunk.
@@ -143,7 +143,7 @@ class FileSource(Source):
 
     def _read(self, piece: str) -> Iterator[SourceBatch]:
         path, fmt = self._paths[piece], self._formats[piece]
-        reader = {"parquet": self._parquet, "csv": self._csv, "json": self._json}[fmt]
+        reader = getattr(self, f"_{fmt}")  # a subclass adds a format with a method of its name
         offset = 0
         with self._readable(piece):
             for batch in _rebatch(reader(path), self._batch_rows):

@@ -35,7 +35,8 @@ class JobSpec(BaseModel):
     job_id: str = Field(default_factory=new_job_id, pattern=r"^[0-9A-Za-z_-]{1,80}$")
     table: str = Field(description="Target table, namespace.name")
     source: str = Field(description="Path, glob or URI of the source files; '<memory ...>' for in-process data")
-    format: Literal["parquet", "csv", "json"] | None = None
+    format: Literal["parquet", "csv", "json", "influx"] | None = Field(
+        default=None, description="Source file format; influx is InfluxDB line protocol (default: from the extension)")
     map: dict[str, str] = Field(default_factory=dict, description="table column -> source column")
     tz: str | None = Field(default=None, description="IANA zone of naive source timestamps (and of naive start/end)")
     time_unit: TimeUnit | None = Field(default=None, description="Unit of integer epoch timestamps")
@@ -56,12 +57,15 @@ class JobSpec(BaseModel):
     approval_timeout_seconds: int = Field(
         default=7 * 24 * 3600, ge=1, le=365 * 24 * 3600,
         description="On AWS, how long a canary waits for approve or reject before the job is aborted")
-    query: str | None = Field(default=None, description="SELECT to read from a PostgreSQL source (instead of ?table=)")
+    query: str | None = Field(default=None, description="SQL text for database sources: a SELECT for PostgreSQL "
+                              "(instead of ?table=), the query of a 'duckdb:' source (--from-sql)")
     source_max_connections: int | None = Field(
         default=None, ge=1, le=10_000, description="Scan tasks reading the source at once (database default: 2)")
     source_rows_per_second: int | None = Field(
         default=None, ge=0,
         description="Rows per second read from the source by all workers together; 0: no limit (database default: 250000)")
+    measurement: str | None = Field(default=None, description="InfluxDB measurement to read (default: the table's name)")
+    precision: TimeUnit | None = Field(default=None, description="Timestamp unit of line-protocol files (default ns)")
 
     @field_validator("tz")
     @classmethod
@@ -103,8 +107,8 @@ class JobSpec(BaseModel):
     def _ordered(self) -> "JobSpec":
         if self.start and self.end and self.start >= self.end:
             raise ValueError(f"start {self.start.isoformat()} must be before end {self.end.isoformat()}")
-        if self.query is not None and not self.source.startswith(("postgresql://", "postgres://")):
-            raise ValueError("query applies to a PostgreSQL source (postgresql://...) only")
+        if self.query is not None and not self.source.startswith(("postgresql://", "postgres://", "duckdb:")):
+            raise ValueError("query applies to a PostgreSQL source (postgresql://...) or a DuckDB one (--from-sql) only")
         return self
 
     def to_json(self) -> dict:

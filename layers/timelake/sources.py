@@ -1,0 +1,27 @@
+"""Which reader a job's source string names, beyond the files that ``source.open_source`` reads.
+
+Each reader is opened from the job spec alone, so a scan task re-opens it in any process or Lambda.
+"""
+
+from __future__ import annotations
+
+from .source import Source
+from .source_duckdb import DuckDBSource, is_duckdb_uri
+from .source_iceberg import IcebergSource, is_iceberg_uri
+from .source_influx import InfluxServerSource, is_influx_uri, is_line_protocol, open_influx_files
+from .spec import JobSpec
+
+
+def open_spec_source(spec: JobSpec, batch_rows: int = 262_144) -> Source | None:
+    """The source of a database, table, query or line-protocol URI; None for the other kinds."""
+    uri = spec.source
+    measurement = spec.measurement or spec.table.rsplit(".", 1)[-1]
+    if is_influx_uri(uri):
+        return InfluxServerSource(uri, measurement, batch_rows)
+    if spec.format == "influx" or (spec.format is None and is_line_protocol(uri)):
+        return open_influx_files(uri, measurement, spec.precision, batch_rows)
+    if is_iceberg_uri(uri):
+        return IcebergSource(uri, batch_rows)
+    if is_duckdb_uri(uri):
+        return DuckDBSource(uri, spec.query, batch_rows)
+    return None

@@ -1,0 +1,198 @@
+"""InfluxDB sources against a real influxd 1.x: a live database and its line-protocol export files."""
+
+from __future__ import annotations
+
+import gzip
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+import timelake
+from timelake import line_protocol, source_influx
+from timelake.scan import open_job_source
+from timelake.source import SourceError
+from timelake.spec import JobSpec
+
+from tests.conftest import recent
+from tests.sources.conftest import Influx, assert_nothing_staged, cli, error_line, free_port, job_error
+
+SCHEMA = pa.schema([("ts", pa.timestamp("us", tz="UTC")), ("device_id", pa.string()), ("site", pa.string()),
+                    ("value", pa.float64()), ("count", pa.int64()), ("state", pa.string()), ("ok", pa.bool_())])
+ORDER = [("device_id", "ascending"), ("ts", "ascending")]
+# Day 0 is written in seconds, day 1 in milliseconds, days 2-3 are a gap, day 4 in nanoseconds.
+DAYS = {0: ("s", timedelta(0)), 1: ("ms", timedelta(milliseconds=250)), 4: ("ns", timedelta(microseconds=123_456))}
+EXPORT_HEADER = """# INFLUXDB EXPORT: 1677-09-21T00:12:43Z - 2262-04-11T23:47:16Z
+# DDL
+CREATE DATABASE hist WITH NAME autogen
+# DML
+# CONTEXT-DATABASE:hist
+# CONTEXT-RETENTION-POLICY:autogen
+# writing tsm data
+"""
+
+
+def _points() -> tuple[pa.Table, dict[str, list[str]], list[str]]:
+    """The expected rows; the same points as line protocol per write precision (plus another measurement);
+    and as an export writes them: one line per field, in runs per series and field, times in ns."""
+    start = datetime.fromisoformat(recent(10)).replace(tzinfo=timezone.utc)
+    rows, lines, export = [], {unit: [] for unit, _ in DAYS.values()}, []
+    for day, (unit, extra) in DAYS.items():
+        for hour in range(0, 24, 3):
+            for i, device in enumerate(["d00", "d01", "d02"]):
+                ts = start + timedelta(days=day, hours=hour) + extra
+                site, site_lp = ("north wing", r"north\ wing") if i == 1 else ("south", "south")
+                state, state_lp = ('ok, "fine"', r'"ok, \"fine\""') if hour == 6 else ("idle", '"idle"')
+                value, count, ok = round(day * 100 + hour + i / 4, 2), hour * 10 + i, hour % 2 == 0
+                rows.append({"ts": ts, "device_id": device, "site": site, "value": value, "count": count,
+                             "state": state, "ok": ok})
+                ns = (int(ts.timestamp()) * 10**9 + ts.microsecond * 1000 + (789 if unit == "ns" else 0))
+                stamp = ns // {"s": 10**9, "ms": 10**6, "ns": 1}[unit]
+                series = f"sensor,device_id={device},site={site_lp}"
+                fields = {"value": value, "count": f"{count}i", "state": state_lp, "ok": "t" if ok else "FALSE"}
+                lines[unit].append(f"{series} {','.join(f'{k}={v}' for k, v in fields.items())} {stamp}")
+                lines[unit].append(f"other,device_id={device} value=1 {stamp}")
+                export += [(series, key, f"{series} {key}={v} {ns}") for key, v in fields.items()]
+                export.append(("other", "value", f"other,device_id={device} value=1 {ns}"))
+    export.sort(key=lambda entry: entry[:2])  # stable: time order within each run
+    return pa.Table.from_pylist(rows, schema=SCHEMA).sort_by(ORDER), lines, [line for *_, line in export]
+
+
+def _table(lake: timelake.Lake) -> timelake.Table:
+    return lake.create_table("iot.sensor", schema=SCHEMA, time_column="ts", series_key=["device_id"],
+                             partition_by="day", retention="P3Y")
+
+
+def _rows(lake: timelake.Lake) -> pa.Table:
+    return lake.table("iot.sensor").to_arrow().cast(SCHEMA).sort_by(ORDER)
+
+
+def test_live_server_backfill_reads_each_day_and_equals_the_written_points(lake, influxd: Influx, monkeypatch):
+    expected, lines, _ = _points()
+    influxd.query("CREATE DATABASE hist")
+    for unit, unit_lines in lines.items():
+        influxd.write("hist", "\n".join(unit_lines), unit)
+    _table(lake)
+    uri = f"{influxd.endpoint.replace('http', 'influx')}/hist?measurement=sensor"
+    spec = JobSpec(table="iot.sensor", source=uri, map={"ts": "time"})
+
+    src = open_job_source(spec)
+    assert len(src.pieces()) == 3  # one per day with points: the gap costs no query
+    monkeypatch.setattr(source_influx, "_QUERY_CHUNK_ROWS", 5)  # a day's points arrive in several chunks
+    reopened = [open_job_source(spec) for _ in src.pieces()]  # as workers do: a fresh source per piece
+    per_piece = [pa.Table.from_batches([b.data for b in s.batches(p)]) for s, p in zip(reopened, src.pieces(), strict=True)]
+    assert [t.num_rows for t in per_piece] == [24, 24, 24]
+
+    other = open_job_source(spec.model_copy(update={"source": uri.replace("=sensor", "=other")}))
+    points = pa.Table.from_batches([b.data for b in other.batches()])  # no string field: read as CSV, not JSON
+    assert points.schema.names == ["time", "device_id", "value"] and set(points["value"].to_pylist()) == {1.0}
+    assert sorted(pa.compute.floor_temporal(points["time"], unit="microsecond").cast(expected["ts"].type).to_pylist()) \
+        == sorted(expected["ts"].to_pylist())
+
+    report = lake.submit(spec, wait=True).wait().report()
+    assert report["phase"] == "published" and report["rows_written"] == expected.num_rows
+    assert _rows(lake).equals(expected)
+    assert [g["days"] for g in report["source_gaps"]] == [2]
+    assert "password" in str(pytest.raises(SourceError, open_job_source, spec.model_copy(
+        update={"source": uri.replace("//", "//reader:secret@")})).value)
+
+
+def test_export_files_plain_and_gzip_give_the_same_table(tmp_path: Path, lake, warehouse):
+    expected, _, export = _points()
+    body = EXPORT_HEADER + "\n".join(export) + "\n"
+    (tmp_path / "hist.lp").write_text(body)
+    with gzip.open(tmp_path / "hist.lp.gz", "wt") as f:
+        f.write(body)
+
+    _table(lake)
+    report = lake.submit(JobSpec(table="iot.sensor", source=str(tmp_path / "hist.lp"), map={"ts": "time"}),
+                         wait=True).wait().report()
+    assert report["rows_in_source"] == expected.num_rows  # the other measurement and the headers are not rows
+    assert _rows(lake).equals(expected)
+
+    other = tmp_path / "other-lake"
+    _table(timelake.connect(warehouse=other))
+    result = cli("backfill", "iot.sensor", "--from", str(tmp_path / "hist.lp.gz"), "--map", "ts=time",
+                 "--measurement", "sensor", "--json", warehouse=other)
+    assert result.returncode == 0, result.stderr
+    assert _rows(timelake.connect(warehouse=other)).equals(expected)
+
+
+def test_precision_of_an_export_file(tmp_path: Path, lake):
+    expected, lines, _ = _points()
+    (tmp_path / "seconds").write_text("\n".join(lines["s"]) + "\n")  # no extension: --format influx says what it is
+    _table(lake)
+    spec = JobSpec(table="iot.sensor", source=str(tmp_path / "seconds"), format="influx", precision="s",
+                   map={"ts": "time"})
+    lake.submit(spec, wait=True).wait()
+    day0 = expected.filter(pa.compute.less(expected["ts"], expected["ts"][0].as_py() + timedelta(days=1)))
+    assert day0.num_rows == 24 and _rows(lake).equals(day0.sort_by(ORDER))
+
+
+@pytest.mark.parametrize(("lines", "message", "via_cli"), [
+    (["sensor,device_id=d00 value=1.5 1000000000000000000", "other value=1i 1000000000000000000",
+      "sensor,device_id=d01 value=2i 1000000000000000000"],
+     "field 'value' of measurement 'sensor' has two types in {file}: float at line 1 and integer at line 3", True),
+    (["sensor,device_id=d00 value=1.5 1000000000000000000", "sensor,device_id=d00 1000000000000000000"],
+     "line 2 of {file} is not line protocol: 'sensor,device_id=d00 1000000000000000000'", False),
+    (["sensor,device_id=d00 value=1.5"], "line 1 of {file} has no timestamp", False),
+])
+def test_bad_export_file_is_one_clear_line_and_nothing_is_staged(tmp_path, lake, warehouse, lines, message, via_cli):
+    table = _table(lake)
+    expected, *_ = _points()
+    table.append(expected.slice(0, 5))
+    main = table.refresh().iceberg.current_snapshot().snapshot_id
+    file = tmp_path / "bad.lp"
+    file.write_text("\n".join(lines) + "\n")
+    if via_cli:
+        error = error_line(cli("backfill", "iot.sensor", "--from", str(file), "--map", "ts=time", warehouse=warehouse))
+    else:
+        error = job_error(lake, table="iot.sensor", source=str(file), map={"ts": "time"})
+    assert message.format(file=file) in error
+    assert_nothing_staged(lake, "iot.sensor", main)
+
+
+def test_server_errors_are_one_clear_line_and_nothing_is_staged(lake, warehouse, influxd: Influx):
+    table = _table(lake)
+    expected, *_ = _points()
+    table.append(expected.slice(0, 5))
+    main = table.refresh().iceberg.current_snapshot().snapshot_id
+    influxd.query("CREATE DATABASE mixed")
+    influxd.write("mixed", "sensor,device_id=d00 value=1i 1000000000", "s")
+    influxd.write("mixed", "sensor,device_id=d00 value=1.5 1100000000", "s")  # another shard accepts a float
+    base = influxd.endpoint.replace("http", "influx")
+    unreachable = f"influx://127.0.0.1:{free_port()}/hist?measurement=sensor"
+    assert "cannot reach InfluxDB at http://127.0.0.1:" in error_line(
+        cli("backfill", "iot.sensor", "--from", unreachable, "--map", "ts=time", warehouse=warehouse))
+    cases = {
+        f"{base}/mixed?measurement=nope": "measurement 'nope' is not in InfluxDB database 'mixed'",
+        f"{base}/nodb?measurement=sensor": "InfluxDB database 'nodb' at",
+        f"{base}/mixed?measurement=sensor": "field 'value' of measurement 'sensor' has two types in database 'mixed'",
+    }
+    for uri, message in cases.items():
+        assert message in job_error(lake, table="iot.sensor", source=uri, map={"ts": "time"})
+    assert_nothing_staged(lake, "iot.sensor", main)
+
+
+def _read(path: Path) -> pa.Table:
+    src = open_job_source(JobSpec(table="iot.sensor", source=str(path), map={"ts": "time"}))
+    return pa.Table.from_batches([b.data for b in src.batches()]).select(["time", "device_id", "site", "value", "count",
+                                                                          "state", "ok"])
+
+
+def test_small_chunks_read_the_same_points_and_later_lines_win(tmp_path: Path, monkeypatch):
+    _, _, export = _points()
+    first = next(i for i, line in enumerate(export) if line.startswith("sensor") and " count=" in line)
+    series, _, stamp = export[first].split(" ")
+    rewritten = f"{series} count=999i {stamp}"  # the same point again, as a WAL line after the TSM data
+    (tmp_path / "e.lp").write_text(EXPORT_HEADER + "\n".join([*export, rewritten]) + "\n")
+    whole = _read(tmp_path / "e.lp").sort_by([("device_id", "ascending"), ("time", "ascending")])
+    monkeypatch.setattr(line_protocol, "_CHUNK_BYTES", 300)  # many chunks: runs of one field span several
+    assert _read(tmp_path / "e.lp").sort_by([("device_id", "ascending"), ("time", "ascending")]).equals(whole)
+    assert whole.num_rows == 72 and whole["count"].to_pylist().count(999) == 1
+
+    (tmp_path / "mixed.lp").write_text("\n".join([*export, f"{series} count=1.5 {stamp}"]) + "\n")
+    with pytest.raises(line_protocol.InfluxError,
+                       match=rf"field 'count' .* integer at line {first + 1} and float at line {len(export) + 1}"):
+        _read(tmp_path / "mixed.lp")
