@@ -107,7 +107,8 @@ class JobSpec(BaseModel):
     def _ordered(self) -> "JobSpec":
         if self.start and self.end and self.start >= self.end:
             raise ValueError(f"start {self.start.isoformat()} must be before end {self.end.isoformat()}")
-        if self.query is not None and not self.source.startswith(("postgresql://", "postgres://", "duckdb:")):
+        # in-memory data ("<...>") may keep the query that produced it, as a record of the job
+        if self.query is not None and not self.source.startswith(("postgresql://", "postgres://", "duckdb:", "<")):
             raise ValueError("query applies to a PostgreSQL source (postgresql://...) or a DuckDB one (--from-sql) only")
         return self
 
