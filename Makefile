@@ -4,28 +4,33 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench bench-postgres clean install synth
+.PHONY: demo test test-deps bench bench-postgres clean install synth
 
 NPM_LOCK := $(wildcard package-lock.json)
 
 PG_BIN := /usr/lib/postgresql/15/bin
 
 $(STAMP): pyproject.toml package.json $(NPM_LOCK)
-	test -x $(PG_BIN)/postgres || (apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y postgresql-15)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'
 	npm $(if $(NPM_LOCK),ci,install) --no-audit --no-fund --loglevel=error
-	command -v chromium >/dev/null || (apt-get update && apt-get install -y chromium)
-	command -v influxd >/dev/null || (apt-get update && apt-get install -y influxdb)
 	touch $(STAMP)
 
 install: $(STAMP)
 
+# The servers and the browser that the tests run for real, from Debian's packages when missing.
+test-deps:
+	@missing=""; \
+	test -x $(PG_BIN)/postgres || missing="$$missing postgresql-15"; \
+	command -v influxd >/dev/null || missing="$$missing influxdb"; \
+	command -v chromium >/dev/null || missing="$$missing chromium"; \
+	if [ -n "$$missing" ]; then apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y $$missing; fi
+
 demo: $(STAMP)
 	$(VENV)/bin/timelake demo
 
-test: $(STAMP)
+test: $(STAMP) test-deps
 	$(PY) -m pytest -n 2 --durations=15
 
 # The CloudFormation template and assets of the AWS deployment, in cdk.out/ (cdk-nag runs as part of it).
@@ -37,7 +42,7 @@ bench: $(STAMP)
 	$(PY) bench/bench_coverage.py
 
 # Migrating rows from a local PostgreSQL vs the COPY floor (ROWS=10000000 by default).
-bench-postgres: $(STAMP)
+bench-postgres: $(STAMP) test-deps
 	$(PY) bench/bench_postgres.py $(if $(ROWS),--rows $(ROWS),)
 
 clean:
