@@ -6,7 +6,7 @@ import json
 import os
 import threading
 from collections.abc import Iterable
-from datetime import date, datetime, timezone
+from datetime import datetime, timezone
 from typing import Any
 
 import pyarrow as pa
@@ -271,25 +271,20 @@ class Table:
         self, source: Any, map: dict[str, str] | None = None, tz: str | None = None, mode: str = "merge",  # noqa: A002
         start: str | datetime | None = None, end: str | datetime | None = None, dry_run: bool = False,
         publish_by: str | None = None, max_concurrency: int | None = None, assertions: Iterable[str] = (),
-        override_retention: bool = False, time_unit: str | None = None, dst_policy: str = "refuse",
-        format: str | None = None, evaluate_rules: bool = False, wait: bool = False,  # noqa: A002
-        canary: bool | str | date | None = None,
-        query: str | None = None, source_max_connections: int | None = None, source_rows_per_second: int | None = None,
+        wait: bool = False, **options: Any,
     ) -> "Job":
         """Start a backfill of ``source`` (path/glob/URI, pyarrow Table or reader, pandas DataFrame).
 
+        ``options`` are the job's other fields by their JobSpec names (``evaluate_rules``, ``canary``,
+        ``query``, ``measurement``, ``source_rows_per_second``, ...; see the job schema): one model,
+        so the Python API, the CLI and the job JSON cannot drift apart, and a misspelt name is an error.
         Returns at once with a `Job`; ``job.wait()`` blocks until it ends and raises if it failed.
         """
         in_memory = not isinstance(source, str | os.PathLike)
         spec = JobSpec.model_validate({
-            "table": self.name, "source": _describe(source) if in_memory else str(source), "format": format,
+            "table": self.name, "source": _describe(source) if in_memory else str(source),
             "map": map or {}, "tz": tz, "mode": mode, "start": start, "end": end, "dry_run": dry_run,
-            "publish_by": publish_by, "max_concurrency": max_concurrency, "assertions": list(assertions),
-            "override_retention": override_retention, "time_unit": time_unit, "dst_policy": dst_policy,
-            "evaluate_rules": evaluate_rules,
-            "canary": canary,
-            "query": query, "source_max_connections": source_max_connections,
-            "source_rows_per_second": source_rows_per_second,
+            "publish_by": publish_by, "max_concurrency": max_concurrency, "assertions": list(assertions), **options,
         })
         return self.lake.submit(spec, source if in_memory else None, wait=wait)
 
