@@ -52,13 +52,27 @@ def partition_codes(ts: np.ndarray, contract: Contract, cutoffs: list[int]) -> t
         if not mask.any():
             continue
         values = transform_values(ts[mask], tier.transform)
-        if values.min() == values.max():  # the usual batch of a time-ordered export: one partition, no sort
-            uniques, inverse = values[:1], np.zeros(len(values), dtype=np.int64)
-        else:
-            uniques, inverse = np.unique(values, return_inverse=True)
+        uniques, inverse, _ = dense_unique(values)
         codes[mask] = inverse + len(keys)
         keys.extend(PartitionKey(tier.spec_id, tier.transform, int(v)) for v in uniques)
     return codes, keys
+
+
+def dense_unique(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``np.unique(values, return_inverse=True, return_counts=True)`` for integers that span a small
+    range, as partition and day numbers of a batch do: one counting pass instead of a sort, which
+    was most of a scan's time on time-ordered sources."""
+    if len(values) == 0:
+        return values[:0], np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    lo, hi = int(values.min()), int(values.max())
+    if hi - lo > 4 * len(values) + 1024:  # sparse: counting would allocate more than sorting costs
+        return np.unique(values, return_inverse=True, return_counts=True)
+    offsets = values - lo
+    counts = np.bincount(offsets, minlength=hi - lo + 1)
+    present = np.flatnonzero(counts)
+    position = np.zeros(len(counts), dtype=np.int64)
+    position[present] = np.arange(len(present))
+    return present + lo, position[offsets], counts[present]
 
 
 def series_hash(table: pa.Table, series_key: tuple[str, ...]) -> np.ndarray:

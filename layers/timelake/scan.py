@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 from . import throttle
 from .contract import Contract
 from .errors import DstRefused, InvalidJob
-from .layout import PartitionKey, micros, partition_codes, read_range, series_hash, split_by_code
+from .layout import PartitionKey, dense_unique, micros, partition_codes, read_range, series_hash, split_by_code
 from .mapping import Mapper
 from .runtime import Runtime, filesystem
 from .source import Source, open_source
@@ -260,7 +260,7 @@ def _scan_batch(
         rows, ts = rows.filter(pa.array(keep)), ts[keep]
     if rows.num_rows == 0:
         return
-    days, counts = np.unique(np.floor_divide(ts, US_PER_DAY), return_counts=True)
+    days, _, counts = dense_unique(np.floor_divide(ts, US_PER_DAY))
     result.days.update(dict(zip(days.tolist(), counts.tolist())))
     if result.sample_rows == 0:
         result.sample_rows, result.sample_bytes = _measure(rows.slice(0, SAMPLE_ROWS), ctx.contract)
