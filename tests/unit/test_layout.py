@@ -21,3 +21,16 @@ def test_dense_unique_equals_numpy_unique(values):
     expected = np.unique(values, return_inverse=True, return_counts=True)
     for a, b in zip(got, expected, strict=True):
         assert np.array_equal(a, b)
+
+
+@pytest.mark.parametrize("codes", [np.array([0, 0, 1, 1, 1, 3]), np.array([1, 0, 3, 1, 0, 1])])
+def test_split_by_code_groups_rows_in_their_order_sorted_or_not(codes):
+    import pyarrow as pa
+
+    from timelake.layout import split_by_code
+
+    table = pa.table({"row": np.arange(len(codes))})
+    groups = split_by_code(table, codes)
+    assert [code for code, _ in groups] == sorted(set(codes.tolist()))
+    for code, rows in groups:
+        assert rows.column("row").to_pylist() == np.flatnonzero(codes == code).tolist()
