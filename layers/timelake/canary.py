@@ -204,7 +204,7 @@ def _samples(rt: Runtime, job: JobRecord, spec: JobSpec, table: Any, source: Any
     for the same key; rows that meet an existing row are shown first, they are the interesting ones."""
     chosen = job.state["canary"]
     try:
-        src = open_job_source(spec, source)
+        src = open_job_source(spec, source, table, job.state.get("source_plan"))
     except InvalidJob:
         return []  # in-memory data of another process: nothing left to show
     ctx = context(spec, table, job.state["planned_at_us"])

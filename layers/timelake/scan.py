@@ -28,7 +28,6 @@ from .layout import PartitionKey, dense_unique, micros, partition_codes, read_ra
 from .mapping import Mapper
 from .runtime import Runtime, filesystem
 from .source import Source, open_source
-from .source_postgres import is_postgres, open_for_job
 from .sources import open_spec_source
 from .spec import JobSpec
 from .timeutil import US_PER_DAY
@@ -178,9 +177,7 @@ def open_job_source(spec: JobSpec, source: Any = None, table: Any = None, planne
     """``table`` tells a database source its time column; ``planned`` is the source's plan_state()."""
     if source is None and spec.source.startswith("<"):
         raise InvalidJob(f"job {spec.job_id}: the source was in-memory data ({spec.source}) and is gone; start a new job")
-    if source is None and is_postgres(spec.source):
-        return open_for_job(spec, Contract.from_table(table).time_column, planned)
-    if source is None and (named := open_spec_source(spec)) is not None:
+    if source is None and (named := open_spec_source(spec, table, planned)) is not None:
         return named
     return open_source(source if source is not None else spec.source, format=spec.format)
 

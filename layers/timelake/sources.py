@@ -5,16 +5,24 @@ Each reader is opened from the job spec alone, so a scan task re-opens it in any
 
 from __future__ import annotations
 
+from typing import Any
+
+from .contract import Contract
 from .source import Source
 from .source_duckdb import DuckDBSource, is_duckdb_uri
 from .source_iceberg import IcebergSource, is_iceberg_uri
 from .source_influx import InfluxServerSource, is_influx_uri, is_line_protocol, open_influx_files
+from .source_postgres import is_postgres, open_for_job
 from .spec import JobSpec
 
 
-def open_spec_source(spec: JobSpec, batch_rows: int = 262_144) -> Source | None:
-    """The source of a database, table, query or line-protocol URI; None for the other kinds."""
+def open_spec_source(spec: JobSpec, table: Any = None, planned: dict | None = None, batch_rows: int = 262_144) -> Source | None:
+    """The source of a database, table, query or line-protocol URI; None for the other kinds.
+    A database reads its range on the target ``table``'s time column; ``planned`` is what the plan
+    pinned of it (its plan_state())."""
     uri = spec.source
+    if is_postgres(uri):
+        return open_for_job(spec, Contract.from_table(table).time_column, planned)
     measurement = spec.measurement or spec.table.rsplit(".", 1)[-1]
     if is_influx_uri(uri):
         return InfluxServerSource(uri, measurement, batch_rows)
