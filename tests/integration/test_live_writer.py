@@ -21,7 +21,9 @@ import pyarrow.compute as pc
 import pytest
 from pyiceberg.expressions import And, GreaterThanOrEqual, LessThan
 
+import timelake.runner as runner
 from timelake import connect
+from timelake.validate import validate
 from timelake.lake import Lake
 
 from .helpers_crash import (
@@ -79,6 +81,7 @@ class LiveWriter(threading.Thread):
                  collide: Callable[[], bool] | None = None) -> None:
         super().__init__(daemon=True, name="live-writer")
         self.warehouse, self.stop = warehouse, stop
+        self.gate = threading.Lock()  # held while a commit is decided and made (see _run_with_live_traffic)
         self.pending = list(collisions or [])
         self.collide = collide
         self.commits: list[tuple[float, pa.Table]] = []  # (time the commit returned, rows)
@@ -92,11 +95,12 @@ class LiveWriter(threading.Thread):
                 ts = us(LIVE_START) + tick * 60_000_000
                 batch = table_of([ts] * DEVICES, [f"dev-{i}" for i in range(DEVICES)],
                                  [-(tick * 10 + i) - 1.0 for i in range(DEVICES)])
-                if self.collide is not None and self.pending and self.collide():
-                    hits, self.pending = self.pending[:DAYS], self.pending[DAYS:]
-                    batch = pa.concat_tables([batch, table_of([k[1] for k in hits], [k[0] for k in hits],
-                                                               [-1e6 - tick * 10 - j for j in range(len(hits))])])
-                table.append(batch)
+                with self.gate:
+                    if self.collide is not None and self.pending and self.collide():
+                        hits, self.pending = self.pending[:DAYS], self.pending[DAYS:]
+                        batch = pa.concat_tables([batch, table_of([k[1] for k in hits], [k[0] for k in hits],
+                                                                   [-1e6 - tick * 10 - j for j in range(len(hits))])])
+                    table.append(batch)
                 self.commits.append((time.monotonic(), batch))
                 tick += 1
         except BaseException as exc:  # surfaced by the test
@@ -163,16 +167,22 @@ def _run_with_live_traffic(live: Live, publish_by: str | None, collide: bool) ->
     little after it ends, stop them. Returns the job id, its start and end, the writer and the reader."""
     job_id: list[str] = []
     collisions = _collision_keys(4) if collide else None
+    validating = threading.Event()
 
     def after_plan() -> bool:
-        # in-range live rows only after the plan and well before publishing: each of them lands after
-        # the plan's base snapshot, so only publish's re-check can keep it winning. (Validation runs
-        # in between: a live append racing the publish commit itself would be the live writer's own
-        # duplicate, which no backfill can prevent.)
-        return bool(job_id) and live.lake.runtime.store.get_job(job_id[0]).phase in (
+        # in-range live rows only after the plan and before validation: each of them lands after the
+        # plan's base snapshot, so only publish's re-check can keep it winning. (A live append racing
+        # the publish commit itself would be the live writer's own duplicate, which no backfill can
+        # prevent, so the last colliding commit must have returned before validation starts.)
+        return bool(job_id) and not validating.is_set() and live.lake.runtime.store.get_job(job_id[0]).phase in (
             "planned", "writing", "written", "staged")
 
     writer = LiveWriter(live.warehouse, live.stop, collisions, after_plan if collide else None)
+
+    def gated_validate(*args: object, **kwargs: object) -> object:
+        with writer.gate:  # waits for a live commit in flight; none collides after this
+            validating.set()
+        return validate(*args, **kwargs)
     reader = Reader(live.warehouse, live.stop)
     writer.start()
     reader.start()
@@ -180,9 +190,11 @@ def _run_with_live_traffic(live: Live, publish_by: str | None, collide: bool) ->
         _wait_for(lambda: (len(writer.commits) >= 2 and len(reader.observations) >= 2) or not _alive(writer, reader),
                   "live traffic to start")
         started = time.monotonic()
-        job = live.lake.table(TABLE).backfill(live.source, publish_by=publish_by, max_concurrency=1)
-        job_id.append(job.id)
-        job.wait(JOB_TIMEOUT)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(runner, "validate", gated_validate)
+            job = live.lake.table(TABLE).backfill(live.source, publish_by=publish_by, max_concurrency=1)
+            job_id.append(job.id)
+            job.wait(JOB_TIMEOUT)
         ended = time.monotonic()
         commits, observations = len(writer.commits), len(reader.observations)
         _wait_for(lambda: (len(writer.commits) >= commits + 2 and len(reader.observations) >= observations + 2)
