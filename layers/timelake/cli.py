@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -20,7 +22,7 @@ from typer.core import TyperGroup
 
 from .canary import AWAITING
 from .canary import approve as approve_canary
-from .errors import BackfillError
+from .errors import BackfillError, Interrupted
 from .lake import Lake, connect
 from .report import build_report, progress
 from .runner import TERMINAL, WAITING, run_job
@@ -425,15 +427,27 @@ def _drive(lake: Lake, job_id: str, as_json: bool) -> None:
         bar.update(task, total=info["rows_total"] or None, completed=info["rows_processed"],
                    description=f"writing {info['units_done']}/{info['units_total']} units", rate=rate)
 
+    cancel = threading.Event()
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        """The first Ctrl-C asks the runner to stop at its next unit; a second one stops at once. A
+        KeyboardInterrupt raised inside a finalizer is swallowed by Python, so the first must not be one."""
+        if cancel.is_set():
+            raise KeyboardInterrupt
+        cancel.set()
+
     error: str | None = None
+    previous = signal.signal(signal.SIGINT, on_sigint)
     try:
         with bar:
-            run_job(lake.runtime, job_id, on_progress=on_progress)
-    except KeyboardInterrupt:
+            run_job(lake.runtime, job_id, on_progress=on_progress, cancel=cancel)
+    except (Interrupted, KeyboardInterrupt):
         print(f"interrupted: job {job_id} can be resumed with: timelake backfill resume {job_id}", file=sys.stderr)
         raise typer.Exit(130) from None
     except BackfillError as exc:
         error = str(exc)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     report = build_report(lake.runtime.store.get_job(job_id), lake.runtime.store.units(job_id))
     if as_json:
         out.print_json(json.dumps(report, default=str))
