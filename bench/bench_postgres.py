@@ -9,10 +9,11 @@ Not a test: it prints times, rows/s and ratios, and asserts nothing about speed.
   floor     k processes, each: ``COPY (SELECT * FROM readings WHERE ts in its 1/k of the range) TO
             STDOUT (FORMAT binary)`` decoded to Arrow (the ADBC driver does exactly that, in C) and
             written to one zstd Parquet file. Nothing is sorted, mapped, checked or committed.
-  backfill  ``tbl.backfill(source="postgresql://...?table=public.readings", max_concurrency=k,
+  backfill  ``tbl.backfill(source="postgresql://...?table=public.readings",
             source_max_connections=k, source_rows_per_second=0)`` into an empty day-partitioned
             table: plan -> scan -> cut -> write -> stage -> validate -> publish. ``scan`` is the
-            part that reads the database (read, map, spill by partition).
+            part that reads the database (read, map, spill by partition) on k connections; the
+            writers are the default max_concurrency, the machine's cores (k when k is larger).
 
 The server is a throwaway PostgreSQL 15 started here (tests/sources/conftest.py), statement
 logging off, on the same machine as the readers, so reader and server share the CPUs.
@@ -86,6 +87,11 @@ def floor(server: PgServer, lo: int, hi: int, readers: int, out: Path) -> tuple[
     return time.perf_counter() - started, rows
 
 
+def writers(readers: int) -> int:
+    """The job's max_concurrency: the machine's cores (the default), or more to allow that many readers."""
+    return max(readers, os.cpu_count() or 1)
+
+
 def backfill(server: PgServer, readers: int, warehouse: Path) -> tuple[float, float, dict]:
     import timelake
     import timelake.runner as runner
@@ -106,7 +112,7 @@ def backfill(server: PgServer, readers: int, warehouse: Path) -> tuple[float, fl
     runner._scan_all = timed_scan
     try:
         started = time.perf_counter()
-        job = table.backfill(source=server.uri(table="public.readings"), max_concurrency=readers,
+        job = table.backfill(source=server.uri(table="public.readings"), max_concurrency=writers(readers),
                              source_max_connections=readers, source_rows_per_second=0).wait()
         seconds = time.perf_counter() - started
     finally:

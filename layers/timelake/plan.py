@@ -19,10 +19,14 @@ from .contract import Contract
 from .cost import estimate_cost
 from .errors import InvalidJob
 from .runtime import Runtime, filesystem
+from .source import Source
 from .scan import ScanContext, ScanResult, mapper_for, open_job_source, read_result, refuse_dst, scan_task
 from .spec import JobSpec
 from .store import Lease, UnitRecord
 from .timeutil import US_PER_DAY, floor_to, from_micros, iso, next_boundary, subtract_duration, to_micros
+
+
+MIN_TASK_BYTES = 8 << 20  # a scan task has a fixed cost (a Lambda, a connection): none reads less than this
 
 
 def plan(rt: Runtime, job_id: str, source: Any = None, parallelism: int | None = None) -> dict[str, Any]:
@@ -50,7 +54,7 @@ def scan_tasks(sizes: list[int], parallelism: int) -> list[list[int]]:
     """Runs of consecutive source pieces, [first, last), of about equal bytes: about four tasks per
     worker so that uneven files even out, and no task below a few MB (a task has a fixed cost)."""
     total = sum(sizes)
-    target = max(total / (4 * parallelism), 8 << 20)
+    target = max(total / (4 * parallelism), MIN_TASK_BYTES)
     tasks, start, acc = [], 0, 0
     for i, size in enumerate(sizes):
         acc += size
@@ -73,13 +77,14 @@ def context(spec: JobSpec, table: Any, now_us: int) -> ScanContext:
     )
 
 
-def scan(rt: Runtime, job_id: str, piece: int, source: Any = None) -> dict[str, Any]:
-    """Scan step. Input: job id and piece index. Output: the piece's row count."""
+def scan(rt: Runtime, job_id: str, piece: int, source: Any = None, opened: Source | None = None) -> dict[str, Any]:
+    """Scan step. Input: job id and piece index. Output: the piece's row count. ``opened``: the job's
+    source, already open (one process scanning task after task keeps its connection and read-ahead)."""
     job = rt.store.get_job(job_id)
     spec = JobSpec.model_validate(job.spec)
     table = rt.load_table(spec.table)
     ctx = context(spec, table, job.state["planned_at_us"])
-    src = open_job_source(spec, source, table, job.state.get("source_plan"))
+    src = opened or open_job_source(spec, source, table, job.state.get("source_plan"))
     first, last = job.state["scan_tasks"][piece]
     try:
         result = scan_task(rt, ctx, job_id, piece, range(first, last), src, table)

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from importlib.machinery import ModuleSpec
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor, wait
 from typing import Any
 
 from . import canary
@@ -22,6 +22,8 @@ from .abort import abort
 from .errors import Aborted, BackfillError, Interrupted
 from .faults import checkpoint
 from .plan import cut, pending_pieces, plan, scan
+from .scan import open_job_source
+from .source_postgres import is_postgres
 from .publish import publish
 from . import followup
 from .runtime import Runtime, runtime_for
@@ -46,8 +48,11 @@ NEXT_STEP = {
 }
 TERMINAL = {"published", "dry_run_complete", "failed_validation", "aborted"}
 WAITING = {canary.AWAITING}  # the job stops here until a person approves (continue) or aborts it
-# Below this many rows, starting worker processes (~1.5 s here) costs more than they save.
-IN_PROCESS_ROWS = int(os.environ.get("TIMELAKE_IN_PROCESS_ROWS", 2_000_000))
+# Below this many rows, units are written by threads of this process (a unit's sort, take and
+# Parquet encoding run outside the GIL): starting worker processes (about 1 s for the forkserver
+# here) costs more than they save. bench/bench_backfill.py, 13M rows on 2 cores: threads 0.77 s,
+# processes 0.87 s; from a PostgreSQL source, which starts no processes for its scan, 0.7 s against 1.5 s.
+IN_PROCESS_ROWS = int(os.environ.get("TIMELAKE_IN_PROCESS_ROWS", 20_000_000))
 
 
 def run_job(
@@ -122,12 +127,18 @@ def _scan_all(rt: Runtime, job_id: str, source: Any, on_progress: Progress | Non
     pending = pending_pieces(rt, job_id)
     workers = min(limits(spec).scan_workers(spec.max_concurrency or os.cpu_count() or 1), len(pending))
     if source is not None or workers <= 1:
-        for piece in pending:
+        src = open_job_source(spec, source, rt.load_table(spec.table), job.state.get("source_plan")) if pending else None
+        tasks, names = job.state["scan_tasks"], src.pieces() if src else []
+        for i, piece in enumerate(pending):
             _check(cancel, job_id, "while scanning", rt)
-            scan(rt, job_id, piece, source)
+            if i + 1 < len(pending):
+                src.read_next(names[slice(*tasks[pending[i + 1]])])
+            scan(rt, job_id, piece, source, opened=src)
             checkpoint("scan.unit")
     else:
-        _fan_out(rt, job_id, "scan", pending, workers, lambda: None, cancel)
+        # A database is read by threads: its driver decodes outside the GIL, and starting processes
+        # took a fifth of a 10M-row migration's time (bench/bench_postgres.py: 0.67x against 0.78x of the floor).
+        _fan_out(rt, job_id, "scan", pending, workers, lambda: None, cancel, threads=is_postgres(spec.source))
     rt.store.update_job(job_id, "scanned")
 
 
@@ -144,14 +155,15 @@ def _write_all(
     workers = min(spec.max_concurrency or os.cpu_count() or 1, len(pending)) if pending else 0
     tick = _Ticker(rt, job_id, on_progress)
     tick()
-    if workers <= 1 or job.state.get("rows_in_scope", 0) < IN_PROCESS_ROWS:
+    if workers <= 1:
         for unit_id in pending:
             _check(cancel, job_id, "while writing", rt)
             write_unit(rt, job_id, unit_id)
             tick()
             checkpoint("write.unit")
     else:
-        _fan_out(rt, job_id, "write", pending, workers, tick, cancel)
+        threads = job.state.get("rows_in_scope", 0) < IN_PROCESS_ROWS
+        _fan_out(rt, job_id, "write", pending, workers, tick, cancel, threads=threads)
     if only is None:
         rt.store.update_job(job_id, "written", write_finished_at=time.time())
 
@@ -166,20 +178,27 @@ def _check(cancel: threading.Event | None, job_id: str, doing: str, rt: Runtime 
 
 def _fan_out(
     rt: Runtime, job_id: str, step: str, items: list[Any], workers: int, tick: Callable[[], None],
-    cancel: threading.Event | None,
+    cancel: threading.Event | None, threads: bool = False,
 ) -> None:
-    """Run ``step`` (scan or write) over ``items`` on a process pool, recording progress as items finish."""
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["timelake.write", "timelake.scan", "pyiceberg.catalog.sql"])
+    """Run ``step`` (scan or write) over ``items`` on a pool of processes, or of ``threads``,
+    recording progress as items finish."""
     config = rt.config.model_dump()
-    with _workers_skip_main(), ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+    if threads:
+        pool: Executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"timelake-{step}")
+    else:
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(["timelake.write", "timelake.scan", "pyiceberg.catalog.sql"])
+        pool = ProcessPoolExecutor(max_workers=workers, mp_context=context)
+    with _workers_skip_main(), pool:
         queue = list(reversed(items))
         running: dict[Future, Any] = {}
         try:
             while queue or running:
                 while queue and len(running) < workers * 2:
                     item = queue.pop()
-                    running[pool.submit(_in_worker, config, step, job_id, item)] = item
+                    future = (pool.submit(scan if step == "scan" else write_unit, rt, job_id, item) if threads
+                              else pool.submit(_in_worker, config, step, job_id, item))
+                    running[future] = item
                 done, _ = wait(running, timeout=0.5, return_when=FIRST_COMPLETED)
                 for future in done:
                     item = running.pop(future)

@@ -89,6 +89,11 @@ class Source(ABC):
         for piece in pieces:
             yield from self.batches(piece)
 
+    def read_next(self, pieces: list[str]) -> None:
+        """A hint: the next ``read`` starts with ``pieces``. A source that reads ahead starts on them
+        once the current read has fetched its last piece, so one process scanning task after task
+        never waits for a task's first piece; other sources ignore it."""
+
     def plan_state(self) -> dict | None:
         """What a scan in another process needs to see the same pieces, kept with the job; None when
         listing the pieces again gives the same list (files), not so for a live database."""

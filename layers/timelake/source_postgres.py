@@ -30,9 +30,10 @@ import json
 import math
 import os
 import re
+import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timezone
 from typing import Any
@@ -151,6 +152,10 @@ class PostgresSource(Source):
         self._secret: str | None = None
         self._pace: Callable[[int], None] | None = None
         self._schema: pa.Schema | None = None
+        self._ahead: ThreadPoolExecutor | None = None
+        self._using = threading.RLock()  # the connection, shared by the caller and the read-ahead thread
+        self._next: list[str] = []  # read_next's hint
+        self._early: dict[str, Future] = {}  # a piece read before the read() that wants it
         self._plan = planned or self._make_plan()
 
     # --- Source ---------------------------------------------------------------------------------
@@ -170,19 +175,31 @@ class PostgresSource(Source):
         """The pieces in order, the next one read while the caller maps and spills this one: the
         server, the driver (which decodes outside the GIL) and the mapping then work at once."""
         ranges = dict(zip(self.pieces(), self._ranges(), strict=True))
-        unknown = [p for p in pieces if p not in ranges]
+        unknown = [p for p in [*pieces, *self._next] if p not in ranges]
         if unknown:
             raise SourceError(f"{unknown[0]} is not a piece of source '{self.uri}'")
-        with ThreadPoolExecutor(1, thread_name_prefix="postgres-read-ahead") as ahead:
-            pending = [ahead.submit(self._read_piece, p, *ranges[p]) for p in pieces[:1]]
-            for i, piece in enumerate(pieces):
-                batches = pending.pop().result()
+        if self._ahead is None:
+            self._ahead = ThreadPoolExecutor(1, thread_name_prefix="postgres-read-ahead")
+        then, self._next = self._next, []
+        pending = [self._early.pop(pieces[0], None) or self._ahead.submit(self._read_piece, pieces[0], *ranges[pieces[0]])
+                   ] if pieces else []
+        self._early.clear()
+        for i, piece in enumerate(pieces):
+            batches = pending.pop().result()
+            following = pieces[i + 1:i + 2] or then
+            if following:
+                future = self._ahead.submit(self._read_piece, following[0], *ranges[following[0]])
                 if i + 1 < len(pieces):
-                    pending.append(ahead.submit(self._read_piece, pieces[i + 1], *ranges[pieces[i + 1]]))
-                offset = 0
-                for batch in _rebatch(batches, self._batch_rows):
-                    yield SourceBatch(batch, piece, offset)
-                    offset += batch.num_rows
+                    pending.append(future)
+                else:
+                    self._early[following[0]] = future
+            offset = 0
+            for batch in _rebatch(batches, self._batch_rows):
+                yield SourceBatch(batch, piece, offset)
+                offset += batch.num_rows
+
+    def read_next(self, pieces: list[str]) -> None:
+        self._next = pieces[:1]
 
     def fingerprint(self) -> str:
         """The relation's OID (or the query text), the planned ranges and the planner's row estimate:
@@ -326,7 +343,8 @@ class PostgresSource(Source):
         """The whole piece, re-read from the start when the connection drops (see the module doc)."""
         for attempt in range(ATTEMPTS):
             try:
-                return list(self._stream(self._piece_sql(lo, hi)))
+                with self._using:
+                    return list(self._stream(self._piece_sql(lo, hi)))
             except SourceError as exc:
                 if not exc.__cause__ or not _dropped(exc.__cause__) or attempt == ATTEMPTS - 1:
                     raise SourceError(f"{name} of source '{self.uri}': {exc}") from exc
@@ -350,6 +368,10 @@ class PostgresSource(Source):
             cursor.close()
 
     def _fetch(self, sql: str, copy: bool = True) -> pa.Table:
+        with self._using:
+            return self._fetch_now(sql, copy)
+
+    def _fetch_now(self, sql: str, copy: bool) -> pa.Table:
         cursor = self._cursor()
         try:
             if not copy:  # EXPLAIN cannot run inside COPY, which the driver uses for results by default
@@ -377,9 +399,26 @@ class PostgresSource(Source):
                 self._con = dbapi.connect(uri, autocommit=True)
             except _adbc_errors() as exc:
                 raise self._error(exc, connecting=True) from exc
+            self._serial()
         return self._con.cursor()
 
+    def _serial(self) -> None:
+        """One connection, one backend: no parallel workers for our queries. A piece is a small range
+        read through the time index, for which the planner would start a parallel bitmap scan; its
+        workers come out of the pool the server's own clients need, and gathering their rows cost
+        the server 2.4 times the CPU of a serial read of the same rows (bench/bench_postgres.py)."""
+        cursor = self._con.cursor()
+        try:
+            cursor.adbc_statement.set_options(**{_option("USE_COPY"): "false"})
+            cursor.execute("SET max_parallel_workers_per_gather = 0")
+        except _adbc_errors() as exc:
+            raise self._error(exc, connecting=True) from exc
+        finally:
+            cursor.close()
+
     def __del__(self) -> None:
+        if getattr(self, "_ahead", None) is not None:
+            self._ahead.shutdown(wait=True, cancel_futures=True)
         self._close()
 
     def _close(self) -> None:

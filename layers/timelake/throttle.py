@@ -2,7 +2,7 @@
 per second all of them together read.
 
 A migration reads from a system that is still serving (a production database, or its replica):
-the backfill must not starve it. The connection bound caps the scan fan-out (the process pool
+the backfill must not starve it. The connection bound caps the scan fan-out (a database's reader threads
 here, the scan map's MaxConcurrency on AWS). The rate is one budget per job shared by every worker,
 wherever it runs, so it lives in the job store: each worker reserves the rows it has just read and
 sleeps until the reservation ends (a token bucket without burst, kept as the time at which the

@@ -309,3 +309,90 @@ def test_naive_and_epoch_time_columns_push_the_range_down_in_their_own_terms(pos
     assert re.search(rf'"ts" >= {typed} AND "ts" < {typed}$', read), read
     report = job.report()
     assert report["rows_in_source"] - report["rows_outside_range"] == 3 * 24 * 20
+
+
+def test_reads_never_start_parallel_workers_on_the_source(postgres, sensor):
+    """One connection is one backend on the server. In a database whose settings make the planner
+    start parallel workers for any query, a plain read of a piece's range plans a Gather (the
+    positive control), and none of the backfill's reads does (auto_explain logs every plan)."""
+    db = "parallel_probe"
+    postgres.sql(f"CREATE DATABASE {db}", db="postgres")
+    try:
+        for setting in ("parallel_setup_cost = 0", "parallel_tuple_cost = 0", "min_parallel_table_scan_size = 0",
+                        "min_parallel_index_scan_size = 0", "session_preload_libraries = 'auto_explain'",
+                        "auto_explain.log_min_duration = 0"):
+            postgres.sql(f"ALTER DATABASE {db} SET {setting}", db="postgres")
+        start = year_start()
+        postgres.sql(f"""CREATE TABLE readings AS
+            SELECT '{start.isoformat()}'::timestamptz + m * interval '1 minute' AS ts, 'd' || (m % 7) AS device_id,
+                   (m % 1000)::float8 AS value FROM generate_series(0, 20 * 1440 - 1) AS m""", db=db)
+        postgres.sql("CREATE INDEX ON readings (ts)", db=db)
+        postgres.sql("ANALYZE readings", db=db)
+        piece = f"""SELECT * FROM (SELECT * FROM public.readings) AS src WHERE "ts" >= '{start.isoformat()}'::timestamptz"""
+        mark = postgres.log_mark()
+        postgres.sql(piece, db=db)
+        assert "Workers Planned" in _log_since(postgres, mark)
+        mark = postgres.log_mark()
+        job = sensor.backfill(source=postgres.uri(db=db, table="public.readings", piece_rows="4000")).wait()
+        plans = [p for p in _log_since(postgres, mark).split(" plan:") if "AS src WHERE" in p.split("\n", 2)[1]]
+        assert len(plans) == len(job.record().state["source_plan"]["edges"]) - 1 >= 7
+        assert not [p for p in plans if "Workers Planned" in p or "Gather" in p]
+        assert sensor.to_arrow().num_rows == job.report()["rows_written"] == 20 * 1440
+    finally:
+        postgres.sql(f"DROP DATABASE {db} WITH (FORCE)", db="postgres")
+
+
+def _most_at_once(statements: list) -> int:
+    """The most statements that were running at the same moment."""
+    edges = sorted([(s.start, 1) for s in statements] + [(s.end, -1) for s in statements], key=lambda e: (e[0], e[1]))
+    running = most = 0
+    for _, step in edges:
+        running += step
+        most = max(most, running)
+    return most
+
+
+def _log_since(postgres: PgServer, mark: int) -> str:
+    with postgres.log.open("rb") as handle:
+        handle.seek(mark)
+        return handle.read().decode(errors="replace")
+
+
+@pytest.mark.parametrize("connections", [1, 2])
+def test_scan_tasks_read_each_piece_once_whether_one_reader_reads_ahead_or_several_share_the_source(
+    postgres, readings_table, sensor, monkeypatch, connections,
+):
+    """Many scan tasks over 60 days: one connection reads task after task, fetching the next task's
+    first piece while this task's last one is mapped; two connections read tasks side by side. Either
+    way every piece is read exactly once, one connection serves a reader, and the table is exact."""
+    import timelake.plan
+
+    monkeypatch.setattr(timelake.plan, "MIN_TASK_BYTES", 1)
+    start, end = _window(0, 60)
+    mark = postgres.log_mark()
+    job = sensor.backfill(source=postgres.uri(table=readings_table, piece_rows="2000"), start=start, end=end,
+                          source_max_connections=connections, max_concurrency=2).wait()
+    reads = _piece_reads(postgres, mark)
+    edges = job.record().state["source_plan"]["edges"]
+    assert sorted((lo, hi) for lo, hi, _ in reads) == list(zip(edges, edges[1:]))
+    assert len(job.record().state["scan_tasks"]) >= 4
+    if connections == 1:
+        assert len({s.pid for _, _, s in reads}) == 1  # one connection, kept from task to task
+    assert _most_at_once([s for _, _, s in reads]) <= connections
+    expected = _rows(postgres, f"ts >= '{start}' AND ts < '{end}'")
+    assert sort_rows(sensor.to_arrow()).equals(sort_rows(expected))
+
+
+def test_a_piece_read_ahead_that_the_next_read_does_not_want_is_dropped(postgres, readings_table):
+    """The hint names piece 5, the next read asks for piece 3: it gets piece 3's rows and only those."""
+    from timelake.source_postgres import PostgresSource
+
+    src = PostgresSource(postgres.uri(table=readings_table, piece_rows="20000"), time_column="ts")
+    names, edges = src.pieces(), src.plan_state()["edges"]
+    src.read_next([names[5]])
+    first = [b for b in src.read(names[:2])]
+    second = [b for b in src.read([names[3]])]
+    source = _rows(postgres)
+    assert sum(b.data.num_rows for b in first) == _count(source, edges[0], edges[2])
+    assert {b.origin for b in second} == {names[3]}
+    assert sum(b.data.num_rows for b in second) == _count(source, edges[3], edges[4]) > 0
