@@ -31,7 +31,7 @@ from .source import SourceBatch
 from .spec import JobSpec
 from .stage import stage_files
 from .store import JobRecord, UnitRecord
-from .timeutil import US_PER_DAY, iso, to_micros
+from .timeutil import US_PER_DAY, iso, iso_seconds, to_micros
 from .validate import conclude, run_checks
 from .write import existing_mask
 
@@ -94,14 +94,31 @@ def check(rt: Runtime, job_id: str, source: Any = None) -> dict[str, Any]:
     return {"job_id": job_id, "phase": AWAITING, "day": chosen["day"], "passed": True}
 
 
-def approve(rt: Runtime, job_id: str) -> dict[str, Any]:
+def approval_deadline(job: JobRecord) -> float | None:
+    """When a waiting canary's time for a decision runs out (epoch seconds); None unless it waits."""
+    if job.phase != AWAITING or "awaiting_since" not in job.state:
+        return None
+    return job.state["awaiting_since"] + JobSpec.model_validate(job.spec).approval_timeout_seconds
+
+
+def approve(rt: Runtime, job_id: str, in_time: bool = False) -> dict[str, Any]:
     """Accept the canary: the branch goes back to the plan's base (the stage step then adds every
-    unit's file, the canary's included, in one commit) and the job continues with the other units."""
+    unit's file, the canary's included, in one commit) and the job continues with the other units.
+
+    ``in_time``: an approval after the deadline aborts the job instead. Embedded, nothing else
+    watches the clock; on AWS the workflow's own timeout aborts the job, and its approve step only
+    ever follows a decision that came in time, however late the step itself runs."""
     job = rt.store.get_job(job_id)
     if job.state.get("canary_approved"):
         return {"job_id": job_id, "phase": job.phase, "approved": True}
     if job.phase != AWAITING:
         raise BackfillError(f"job {job_id} is {job.phase}, not {AWAITING}: there is no canary to approve")
+    deadline = approval_deadline(job)
+    if in_time and deadline is not None and time.time() > deadline:
+        reject(rt, job_id, "States.Timeout")
+        raise Aborted(f"job {job_id}: the canary waited since {iso_seconds(job.state['awaiting_since'])} and its "
+                      f"approval ran out at {iso_seconds(deadline)} (approval_timeout_seconds="
+                      f"{JobSpec.model_validate(job.spec).approval_timeout_seconds}); the job was aborted, main is untouched")
     spec = JobSpec.model_validate(job.spec)
     table = rt.load_table(spec.table)
     branch, base = job.state["branch"], job.state.get("base_snapshot_id")

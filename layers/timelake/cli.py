@@ -126,6 +126,8 @@ def run(
     fmt: Annotated[Optional[str], typer.Option("--format", help="parquet | csv | json | influx (default: from extension)")] = None,
     canary: Annotated[Optional[str], typer.Option(
         "--canary", metavar="[DAY]", help="Write and check one UTC day first (default: the first day with rows), then wait")] = None,
+    approval_timeout: Annotated[Optional[int], typer.Option(
+        "--approval-timeout", metavar="SECONDS", help="How long a canary waits for continue or abort (default 7 days)")] = None,
     query: Annotated[Optional[str], typer.Option("--query", help="SELECT to read from a PostgreSQL source")] = None,
     source_max_connections: Annotated[Optional[int], typer.Option("--source-max-connections", help="Scan tasks reading the source at once")] = None,
     source_rows_per_second: Annotated[Optional[int], typer.Option("--source-rows-per-second", help="Rows/s read from the source, all workers together")] = None,
@@ -142,6 +144,7 @@ def run(
         "source": source, "map": _parse_map(map_) or None, "tz": tz, "start": start, "end": end,
         "publish_by": publish_by, "max_concurrency": max_concurrency, "assertions": assertions or None,
         "time_unit": time_unit, "format": fmt, "canary": True if canary == FIRST_DAY else canary,
+        "approval_timeout_seconds": approval_timeout,
         "query": _one_query(query, from_sql), "source_max_connections": source_max_connections,
         "source_rows_per_second": source_rows_per_second, "measurement": measurement, "precision": precision,
     }
@@ -188,7 +191,7 @@ def continue_job(job_id: str, as_json: JsonFlag = False, warehouse: Warehouse = 
         _print_json_or(_aws().approve(job_id), as_json, "approved")
         return
     lake = _lake(warehouse)
-    approve_canary(lake.runtime, job_id)
+    approve_canary(lake.runtime, job_id, in_time=True)
     _drive(lake, job_id, as_json)
 
 
@@ -454,7 +457,7 @@ def _drive(lake: Lake, job_id: str, as_json: bool) -> None:
     else:
         _print_report(report)
         if report["phase"] == AWAITING and report.get("canary"):
-            _print_canary(report["canary"], job_id)
+            _print_canary(report["canary"], job_id, report["approval_deadline"])
     if error:
         _fail(error)
 
@@ -494,7 +497,7 @@ def _print_report(r: dict[str, Any]) -> None:
     out.print(grid)
 
 
-def _print_canary(c: dict[str, Any], job_id: str) -> None:
+def _print_canary(c: dict[str, Any], job_id: str, deadline: str | None) -> None:
     """The canary day as a person judges it: counts, rows through the mapping, columns, projections."""
     out.print(f"[bold]canary {c['day']}[/] ({c['range']['start']} … {c['range']['end']}): {c['rows_in_source']:,} rows in, "
               f"{c['rows_written']:,} staged, {c['rows_duplicate_in_source']:,} duplicates, "
@@ -514,6 +517,8 @@ def _print_canary(c: dict[str, Any], job_id: str) -> None:
     out.print(f"whole job: {p['rows_in_scope']:,} rows in scope, ~{p['rows_written']:,} to write, {p['units']} unit(s) / "
               f"{p['files']} file(s), {_cost(p['estimated_cost'])}{speed}")
     out.print(f"approve with: timelake backfill continue {job_id}    drop it with: timelake backfill abort {job_id}")
+    if deadline:
+        out.print(f"approve before {deadline}: after that the job is aborted")
 
 
 def _row_text(row: dict[str, Any] | None) -> str:

@@ -352,7 +352,7 @@ class Job:
     def approve(self, wait: bool = False) -> "Job":
         """Accept the canary day: write the other units (the canary's files stay as they are), stage,
         validate the whole job and publish. Returns at once unless ``wait``; ``wait()`` joins."""
-        approve_canary(self.lake.runtime, self.id)
+        approve_canary(self.lake.runtime, self.id, in_time=True)
         self.resume()
         return self.wait() if wait else self
 

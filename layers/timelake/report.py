@@ -73,6 +73,7 @@ def build_report(job: JobRecord, units: list[UnitRecord]) -> dict[str, Any]:
         "ignored_source_columns": s.get("ignored_source_columns", []),
         "error": s.get("error"),
         "canary": s.get("canary_report"),
+        "approval_deadline": _deadline(job),
         "source_limits": source_limits(job),
         "progress": progress(job, units),
     }
@@ -86,6 +87,13 @@ def source_limits(job: JobRecord) -> dict[str, Any]:
 
     spec = JobSpec.model_validate(dict(job.spec))  # a copy: validation normalizes start/end in place
     return limits(spec).to_json(job.state.get("rows_in_source"), spec.max_concurrency or os.cpu_count() or 1)
+
+
+def _deadline(job: JobRecord) -> str | None:
+    from .canary import approval_deadline
+    from .timeutil import iso_seconds
+
+    return iso_seconds(approval_deadline(job))
 
 
 def _iso(micros: int | None) -> str | None:

@@ -56,7 +56,8 @@ class JobSpec(BaseModel):
         "first day with source rows")
     approval_timeout_seconds: int = Field(
         default=7 * 24 * 3600, ge=1, le=365 * 24 * 3600,
-        description="On AWS, how long a canary waits for approve or reject before the job is aborted")
+        description="How long a canary waits for approve or reject before the job is aborted (on AWS by the "
+        "workflow; embedded, an approval after it aborts the job)")
     query: str | None = Field(default=None, description="SQL text for database sources: a SELECT for PostgreSQL "
                               "(instead of ?table=), the query of a 'duckdb:' source (--from-sql)")
     source_max_connections: int | None = Field(

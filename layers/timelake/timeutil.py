@@ -103,6 +103,11 @@ def iso(micros: int | None) -> str | None:
 TRANSFORMS = ("hour", "day", "month", "year")
 
 
+def iso_seconds(seconds: float | None) -> str | None:
+    """An epoch time in seconds (``time.time()``, as job records keep them) as ISO text."""
+    return None if seconds is None else iso(round(seconds * 1_000_000))
+
+
 def transform_values(micros: np.ndarray, transform: str) -> np.ndarray:
     """Vectorised Iceberg time transform of UTC microseconds."""
     if transform == "hour":

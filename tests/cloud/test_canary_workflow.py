@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -97,7 +98,8 @@ def test_reject_ends_in_the_abort_path_with_main_untouched(cloud: Cloud, staged_
                              env=env, timeout=120)
         assert run.returncode == 0 and "rejected: the workflow aborts the job" in run.stdout, run.stderr
     result = cloud.wait(arn)
-    assert result["status"] == "FAILED" and result["error"] == "CanaryRejected", result
+    assert result["status"] == "SUCCEEDED", result  # a decision, not a failure: no failed-executions alarm
+    assert json.loads(result["output"]) == {"error": "CanaryRejected", "cause": f"job {job_id}: the canary was rejected; aborted"}
     _assert_aborted(cloud, table, job_id, main_before)
 
 

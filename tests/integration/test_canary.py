@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from zoneinfo import ZoneInfo
@@ -136,6 +137,31 @@ def test_abort_after_the_canary_leaves_no_branch_lease_or_file(lake, scene):
     assert sort_rows(sensor.to_arrow()).equals(sort_rows(existing))
 
 
+def test_an_approval_after_the_deadline_aborts_the_job_and_leaves_nothing(lake, scene):
+    """Embedded, nothing watches the clock while the canary waits: the late approval itself aborts."""
+    sensor, existing, _, export = scene
+    main_before = sensor.refresh().iceberg.metadata.refs["main"].snapshot_id
+    job = sensor.backfill(source=f"{export}/*.parquet", map={"ts": "timestamp", "device_id": "tag_name", "value": "val"},
+                          tz="Europe/Berlin", canary=recent(6), approval_timeout_seconds=1).wait()
+    waiting = job.report()
+    since = job.record().state["awaiting_since"]
+    assert waiting["phase"] == "awaiting-approval"
+    assert datetime.fromisoformat(waiting["approval_deadline"].replace("Z", "+00:00")).timestamp() == pytest.approx(since + 1, abs=1e-3)
+    paths = [Path(p.removeprefix("file://")) for p in _unit_files(lake, job.id)]
+    assert paths and all(p.exists() for p in paths)
+    while datetime.now(timezone.utc).timestamp() <= since + 1:
+        time.sleep(0.05)
+    with pytest.raises(Aborted, match=r"approval ran out at .* \(approval_timeout_seconds=1\); the job was aborted"):
+        job.approve(wait=True)
+    record = job.record()
+    assert record.phase == "aborted" and record.state["error"].startswith("nobody approved the canary in time")
+    assert job.report()["approval_deadline"] is None
+    table = sensor.refresh().iceberg
+    assert table.metadata.refs["main"].snapshot_id == main_before and f"backfill/{job.id}" not in table.metadata.refs
+    assert lake.leases() == [] and not any(p.exists() for p in paths)
+    assert sort_rows(sensor.to_arrow()).equals(sort_rows(existing))
+
+
 def test_a_canary_day_without_rows_is_refused_and_holds_nothing(lake, scene):
     sensor, existing, _, export = scene
     with pytest.raises(Aborted, match=r"canary day 2001-01-01 has no source rows in the job \(rows from "):
@@ -150,10 +176,15 @@ def test_cli_canary_prints_the_report_and_continue_publishes(lake, scene, wareho
     sensor, existing, utc, export = scene
     args = ["backfill", "iot.sensor", "--from", f"{export}/*.parquet", "--map", "ts=timestamp,device_id=tag_name,value=val",
             "--tz", "Europe/Berlin"]
-    run = cli(*args, "--canary", recent(6), warehouse=warehouse)
+    run = cli(*args, "--canary", recent(6), "--approval-timeout", "3600", warehouse=warehouse)
     job_id = lake.jobs()[-1].id
+    record = lake.job(job_id).record()
+    assert record.spec["approval_timeout_seconds"] == 3600
     assert f"canary {recent(6)}" in run.stdout and "sample rows" in run.stdout and "whole job:" in run.stdout
     assert f"timelake backfill continue {job_id}" in run.stdout
+    deadline = lake.job(job_id).report()["approval_deadline"]
+    assert f"approve before {deadline}" in run.stdout
+    assert datetime.fromisoformat(deadline.replace("Z", "+00:00")).timestamp() == pytest.approx(record.state["awaiting_since"] + 3600, abs=1e-3)
     assert lake.job(job_id).record().phase == "awaiting-approval"
     report = json.loads(cli("backfill", "continue", job_id, "--json", warehouse=warehouse).stdout)
     assert report["phase"] == "published" and report["canary"]["day"] == recent(6)
