@@ -75,7 +75,7 @@ WORKFLOW_FUNCTIONS = tuple(name for name in FUNCTIONS if name not in ("api", "ro
 API_ROUTES: tuple[tuple[str, str], ...] = (
     ("POST", "/backfills"), ("GET", "/backfills"), ("GET", "/backfills/{id}"),
     ("GET", "/backfills/{id}/report"), ("POST", "/backfills/{id}/resume"), ("POST", "/backfills/{id}/abort"),
-    ("POST", "/backfills/{id}/approve"), ("POST", "/backfills/{id}/reject"),
+    ("POST", "/backfills/{id}/approve"), ("POST", "/backfills/{id}/reject"), ("GET", "/tables/{table}/coverage"),
 )
 GLUE_READ = ["glue:GetDatabase", "glue:GetDatabases", "glue:GetTable", "glue:GetTables"]
 GLUE_COMMIT = ["glue:UpdateTable", "glue:CreateTable"]  # CreateTable: companion tables made on first use (provenance, coverage)
@@ -268,7 +268,7 @@ class BackfillStack(Stack):
         model's required fields here; the handler validates the full model (422 on bad input)."""
         access_logs = logs.LogGroup(self, "ApiAccessLogs", retention=LOG_RETENTION, removal_policy=RemovalPolicy.DESTROY)
         api = apigw.RestApi(
-            self, "Api", rest_api_name=SERVICE, description="Start, list, inspect, resume, approve, reject and abort backfills",
+            self, "Api", rest_api_name=SERVICE, description="Start, list, inspect, resume, approve, reject and abort backfills; a table's coverage",
             endpoint_types=[apigw.EndpointType.REGIONAL], cloud_watch_role=True,
             default_method_options=apigw.MethodOptions(authorization_type=apigw.AuthorizationType.IAM),
             deploy_options=apigw.StageOptions(
@@ -283,7 +283,7 @@ class BackfillStack(Stack):
         integration = apigw.LambdaIntegration(self.functions["api"], allow_test_invoke=False)
         for method, path in API_ROUTES:
             resource = api.root.resource_for_path(path)
-            params = {f"method.request.path.{p}": True for p in ("id",) if f"{{{p}}}" in path}
+            params = {f"method.request.path.{p}": True for p in ("id", "table") if f"{{{p}}}" in path}
             body = {"application/json": job_model} if (method, path) == ("POST", "/backfills") else None
             resource.add_method(method, integration, request_validator=validator, request_parameters=params or None, request_models=body)
         return api

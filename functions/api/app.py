@@ -1,15 +1,17 @@
 """API Lambda: REST API (IAM auth) over backfill jobs, run by the Step Functions workflow."""
 
 import os
-from typing import Any
+from typing import Annotated, Any, Literal
 
 from aws_lambda_powertools import Logger, Tracer
 from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response, content_types
-from aws_lambda_powertools.event_handler.exceptions import NotFoundError
+from aws_lambda_powertools.event_handler.exceptions import BadRequestError, NotFoundError
+from aws_lambda_powertools.event_handler.openapi.params import Query
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from timelake.aws.orchestrator import StepFunctionsOrchestrator
-from timelake.errors import BackfillError, JobNotFound
+from timelake.coverage import compute as coverage_map
+from timelake.errors import BackfillError, JobNotFound, TableNotFound
 from timelake.service import lambda_runtime
 from timelake.spec import JobSpec
 
@@ -22,7 +24,8 @@ def orchestrator() -> StepFunctionsOrchestrator:
 
 
 @app.exception_handler(JobNotFound)
-def not_found(exc: JobNotFound) -> Response:
+@app.exception_handler(TableNotFound)
+def not_found(exc: BackfillError) -> Response:
     raise NotFoundError(str(exc))
 
 
@@ -73,6 +76,23 @@ def approve(job_id: str) -> Response[dict[str, Any]]:
           responses={202: {"description": "Rejected"}})
 def reject(job_id: str) -> Response[dict[str, Any]]:
     return Response(202, content_types.APPLICATION_JSON, orchestrator().reject(job_id))
+
+
+@app.get("/tables/<table>/coverage", summary="Rows, files, completeness and writer per hour, day or month of a table, "
+        "from its Iceberg metadata (no data file is read)")
+def coverage(
+    table: str,
+    start: Annotated[str | None, Query(description="Inclusive lower bound, ISO (default: the oldest row)")] = None,
+    end: Annotated[str | None, Query(description="Exclusive upper bound, ISO (default: the newest row)")] = None,
+    by: Annotated[Literal["hour", "day", "month"], Query()] = "day",
+    series: Annotated[bool, Query(description="Rows per series too (reads the series-key column)")] = False,
+) -> dict[str, Any]:
+    try:
+        return coverage_map(lambda_runtime(), table, start, end, by=by, series=series).to_dict()
+    except TableNotFound:
+        raise
+    except (ValueError, BackfillError) as exc:  # a range that is not one: unreadable, or start after end
+        raise BadRequestError(str(exc)) from exc
 
 
 @logger.inject_lambda_context

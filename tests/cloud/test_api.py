@@ -160,3 +160,31 @@ def test_abort_through_the_api_removes_the_branch_and_staged_files(api, cloud: C
     assert table.to_arrow().num_rows == 0
     code, again = api("POST", "/backfills/bf-api-abort/resume")
     assert code == 409 and "aborted" in again["message"]
+
+
+def test_coverage_of_a_table_through_the_api(api, cloud: Cloud, readings):
+    """Two days published by the workflow, a gap day between them: rows per day equal DuckDB's count
+    over the table, the writer is the job, the gap is a gap; bad requests name their problem."""
+    import duckdb
+
+    table = sensor_table(cloud.lake)
+    _upload(readings(recent(6), days=1, devices=2), "src/a.parquet")
+    _upload(readings(recent(4), days=1, devices=2), "src/b.parquet")
+    code, started = api("POST", "/backfills", {"table": "iot.sensor", "source": f"s3://{BUCKET}/src/*.parquet",
+                                               "job_id": "bf-api-cov"})
+    assert cloud.wait(started["execution_arn"])["status"] == "SUCCEEDED"
+    code, cov = api("GET", "/tables/iot.sensor/coverage", query={"start": recent(6), "end": recent(3), "by": "day"})
+    assert code == 200, cov
+    rows = table.refresh().to_arrow()  # noqa: F841 (read by DuckDB by name)
+    expected = dict(duckdb.sql("SELECT strftime(ts AT TIME ZONE 'UTC', '%Y-%m-%d'), count(*) FROM rows GROUP BY 1").fetchall())
+    by_day = {b["bucket"]: b for b in cov["buckets"]}
+    assert list(by_day) == [recent(6), recent(5), recent(4)]
+    assert {d: b["rows"] for d, b in by_day.items() if b["rows"]} == expected
+    assert by_day[recent(5)]["status"] == "gap" and by_day[recent(5)]["rows"] == 0
+    assert by_day[recent(6)]["last_writer"] == by_day[recent(4)]["last_writer"] == "bf-api-cov"
+    code, error = api("GET", "/tables/iot.nope/coverage")
+    assert code == 404 and "iot.nope" in error["message"]
+    code, error = api("GET", "/tables/iot.sensor/coverage", query={"start": recent(3), "end": recent(6)})
+    assert code == 400 and "is not before --end" in error["message"]
+    code, error = api("GET", "/tables/iot.sensor/coverage", query={"by": "week"})
+    assert code == 422 and any("by" in [str(p) for p in d["loc"]] for d in error["detail"]), error
