@@ -5,11 +5,16 @@ Not a test: it prints times and asserts nothing about speed.
 
     .venv/bin/python bench/bench_coverage.py                 # 5,000 10,000 20,000 files, 3 runs each
     .venv/bin/python bench/bench_coverage.py --files 20000 --repeat 5
+    .venv/bin/python bench/bench_coverage.py --series-days 1095    # --series over real files instead
 
 The tables are built fast by committing prebuilt DataFile entries (record counts, time bounds, day
 partition) in 10 commits, one in three a backfill publish (its snapshot summary names a job), the way
 the engine commits files it wrote. The entries point at Parquet paths that do not exist: the
 coverage map must never open a data file, so a run that tried would fail.
+
+``--series`` must read files (the series-key column of each one in range), so ``--series-days N``
+backfills N days of real data instead (100 devices hourly, one file per day) and times the map with
+and without it.
 """
 
 from __future__ import annotations
@@ -72,11 +77,45 @@ def build(root: Path, files: int) -> tuple[timelake.Lake, float]:
     return lake, time.perf_counter() - started
 
 
+def series(days: int, repeat: int) -> None:
+    """The day map with and without --series over a table of real files, one per day."""
+    root = Path(tempfile.mkdtemp(prefix="bench-coverage-series-"))
+    try:
+        lake = timelake.connect(warehouse=root)
+        table = lake.create_table("bench.sensor", schema=SCHEMA, time_column="ts", series_key=["device_id"],
+                                  partition_by="day")
+        first = (to_micros(datetime.now(timezone.utc)) // US_PER_DAY - days) * US_PER_DAY
+        hours, devices = days * 24, 100
+        ts = np.repeat(first + np.arange(hours, dtype=np.int64) * 3_600_000_000, devices)
+        names = np.tile(np.array([f"dev-{i:03d}" for i in range(devices)]), hours)
+        rows = pa.table({"ts": pa.array(ts).cast(SCHEMA.field("ts").type), "device_id": names,
+                         "value": np.random.default_rng(0).random(len(ts))}, schema=SCHEMA)
+        table.backfill(source=rows).wait()
+        timed = {}
+        for with_series in (False, True):
+            runs = []
+            for _ in range(repeat):
+                started = time.perf_counter()
+                cmap = compute(lake.runtime, "bench.sensor", by="day", series=with_series)
+                runs.append(time.perf_counter() - started)
+            timed[with_series] = min(runs)
+        files = sum(b.files for b in cmap.buckets)
+        assert files == days and all(len(b.series or {}) == devices for b in cmap.buckets if b.rows)
+        print(f"{files:,} real files: by day {timed[False]:.2f} s, with --series {timed[True]:.2f} s "
+              f"({timed[True] / files * 1000:.2f} ms per file read)")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--files", type=int, nargs="+", default=[5_000, 10_000, 20_000])
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--series-days", type=int, help="time --series over this many days of real files instead")
     args = parser.parse_args()
+    if args.series_days:
+        series(args.series_days, args.repeat)
+        return
     print(f"{'files':>7} {'build s':>8} {'by day s':>9} {'median':>7} {'by hour s':>10} {'by month s':>11} "
           f"{'buckets':>8} {'complete/partial/gap':>21}  target by day < 2 s")
     for n in args.files:
