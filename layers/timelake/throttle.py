@@ -2,9 +2,9 @@
 per second all of them together read.
 
 A migration reads from a system that is still serving (a production database, or its replica):
-the backfill must not starve it. The connection bound caps the scan fan-out (a database's reader threads
-here, the scan map's MaxConcurrency on AWS). The rate is one budget per job shared by every worker,
-wherever it runs, so it lives in the job store: each worker reserves the rows it has just read and
+the backfill must not starve it. The connection bound caps the scan fan-out (reader threads or
+processes here, the scan map's MaxConcurrency on AWS). The rate is one budget per job shared by
+every worker, wherever it runs, so it lives in the job store: each worker reserves the rows it has just read and
 sleeps until the reservation ends (a token bucket without burst, kept as the time at which the
 bucket is empty again, so one conditional write per batch is all it costs).
 """
@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from .source import Source, SourceBatch
+from .source_influx import is_influx_uri
 from .source_postgres import is_postgres
 
 # Database defaults: a couple of connections and a rate well below what one connection reads
@@ -48,8 +49,9 @@ class SourceLimits:
 
 
 def limits(spec: Any) -> SourceLimits:
-    """The job's limits; a database source gets conservative defaults, files none."""
-    database = is_postgres(spec.source)
+    """The job's limits; a database that serves others (PostgreSQL, a live InfluxDB) gets
+    conservative defaults, files none."""
+    database = is_postgres(spec.source) or is_influx_uri(spec.source)
     rate = spec.source_rows_per_second
     return SourceLimits(
         spec.source_max_connections or (DATABASE_CONNECTIONS if database else None),

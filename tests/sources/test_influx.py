@@ -90,6 +90,9 @@ def test_live_server_backfill_reads_each_day_and_equals_the_written_points(lake,
     assert sorted(pa.compute.floor_temporal(points["time"], unit="microsecond").cast(expected["ts"].type).to_pylist()) \
         == sorted(expected["ts"].to_pylist())
 
+    dry = lake.submit(JobSpec(table="iot.sensor", source=uri, map={"ts": "time"}, dry_run=True), wait=True).wait().report()
+    assert {k: dry["source_limits"][k] for k in ("max_connections", "rows_per_second")} == \
+        {"max_connections": 2, "rows_per_second": 250_000}  # a live server keeps serving: the database defaults
     report = lake.submit(spec, wait=True).wait().report()
     assert report["phase"] == "published" and report["rows_written"] == expected.num_rows
     assert _rows(lake).equals(expected)
