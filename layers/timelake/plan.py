@@ -41,9 +41,10 @@ def plan(rt: Runtime, job_id: str, source: Any = None, parallelism: int | None =
     ctx = context(spec, table, to_micros(now))
     mapper = mapper_for(ctx, src)  # a wrong map, a naive time without tz, ... fail here, before reading data
     clear_staging(rt, job_id)
-    tasks = scan_tasks(src.sizes(), spec.max_concurrency or parallelism or os.cpu_count() or 1)
+    sizes = src.sizes()
+    tasks = scan_tasks(sizes, spec.max_concurrency or parallelism or os.cpu_count() or 1)
     manifest = write_json(rt, job_id, "scan/tasks.json", [{"job_id": job_id, "piece": i} for i in range(len(tasks))])
-    rt.store.update_job(job_id, "scanning", planned_at_us=to_micros(now), scan_tasks=tasks,
+    rt.store.update_job(job_id, "scanning", planned_at_us=to_micros(now), scan_tasks=tasks, source_bytes=sum(sizes),
                         source_uri=src.uri, source_fingerprint=src.fingerprint(), source_plan=src.plan_state(),
                         columns_filled_with_null=mapper.filled_with_null,
                         ignored_source_columns=mapper.ignored_source_columns)

@@ -53,6 +53,12 @@ WAITING = {canary.AWAITING}  # the job stops here until a person approves (conti
 # here) costs more than they save. bench/bench_backfill.py, 13M rows on 2 cores: threads 0.77 s,
 # processes 0.87 s; from a PostgreSQL source, which starts no processes for its scan, 0.7 s against 1.5 s.
 IN_PROCESS_ROWS = int(os.environ.get("TIMELAKE_IN_PROCESS_ROWS", 20_000_000))
+# Below this many source bytes (as the pieces report them), scan tasks run on threads too: Arrow
+# reads Parquet and CSV and does most of the mapping outside the GIL, and starting processes was
+# half of a 13M-row scan (bench/bench_backfill.py, day-ordered: 2.2 s on processes, 1.1 s on threads).
+# Above it, processes, so that a long scan on many cores is not held back by the GIL. A PostgreSQL
+# source is always read by threads: its driver decodes outside the GIL (bench/bench_postgres.py).
+IN_PROCESS_SOURCE_BYTES = int(os.environ.get("TIMELAKE_IN_PROCESS_SOURCE_BYTES", 1 << 30))
 
 
 def run_job(
@@ -136,9 +142,8 @@ def _scan_all(rt: Runtime, job_id: str, source: Any, on_progress: Progress | Non
             scan(rt, job_id, piece, source, opened=src)
             checkpoint("scan.unit")
     else:
-        # A database is read by threads: its driver decodes outside the GIL, and starting processes
-        # took a fifth of a 10M-row migration's time (bench/bench_postgres.py: 0.67x against 0.78x of the floor).
-        _fan_out(rt, job_id, "scan", pending, workers, lambda: None, cancel, threads=is_postgres(spec.source))
+        threads = is_postgres(spec.source) or job.state.get("source_bytes", 0) < IN_PROCESS_SOURCE_BYTES
+        _fan_out(rt, job_id, "scan", pending, workers, lambda: None, cancel, threads=threads)
     rt.store.update_job(job_id, "scanned")
 
 
