@@ -89,9 +89,7 @@ def coverage(
 ) -> dict[str, Any]:
     try:
         return coverage_map(lambda_runtime(), table, start, end, by=by, series=series).to_dict()
-    except TableNotFound:
-        raise
-    except (ValueError, BackfillError) as exc:  # a range that is not one: unreadable, or start after end
+    except ValueError as exc:  # a range that is not one: unreadable, or start after end
         raise BadRequestError(str(exc)) from exc
 
 

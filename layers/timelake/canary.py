@@ -113,13 +113,13 @@ def approve(rt: Runtime, job_id: str, in_time: bool = False) -> dict[str, Any]:
         return {"job_id": job_id, "phase": job.phase, "approved": True}
     if job.phase != AWAITING:
         raise BackfillError(f"job {job_id} is {job.phase}, not {AWAITING}: there is no canary to approve")
+    spec = JobSpec.model_validate(job.spec)
     deadline = approval_deadline(job)
     if in_time and deadline is not None and time.time() > deadline:
         reject(rt, job_id, "States.Timeout")
         raise Aborted(f"job {job_id}: the canary waited since {iso_seconds(job.state['awaiting_since'])} and its "
                       f"approval ran out at {iso_seconds(deadline)} (approval_timeout_seconds="
-                      f"{JobSpec.model_validate(job.spec).approval_timeout_seconds}); the job was aborted, main is untouched")
-    spec = JobSpec.model_validate(job.spec)
+                      f"{spec.approval_timeout_seconds}); the job was aborted, main is untouched")
     table = rt.load_table(spec.table)
     branch, base = job.state["branch"], job.state.get("base_snapshot_id")
 
