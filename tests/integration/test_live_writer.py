@@ -85,6 +85,7 @@ class LiveWriter(threading.Thread):
         self.pending = list(collisions or [])
         self.collide = collide
         self.commits: list[tuple[float, pa.Table]] = []  # (time the commit returned, rows)
+        self.collided = threading.Event()  # set once a commit carrying in-range rows has returned
         self.error: BaseException | None = None
 
     def run(self) -> None:
@@ -96,11 +97,14 @@ class LiveWriter(threading.Thread):
                 batch = table_of([ts] * DEVICES, [f"dev-{i}" for i in range(DEVICES)],
                                  [-(tick * 10 + i) - 1.0 for i in range(DEVICES)])
                 with self.gate:
-                    if self.collide is not None and self.pending and self.collide():
+                    hit = self.collide is not None and bool(self.pending) and self.collide()
+                    if hit:
                         hits, self.pending = self.pending[:DAYS], self.pending[DAYS:]
                         batch = pa.concat_tables([batch, table_of([k[1] for k in hits], [k[0] for k in hits],
                                                                    [-1e6 - tick * 10 - j for j in range(len(hits))])])
                     table.append(batch)
+                    if hit:
+                        self.collided.set()
                 self.commits.append((time.monotonic(), batch))
                 tick += 1
         except BaseException as exc:  # surfaced by the test
@@ -180,6 +184,10 @@ def _run_with_live_traffic(live: Live, publish_by: str | None, collide: bool) ->
     writer = LiveWriter(live.warehouse, live.stop, collisions, after_plan if collide else None)
 
     def gated_validate(*args: object, **kwargs: object) -> object:
+        if collide:
+            # the job alone may outrun the live writer's next tick: hold validation until at least one
+            # colliding commit has landed after the plan, so the premise never depends on timing
+            writer.collided.wait(30)
         with writer.gate:  # waits for a live commit in flight; none collides after this
             validating.set()
         return validate(*args, **kwargs)
