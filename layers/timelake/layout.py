@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -133,6 +133,41 @@ def read_range(
     return scan.to_arrow()
 
 
+class SnapshotRange:
+    """One snapshot's rows in [start, end), planned once and then read piece by piece.
+
+    Validation compares each staged file with main's rows in that file's partition. Planning once and
+    reading only the data files whose time bounds meet a piece keeps one partition of main in memory
+    per reader, where reading the job's whole range at once held all of it.
+    """
+
+    def __init__(self, table: "IcebergTable", column: str, start_us: int | None, end_us: int | None,
+                 columns: tuple[str, ...], snapshot_id: int | None = None) -> None:
+        self._column = column
+        self._scan = table.scan(row_filter=time_filter(column, start_us, end_us), selected_fields=columns,
+                                snapshot_id=snapshot_id)
+        field = table.schema().find_field(column)
+        self._tasks = [(*_file_bounds(task.file, field), task) for task in self._scan.plan_files()]
+
+    def read(self, start_us: int, end_us: int) -> pa.Table:
+        """The snapshot's rows in [start, end), which must lie inside the planned range."""
+        from pyiceberg.expressions import And
+        from pyiceberg.io.pyarrow import ArrowScan
+
+        tasks = [task for lo, hi, task in self._tasks if lo is None or hi is None or (lo < end_us and hi >= start_us)]
+        scan = self._scan
+        return ArrowScan(scan.table_metadata, scan.io, scan.projection(),
+                         And(scan.row_filter, time_filter(self._column, start_us, end_us)), scan.case_sensitive).to_table(tasks)
+
+
+def _file_bounds(file: Any, field: Any) -> tuple[int | None, int | None]:
+    """A data file's lower and upper time bound (inclusive, UTC µs) from its manifest entry; None if unknown."""
+    from pyiceberg.conversions import from_bytes
+
+    lo, hi = (file.lower_bounds or {}).get(field.field_id), (file.upper_bounds or {}).get(field.field_id)
+    return (None if lo is None else from_bytes(field.field_type, lo), None if hi is None else from_bytes(field.field_type, hi))
+
+
 def fresh_schema(schema: pa.Schema) -> "Schema":
     """An Iceberg schema for an Arrow schema of our own making (rollups, events), with fresh field ids."""
     from pyiceberg.io.pyarrow import _ConvertToIcebergWithoutIDs, visit_pyarrow
@@ -143,13 +178,11 @@ def fresh_schema(schema: pa.Schema) -> "Schema":
 
 def time_bounds(table: "IcebergTable", column: str) -> tuple[int, int] | None:
     """Oldest and newest time on main (UTC µs) from the data files' column bounds: no data is read."""
-    from pyiceberg.conversions import from_bytes
-
     field = table.schema().find_field(column)
     lows, highs = [], []
     for task in table.scan().plan_files():
-        lo, hi = (task.file.lower_bounds or {}).get(field.field_id), (task.file.upper_bounds or {}).get(field.field_id)
+        lo, hi = _file_bounds(task.file, field)
         if lo is not None and hi is not None:
-            lows.append(from_bytes(field.field_type, lo))
-            highs.append(from_bytes(field.field_type, hi))
+            lows.append(lo)
+            highs.append(hi)
     return (min(lows), max(highs)) if lows else None

@@ -26,7 +26,7 @@ from pyiceberg.manifest import DataFile
 from .commit import added_files
 from .contract import Contract
 from .errors import ValidationFailed
-from .layout import PartitionKey, read_range
+from .layout import PartitionKey, SnapshotRange
 from .write import existing_mask, sort_key_codes
 from .runtime import Runtime, filesystem
 from .spec import JobSpec
@@ -192,14 +192,15 @@ class _FileFacts:
 
 def _scan_files(table: Any, contract: Contract, staged: list[DataFile], mode: str, state: dict[str, Any]) -> list[_FileFacts]:
     keys = list(contract.dedup_key)
-    mains: dict[str, pa.Table] = {}
+    mains: dict[str, SnapshotRange] = {}
     if mode != "replace" and staged:
         base, current = state.get("base_snapshot_id"), table.current_snapshot()
-        mains["base"] = read_range(table, contract.time_column, state["range_start"], state["range_end"], contract.dedup_key,
-                                   snapshot_id=base)
+        snapshots = {"base": base}
         if mode == "merge" and current is not None and current.snapshot_id != base:
-            mains["live"] = read_range(table, contract.time_column, state["range_start"], state["range_end"],
-                                       contract.dedup_key, snapshot_id=current.snapshot_id)
+            snapshots["live"] = current.snapshot_id
+        for name, snapshot_id in snapshots.items():
+            mains[name] = SnapshotRange(table, contract.time_column, state["range_start"], state["range_end"],
+                                        contract.dedup_key, snapshot_id=snapshot_id)
     transforms = {t.spec_id: t.transform for t in contract.tiers}
     columns = keys + ([state["check_column"]] if state.get("check_column") and state["check_column"] not in keys else [])
 
@@ -208,13 +209,13 @@ def _scan_files(table: Any, contract: Contract, staged: list[DataFile], mode: st
         with fs.open_input_file(path) as handle:
             rows = pq.read_table(handle, columns=columns)
         lo, hi = PartitionKey(f.spec_id, transforms[f.spec_id], f.partition[0]).range
-        unsorted_at, dup_mask = _order(sort_key_codes(rows, contract))
+        codes = sort_key_codes(rows, contract)
+        unsorted_at, dup_mask = _order(codes.columns)
         dups = rows.filter(pa.array(dup_mask)) if dup_mask.any() else rows.slice(0, 0)
         overlap, samples = {}, {}
         for name, main in mains.items():
-            ts = pc.cast(main.column(contract.time_column), pa.int64())
-            near = main.filter(pc.and_(pc.greater_equal(ts, lo), pc.less(ts, hi)))
-            hits = rows.select(keys).filter(pa.array(existing_mask(rows, near, contract))) if near.num_rows \
+            near = main.read(lo, hi)
+            hits = rows.select(keys).filter(pa.array(existing_mask(rows, near, contract, codes))) if near.num_rows \
                 else rows.slice(0, 0).select(keys)
             overlap[name], samples[name] = hits.num_rows, [_fmt_row(r) for r in hits.slice(0, SAMPLES).to_pylist()]
         check = state.get("check_column")

@@ -8,6 +8,7 @@ on main are dropped and counted.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -48,11 +49,11 @@ def _write_unit(rt: Runtime, job_id: str, unit_id: str) -> dict[str, Any]:
     target = table.schema().as_arrow()
     rows = _read_slice(unit, contract, target)
     rows_in = rows.num_rows
-    rows, dup_sum, duplicates = _sort_and_dedup(rows, contract)
+    rows, dup_sum, duplicates, codes = _sort_and_dedup(rows, contract)
     conflicts, conflict_sum = 0, 0.0
     if spec.mode == "merge" and rows.num_rows and table.current_snapshot() is not None:
         existing = read_range(table, contract.time_column, unit.info["start"], unit.info["end"], contract.dedup_key)
-        rows, conflicts, conflict_sum = drop_existing(rows, existing, contract)
+        rows, conflicts, conflict_sum = drop_existing(rows, existing, contract, codes)
     result: dict[str, Any] = {
         "rows_in": rows_in, "rows_written": rows.num_rows, "rows_duplicate_in_source": duplicates,
         "rows_conflicting_existing": conflicts, "duplicate_sum": dup_sum, "conflict_sum": conflict_sum,
@@ -89,76 +90,105 @@ def sort_keys(contract: Contract) -> list[tuple[str, str]]:
     return [(c, "ascending") for c in names]
 
 
-def _sort_and_dedup(rows: pa.Table, contract: Contract) -> tuple[pa.Table, float, int]:
-    """Sort (stable) and keep the LAST source row of each dedup key: later rows in an export are corrections."""
-    if rows.num_rows == 0:
-        return rows, 0.0, 0
+def _sort_and_dedup(rows: pa.Table, contract: Contract) -> tuple[pa.Table, float, int, KeyCodes]:
+    """Sort (stable) and keep the LAST source row of each dedup key: later rows in an export are corrections.
+    Also returns the kept rows' sort codes, which merge mode reuses to find the keys already on main."""
     keys = sort_key_codes(rows, contract)
-    order = np.lexsort(keys[::-1])  # stable; the first key is the primary one
+    if rows.num_rows == 0:
+        return rows, 0.0, 0, keys
+    order = np.lexsort(keys.columns[::-1])  # stable; the first key is the primary one
     same_as_next = np.ones(rows.num_rows - 1, dtype=bool)
-    for codes in keys:
-        ordered = codes[order]
-        same_as_next &= ordered[:-1] == ordered[1:]
+    ordered = []
+    for codes in keys.columns:
+        ordered.append(codes[order])
+        same_as_next &= ordered[-1][:-1] == ordered[-1][1:]
     rows = rows.take(pa.array(order))
     duplicates = int(same_as_next.sum())
     if not duplicates:
-        return rows, 0.0, 0
+        return rows, 0.0, 0, KeyCodes(ordered, keys.distinct)
     drop = np.append(same_as_next, False)
     dup_sum = _sum(rows.filter(pa.array(drop)), contract)
-    return rows.filter(pa.array(~drop)), dup_sum, duplicates
+    return rows.filter(pa.array(~drop)), dup_sum, duplicates, KeyCodes([c[~drop] for c in ordered], keys.distinct)
 
 
-def sort_key_codes(rows: pa.Table, contract: Contract) -> list[np.ndarray]:
+@dataclass(frozen=True)
+class KeyCodes:
+    """Rows' sort-order columns as integer arrays that order like the values (see ``sort_key_codes``).
+
+    A string column is each row's rank among ``distinct[name]``, its sorted distinct values.
+    """
+
+    columns: list[np.ndarray]
+    distinct: dict[str, pa.Array]
+
+
+def sort_key_codes(rows: pa.Table, contract: Contract) -> KeyCodes:
     """The sort-order columns as integer arrays that order like the values.
 
     Strings become their rank among the distinct values (a few hundred devices, not millions of rows),
     so the sort compares integers: several times faster than sorting strings row by row.
     """
-    codes = []
+    codes, distinct = [], {}
     for name, _ in sort_keys(contract):
         column = rows.column(name)
         if pa.types.is_string(column.type) or pa.types.is_large_string(column.type) or pa.types.is_binary(column.type):
-            distinct = pc.unique(column).sort()
-            column = pc.index_in(column, value_set=distinct)
+            distinct[name] = pc.unique(column).sort()
+            column = pc.index_in(column, value_set=distinct[name])
         elif pa.types.is_timestamp(column.type) or pa.types.is_date(column.type):
             column = pc.cast(column, pa.int64())
-        codes.append(column.to_numpy(zero_copy_only=False) if isinstance(column, pa.Array) else column.combine_chunks().to_numpy(zero_copy_only=False))
-    return codes
+        codes.append(_numpy(column))
+    return KeyCodes(codes, distinct)
 
 
-def drop_existing(rows: pa.Table, existing: pa.Table, contract: Contract) -> tuple[pa.Table, int, float]:
+def _numpy(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    return column.to_numpy(zero_copy_only=False) if isinstance(column, pa.Array) else column.combine_chunks().to_numpy(zero_copy_only=False)
+
+
+def drop_existing(rows: pa.Table, existing: pa.Table, contract: Contract, codes: KeyCodes | None = None) -> tuple[pa.Table, int, float]:
     """Merge mode: existing rows win. Returns the rows left, how many were dropped and their check sum."""
     if rows.num_rows == 0 or existing.num_rows == 0:
         return rows, 0, 0.0
-    mask = existing_mask(rows, existing, contract)
+    mask = existing_mask(rows, existing, contract, codes)
     if not mask.any():
         return rows, 0, 0.0
     conflict_sum = _sum(rows.filter(pa.array(mask)), contract)
     return rows.filter(pa.array(~mask)), int(mask.sum()), conflict_sum
 
 
-def existing_mask(rows: pa.Table, existing: pa.Table, contract: Contract) -> np.ndarray:
-    """Which of ``rows`` have a key in ``existing``.
+def existing_mask(rows: pa.Table, existing: pa.Table, contract: Contract, codes: KeyCodes | None = None) -> np.ndarray:
+    """Which of ``rows`` have a key in ``existing``; ``codes`` are the rows' ``sort_key_codes`` if known.
 
     For the usual key (one series column + time) both sides become one int64 per row (the series'
-    rank among this unit's series, then microseconds) and a binary search over the sorted existing
-    keys answers the membership. Other keys take Arrow's join.
+    rank among the rows' sorted series, then microseconds). Rows in the table's sort order (as units
+    and staged files are) then pack to an ascending array, and a binary search of each existing key
+    among them answers the membership; otherwise each row is looked up among the sorted existing
+    keys. Other keys take Arrow's join.
     """
     keys = list(contract.dedup_key)
     if len(contract.series_key) == 1 and keys == [contract.series_key[0], contract.time_column]:
         series, time_column = contract.series_key[0], contract.time_column
-        distinct = pc.unique(rows.column(series))
-        codes = [pc.index_in(rows.column(series), value_set=distinct),
-                 pc.index_in(existing.column(series), value_set=distinct.cast(existing.schema.field(series).type))]
-        times = [pc.cast(t.column(time_column), pa.int64()).to_numpy(zero_copy_only=False) for t in (rows, existing)]
-        base = min(int(t.min()) for t in times)
-        time_bits = max(max(int(t.max()) for t in times) - base, 1).bit_length()
+        codes = codes if codes is not None and series in codes.distinct else None
+        if codes is None:
+            distinct = pc.unique(rows.column(series)).sort()
+            ranks = _numpy(pc.fill_null(pc.index_in(rows.column(series), value_set=distinct), len(distinct)))
+            mine_times = pc.cast(rows.column(time_column), pa.int64()).to_numpy(zero_copy_only=False)
+        else:
+            distinct, ranks, mine_times = codes.distinct[series], codes.columns[0], codes.columns[1]
+        theirs_ranks = _numpy(pc.fill_null(pc.index_in(existing.column(series), value_set=distinct.cast(existing.schema.field(series).type)),
+                                          len(distinct)))  # a series the rows lack gets a rank no row has
+        theirs_times = pc.cast(existing.column(time_column), pa.int64()).to_numpy(zero_copy_only=False)
+        base = min(int(mine_times.min()), int(theirs_times.min()))
+        time_bits = max(max(int(mine_times.max()), int(theirs_times.max())) - base, 1).bit_length()
         if time_bits + len(distinct).bit_length() + 1 <= 63:
-            mine, theirs = (
-                (pc.fill_null(c, len(distinct)).to_numpy(zero_copy_only=False).astype(np.int64) << time_bits) | (t - base)
-                for c, t in zip(codes, times)
-            )  # a series unknown to this unit gets a code no row has
-            theirs = np.sort(theirs)
+            mine = (ranks.astype(np.int64) << time_bits) | (mine_times - base)
+            theirs = (theirs_ranks.astype(np.int64) << time_bits) | (theirs_times - base)
+            if not bool(np.all(theirs[1:] >= theirs[:-1])):
+                theirs = np.sort(theirs)
+            if bool(np.all(mine[1:] > mine[:-1])):
+                at = np.minimum(np.searchsorted(mine, theirs), len(mine) - 1)
+                mask = np.zeros(len(mine), dtype=bool)
+                mask[at[mine[at] == theirs]] = True
+                return mask
             at = np.minimum(np.searchsorted(theirs, mine), len(theirs) - 1)
             return theirs[at] == mine
     left = rows.select(keys).append_column("__row", pa.array(np.arange(rows.num_rows)))

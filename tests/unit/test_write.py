@@ -7,7 +7,7 @@ import pyarrow as pa
 import pytest
 
 from timelake.contract import Contract
-from timelake.write import _sort_and_dedup, drop_existing
+from timelake.write import _sort_and_dedup, drop_existing, existing_mask
 
 from tests.conftest import make_readings
 
@@ -47,8 +47,34 @@ def test_sort_and_dedup_keeps_the_last_row_of_each_key():
     rows = make_readings("2026-01-01", days=0.1, devices=3, step_minutes=5)
     shuffled = rows.take(pa.array(np.random.default_rng(2).permutation(rows.num_rows)))
     corrections = rows.slice(0, 4).set_column(2, "value", pa.array([-1.0, -2.0, -3.0, -4.0]))
-    out, dup_sum, duplicates = _sort_and_dedup(pa.concat_tables([shuffled, corrections]), _contract())
+    out, dup_sum, duplicates, _ = _sort_and_dedup(pa.concat_tables([shuffled, corrections]), _contract())
     assert duplicates == 4 and out.num_rows == rows.num_rows
     assert out.equals(out.sort_by([("device_id", "ascending"), ("ts", "ascending")]))
     assert sorted(out.column("value").to_pylist()[:2]) == [-2.0, -1.0]
     assert dup_sum == pytest.approx(sum(rows.slice(0, 4).column("value").to_pylist()))
+
+
+@pytest.mark.parametrize("rows_order", ["table_order", "shuffled", "with_repeats"])
+@pytest.mark.parametrize("existing_order", ["sorted", "shuffled"])
+@pytest.mark.parametrize("with_codes", [True, False], ids=["codes", "no_codes"])
+def test_existing_mask_equals_a_set_reference_for_any_row_order(rows_order, existing_order, with_codes):
+    """Rows in the table's sort order take the lookup of existing keys among the rows; shuffled rows, or
+    rows that repeat a key, take the lookup among the existing keys. Both must give the reference."""
+    rng = np.random.default_rng(3)
+    rows = make_readings("2026-01-01", days=0.5, devices=6, step_minutes=10)
+    sorted_rows, _, _, codes = _sort_and_dedup(rows, _contract())
+    existing = make_readings("2026-01-01", days=0.5, devices=9, step_minutes=5).select(["device_id", "ts"])
+    existing = existing.take(pa.array(np.sort(rng.choice(existing.num_rows, 300, replace=False))))
+    if existing_order == "shuffled":
+        existing = existing.take(pa.array(rng.permutation(existing.num_rows)))
+    if rows_order == "table_order":
+        probe = sorted_rows
+    elif rows_order == "shuffled":
+        probe, codes = sorted_rows.take(pa.array(rng.permutation(sorted_rows.num_rows))), None
+    else:
+        repeated = np.sort(np.concatenate([np.arange(sorted_rows.num_rows), rng.choice(sorted_rows.num_rows, 40)]))
+        probe, codes = sorted_rows.take(pa.array(repeated)), None  # still in order, but keys repeat
+    mask = existing_mask(probe, existing, _contract(), codes if with_codes else None)
+    expected = _reference_mask(probe, existing, ["device_id", "ts"])
+    assert expected.sum() > 20 and (~expected).sum() > 20
+    assert mask.tolist() == expected.tolist()
