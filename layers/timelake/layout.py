@@ -5,6 +5,7 @@ Plan, write and validate all cut rows the same way, so the cut lives here once.
 
 from __future__ import annotations
 
+import threading
 import zlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -158,6 +159,32 @@ class SnapshotRange:
         scan = self._scan
         return ArrowScan(scan.table_metadata, scan.io, scan.projection(),
                          And(scan.row_filter, time_filter(self._column, start_us, end_us)), scan.case_sensitive).to_table(tasks)
+
+
+class MainReader:
+    """Main's rows for the units that one process writes in merge mode: main is planned once per
+    snapshot over the job's range, then read unit by unit.
+
+    Planning is pyiceberg Python that holds the GIL (about 7 ms a unit on a small table, more with many
+    manifests), so writer threads planning a unit each slowed one another; one plan serves them all
+    until a live commit moves main. A writer on its own (a Lambda, a pool process) plans its unit only.
+    """
+
+    def __init__(self, column: str, start_us: int, end_us: int, columns: tuple[str, ...]) -> None:
+        self._range = (column, start_us, end_us, columns)
+        self._plan: tuple[int, SnapshotRange] | None = None
+        self._lock = threading.Lock()
+
+    def read(self, table: "IcebergTable", start_us: int, end_us: int) -> pa.Table:
+        snapshot = table.current_snapshot()
+        if snapshot is None:
+            return read_range(table, self._range[0], start_us, end_us, self._range[3])
+        with self._lock:
+            if self._plan is None or self._plan[0] != snapshot.snapshot_id:
+                column, lo, hi, columns = self._range
+                self._plan = (snapshot.snapshot_id, SnapshotRange(table, column, lo, hi, columns, snapshot.snapshot_id))
+            plan = self._plan[1]
+        return plan.read(start_us, end_us)
 
 
 def _file_bounds(file: Any, field: Any) -> tuple[int | None, int | None]:

@@ -19,8 +19,10 @@ from typing import Any
 
 from . import canary
 from .abort import abort
+from .contract import Contract
 from .errors import Aborted, BackfillError, Interrupted
 from .faults import checkpoint
+from .layout import MainReader
 from .plan import cut, pending_pieces, plan, scan
 from .scan import open_job_source
 from .source_postgres import is_postgres
@@ -160,15 +162,19 @@ def _write_all(
     workers = min(spec.max_concurrency or os.cpu_count() or 1, len(pending)) if pending else 0
     tick = _Ticker(rt, job_id, on_progress)
     tick()
+    main = None
+    if spec.mode == "merge" and pending:
+        contract = Contract.from_table(rt.load_table(spec.table))
+        main = MainReader(contract.time_column, job.state["range_start"], job.state["range_end"], contract.dedup_key)
     if workers <= 1:
         for unit_id in pending:
             _check(cancel, job_id, "while writing", rt)
-            write_unit(rt, job_id, unit_id)
+            write_unit(rt, job_id, unit_id, main)
             tick()
             checkpoint("write.unit")
     else:
         threads = job.state.get("rows_in_scope", 0) < IN_PROCESS_ROWS
-        _fan_out(rt, job_id, "write", pending, workers, tick, cancel, threads=threads)
+        _fan_out(rt, job_id, "write", pending, workers, tick, cancel, threads=threads, main=main)
     if only is None:
         rt.store.update_job(job_id, "written", write_finished_at=time.time())
 
@@ -183,10 +189,10 @@ def _check(cancel: threading.Event | None, job_id: str, doing: str, rt: Runtime 
 
 def _fan_out(
     rt: Runtime, job_id: str, step: str, items: list[Any], workers: int, tick: Callable[[], None],
-    cancel: threading.Event | None, threads: bool = False,
+    cancel: threading.Event | None, threads: bool = False, main: MainReader | None = None,
 ) -> None:
-    """Run ``step`` (scan or write) over ``items`` on a pool of processes, or of ``threads``,
-    recording progress as items finish."""
+    """Run ``step`` (scan or write) over ``items`` on a pool of processes, or of ``threads`` (which
+    share ``main``, merge mode's reader of main), recording progress as items finish."""
     config = rt.config.model_dump()
     if threads:
         pool: Executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"timelake-{step}")
@@ -201,7 +207,8 @@ def _fan_out(
             while queue or running:
                 while queue and len(running) < workers * 2:
                     item = queue.pop()
-                    future = (pool.submit(scan if step == "scan" else write_unit, rt, job_id, item) if threads
+                    future = (pool.submit(scan, rt, job_id, item) if threads and step == "scan"
+                              else pool.submit(write_unit, rt, job_id, item, main) if threads
                               else pool.submit(_in_worker, config, step, job_id, item))
                     running[future] = item
                 done, _ = wait(running, timeout=0.5, return_when=FIRST_COMPLETED)

@@ -19,7 +19,7 @@ from pyiceberg.typedef import Record
 
 from . import failures
 from .contract import Contract
-from .layout import read_range
+from .layout import MainReader, read_range
 from .scan import series_bucket
 from .runtime import Runtime, filesystem
 from .spec import JobSpec
@@ -28,16 +28,17 @@ from .store import UnitRecord
 ROW_GROUP_ROWS = 1 << 20
 
 
-def write_unit(rt: Runtime, job_id: str, unit_id: str) -> dict[str, Any]:
-    """Write step. Input: job id and unit id. Output: the unit's counts (also recorded in the store)."""
+def write_unit(rt: Runtime, job_id: str, unit_id: str, main: MainReader | None = None) -> dict[str, Any]:
+    """Write step. Input: job id and unit id. Output: the unit's counts (also recorded in the store).
+    ``main`` is shared by the writers of one process so that merge mode plans main once."""
     try:
-        return _write_unit(rt, job_id, unit_id)
+        return _write_unit(rt, job_id, unit_id, main)
     except Exception as exc:
         failures.note(rt, job_id, unit_id, exc)
         raise
 
 
-def _write_unit(rt: Runtime, job_id: str, unit_id: str) -> dict[str, Any]:
+def _write_unit(rt: Runtime, job_id: str, unit_id: str, main: MainReader | None) -> dict[str, Any]:
     job = rt.store.get_job(job_id)
     unit = rt.store.unit(job_id, unit_id)
     if unit.status == "done":
@@ -52,7 +53,8 @@ def _write_unit(rt: Runtime, job_id: str, unit_id: str) -> dict[str, Any]:
     rows, dup_sum, duplicates, codes = _sort_and_dedup(rows, contract)
     conflicts, conflict_sum = 0, 0.0
     if spec.mode == "merge" and rows.num_rows and table.current_snapshot() is not None:
-        existing = read_range(table, contract.time_column, unit.info["start"], unit.info["end"], contract.dedup_key)
+        existing = (main.read(table, unit.info["start"], unit.info["end"]) if main is not None else
+                    read_range(table, contract.time_column, unit.info["start"], unit.info["end"], contract.dedup_key))
         rows, conflicts, conflict_sum = drop_existing(rows, existing, contract, codes)
     result: dict[str, Any] = {
         "rows_in": rows_in, "rows_written": rows.num_rows, "rows_duplicate_in_source": duplicates,

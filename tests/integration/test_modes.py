@@ -158,3 +158,41 @@ def test_large_partitions_split_into_series_slices_of_target_size(lake, readings
         devices_per_file.append(set(pq.read_table(path.removeprefix("file://"), columns=["device_id"]).column(0).to_pylist()))
     assert sum(len(d) for d in devices_per_file) == 12  # each series lives in exactly one file of the partition
     assert sort_rows(table.to_arrow()).equals(sort_rows(source))
+
+
+@pytest.mark.parametrize("max_concurrency", [1, 2], ids=["inline", "threads"])
+def test_merge_units_see_a_live_commit_made_while_the_job_writes(sensor, readings, monkeypatch, max_concurrency):
+    """The writers of one process share one plan of main; a live commit between units moves main, and
+    the units written after it must drop the live keys themselves (not leave them to publish)."""
+    import threading
+    from datetime import datetime, timezone
+
+    import timelake.runner as runner
+
+    existing = readings(recent(10), days=1, devices=3, seed=1)
+    sensor.append(existing)
+    source = readings(recent(10), days=4, devices=3, seed=2)
+    last_day = datetime.fromisoformat(recent(7)).replace(tzinfo=timezone.utc)
+    live = source.filter(pc.greater_equal(source.column("ts"), pa.scalar(last_day, pa.timestamp("us", tz="UTC")))).slice(0, 12)
+    live = live.set_column(2, "value", pa.array([-1.0] * 12))
+    first, committed, gate, real_write = [], threading.Event(), threading.Lock(), runner.write_unit
+
+    def write_then_commit(rt, job_id, unit_id, *args):
+        with gate:
+            is_first = not first
+            first.append(unit_id)
+        if is_first:  # the first unit writes, then live ingestion commits; every other unit waits for it
+            result = real_write(rt, job_id, unit_id, *args)
+            sensor.append(live)
+            committed.set()
+            return result
+        assert committed.wait(30)
+        return real_write(rt, job_id, unit_id, *args)
+    monkeypatch.setattr(runner, "write_unit", write_then_commit)
+    job = sensor.backfill(source=source, mode="merge", max_concurrency=max_concurrency).wait()
+    report = job.report()
+    last = max(sensor.lake.runtime.store.units(job.id), key=lambda u: u.info["start"])
+    assert first[0] != last.unit_id
+    assert last.result["rows_conflicting_existing"] == 12
+    assert report["rows_conflicting_at_publish"] == 0
+    assert sort_rows(sensor.to_arrow()).equals(reference_merge(pa.concat_tables([existing, live]), source))
