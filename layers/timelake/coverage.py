@@ -37,6 +37,7 @@ from pyiceberg.table import Table as IcebergTable
 
 from .commit import JOB_PROPERTY, STEP_PROPERTY
 from .contract import TRANSFORM_CLASSES, Contract, _spec_transform
+from .layout import file_bounds
 from .runtime import Runtime, filesystem
 from .timeutil import US_PER_DAY, US_PER_HOUR, floor_to, iso, next_boundary, parse_duration, parse_instant, to_micros, transform_range
 
@@ -185,10 +186,8 @@ def file_stats(rt: Runtime, table: IcebergTable, contract: Contract, lo: int | N
             f = entry.data_file
             if f.content != DataFileContent.DATA or not f.record_count:
                 continue
-            lower, upper = (f.lower_bounds or {}).get(time_field.field_id), (f.upper_bounds or {}).get(time_field.field_id)
-            if lower is not None and upper is not None:
-                a, b = from_bytes(time_field.field_type, lower), from_bytes(time_field.field_type, upper)
-            else:
+            a, b = file_bounds(f, time_field)
+            if a is None or b is None:
                 a, b = transform_range(transform, f.partition[index])
                 b -= 1
             if (lo is not None and b < lo) or (hi is not None and a >= hi):

@@ -148,7 +148,7 @@ class SnapshotRange:
         self._scan = table.scan(row_filter=time_filter(column, start_us, end_us), selected_fields=columns,
                                 snapshot_id=snapshot_id)
         field = table.schema().find_field(column)
-        self._tasks = [(*_file_bounds(task.file, field), task) for task in self._scan.plan_files()]
+        self._tasks = [(*file_bounds(task.file, field), task) for task in self._scan.plan_files()]
 
     def read(self, start_us: int, end_us: int) -> pa.Table:
         """The snapshot's rows in [start, end), which must lie inside the planned range."""
@@ -187,7 +187,7 @@ class MainReader:
         return plan.read(start_us, end_us)
 
 
-def _file_bounds(file: Any, field: Any) -> tuple[int | None, int | None]:
+def file_bounds(file: Any, field: Any) -> tuple[int | None, int | None]:
     """A data file's lower and upper time bound (inclusive, UTC µs) from its manifest entry; None if unknown."""
     from pyiceberg.conversions import from_bytes
 
@@ -208,7 +208,7 @@ def time_bounds(table: "IcebergTable", column: str) -> tuple[int, int] | None:
     field = table.schema().find_field(column)
     lows, highs = [], []
     for task in table.scan().plan_files():
-        lo, hi = _file_bounds(task.file, field)
+        lo, hi = file_bounds(task.file, field)
         if lo is not None and hi is not None:
             lows.append(lo)
             highs.append(hi)

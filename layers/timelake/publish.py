@@ -24,7 +24,7 @@ from .contract import Contract
 from .errors import BackfillError
 from .events import BACKFILL_PUBLISHED
 from .faults import checkpoint
-from .layout import PartitionKey, micros, time_filter
+from .layout import PartitionKey, file_bounds, micros, time_filter
 from .runtime import Runtime, filesystem
 from .spec import JobSpec
 from .timeutil import floor_to, iso, next_boundary
@@ -210,13 +210,8 @@ def _drop_late_conflicts(
 
 def _overlaps(table: IcebergTable, contract: Contract, f: DataFile, chunk: Chunk) -> bool:
     """From the manifest's column bounds: can this file hold rows in the chunk's range?"""
-    from pyiceberg.conversions import from_bytes
-
-    column = table.schema().find_field(contract.time_column)
-    lo, hi = (f.lower_bounds or {}).get(column.field_id), (f.upper_bounds or {}).get(column.field_id)
-    if lo is None or hi is None:
-        return True
-    return from_bytes(column.field_type, lo) < chunk.end and from_bytes(column.field_type, hi) >= chunk.start
+    lo, hi = file_bounds(f, table.schema().find_field(contract.time_column))
+    return lo is None or hi is None or (lo < chunk.end and hi >= chunk.start)
 
 
 def _drop_spill(rt: Runtime, job_id: str) -> None:

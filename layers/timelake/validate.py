@@ -195,7 +195,7 @@ def _scan_files(table: Any, contract: Contract, staged: list[DataFile], mode: st
     mains: dict[str, SnapshotRange] = {}
     if mode != "replace" and staged:
         base, current = state.get("base_snapshot_id"), table.current_snapshot()
-        snapshots = {"base": base}
+        snapshots = {"base": base} if base is not None else {}  # main was empty at the plan: nothing to overlap
         if mode == "merge" and current is not None and current.snapshot_id != base:
             snapshots["live"] = current.snapshot_id
         for name, snapshot_id in snapshots.items():

@@ -160,28 +160,20 @@ def test_large_partitions_split_into_series_slices_of_target_size(lake, readings
     assert sort_rows(table.to_arrow()).equals(sort_rows(source))
 
 
-@pytest.mark.parametrize("max_concurrency", [1, 2], ids=["inline", "threads"])
-def test_merge_units_see_a_live_commit_made_while_the_job_writes(sensor, readings, monkeypatch, max_concurrency):
-    """The writers of one process share one plan of main; a live commit between units moves main, and
-    the units written after it must drop the live keys themselves (not leave them to publish)."""
+def _commit_after_the_first_unit(monkeypatch, sensor, live: pa.Table) -> list[str]:
+    """Live ingestion commits ``live`` right after the job's first unit is written; every other unit
+    waits for that commit. Returns the ids of the units in the order they started."""
     import threading
-    from datetime import datetime, timezone
 
     import timelake.runner as runner
 
-    existing = readings(recent(10), days=1, devices=3, seed=1)
-    sensor.append(existing)
-    source = readings(recent(10), days=4, devices=3, seed=2)
-    last_day = datetime.fromisoformat(recent(7)).replace(tzinfo=timezone.utc)
-    live = source.filter(pc.greater_equal(source.column("ts"), pa.scalar(last_day, pa.timestamp("us", tz="UTC")))).slice(0, 12)
-    live = live.set_column(2, "value", pa.array([-1.0] * 12))
-    first, committed, gate, real_write = [], threading.Event(), threading.Lock(), runner.write_unit
+    started, committed, gate, real_write = [], threading.Event(), threading.Lock(), runner.write_unit
 
     def write_then_commit(rt, job_id, unit_id, *args):
         with gate:
-            is_first = not first
-            first.append(unit_id)
-        if is_first:  # the first unit writes, then live ingestion commits; every other unit waits for it
+            is_first = not started
+            started.append(unit_id)
+        if is_first:
             result = real_write(rt, job_id, unit_id, *args)
             sensor.append(live)
             committed.set()
@@ -189,10 +181,49 @@ def test_merge_units_see_a_live_commit_made_while_the_job_writes(sensor, reading
         assert committed.wait(30)
         return real_write(rt, job_id, unit_id, *args)
     monkeypatch.setattr(runner, "write_unit", write_then_commit)
+    return started
+
+
+def _live_rows(source: pa.Table, day: str, rows: int = 12) -> pa.Table:
+    """``rows`` of the source's keys from ``day`` on, with values no source row has."""
+    from datetime import datetime, timezone
+
+    since = pa.scalar(datetime.fromisoformat(day).replace(tzinfo=timezone.utc), pa.timestamp("us", tz="UTC"))
+    live = source.filter(pc.greater_equal(source.column("ts"), since)).slice(0, rows)
+    return live.set_column(2, "value", pa.array([-1.0] * rows))
+
+
+@pytest.mark.parametrize("max_concurrency", [1, 2], ids=["inline", "threads"])
+def test_merge_units_see_a_live_commit_made_while_the_job_writes(sensor, readings, monkeypatch, max_concurrency):
+    """The writers of one process share one plan of main; a live commit between units moves main, and
+    the units written after it must drop the live keys themselves (not leave them to publish)."""
+    existing = readings(recent(10), days=1, devices=3, seed=1)
+    sensor.append(existing)
+    source = readings(recent(10), days=4, devices=3, seed=2)
+    live = _live_rows(source, recent(7))
+    started = _commit_after_the_first_unit(monkeypatch, sensor, live)
     job = sensor.backfill(source=source, mode="merge", max_concurrency=max_concurrency).wait()
     report = job.report()
     last = max(sensor.lake.runtime.store.units(job.id), key=lambda u: u.info["start"])
-    assert first[0] != last.unit_id
+    assert started[0] != last.unit_id
     assert last.result["rows_conflicting_existing"] == 12
     assert report["rows_conflicting_at_publish"] == 0
     assert sort_rows(sensor.to_arrow()).equals(reference_merge(pa.concat_tables([existing, live]), source))
+
+
+def test_merge_into_a_table_empty_at_the_plan_lets_live_rows_win(sensor, readings, monkeypatch):
+    """Main was empty when the job planned, so nothing was on main "at the base"; live rows committed
+    after the plan that the already written first unit also holds are live overlap (they win at
+    publish), never a blocking overlap with main."""
+    source = readings(recent(10), days=3, devices=3, seed=2)
+    live = _live_rows(source, recent(10))
+    started = _commit_after_the_first_unit(monkeypatch, sensor, live)
+    job = sensor.backfill(source=source, mode="merge", max_concurrency=1).wait()
+    report = job.report()
+    first = min(sensor.lake.runtime.store.units(job.id), key=lambda u: u.info["start"])
+    assert started[0] == first.unit_id and first.result["rows_conflicting_existing"] == 0
+    checks = {c["name"]: c for c in report["checks"]}
+    assert checks["no_overlap_with_main"]["passed"], checks["no_overlap_with_main"]["detail"]
+    assert not checks["live_overlap_since_plan"]["passed"] and "12 staged key(s)" in checks["live_overlap_since_plan"]["detail"]
+    assert report["phase"] == "published" and report["rows_conflicting_at_publish"] == 12
+    assert sort_rows(sensor.to_arrow()).equals(reference_merge(live, source))
