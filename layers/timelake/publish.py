@@ -3,7 +3,8 @@
 Exactly once: every publish commit carries the job id and chunk in its snapshot summary, written in
 the same commit as the data, so a retry or resume that finds its marker on main skips the commit.
 Live ingestion keeps committing meanwhile: before each commit the rows live writers added in the
-chunk's range since the plan are re-checked (merge mode: existing rows still win).
+chunk's range since the plan are re-checked: they win over staged rows with the same key, and replace
+mode keeps them although it deletes the rest of the range.
 """
 
 from __future__ import annotations
@@ -139,17 +140,21 @@ def _commit_chunk(
                   **provenance.summary_properties(rt.store.get_job(job_id))}
     files = chunk.files
     checked: set[int] = set()
+    kept: list[DataFile] = []  # replace mode: the live rows of the range, rewritten to survive the delete
 
     def commit(current: IcebergTable) -> None:
         nonlocal files
-        if spec.mode == "merge":
-            files = _drop_late_conflicts(current, job_id, contract, state, chunk, files, late, checked)
+        if spec.mode in ("merge", "replace"):
+            found = _late_rows(current, job_id, contract, state, chunk, checked, full=spec.mode == "replace")
+            files = _drop_late_conflicts(current, contract, files, [rows.select(list(contract.dedup_key)) for _, rows in found], late)
+            if spec.mode == "replace":
+                kept.extend(_keep(current, job_id, chunk, f, rows) for f, rows in found)
         current = without_blind_retries(current)
         with current.transaction() as tx:
             if spec.mode == "replace":
                 tx.delete(time_filter(contract.time_column, chunk.start, chunk.end), snapshot_properties=properties)
-            if files:
-                append_files(tx, current, files, "main", properties)
+            if files or kept:
+                append_files(tx, current, files + kept, "main", properties)
 
     before = {s.snapshot_id for s in table.snapshots()}
     try:
@@ -163,31 +168,42 @@ def _commit_chunk(
                   if s.snapshot_id not in before and (s.summary or {}).get(JOB_PROPERTY) == job_id)
 
 
-def _drop_late_conflicts(
-    table: IcebergTable, job_id: str, contract: Contract, state: dict[str, Any], chunk: Chunk,
-    files: list[DataFile], late: dict[str, Any], checked: set[int],
-) -> list[DataFile]:
-    """Rows live writers committed in the chunk's range after the plan win over staged rows with the same key.
+def _late_rows(
+    table: IcebergTable, job_id: str, contract: Contract, state: dict[str, Any], chunk: Chunk, checked: set[int], full: bool,
+) -> list[tuple[DataFile, pa.Table]]:
+    """Rows live writers committed in the chunk's range after the plan, per data file: their keys
+    only, or (``full``) whole rows.
 
-    Affected staged files are rewritten without those rows (a new path, so the staged file stays intact
-    for a retry); the counts land in the report as conflicts found at publish. Snapshots in ``checked``
-    were handled by an earlier attempt, so a retry after losing a commit race reads only the newest.
+    Snapshots in ``checked`` were handled by an earlier attempt, so a retry after losing a commit race
+    reads only the newest; the snapshots read here join ``checked``.
     """
-    keys = list(contract.dedup_key)
-    live = []
+    found = []
     for snapshot in _since(table, state.get("base_snapshot_id")):
         if snapshot.snapshot_id in checked or (snapshot.summary or {}).get(JOB_PROPERTY) == job_id:
             continue
-        checked.add(snapshot.snapshot_id)  # its keys are gone from ``files`` after this call: a retry skips it
+        checked.add(snapshot.snapshot_id)
         for f in added_files(table, snapshot.snapshot_id):
             if not _overlaps(table, contract, f, chunk):
                 continue
             fs, path = filesystem(f.file_path)
             with fs.open_input_file(path) as handle:
-                rows = pq.read_table(handle, columns=keys)
+                rows = pq.read_table(handle, columns=None if full else list(contract.dedup_key))
             ts = micros(rows, contract.time_column)
-            live.append(rows.filter(pa.array((ts >= chunk.start) & (ts < chunk.end))))
-    if not live or not any(t.num_rows for t in live):
+            inside = rows.filter(pa.array((ts >= chunk.start) & (ts < chunk.end)))
+            if inside.num_rows:
+                found.append((f, inside))
+    return found
+
+
+def _drop_late_conflicts(
+    table: IcebergTable, contract: Contract, files: list[DataFile], live: list[pa.Table], late: dict[str, Any],
+) -> list[DataFile]:
+    """Rows live writers committed in the chunk's range after the plan win over staged rows with the same key.
+
+    Affected staged files are rewritten without those rows (a new path, so the staged file stays intact
+    for a retry); the counts land in the report as conflicts found at publish.
+    """
+    if not live:
         return files
     existing = pa.concat_tables(live)
     result = []
@@ -206,6 +222,15 @@ def _drop_late_conflicts(
             write_parquet(kept, new_path, table.properties)
             result.append(data_file(table, new_path, f.spec_id, f.partition[0]))
     return result
+
+
+def _keep(table: IcebergTable, job_id: str, chunk: Chunk, f: DataFile, rows: pa.Table) -> DataFile:
+    """Replace mode deletes the chunk's range on the current main; the rows live writers committed in
+    it after the plan are not the job's to replace, so they are written again, unchanged, into the
+    same partition, and added in the same commit that deletes them."""
+    path = f.file_path.removesuffix(".parquet") + f"-kept-{job_id}-{chunk.start}.parquet"
+    write_parquet(rows, path, table.properties)
+    return data_file(table, path, f.spec_id, f.partition[0])
 
 
 def _overlaps(table: IcebergTable, contract: Contract, f: DataFile, chunk: Chunk) -> bool:

@@ -227,3 +227,44 @@ def test_merge_into_a_table_empty_at_the_plan_lets_live_rows_win(sensor, reading
     assert not checks["live_overlap_since_plan"]["passed"] and "12 staged key(s)" in checks["live_overlap_since_plan"]["detail"]
     assert report["phase"] == "published" and report["rows_conflicting_at_publish"] == 12
     assert sort_rows(sensor.to_arrow()).equals(reference_merge(live, source))
+
+
+@pytest.mark.parametrize("publish_by", [None, "day"], ids=["one_commit", "publish_by_day"])
+def test_replace_keeps_the_rows_live_ingestion_commits_in_the_range_while_the_job_runs(sensor, readings, monkeypatch, publish_by):
+    """Replace deletes the range as main held it at the plan. Rows live writers commit in the range
+    afterwards are not the job's to delete: they survive, and where the source has the same key the
+    live row wins, as in merge mode."""
+    existing, source = _existing_and_source(sensor, readings)
+    start, end = recent(9), recent(7)
+    in_range = source.filter(pc.and_(pc.greater_equal(source.column("ts"), _day(start)), pc.less(source.column("ts"), _day(end))))
+    colliding = in_range.slice(0, 6).set_column(2, "value", pa.array([-1.0] * 6))
+    beside = readings(recent(8), days=1, devices=1, step_minutes=60, seed=5)  # a device the source lacks
+    beside = beside.set_column(1, "device_id", pa.array(["late"] * beside.num_rows))
+    outside = readings(recent(3), days=1, devices=1, seed=6)  # after the range: never touched
+    live = pa.concat_tables([colliding, beside, outside])
+    _commit_after_the_first_unit(monkeypatch, sensor, live)
+    report = sensor.backfill(source=source, mode="replace", start=start, end=end, publish_by=publish_by).wait().report()
+    con = duckdb.connect()
+    con.register("existing", existing)
+    con.register("live", live)
+    con.register("source", source.append_column("__pos", pa.array(range(source.num_rows))))
+    expected = con.sql(f"""
+        SELECT ts, device_id, value FROM existing WHERE NOT (ts >= '{start}'::TIMESTAMPTZ AND ts < '{end}'::TIMESTAMPTZ)
+        UNION ALL SELECT ts, device_id, value FROM live
+        UNION ALL
+        SELECT ts, device_id, value FROM (
+            SELECT * FROM (
+                SELECT *, row_number() OVER (PARTITION BY device_id, ts ORDER BY __pos DESC) AS r FROM source
+                WHERE ts >= '{start}'::TIMESTAMPTZ AND ts < '{end}'::TIMESTAMPTZ) WHERE r = 1
+        ) ANTI JOIN live USING (device_id, ts)
+        ORDER BY device_id, ts""").to_arrow_table().cast(SCHEMA)
+    assert sort_rows(sensor.to_arrow()).equals(expected)
+    assert report["phase"] == "published" and report["rows_conflicting_at_publish"] == 6
+    assert report["rows_written"] == expected.num_rows - existing.num_rows - live.num_rows + pc.sum(pc.and_(
+        pc.greater_equal(existing.column("ts"), _day(start)), pc.less(existing.column("ts"), _day(end))).cast(pa.int64())).as_py()
+
+
+def _day(day: str) -> pa.Scalar:
+    from datetime import datetime, timezone
+
+    return pa.scalar(datetime.fromisoformat(day).replace(tzinfo=timezone.utc), SCHEMA.field("ts").type)
