@@ -268,3 +268,35 @@ def _day(day: str) -> pa.Scalar:
     from datetime import datetime, timezone
 
     return pa.scalar(datetime.fromisoformat(day).replace(tzinfo=timezone.utc), SCHEMA.field("ts").type)
+
+
+def test_replace_that_loses_a_commit_race_keeps_the_live_rows_of_both_attempts(sensor, readings, monkeypatch):
+    """A live commit lands between publish's look at main and its commit: the commit fails, publish
+    reads main again and retries, and the rows of the first live commit (already rewritten by the
+    first attempt) and of the racing one both survive the range delete."""
+    import timelake.publish as publish
+
+    existing, source = _existing_and_source(sensor, readings)
+    start, end = recent(9), recent(7)
+
+    def late(seed: int, device: str) -> pa.Table:
+        rows = readings(recent(8), days=1, devices=1, step_minutes=120, seed=seed)
+        return rows.set_column(1, "device_id", pa.array([device] * rows.num_rows))
+    first, racing = late(7, "late-a"), late(8, "late-b")
+    _commit_after_the_first_unit(monkeypatch, sensor, first)
+    attempts, real = [], publish.without_blind_retries
+
+    def race(table):
+        attempts.append(table.metadata_location)
+        if len(attempts) == 1:
+            sensor.append(racing)  # main moves after publish read it: this attempt's commit must fail
+        return real(table)
+    monkeypatch.setattr(publish, "without_blind_retries", race)
+    report = sensor.backfill(source=source, mode="replace", start=start, end=end).wait().report()
+    assert len(attempts) == 2 and attempts[0] != attempts[1]
+    rows = sensor.to_arrow()
+    for live in (first, racing):
+        device = live.column("device_id")[0].as_py()
+        kept = rows.filter(pc.equal(rows.column("device_id"), device))
+        assert sort_rows(kept).equals(sort_rows(live)), f"the rows of {device} did not survive the replace"
+    assert report["phase"] == "published" and duplicate_keys(rows) == 0
