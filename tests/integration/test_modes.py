@@ -300,3 +300,46 @@ def test_replace_that_loses_a_commit_race_keeps_the_live_rows_of_both_attempts(s
         kept = rows.filter(pc.equal(rows.column("device_id"), device))
         assert sort_rows(kept).equals(sort_rows(live)), f"the rows of {device} did not survive the replace"
     assert report["phase"] == "published" and duplicate_keys(rows) == 0
+
+
+def test_replace_that_loses_every_commit_race_fails_resumable_and_loses_nothing(sensor, readings, monkeypatch):
+    """A live writer faster than the replace commit wins every attempt: the job fails in publishing
+    with an error naming the conflicts, main has none of the job's rows and every live row; resume,
+    once the writer is quiet, publishes the exact result."""
+    import timelake.publish as publish
+    from timelake.errors import BackfillError
+
+    existing, source = _existing_and_source(sensor, readings)
+    start, end = recent(9), recent(7)
+    commits, real = [], publish.without_blind_retries
+
+    def always_beaten(table):
+        rows = readings(recent(8), days=1 / 24, devices=1, step_minutes=10, seed=len(commits))
+        rows = rows.set_column(1, "device_id", pa.array([f"live-{len(commits)}"] * rows.num_rows))
+        commits.append(rows)
+        sensor.append(rows)
+        return real(table)
+    monkeypatch.setattr(publish, "without_blind_retries", always_beaten)
+    monkeypatch.setattr(publish, "PUBLISH_ATTEMPTS", 3)
+    job = sensor.backfill(source=source, mode="replace", start=start, end=end)
+    with pytest.raises(BackfillError, match="kept conflicting with other commits"):
+        job.wait()
+    record = job.record()
+    assert record.phase == "failed" and record.state["failed_phase"] == "publishing" and len(commits) == 3
+    live = pa.concat_tables(commits)
+    assert sort_rows(sensor.to_arrow()).equals(sort_rows(pa.concat_tables([existing, live])))
+
+    monkeypatch.setattr(publish, "without_blind_retries", real)
+    report = job.resume(wait=True).report()
+    con = duckdb.connect()
+    con.register("existing", existing)
+    con.register("live", live)
+    con.register("source", source.append_column("__pos", pa.array(range(source.num_rows))))
+    expected = con.sql(f"""
+        SELECT ts, device_id, value FROM existing WHERE NOT (ts >= '{start}'::TIMESTAMPTZ AND ts < '{end}'::TIMESTAMPTZ)
+        UNION ALL SELECT ts, device_id, value FROM live
+        UNION ALL SELECT ts, device_id, value FROM (
+            SELECT *, row_number() OVER (PARTITION BY device_id, ts ORDER BY __pos DESC) AS r FROM source
+            WHERE ts >= '{start}'::TIMESTAMPTZ AND ts < '{end}'::TIMESTAMPTZ) WHERE r = 1
+        ORDER BY device_id, ts""").to_arrow_table().cast(SCHEMA)
+    assert report["phase"] == "published" and sort_rows(sensor.to_arrow()).equals(expected)
