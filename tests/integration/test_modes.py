@@ -244,20 +244,7 @@ def test_replace_keeps_the_rows_live_ingestion_commits_in_the_range_while_the_jo
     live = pa.concat_tables([colliding, beside, outside])
     _commit_after_the_first_unit(monkeypatch, sensor, live)
     report = sensor.backfill(source=source, mode="replace", start=start, end=end, publish_by=publish_by).wait().report()
-    con = duckdb.connect()
-    con.register("existing", existing)
-    con.register("live", live)
-    con.register("source", source.append_column("__pos", pa.array(range(source.num_rows))))
-    expected = con.sql(f"""
-        SELECT ts, device_id, value FROM existing WHERE NOT (ts >= '{start}'::TIMESTAMPTZ AND ts < '{end}'::TIMESTAMPTZ)
-        UNION ALL SELECT ts, device_id, value FROM live
-        UNION ALL
-        SELECT ts, device_id, value FROM (
-            SELECT * FROM (
-                SELECT *, row_number() OVER (PARTITION BY device_id, ts ORDER BY __pos DESC) AS r FROM source
-                WHERE ts >= '{start}'::TIMESTAMPTZ AND ts < '{end}'::TIMESTAMPTZ) WHERE r = 1
-        ) ANTI JOIN live USING (device_id, ts)
-        ORDER BY device_id, ts""").to_arrow_table().cast(SCHEMA)
+    expected = _replace_reference(existing, live, source, start, end)
     assert sort_rows(sensor.to_arrow()).equals(expected)
     assert report["phase"] == "published" and report["rows_conflicting_at_publish"] == 6
     assert report["rows_written"] == expected.num_rows - existing.num_rows - live.num_rows + pc.sum(pc.and_(
@@ -331,15 +318,24 @@ def test_replace_that_loses_every_commit_race_fails_resumable_and_loses_nothing(
 
     monkeypatch.setattr(publish, "without_blind_retries", real)
     report = job.resume(wait=True).report()
+    expected = _replace_reference(existing, live, source, start, end)
+    assert report["phase"] == "published" and sort_rows(sensor.to_arrow()).equals(expected)
+
+
+def _replace_reference(existing: pa.Table, live: pa.Table, source: pa.Table, start: str, end: str) -> pa.Table:
+    """Replace under live ingestion, computed independently: main outside [start, end), every live
+    row, and the last source row of each key in the range that no live row holds."""
     con = duckdb.connect()
     con.register("existing", existing)
     con.register("live", live)
     con.register("source", source.append_column("__pos", pa.array(range(source.num_rows))))
-    expected = con.sql(f"""
+    return con.sql(f"""
         SELECT ts, device_id, value FROM existing WHERE NOT (ts >= '{start}'::TIMESTAMPTZ AND ts < '{end}'::TIMESTAMPTZ)
         UNION ALL SELECT ts, device_id, value FROM live
-        UNION ALL SELECT ts, device_id, value FROM (
-            SELECT *, row_number() OVER (PARTITION BY device_id, ts ORDER BY __pos DESC) AS r FROM source
-            WHERE ts >= '{start}'::TIMESTAMPTZ AND ts < '{end}'::TIMESTAMPTZ) WHERE r = 1
+        UNION ALL
+        SELECT ts, device_id, value FROM (
+            SELECT * FROM (
+                SELECT *, row_number() OVER (PARTITION BY device_id, ts ORDER BY __pos DESC) AS r FROM source
+                WHERE ts >= '{start}'::TIMESTAMPTZ AND ts < '{end}'::TIMESTAMPTZ) WHERE r = 1
+        ) ANTI JOIN live USING (device_id, ts)
         ORDER BY device_id, ts""").to_arrow_table().cast(SCHEMA)
-    assert report["phase"] == "published" and sort_rows(sensor.to_arrow()).equals(expected)
