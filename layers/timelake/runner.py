@@ -207,9 +207,12 @@ def _fan_out(
             while queue or running:
                 while queue and len(running) < workers * 2:
                     item = queue.pop()
-                    future = (pool.submit(scan, rt, job_id, item) if threads and step == "scan"
-                              else pool.submit(write_unit, rt, job_id, item, main) if threads
-                              else pool.submit(_in_worker, config, step, job_id, item))
+                    if not threads:
+                        future = pool.submit(_in_worker, config, step, job_id, item)
+                    elif step == "scan":
+                        future = pool.submit(scan, rt, job_id, item)
+                    else:
+                        future = pool.submit(write_unit, rt, job_id, item, main)
                     running[future] = item
                 done, _ = wait(running, timeout=0.5, return_when=FIRST_COMPLETED)
                 for future in done:
