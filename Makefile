@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-deps bench bench-postgres clean install synth
+.PHONY: demo test test-deps docs bench bench-postgres clean install synth
 
 NPM_LOCK := $(wildcard package-lock.json)
 
@@ -30,8 +30,13 @@ test-deps:
 demo: $(STAMP)
 	$(VENV)/bin/timelake demo
 
-test: $(STAMP) test-deps
+test: $(STAMP) test-deps docs
 	$(PY) -m pytest -n 2 --durations=15
+
+# The documentation site, built with --strict so a broken link or anchor fails; into .venv/site, not committed.
+# tests/docs runs the examples marked runnable in its pages.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir $(VENV)/site
 
 # The CloudFormation template and assets of the AWS deployment, in cdk.out/ (cdk-nag runs as part of it).
 synth: $(STAMP)

@@ -21,8 +21,8 @@ import pyarrow.parquet as pq
 sys.path.insert(0, str(Path(__file__).parents[1]))
 
 import timelake  # noqa: E402
-from timelake import canary  # noqa: E402
 from tests.conftest import SCHEMA, make_readings  # noqa: E402
+from timelake import canary  # noqa: E402
 
 
 def main() -> None:

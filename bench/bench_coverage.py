@@ -33,13 +33,14 @@ import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "layers"))
 
-import timelake  # noqa: E402
 from pyiceberg.conversions import to_bytes  # noqa: E402
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat  # noqa: E402
 from pyiceberg.typedef import Record  # noqa: E402
-from timelake.commit import JOB_PROPERTY, STEP_PROPERTY, append_files  # noqa: E402
-from timelake.coverage import EXPECTED_INTERVAL, EXPECTED_SERIES, compute  # noqa: E402
-from timelake.timeutil import US_PER_DAY, to_micros  # noqa: E402
+
+import timelake  # noqa: E402
+from timelake.followup.coverage import EXPECTED_INTERVAL, EXPECTED_SERIES, compute  # noqa: E402
+from timelake.model.commit import JOB_PROPERTY, STEP_PROPERTY, append_files  # noqa: E402
+from timelake.model.timeutil import US_PER_DAY, to_micros  # noqa: E402
 
 SCHEMA = pa.schema([("ts", pa.timestamp("us", tz="UTC")), ("device_id", pa.string()), ("value", pa.float64())])
 DAYS = 3 * 365

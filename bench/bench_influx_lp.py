@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pcsv
 
-from timelake.source_influx import open_influx_files
+from timelake.sources.influx import open_influx_files
 
 ROWS = int(sys.argv[1]) if len(sys.argv) > 1 else 2_000_000
 

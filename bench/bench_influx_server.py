@@ -17,7 +17,7 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-from timelake.source_influx import InfluxServerSource
+from timelake.sources.influx import InfluxServerSource
 
 ROWS = int(sys.argv[1]) if len(sys.argv) > 1 else 1_000_000
 

@@ -2,7 +2,7 @@
 API, events and monitoring. The handlers (`functions/`) and the workflow
 (`statemachine/backfill.asl.json`) are written elsewhere; this stack only wires them up, so
 the interfaces it relies on are the handler names, the ``${...}`` substitutions and the
-``TIMELAKE_CONFIG`` JSON that `timelake.runtime.LakeConfig` parses.
+``TIMELAKE_CONFIG`` JSON that `timelake.ports.runtime.LakeConfig` parses.
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ from aws_cdk import aws_apigateway as apigw
 from aws_cdk import aws_cloudwatch as cw
 from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_events as events
+from aws_cdk import aws_events_targets as targets
 from aws_cdk import aws_glue as glue
 from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
-from aws_cdk import aws_events_targets as targets
-from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sqs as sqs
@@ -30,7 +30,7 @@ from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
 from timelake.aws.store import table_definition
-from timelake.spec import JobSpec
+from timelake.model.spec import JobSpec
 
 from .layer import REPO, engine_layer_code
 
@@ -129,7 +129,7 @@ class BackfillStack(Stack):
             CfnOutput(self, name, value=value)
 
     def lake_config(self) -> str:
-        """``TIMELAKE_CONFIG``: `timelake.runtime.LakeConfig` as JSON, tokens resolved at deploy time."""
+        """``TIMELAKE_CONFIG``: `timelake.ports.runtime.LakeConfig` as JSON, tokens resolved at deploy time."""
         return self.to_json_string({
             "catalog_name": "glue",
             "catalog_props": {"type": "glue", "warehouse": self.bucket.s3_url_for_object(WAREHOUSE_PREFIX),

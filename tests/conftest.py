@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -83,10 +86,10 @@ def duplicate_keys(table: pa.Table) -> int:
 
 def stage_job(lake: timelake.Lake, source: pa.Table, table: str = "iot.sensor") -> str:
     """Drive a job's steps one by one up to a staged branch (no validation, no publish); its id."""
-    from timelake.plan import cut, pending_pieces, plan, scan
-    from timelake.spec import JobSpec
-    from timelake.stage import stage
-    from timelake.write import write_unit
+    from timelake.model.spec import JobSpec
+    from timelake.steps.plan import cut, pending_pieces, plan, scan
+    from timelake.steps.stage import stage
+    from timelake.steps.write import write_unit
 
     rt = lake.runtime
     job = lake.create_job(JobSpec(table=table, source="<pyarrow.Table>"))
@@ -98,3 +101,14 @@ def stage_job(lake: timelake.Lake, source: pa.Table, table: str = "iot.sensor") 
         write_unit(rt, job.id, unit.unit_id)
     stage(rt, job.id)
     return job.id
+
+
+TIMELAKE = str(Path(sys.executable).parent / "timelake")
+
+
+def cli(*args: str, warehouse: Path, check: bool = True) -> subprocess.CompletedProcess:
+    env = {**os.environ, "TIMELAKE_WAREHOUSE": str(warehouse)}
+    result = subprocess.run([TIMELAKE, *args], capture_output=True, text=True, env=env, timeout=120)
+    if check and result.returncode != 0:
+        raise AssertionError(f"exit {result.returncode}: {result.stderr}")
+    return result

@@ -9,11 +9,11 @@ from aws_lambda_powertools.event_handler.exceptions import BadRequestError, NotF
 from aws_lambda_powertools.event_handler.openapi.params import Query
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from timelake.aws.orchestrator import StepFunctionsOrchestrator
-from timelake.coverage import compute as coverage_map
 from timelake.errors import BackfillError, JobNotFound, TableNotFound
-from timelake.service import lambda_runtime
-from timelake.spec import JobSpec
+from timelake.followup.coverage import compute as coverage_map
+from timelake.interfaces.orchestrator import StepFunctionsOrchestrator
+from timelake.interfaces.service import lambda_runtime
+from timelake.model.spec import JobSpec
 
 logger, tracer = Logger(), Tracer()
 app = APIGatewayRestResolver(enable_validation=True)

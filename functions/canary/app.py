@@ -5,8 +5,8 @@ from typing import Any
 from aws_lambda_powertools import Logger, Tracer
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from timelake import canary
-from timelake.service import CanaryEvent, lambda_runtime
+from timelake.interfaces.service import CanaryEvent, lambda_runtime
+from timelake.steps import canary
 
 logger, tracer = Logger(), Tracer()
 

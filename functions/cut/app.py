@@ -5,7 +5,7 @@ from typing import Any
 from aws_lambda_powertools import Logger, Tracer
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from timelake.service import JobEvent, cut_units, lambda_runtime
+from timelake.interfaces.service import JobEvent, cut_units, lambda_runtime
 
 logger, tracer = Logger(), Tracer()
 

@@ -5,8 +5,8 @@ from typing import Any
 from aws_lambda_powertools import Logger, Tracer
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from timelake.publish import publish
-from timelake.service import PublishEvent, lambda_runtime
+from timelake.interfaces.service import PublishEvent, lambda_runtime
+from timelake.steps.publish import publish
 
 logger, tracer = Logger(), Tracer()
 

@@ -5,7 +5,7 @@ from typing import Any
 from aws_lambda_powertools import Logger
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from timelake.service import FailureEvent, fail, lambda_runtime
+from timelake.interfaces.service import FailureEvent, fail, lambda_runtime
 
 logger = Logger()
 

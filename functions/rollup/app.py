@@ -6,8 +6,8 @@ from typing import Any
 from aws_lambda_powertools import Logger, Tracer
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from timelake.followup import PublishedEvent, on_published
-from timelake.service import lambda_runtime
+from timelake.followup.refresh import PublishedEvent, on_published
+from timelake.interfaces.service import lambda_runtime
 
 logger, tracer = Logger(), Tracer()
 

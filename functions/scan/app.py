@@ -6,8 +6,8 @@ from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from timelake.plan import scan
-from timelake.service import PieceEvent, lambda_runtime
+from timelake.interfaces.service import PieceEvent, lambda_runtime
+from timelake.steps.plan import scan
 
 logger, tracer, metrics = Logger(), Tracer(), Metrics()
 

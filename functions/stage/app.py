@@ -5,8 +5,8 @@ from typing import Any
 from aws_lambda_powertools import Logger, Tracer
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from timelake.service import JobEvent, finish_writes, lambda_runtime
-from timelake.stage import stage
+from timelake.interfaces.service import JobEvent, finish_writes, lambda_runtime
+from timelake.steps.stage import stage
 
 logger, tracer = Logger(), Tracer()
 

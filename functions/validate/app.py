@@ -5,8 +5,8 @@ from typing import Any
 from aws_lambda_powertools import Logger, Tracer
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from timelake.service import JobEvent, lambda_runtime
-from timelake.validate import validate
+from timelake.interfaces.service import JobEvent, lambda_runtime
+from timelake.steps.validate import validate
 
 logger, tracer = Logger(), Tracer()
 

@@ -6,8 +6,8 @@ from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from timelake.service import UnitEvent, lambda_runtime
-from timelake.write import write_unit
+from timelake.interfaces.service import UnitEvent, lambda_runtime
+from timelake.steps.write import write_unit
 
 logger, tracer, metrics = Logger(), Tracer(), Metrics()
 

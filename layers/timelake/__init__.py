@@ -8,17 +8,18 @@
 
 from datetime import datetime
 
-from .errors import BackfillError, InvalidJob, LeaseConflict, TableNotFound, ValidationFailed
-from .lake import Job, Lake, Table, connect
-from .spec import JobSpec
+from timelake.errors import BackfillError, InvalidJob, LeaseConflict, TableNotFound, ValidationFailed
+from timelake.interfaces.lake import Job, Lake, Table, connect
+from timelake.model.spec import JobSpec
+from timelake.model.version import __version__
 
 
 def is_range_leased(table: str, start: "str | datetime", end: "str | datetime", warehouse: str | None = None) -> bool:
     """True while an unpublished backfill holds part of [start, end) of ``table`` (see `Lake.is_range_leased`)."""
     return connect(warehouse=warehouse).is_range_leased(table, start, end)
 
-__version__ = "0.1.0"
+
 __all__ = [
     "BackfillError", "InvalidJob", "Job", "JobSpec", "Lake", "LeaseConflict", "Table", "TableNotFound",
-    "ValidationFailed", "connect", "is_range_leased",
+    "ValidationFailed", "__version__", "connect", "is_range_leased",
 ]

@@ -1,49 +1,5 @@
-"""The SQL interface: ``CALL timelake_backfill('iot.sensor', 'SELECT ...', mode := 'merge')`` in DuckDB.
+"""The public name of the DuckDB `CALL timelake_backfill(...)`: ``timelake.duckdb.register(con)``."""
 
-After ``register(con)``, a backfill is one statement in the caller's DuckDB session. The query runs
-on a cursor of the caller's connection, so their attached databases, secrets and settings apply;
-that also means only this process can read it, so the job reads its rows here (like any in-memory
-source) and fans out only the writing. A job that workers must be able to re-read belongs on the
-command line: ``timelake backfill TABLE --from-sql "..."``.
-"""
+from timelake.interfaces.sql import register
 
-from __future__ import annotations
-
-import json
-from typing import TYPE_CHECKING
-
-import duckdb
-
-from .spec import JobSpec
-
-if TYPE_CHECKING:
-    from .lake import Lake
-
-_MACRO = """
-CREATE OR REPLACE TEMP MACRO timelake_backfill(tbl, q, mode := 'merge', dry_run := false) AS TABLE
-SELECT r->>'job_id' AS job_id, r->>'phase' AS phase, (r->>'rows_in_source')::BIGINT AS rows_in_source,
-       (r->>'rows_written')::BIGINT AS rows_written, r AS report
-FROM (SELECT timelake_backfill_json(tbl, q, mode, dry_run)::JSON AS r)
-"""
-
-
-def register(con: duckdb.DuckDBPyConnection, lake: Lake | None = None) -> None:
-    """Define ``timelake_backfill`` on ``con``; jobs go to ``lake`` (default: ``timelake.connect()``).
-
-    DuckDB has no Python table functions, so a side-effecting scalar function does the work and a
-    table macro turns its JSON report into a row; the report is the job's, failures raise.
-    """
-
-    def backfill(table: str, query: str, mode: str, dry_run: bool) -> str:
-        from .lake import connect
-
-        target = lake or connect()
-        spec = JobSpec(table=table, source=f"<duckdb query {' '.join(query.split())[:200]}>", query=query,
-                       mode=mode, dry_run=dry_run)
-        with con.cursor() as cursor:
-            rows = cursor.sql(query).to_arrow_table()  # every step re-opens the source: a reader reads once
-        return json.dumps(target.submit(spec, rows, wait=True).wait().report(), default=str)
-
-    con.create_function("timelake_backfill_json", backfill, ["VARCHAR", "VARCHAR", "VARCHAR", "BOOLEAN"],
-                        "VARCHAR", side_effects=True)
-    con.execute(_MACRO)
+__all__ = ["register"]

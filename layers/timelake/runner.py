@@ -12,29 +12,30 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import FIRST_COMPLETED, Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from importlib.machinery import ModuleSpec
-from concurrent.futures import FIRST_COMPLETED, Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor, wait
 from typing import Any
 
-from . import canary
-from .abort import abort
-from .contract import Contract
-from .errors import Aborted, BackfillError, Interrupted
-from .faults import checkpoint
-from .layout import MainReader
-from .plan import cut, pending_pieces, plan, scan
-from .scan import open_job_source
-from .source_postgres import is_postgres
-from .publish import publish
-from . import followup
-from .runtime import Runtime, runtime_for
-from .spec import JobSpec
-from .stage import stage
-from .store import JobRecord
-from .throttle import limits
-from .validate import validate
-from .write import write_unit
+from timelake.adapters import runtime_for
+from timelake.errors import Aborted, BackfillError, Interrupted
+from timelake.followup import refresh as followup
+from timelake.model.contract import Contract
+from timelake.model.faults import checkpoint
+from timelake.model.layout import MainReader
+from timelake.model.limits import limits
+from timelake.model.spec import JobSpec
+from timelake.ports.runtime import Runtime
+from timelake.ports.store import JobRecord
+from timelake.sources.postgres import is_postgres
+from timelake.steps import canary
+from timelake.steps.abort import abort
+from timelake.steps.plan import cut, pending_pieces, plan, scan
+from timelake.steps.publish import publish
+from timelake.steps.scan import open_job_source
+from timelake.steps.stage import stage
+from timelake.steps.validate import validate
+from timelake.steps.write import write_unit
 
 Progress = Callable[[dict[str, Any]], None]
 
@@ -260,6 +261,6 @@ class _Ticker:
 
     def __call__(self) -> None:
         if self.on_progress is not None:
-            from .report import progress
+            from timelake.model.report import progress
 
             self.on_progress(progress(self.rt.store.get_job(self.job_id), self.rt.store.units(self.job_id)))

@@ -19,10 +19,10 @@ import pytest
 from moto.awslambda_simple.models import LambdaSimpleBackend
 
 import timelake
-from timelake.lake import Lake
-from timelake.runtime import LakeConfig, Runtime
-
 from tests.aws_fixtures import aws, dynamo_table, moto_server  # noqa: F401
+from timelake.adapters import compose
+from timelake.interfaces.lake import Lake
+from timelake.ports.runtime import LakeConfig
 
 ROOT = Path(__file__).parents[2]
 FUNCTIONS = ("plan", "scan", "cut", "write", "stage", "validate", "publish", "record_failure", "canary")
@@ -129,7 +129,7 @@ def cloud(aws: str, monkeypatch: pytest.MonkeyPatch) -> Cloud:  # noqa: F811
     sfn = boto3.client("stepfunctions")
     role = "arn:aws:iam::123456789012:role/timelake-states"
     arn = sfn.create_state_machine(name="timelake-backfill", definition=definition, roleArn=role)["stateMachineArn"]
-    lake = Lake(Runtime(config))
+    lake = Lake(compose(config))
     lake.catalog.create_namespace("iot")
     return Cloud(aws, sfn, arn, lake, config, invocations)
 

@@ -16,8 +16,8 @@ from tests.cloud.conftest import BUCKET, Cloud, sensor_table
 from tests.cloud.test_api import api  # noqa: F401
 from tests.cloud.test_workflow import _upload
 from tests.conftest import recent, reference_merge, sort_rows
-from timelake.aws.orchestrator import StepFunctionsOrchestrator
-from timelake.spec import JobSpec
+from timelake.interfaces.orchestrator import StepFunctionsOrchestrator
+from timelake.model.spec import JobSpec
 
 TIMELAKE = str(Path(sys.executable).parent / "timelake")
 

@@ -10,7 +10,7 @@ import boto3
 from tests.cloud.conftest import JOBS, Cloud, sensor_table
 from tests.conftest import SCHEMA, sort_rows
 from tests.sources.conftest import postgres, readings_table, year_start  # noqa: F401
-from timelake.timeutil import iso, to_micros
+from timelake.model.timeutil import iso, to_micros
 
 
 def test_a_postgres_source_runs_on_the_workflow_within_its_limits(cloud: Cloud, postgres, readings_table):  # noqa: F811

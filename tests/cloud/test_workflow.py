@@ -7,14 +7,14 @@ import json
 
 import boto3
 import duckdb
-import pytest
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 import timelake
-
 from tests.cloud.conftest import BUCKET, BUS, Cloud, sensor_table
 from tests.conftest import recent, reference_merge, sort_rows
+from timelake.adapters import compose
 
 
 def _upload(table: pa.Table, key: str) -> str:
@@ -151,7 +151,7 @@ def test_rules_in_historical_mode_never_reach_the_alarm_topic(cloud: Cloud, read
 
     from tests.cloud.conftest import _Context, load_function
     from tests.conftest import SCHEMA
-    from tests.integration.test_rules import day, heat, recorded, reference
+    from tests.followup.rules_reference import day, heat, recorded, reference
 
     sns, sqs = boto3.client("sns"), boto3.client("sqs")
     topic = sns.create_topic(Name="timelake-alarms")["TopicArn"]
@@ -160,7 +160,7 @@ def test_rules_in_historical_mode_never_reach_the_alarm_topic(cloud: Cloud, read
     sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=alarms_arn, Attributes={"RawMessageDelivery": "true"})
     config = cloud.config.model_copy(update={"alarms": f"sns://{topic}"})
     monkeypatch.setenv("TIMELAKE_CONFIG", config.model_dump_json())
-    lake = timelake.Lake(timelake.lake.Runtime(config))
+    lake = timelake.Lake(compose(config))
     table = lake.create_table("iot.sensor", schema=SCHEMA, time_column="ts", series_key=["device_id"],
                               partition_by="day", retention="P3Y", rules=["hot: value > 80 for PT20M severity critical",
                                                                           "cold: value < 4"])

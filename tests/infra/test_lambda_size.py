@@ -33,7 +33,7 @@ LAMBDA_RUNTIME_PACKAGES = ("boto3", "botocore", "s3transfer", "jmespath", "dateu
 LAZY_IMPORTS = (  # loaded at run time, not when a handler module is imported
     "pyiceberg.catalog.glue", "pyiceberg.io.pyarrow", "pyiceberg.table.update.snapshot", "pyarrow.dataset",
     "pyarrow.parquet", "pyarrow.csv", "pyarrow.json", "pyarrow.ipc", "pyarrow.compute", "duckdb", "aws_xray_sdk",
-    "timelake.aws.store", "timelake.aws.events", "timelake.aws.orchestrator",
+    "timelake.aws.store", "timelake.aws.events", "timelake.interfaces.orchestrator",
     "adbc_driver_manager.dbapi", "adbc_driver_postgresql.dbapi",
 )
 

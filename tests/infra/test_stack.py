@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
-
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aws_cdk.assertions import Match, Template
@@ -14,7 +13,7 @@ from aws_cdk.assertions import Match, Template
 from infra.app import STACK_NAME, build_app, feature_flags
 from infra.stack import ASL, DATABASE, EVENT_BUS, FUNCTIONS, FUNCTIONS_DIR, WORKFLOW_FUNCTIONS
 from timelake.aws.store import table_definition
-from timelake.runtime import LakeConfig
+from timelake.ports.runtime import LakeConfig
 
 from .conftest import NO_BUNDLING, Synthesized
 

@@ -119,7 +119,7 @@ def error_line(result: subprocess.CompletedProcess) -> str:
 
 def job_error(lake: timelake.Lake, **spec: object) -> str:
     """The error a job fails with, run in this process (the CLI prints the same text as its one line)."""
-    from timelake.spec import JobSpec
+    from timelake.model.spec import JobSpec
 
     with pytest.raises(Exception) as failure:  # noqa: PT011 (each source has its own error types; the text is checked)
         lake.submit(JobSpec.model_validate(spec), wait=True).wait()

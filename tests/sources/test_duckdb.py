@@ -11,12 +11,11 @@ import pyarrow.csv as pcsv
 import pytest
 
 import timelake
-from timelake.duckdb import register
-from timelake.source import SourceError
-from timelake.spec import JobSpec
-
 from tests.conftest import SCHEMA, make_readings, recent, sort_rows
 from tests.sources.conftest import assert_nothing_staged, cli, error_line, job_error
+from timelake.interfaces.sql import register
+from timelake.model.spec import JobSpec
+from timelake.sources.base import SourceError
 
 TABLES = ("iot.from_files", "iot.from_sql", "iot.from_call")
 

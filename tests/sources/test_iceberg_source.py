@@ -16,12 +16,11 @@ from pyiceberg.schema import Schema
 from pyiceberg.transforms import DayTransform, MonthTransform
 from pyiceberg.types import FloatType, NestedField, StringType, TimestamptzType
 
-from timelake.scan import open_job_source
-from timelake.spec import JobSpec
-
 from tests.aws_fixtures import aws, moto_server  # noqa: F401
 from tests.conftest import make_readings, recent, sort_rows
 from tests.sources.conftest import assert_nothing_staged, cli, error_line, job_error
+from timelake.model.spec import JobSpec
+from timelake.steps.scan import open_job_source
 
 SOURCE_SCHEMA = Schema(
     NestedField(1, "event_time", TimestamptzType(), required=True),

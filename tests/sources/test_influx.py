@@ -10,13 +10,13 @@ import pyarrow as pa
 import pytest
 
 import timelake
-from timelake import line_protocol, source_influx
-from timelake.scan import open_job_source
-from timelake.source import SourceError
-from timelake.spec import JobSpec
-
 from tests.conftest import recent
 from tests.sources.conftest import Influx, assert_nothing_staged, cli, error_line, free_port, job_error
+from timelake.model.spec import JobSpec
+from timelake.sources import influx as source_influx
+from timelake.sources import line_protocol
+from timelake.sources.base import SourceError
+from timelake.steps.scan import open_job_source
 
 SCHEMA = pa.schema([("ts", pa.timestamp("us", tz="UTC")), ("device_id", pa.string()), ("site", pa.string()),
                     ("value", pa.float64()), ("count", pa.int64()), ("state", pa.string()), ("ok", pa.bool_())])

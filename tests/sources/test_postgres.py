@@ -22,7 +22,7 @@ import pytest
 from tests.aws_fixtures import aws, moto_server  # noqa: F401
 from tests.conftest import SCHEMA, make_readings, reference_merge, sort_rows
 from tests.sources.conftest import READER_PASSWORD, PgServer, year_start
-from timelake.timeutil import iso, to_micros
+from timelake.model.timeutil import iso, to_micros
 
 TIMELAKE = str(Path(os.sys.executable).with_name("timelake"))
 PIECE = re.compile(r"""SELECT \* FROM \((.+)\) AS src WHERE "ts" >= '([^']+)'::timestamptz AND "ts" < '([^']+)'::timestamptz$""")
@@ -251,7 +251,7 @@ def test_password_from_a_secrets_manager_secret(postgres, readings_table, sensor
 
 
 def test_a_password_in_the_uri_is_refused_before_the_job_is_stored(postgres, lake, sensor):
-    from timelake.spec import JobSpec
+    from timelake.model.spec import JobSpec
 
     with pytest.raises(ValueError, match="holds a password; pass it through PGPASSWORD"):
         JobSpec(table="iot.sensor", source=f"postgresql://reader:{READER_PASSWORD}@127.0.0.1:{postgres.port}/timelake?table=readings")
@@ -365,9 +365,9 @@ def test_scan_tasks_read_each_piece_once_whether_one_reader_reads_ahead_or_sever
     """Many scan tasks over 60 days: one connection reads task after task, fetching the next task's
     first piece while this task's last one is mapped; two connections read tasks side by side. Either
     way every piece is read exactly once, one connection serves a reader, and the table is exact."""
-    import timelake.plan
+    import timelake.steps.plan
 
-    monkeypatch.setattr(timelake.plan, "MIN_TASK_BYTES", 1)
+    monkeypatch.setattr(timelake.steps.plan, "MIN_TASK_BYTES", 1)
     start, end = _window(0, 60)
     mark = postgres.log_mark()
     job = sensor.backfill(source=postgres.uri(table=readings_table, piece_rows="2000"), start=start, end=end,
@@ -385,7 +385,7 @@ def test_scan_tasks_read_each_piece_once_whether_one_reader_reads_ahead_or_sever
 
 def test_a_piece_read_ahead_that_the_next_read_does_not_want_is_dropped(postgres, readings_table):
     """The hint names piece 5, the next read asks for piece 3: it gets piece 3's rows and only those."""
-    from timelake.source_postgres import PostgresSource
+    from timelake.sources.postgres import PostgresSource
 
     src = PostgresSource(postgres.uri(table=readings_table, piece_rows="20000"), time_column="ts")
     names, edges = src.pieces(), src.plan_state()["edges"]

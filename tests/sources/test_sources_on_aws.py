@@ -8,10 +8,10 @@ import boto3
 
 from tests.aws_fixtures import aws, moto_server  # noqa: F401
 from tests.cloud.conftest import BUCKET, Cloud, cloud  # noqa: F401
+from tests.conftest import SCHEMA as SENSOR_SCHEMA
+from tests.conftest import sort_rows
 from tests.sources.test_iceberg_source import MAP, _fill, _reference
 from tests.sources.test_influx import EXPORT_HEADER, ORDER, SCHEMA, _points
-
-from tests.conftest import SCHEMA as SENSOR_SCHEMA, sort_rows
 
 
 def test_influx_export_on_s3_through_the_workflow(cloud: Cloud):  # noqa: F811

@@ -7,8 +7,8 @@ import time
 import pyarrow.parquet as pq
 
 from tests.conftest import make_readings, recent
-from timelake.spec import JobSpec
-from timelake.throttle import limits
+from timelake.model.limits import limits
+from timelake.model.spec import JobSpec
 
 
 def test_databases_get_conservative_defaults_files_none_and_zero_lifts_the_rate():

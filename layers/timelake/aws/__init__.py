@@ -1,1 +1,1 @@
-"""AWS implementations of the engine interfaces: DynamoDB job store, EventBridge bus."""
+"""The AWS adapters: DynamoDB job store, EventBridge bus, SNS alarm sink. Picked by `timelake.adapters`."""

@@ -15,7 +15,7 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import ClientError
 
-from ..errors import BackfillError
+from timelake.errors import BackfillError
 
 SOURCE = "timelake.backfill"
 _PERMANENT = {"InvalidArgument", "MalformedDetail", "AccessDeniedException", "NotAuthorizedForSourceException"}

@@ -46,8 +46,10 @@ from typing import Any
 import boto3
 from botocore.config import Config
 
-
-from ..store import RATE_BURST_SECONDS, JobRecord, Lease, UnitRecord, job_exists, job_not_found, lease_conflict, reserved_until, unit_not_found
+from timelake.ports.store import (
+    RATE_BURST_SECONDS, JobRecord, Lease, UnitRecord, job_exists, job_not_found, lease_conflict, reserved_until,
+    unit_not_found,
+)
 
 Item = dict[str, dict[str, Any]]
 

@@ -1,0 +1,60 @@
+"""The adapters, and the one place that picks them: a `LakeConfig` names its job store, event bus and
+alarm sink by URI, and `compose` builds the matching embedded or AWS implementation.
+
+Only the runner and the interfaces import this package; the model, the steps, the sources and the
+after-publish work see the adapters through `timelake.ports` alone.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from timelake.adapters.local import InProcessAlarms, InProcessBus
+from timelake.adapters.sqlite import SqliteJobStore
+from timelake.ports.alarms import AlarmSink
+from timelake.ports.events import EventBus
+from timelake.ports.runtime import LakeConfig, Runtime
+from timelake.ports.store import JobStore
+
+
+def compose(config: LakeConfig, bus: EventBus | None = None, alarms: AlarmSink | None = None) -> Runtime:
+    """A runtime for ``config``; ``bus`` and ``alarms`` replace the configured ones (tests, the demo)."""
+    return Runtime(config, bus or _bus(config), lambda: _store(config), (lambda: alarms) if alarms else lambda: _alarms(config))
+
+
+_RUNTIMES: dict[str, Runtime] = {}
+
+
+def runtime_for(config: dict[str, Any] | LakeConfig) -> Runtime:
+    """One runtime per config per process: writer processes reuse their catalog connection."""
+    cfg = config if isinstance(config, LakeConfig) else LakeConfig.model_validate(config)
+    key = cfg.model_dump_json()
+    if key not in _RUNTIMES:
+        _RUNTIMES[key] = compose(cfg)
+    return _RUNTIMES[key]
+
+
+def _store(config: LakeConfig) -> JobStore:
+    if config.store.startswith("sqlite:///"):
+        return SqliteJobStore(config.store.removeprefix("sqlite:///"))
+    if config.store.startswith("dynamodb://"):
+        from timelake.aws.store import DynamoJobStore
+
+        return DynamoJobStore(config.store.removeprefix("dynamodb://"))
+    raise ValueError(f"unsupported job store '{config.store}'")
+
+
+def _bus(config: LakeConfig) -> EventBus:
+    if config.events and config.events.startswith("eventbridge://"):
+        from timelake.aws.events import EventBridgeBus
+
+        return EventBridgeBus(config.events.removeprefix("eventbridge://"))
+    return InProcessBus()
+
+
+def _alarms(config: LakeConfig) -> AlarmSink:
+    if config.alarms and config.alarms.startswith("sns://"):
+        from timelake.aws.alarms import SnsAlarmSink
+
+        return SnsAlarmSink(config.alarms.removeprefix("sns://"))
+    return InProcessAlarms()

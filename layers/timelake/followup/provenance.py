@@ -1,0 +1,120 @@
+"""Provenance: what was backfilled, when and how, kept where any Iceberg reader finds it.
+
+Every published job adds one row to the Iceberg table ``timelake.backfills`` in the same catalog
+(queryable like any table), and every publish commit carries the same facts in its snapshot summary,
+so the table's own history explains itself even without the provenance table.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from typing import Any
+
+import pyarrow as pa
+from pyiceberg.exceptions import NamespaceAlreadyExistsError, NoSuchTableError, TableAlreadyExistsError
+from pyiceberg.expressions import EqualTo
+
+from timelake.model.commit import with_retry
+from timelake.ports.runtime import Runtime
+from timelake.ports.store import JobRecord, UnitRecord
+
+NAMESPACE = "timelake"
+TABLE = f"{NAMESPACE}.backfills"
+TS = pa.timestamp("us", tz="UTC")
+SCHEMA = pa.schema([
+    pa.field("job_id", pa.string(), nullable=False),
+    pa.field("table_name", pa.string(), nullable=False),
+    pa.field("mode", pa.string(), nullable=False),
+    pa.field("range_start", TS, nullable=False),
+    pa.field("range_end", TS, nullable=False),
+    pa.field("published_at", TS, nullable=False),
+    pa.field("source_uri", pa.string()),
+    pa.field("source_fingerprint", pa.string()),
+    pa.field("job_json", pa.string(), nullable=False),
+    pa.field("job_hash", pa.string(), nullable=False),
+    pa.field("engine_version", pa.string(), nullable=False),
+    pa.field("rows_in_source", pa.int64()),
+    pa.field("rows_written", pa.int64()),
+    pa.field("rows_duplicate_in_source", pa.int64()),
+    pa.field("rows_conflicting_existing", pa.int64()),
+    pa.field("rows_rejected", pa.int64()),
+    pa.field("rows_outside_retention", pa.int64()),
+    pa.field("rows_outside_range", pa.int64()),
+    pa.field("chunks", pa.int32()),
+    pa.field("snapshot_ids", pa.list_(pa.int64())),
+])
+
+
+def job_hash(spec: dict[str, Any]) -> str:
+    """Hash of the job definition without its id: two runs of the same job JSON share it."""
+    body = {k: v for k, v in spec.items() if k != "job_id"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def engine_version() -> str:
+    from timelake.model.version import __version__
+
+    return __version__
+
+
+def summary_properties(job: JobRecord) -> dict[str, str]:
+    """Facts every publish commit carries in its snapshot summary."""
+    return {
+        "timelake.mode": job.spec["mode"],
+        "timelake.source": job.state.get("source_uri") or job.spec["source"],
+        "timelake.source-fingerprint": job.state.get("source_fingerprint") or "",
+        "timelake.job-hash": job_hash(job.spec),
+        "timelake.engine-version": engine_version(),
+    }
+
+
+def record(rt: Runtime, job: JobRecord, units: list[UnitRecord]) -> None:
+    """Add the job's row to ``timelake.backfills`` once (a resume finds it and adds nothing)."""
+    from timelake.model.report import build_report
+
+    table = _table(rt)
+    if table.scan(row_filter=EqualTo("job_id", job.job_id), selected_fields=("job_id",)).to_arrow().num_rows:
+        return
+    report = build_report(job, units)
+    row = {
+        "job_id": job.job_id, "table_name": job.table, "mode": job.spec["mode"],
+        "range_start": job.state["range_start"], "range_end": job.state["range_end"],
+        "published_at": int(time.time() * 1_000_000), "source_uri": report["source"],
+        "source_fingerprint": report["source_fingerprint"], "job_json": json.dumps(job.spec, sort_keys=True),
+        "job_hash": job_hash(job.spec), "engine_version": engine_version(),
+        "rows_in_source": report["rows_in_source"], "rows_written": report["rows_written"],
+        "rows_duplicate_in_source": report["rows_duplicate_in_source"],
+        "rows_conflicting_existing": report["rows_conflicting_existing"],
+        "rows_rejected": report["rows_rejected"]["total"], "rows_outside_retention": report["rows_outside_retention"],
+        "rows_outside_range": report["rows_outside_range"], "chunks": len(report["published_chunks"]),
+        "snapshot_ids": report["published_snapshot_ids"],
+    }
+    rows = pa.Table.from_pylist([row], schema=SCHEMA).cast(table.schema().as_arrow())
+    with_retry(table, lambda current: current.append(rows), "provenance")
+
+
+def history(rt: Runtime, table_name: str | None = None) -> pa.Table:
+    """Published backfills, oldest first (of one table, or all)."""
+    try:
+        table = rt.catalog.load_table(TABLE)
+    except NoSuchTableError:
+        return SCHEMA.empty_table()
+    scan = table.scan(row_filter=EqualTo("table_name", table_name)) if table_name else table.scan()
+    return scan.to_arrow().sort_by("published_at")
+
+
+def _table(rt: Runtime) -> Any:
+    try:
+        return rt.catalog.load_table(TABLE)
+    except NoSuchTableError:
+        pass
+    try:
+        rt.catalog.create_namespace(NAMESPACE)
+    except NamespaceAlreadyExistsError:
+        pass
+    try:
+        return rt.catalog.create_table(TABLE, schema=SCHEMA, properties={"comment": "one row per published backfill"})
+    except TableAlreadyExistsError:
+        return rt.catalog.load_table(TABLE)

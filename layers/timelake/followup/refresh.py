@@ -1,0 +1,56 @@
+"""What follows a publish: rollups refreshed over the published range and, when the job asks for it,
+the table's rules evaluated there in historical mode.
+
+One entry per orchestrator: the embedded runner calls `run` as the job's ``refreshing`` phase; on
+AWS the EventBridge rule on "Backfill Published" invokes the rollup Lambda, which calls
+`on_published` once per published chunk. Both are idempotent (rollup chunks and backfill events
+are replaced, never appended twice), so a retried event or a resumed job is harmless.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel
+
+from timelake.followup.rollup import refresh, rollups_of
+from timelake.followup.rules import evaluate_published, rules_of
+from timelake.model.spec import JobSpec
+from timelake.model.timeutil import iso, parse_instant, to_micros
+from timelake.ports.runtime import Runtime
+
+
+class PublishedEvent(BaseModel):
+    """The detail of a "Backfill Published" event: the range whose rollups (and events) are stale."""
+
+    job_id: str
+    table: str
+    start: str
+    end: str
+    evaluate_rules: bool = False
+
+
+def needed(table: Any, spec: JobSpec) -> bool:
+    """Whether a published job has follow-up work (the runner skips the phase otherwise)."""
+    return bool(rollups_of(table)) or (spec.evaluate_rules and bool(rules_of(table)))
+
+
+def on_published(rt: Runtime, event: PublishedEvent) -> dict[str, Any]:
+    """Refresh the rollups over the event's range; evaluate the rules there if the job asked."""
+    done: dict[str, Any] = {"rollups": refresh(rt, event.table, event.start, event.end)}
+    if event.evaluate_rules:
+        lo, hi = to_micros(parse_instant(event.start)), to_micros(parse_instant(event.end))
+        done["events"] = evaluate_published(rt, event.table, event.job_id, lo, hi)
+    return done
+
+
+def run(rt: Runtime, job_id: str) -> dict[str, Any]:
+    """The embedded runner's ``refreshing`` phase, over the job's whole published range."""
+    job = rt.store.get_job(job_id)
+    spec = JobSpec.model_validate(job.spec)
+    event = PublishedEvent(job_id=job_id, table=job.table, start=iso(job.state["range_start"]),
+                           end=iso(job.state["range_end"]), evaluate_rules=spec.evaluate_rules)
+    done = on_published(rt, event)
+    rt.store.update_job(job_id, "published", rollups_refreshed=done["rollups"],
+                        **({"rule_events": done["events"]} if "events" in done else {}))
+    return done

@@ -1,0 +1,291 @@
+"""Rules: thresholds on a column, optionally held for a minimum duration, evaluated as a real-time
+evaluator would have evaluated them, and alarms that only the live path may raise.
+
+A rule fires once per *episode*: a run of consecutive samples of one series that all meet the
+condition. With a duration ``for`` it fires at the first sample of the run that is at least ``for``
+after the run's first sample; without one, at the run's first sample. An event therefore depends
+only on rows at or before its firing time, which is what makes a historical evaluation after a
+backfill agree with what a live evaluator would have said had the data arrived on time.
+
+Two callers, two outcomes:
+- the live path (`Table.append`) evaluates the new rows and sends new events to the lake's alarm
+  sink (SNS on AWS) and to the events table with ``source = 'live'``;
+- a backfill never touches the sink. By default it evaluates nothing; with ``evaluate_rules`` it
+  evaluates the published range after publish and writes the events table with
+  ``source = 'backfill'``, replacing that job range's earlier backfill events in one commit.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from typing import Any, Literal
+
+import duckdb
+import pyarrow as pa
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pyiceberg.exceptions import NoSuchTableError
+from pyiceberg.expressions import And, EqualTo, GreaterThanOrEqual, LessThan
+
+from timelake.model.commit import swap
+from timelake.model.contract import Contract
+from timelake.model.layout import fresh_schema, micros, read_range, time_bounds
+from timelake.model.timeutil import US_PER_DAY, US_PER_SECOND, from_micros, parse_duration
+from timelake.ports.runtime import Runtime
+
+RULES = "timelake.rules"
+_TEXT = re.compile(r"^\s*(?P<name>[A-Za-z0-9_.-]+)\s*:\s*(?P<column>[A-Za-z_][A-Za-z0-9_]*)\s*(?P<op>>=|<=|>|<)\s*"
+                   r"(?P<threshold>[-+0-9.eE]+)\s*(?:for\s+(?P<for>\S+))?\s*(?:severity\s+(?P<severity>\w+))?\s*$")
+TS = pa.timestamp("us", tz="UTC")
+
+
+class Rule(BaseModel):
+    """One threshold rule of a table's contract (stored as JSON in the ``timelake.rules`` property)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    column: str
+    op: Literal[">", ">=", "<", "<="]
+    threshold: float
+    for_: str | None = Field(default=None, alias="for", description="ISO-8601 duration the condition must hold, e.g. PT10M")
+    severity: str = Field(default="warning", pattern=r"^[A-Za-z0-9_-]{1,32}$")
+
+    @field_validator("for_")
+    @classmethod
+    def _duration(cls, value: str | None) -> str | None:
+        if value is not None:
+            parts = parse_duration(value)
+            if parts.get("years") or parts.get("months"):
+                raise ValueError(f"rule duration '{value}' must be fixed-length (weeks, days, hours, minutes, seconds)")
+        return value
+
+    @property
+    def hold_us(self) -> int:
+        """The minimum duration in microseconds (0 without one)."""
+        if self.for_ is None:
+            return 0
+        p = parse_duration(self.for_)
+        seconds = p.get("weeks", 0) * 604_800 + p.get("days", 0) * 86_400 + p.get("hours", 0) * 3_600
+        return int((seconds + p.get("minutes", 0) * 60 + p.get("seconds", 0)) * US_PER_SECOND)
+
+    def to_json(self) -> dict[str, Any]:
+        return self.model_dump(by_alias=True, exclude_none=True)
+
+
+def parse(definitions: list[dict[str, Any] | str] | None, schema: pa.Schema) -> list[Rule]:
+    """Rule definitions (dicts, or the CLI's text form) checked against the base table's schema."""
+    rules = []
+    for d in definitions or []:
+        raw = parse_text(d) if isinstance(d, str) else d
+        try:
+            rule = Rule.model_validate(raw)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            raise ValueError(f"rule {raw.get('name', '?')!r}: {'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+        field = schema.field(rule.column) if rule.column in schema.names else None
+        if field is None or not (pa.types.is_integer(field.type) or pa.types.is_floating(field.type)):
+            raise ValueError(f"rule '{rule.name}': column '{rule.column}' is not a numeric column of the table")
+        rules.append(rule)
+    names = [r.name for r in rules]
+    if len(set(names)) != len(names):
+        raise ValueError(f"rule names must be unique, got {names}")
+    return rules
+
+
+def parse_text(text: str) -> dict[str, Any]:
+    """``overheat: value > 90 for PT10M severity critical`` → a rule definition."""
+    match = _TEXT.match(text)
+    if match is None:
+        raise ValueError(f"cannot read rule '{text}': write NAME: COLUMN OP THRESHOLD [for DURATION] [severity LEVEL], "
+                         "e.g. 'overheat: value > 90 for PT10M'")
+    d: dict[str, Any] = {k: v for k, v in match.groupdict().items() if v is not None}
+    d["threshold"] = float(d["threshold"])
+    return d
+
+
+def rules_of(table: Any) -> list[Rule]:
+    return [Rule.model_validate(d) for d in json.loads(table.properties.get(RULES, "[]"))]
+
+
+def to_property(rules: list[Rule]) -> str:
+    return json.dumps([r.to_json() for r in rules])
+
+
+# --- the events table ------------------------------------------------------------------------------
+
+def events_table_name(base: str) -> str:
+    return f"{base}_events"
+
+
+def events_schema(contract: Contract, schema: pa.Schema) -> pa.Schema:
+    return pa.schema([
+        pa.field("rule", pa.string(), nullable=False), pa.field("severity", pa.string(), nullable=False),
+        *[pa.field(k, schema.field(k).type, nullable=False) for k in contract.series_key],
+        pa.field("started_at", TS, nullable=False), pa.field("fired_at", TS, nullable=False),
+        pa.field("value", pa.float64(), nullable=False), pa.field("threshold", pa.float64(), nullable=False),
+        pa.field("source", pa.string(), nullable=False), pa.field("job_id", pa.string()),
+        pa.field("recorded_at", TS, nullable=False),
+    ])
+
+
+def ensure_events_table(rt: Runtime, base: str, contract: Contract, schema: pa.Schema) -> Any:
+    """The events table of ``base``, created (partitioned by the day an event fired) on first use."""
+    from pyiceberg.partitioning import PartitionField, PartitionSpec
+    from pyiceberg.transforms import DayTransform
+
+    name = events_table_name(base)
+    try:
+        return rt.catalog.load_table(name)
+    except NoSuchTableError:
+        iceberg = fresh_schema(events_schema(contract, schema))
+        spec = PartitionSpec(PartitionField(iceberg.find_field("fired_at").field_id, 1000, DayTransform(), "fired_day"))
+        return rt.catalog.create_table(name, schema=iceberg, partition_spec=spec,
+                                       properties={"timelake.events-of": base})
+
+
+# --- evaluation ------------------------------------------------------------------------------------
+
+def evaluate(rows: pa.Table, contract: Contract, rules: list[Rule], start_us: int | None, end_us: int | None) -> pa.Table:
+    """Events of ``rules`` over ``rows`` that fire in [start, end), in the events schema minus the
+    source/job/recorded columns. ``rows`` must reach back far enough for each run's first sample
+    (`context_rows` reads that)."""
+    keys = [f'"{k}"' for k in contract.series_key]
+    partition = f"PARTITION BY {', '.join(keys)}" if keys else ""
+    con = duckdb.connect()
+    con.register("base", rows)
+    parts = []
+    for rule in rules:
+        condition = f'"{rule.column}" {rule.op} {rule.threshold!r}'
+        parts.append(f"""
+            SELECT '{rule.name}' AS rule, '{rule.severity}' AS severity, {', '.join(keys + [''])}
+                   run_start AS started_at, ts AS fired_at, v AS value, {rule.threshold!r}::DOUBLE AS threshold
+            FROM (
+                SELECT *, row_number() OVER (PARTITION BY {', '.join(keys + ['run_start'])} ORDER BY ts) AS nth
+                FROM (
+                    SELECT *, min(ts) OVER (PARTITION BY {', '.join(keys + ['run'])}) AS run_start
+                    FROM (
+                        SELECT {', '.join(keys + [''])} "{contract.time_column}" AS ts, "{rule.column}"::DOUBLE AS v,
+                               coalesce({condition}, false) AS hit,
+                               sum(CASE WHEN coalesce({condition}, false) THEN 0 ELSE 1 END)
+                                   OVER ({partition} ORDER BY "{contract.time_column}" ROWS UNBOUNDED PRECEDING) AS run
+                        FROM base)
+                    WHERE hit)
+                WHERE epoch_us(ts) - epoch_us(run_start) >= {rule.hold_us})
+            WHERE nth = 1""")
+    sql = " UNION ALL ".join(parts)
+    bounds = [f"epoch_us(fired_at) >= {start_us}" if start_us is not None else "",
+              f"epoch_us(fired_at) < {end_us}" if end_us is not None else ""]
+    where = " AND ".join(b for b in bounds if b)
+    result = con.sql(f"SELECT * FROM ({sql}) {'WHERE ' + where if where else ''} ORDER BY ALL").to_arrow_table()
+    return result
+
+
+def context_rows(table: Any, contract: Contract, rules: list[Rule], start_us: int, end_us: int) -> pa.Table:
+    """The rows an exact evaluation of [start, end) needs: the range, plus as much history before it
+    as it takes to find where each run in progress at the range's start began.
+
+    It reads back the longest rule duration first, then doubles the look-back only while some series'
+    earliest row read still meets a condition (its run may have begun earlier), so a normal backfill
+    reads one short extra window and a long alarm episode costs reads proportional to its length.
+    """
+    columns = tuple(dict.fromkeys([*contract.series_key, contract.time_column, *(r.column for r in rules)]))
+    lo = start_us - max(r.hold_us for r in rules)
+    rows = read_range(table, contract.time_column, lo, end_us, columns)
+    step, still_open = max(start_us - lo, US_PER_DAY), _open_series(rows, contract, rules)
+    bounds = time_bounds(table, contract.time_column) if still_open else None  # the usual case needs no file listing
+    first = bounds[0] if bounds else None
+    while still_open and first is not None and lo > first:
+        earlier = read_range(table, contract.time_column, max(lo - step, first), lo, columns)
+        rows = pa.concat_tables([earlier, rows])
+        lo, step = max(lo - step, first), step * 2
+        still_open &= _open_series(rows, contract, rules)  # a series found closed stays closed
+    return rows
+
+
+def _open_series(rows: pa.Table, contract: Contract, rules: list[Rule]) -> set[tuple[Any, ...]]:
+    """The series whose earliest row read meets some rule's condition: their run may have begun earlier."""
+    if rows.num_rows == 0:
+        return set()
+    keys = [f'"{k}"' for k in contract.series_key]
+    con = duckdb.connect()
+    con.register("base", rows)
+    hit = " OR ".join(f'coalesce("{r.column}" {r.op} {r.threshold!r}, false)' for r in rules)
+    first = con.sql(f"""SELECT {', '.join(keys + [''])} {hit} AS hit FROM base
+        QUALIFY row_number() OVER ({'PARTITION BY ' + ', '.join(keys) if keys else ''} ORDER BY "{contract.time_column}") = 1""")
+    return {tuple(row[:-1]) for row in first.fetchall() if row[-1]}
+
+
+def record(rt: Runtime, base: str, events: pa.Table, source: str, job_id: str | None,
+           replace: tuple[int, int] | None = None) -> int:
+    """Add ``events`` to the events table; with ``replace``, first remove this source's events that
+    fired in that range, in the same commit (a re-run or a re-backfill of a range never duplicates)."""
+    table = rt.load_table(base)
+    contract = Contract.from_table(table)
+    target = ensure_events_table(rt, base, contract, table.schema().as_arrow())
+    schema = target.schema().as_arrow()
+    now = pa.array([int(time.time() * US_PER_SECOND)] * events.num_rows, pa.int64()).cast(TS)
+    rows = events.append_column("source", pa.array([source] * events.num_rows, pa.string())) \
+        .append_column("job_id", pa.array([job_id] * events.num_rows, pa.string())) \
+        .append_column("recorded_at", now).select(schema.names).cast(schema)
+    if replace is None and rows.num_rows == 0:
+        return 0
+    row_filter = None
+    if replace is not None:
+        lo, hi = replace
+        row_filter = And(EqualTo("source", source), And(GreaterThanOrEqual("fired_at", from_micros(lo).isoformat()),
+                                                           LessThan("fired_at", from_micros(hi).isoformat())))
+    swap(target, row_filter, rows, f"events of {base}")
+    return rows.num_rows
+
+
+def evaluate_published(rt: Runtime, base: str, job_id: str, start_us: int, end_us: int) -> int:
+    """Historical mode, after a publish: the events of [start, end) into the events table with
+    ``source = 'backfill'``. Never calls the alarm sink. Returns the number of events."""
+    table = rt.load_table(base)
+    rules = rules_of(table)
+    if not rules:
+        return 0
+    contract = Contract.from_table(table)
+    events = evaluate(context_rows(table, contract, rules, start_us, end_us), contract, rules, start_us, end_us)
+    return record(rt, base, events, "backfill", job_id, replace=(start_us, end_us))
+
+
+# --- the live path ---------------------------------------------------------------------------------
+
+def evaluate_live(rt: Runtime, base: str, new_rows: pa.Table) -> int:
+    """After a live append: events that fire at the new rows' times, not recorded before, go to the
+    events table (``source = 'live'``) and then to the alarm sink. Returns how many fired."""
+    table = rt.load_table(base)
+    rules = rules_of(table)
+    if not rules or new_rows.num_rows == 0:
+        return 0
+    contract = Contract.from_table(table)
+    ts = micros(new_rows, contract.time_column)
+    lo, hi = int(ts.min()), int(ts.max()) + 1
+    events = evaluate(context_rows(table, contract, rules, lo, hi), contract, rules, lo, hi)
+    events = _not_recorded(rt, base, contract, events, lo, hi)
+    if events.num_rows == 0:
+        return 0
+    record(rt, base, events, "live", None)
+    for event in events.to_pylist():
+        rt.alarms.notify(base, {k: v.isoformat() if hasattr(v, "isoformat") else v for k, v in event.items()})
+    return events.num_rows
+
+
+def _not_recorded(rt: Runtime, base: str, contract: Contract, events: pa.Table, lo: int, hi: int) -> pa.Table:
+    """Drop events the live path already raised (same rule, series and firing time)."""
+    try:
+        known = rt.catalog.load_table(events_table_name(base)).scan(row_filter=And(
+            EqualTo("source", "live"), And(GreaterThanOrEqual("fired_at", from_micros(lo).isoformat()),
+                                           LessThan("fired_at", from_micros(hi).isoformat())))).to_arrow()
+    except NoSuchTableError:
+        return events
+    if known.num_rows == 0 or events.num_rows == 0:
+        return events
+    keys = ["rule", *contract.series_key, "fired_at"]
+    con = duckdb.connect()
+    con.register("events", events)
+    con.register("known", known.select(keys))
+    return con.sql(f"SELECT * FROM events ANTI JOIN known USING ({', '.join(keys)}) ORDER BY ALL").to_arrow_table()

@@ -1,0 +1,428 @@
+"""The `timelake` command line: backfill (run, status, resume, list, schema) and demo.
+
+Every failure exits non-zero with one line naming what is wrong; `--json` prints one JSON object.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.table import Table as RichTable
+from typer.core import TyperGroup
+
+from timelake.errors import BackfillError
+from timelake.interfaces.console import console, drive, fail, one_line, out, status_line
+from timelake.interfaces.lake import Lake, connect
+from timelake.model.report import progress
+from timelake.model.spec import JobSpec
+from timelake.runner import TERMINAL, WAITING
+from timelake.steps.canary import approve as approve_canary
+
+FIRST_DAY = "first"
+
+Warehouse = Annotated[
+    Optional[Path], typer.Option("--warehouse", envvar="TIMELAKE_WAREHOUSE", help="Lake folder (default ./.timelake)")
+]
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON object")]
+On = Annotated[str, typer.Option("--on", help="local (embedded lake) or aws (the deployed workflow)")]
+
+
+class _BackfillGroup(TyperGroup):
+    """`timelake backfill TABLE …` runs a job; `timelake backfill status|resume|list …` are subcommands."""
+
+    default = "run"
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        if args and args[0] not in self.commands and not args[0].startswith("-"):
+            args = [self.default, *args]
+        return super().parse_args(ctx, _canary_value(args))
+
+
+def _canary_value(args: list[str]) -> list[str]:
+    """``--canary`` takes an optional DAY: a bare ``--canary`` means the first day with source rows."""
+    result = []
+    for i, arg in enumerate(args):
+        if arg == "--canary" and not (i + 1 < len(args) and re.fullmatch(r"\d{4}-\d{2}-\d{2}", args[i + 1])):
+            arg = f"--canary={FIRST_DAY}"
+        result.append(arg)
+    return result
+
+
+class _CoverageGroup(_BackfillGroup):
+    """`timelake coverage TABLE …` shows the map; `timelake coverage refresh TABLE` rebuilds the signal."""
+
+    default = "show"
+
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="timelake: load history into live Iceberg tables.")
+backfill_app = typer.Typer(
+    cls=_BackfillGroup, no_args_is_help=True,
+    help="Backfill a table: `timelake backfill TABLE --from SRC \\[options]`, or status/resume/list a job.",
+)
+app.add_typer(backfill_app, name="backfill")
+coverage_app = typer.Typer(
+    cls=_CoverageGroup, no_args_is_help=True,
+    help="Coverage of a table: `timelake coverage TABLE \\[options]`, or `timelake coverage refresh TABLE`.",
+)
+app.add_typer(coverage_app, name="coverage")
+table_app = typer.Typer(no_args_is_help=True, help="A table's contract: show it, declare rollups and rules, list rule events.")
+app.add_typer(table_app, name="table")
+
+
+def _lake(warehouse: Path | None) -> Lake:
+    return connect(warehouse=warehouse)
+
+
+def _one_query(query: str | None, from_sql: str | None) -> str | None:
+    if query and from_sql:
+        raise typer.BadParameter("give --query (a PostgreSQL source's SELECT) or --from-sql (a DuckDB query), not both")
+    return query or from_sql
+
+
+def _parse_map(text: str | None) -> dict[str, str]:
+    if not text:
+        return {}
+    pairs = {}
+    for item in text.split(","):
+        table_col, sep, source_col = item.partition("=")
+        if not sep or not table_col.strip() or not source_col.strip():
+            raise typer.BadParameter(f"'{item}' is not table_column=source_column", param_hint="--map")
+        pairs[table_col.strip()] = source_col.strip()
+    return pairs
+
+
+@backfill_app.command("run", hidden=True)
+def run(
+    table: Annotated[str, typer.Argument(help="Target table, namespace.name")],
+    source: Annotated[Optional[str], typer.Option("--from", help="Source path, glob or URI")] = None,
+    job_file: Annotated[Optional[Path], typer.Option("--job", help="A job JSON file (the job schema)")] = None,
+    map_: Annotated[Optional[str], typer.Option("--map", help="table_col=source_col,…")] = None,
+    tz: Annotated[Optional[str], typer.Option("--tz", help="IANA zone of naive source times")] = None,
+    mode: Annotated[str, typer.Option("--mode", help="merge | replace | append")] = "merge",
+    start: Annotated[Optional[str], typer.Option("--start", help="Inclusive lower bound (ISO)")] = None,
+    end: Annotated[Optional[str], typer.Option("--end", help="Exclusive upper bound (ISO)")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Report only; change nothing")] = False,
+    publish_by: Annotated[Optional[str], typer.Option("--publish-by", help="day | week | month")] = None,
+    max_concurrency: Annotated[Optional[int], typer.Option("--max-concurrency")] = None,
+    assertions: Annotated[Optional[list[str]], typer.Option("--assert", help="SQL over `staged` returning failing rows")] = None,
+    override_retention: Annotated[bool, typer.Option("--override-retention")] = False,
+    evaluate_rules: Annotated[bool, typer.Option(
+        "--evaluate-rules", help="After publish, evaluate the table's rules over the range into its events table "
+        "(source 'backfill'); never alarms")] = False,
+    time_unit: Annotated[Optional[str], typer.Option("--time-unit", help="s | ms | us | ns for epoch integers")] = None,
+    dst_policy: Annotated[str, typer.Option("--dst-policy", help="refuse | earliest | latest | drop")] = "refuse",
+    fmt: Annotated[Optional[str], typer.Option("--format", help="parquet | csv | json | influx (default: from extension)")] = None,
+    canary: Annotated[Optional[str], typer.Option(
+        "--canary", metavar="[DAY]", help="Write and check one UTC day first (default: the first day with rows), then wait")] = None,
+    approval_timeout: Annotated[Optional[int], typer.Option(
+        "--approval-timeout", metavar="SECONDS", help="How long a canary waits for continue or abort (default 7 days)")] = None,
+    query: Annotated[Optional[str], typer.Option("--query", help="SELECT to read from a PostgreSQL source")] = None,
+    source_max_connections: Annotated[Optional[int], typer.Option("--source-max-connections", help="Scan tasks reading the source at once")] = None,
+    source_rows_per_second: Annotated[Optional[int], typer.Option("--source-rows-per-second", help="Rows/s read from the source, all workers together")] = None,
+    from_sql: Annotated[Optional[str], typer.Option("--from-sql", help="A DuckDB query as the source")] = None,
+    measurement: Annotated[Optional[str], typer.Option("--measurement", help="InfluxDB measurement (default: table name)")] = None,
+    precision: Annotated[Optional[str], typer.Option("--precision", help="ns | us | ms | s of line-protocol times")] = None,
+    as_json: JsonFlag = False,
+    warehouse: Warehouse = None,
+    on: On = "local",
+) -> None:
+    """Run a backfill job."""
+    fields: dict[str, Any] = json.loads(job_file.read_text()) if job_file else {}
+    given = {
+        "source": source, "map": _parse_map(map_) or None, "tz": tz, "start": start, "end": end,
+        "publish_by": publish_by, "max_concurrency": max_concurrency, "assertions": assertions or None,
+        "time_unit": time_unit, "format": fmt, "canary": True if canary == FIRST_DAY else canary,
+        "approval_timeout_seconds": approval_timeout,
+        "query": _one_query(query, from_sql), "source_max_connections": source_max_connections,
+        "source_rows_per_second": source_rows_per_second, "measurement": measurement, "precision": precision,
+    }
+    fields.update({k: v for k, v in given.items() if v is not None})
+    fields["table"] = table
+    if from_sql and not source:
+        fields["source"] = "duckdb:"
+    for flag, value, default in (("mode", mode, "merge"), ("dst_policy", dst_policy, "refuse")):
+        if value != default or flag not in fields:
+            fields[flag] = value
+    fields["dry_run"] = dry_run or fields.get("dry_run", False)
+    fields["override_retention"] = override_retention or fields.get("override_retention", False)
+    fields["evaluate_rules"] = evaluate_rules or fields.get("evaluate_rules", False)
+    if not fields.get("source"):
+        fail("--from SRC (or a --job file with a source) is required")
+    spec = JobSpec.model_validate(fields)
+    if _on_aws(on):
+        _print_json_or(_aws().submit(spec), as_json, "started")
+        return
+    lake = _lake(warehouse)
+    lake.create_job(spec)
+    if not as_json:
+        console.print(f"job [bold]{spec.job_id}[/] on {spec.table} ({'dry run, ' if spec.dry_run else ''}mode {spec.mode})")
+    drive(lake, spec.job_id, as_json)
+
+
+@backfill_app.command("resume")
+def resume(job_id: str, as_json: JsonFlag = False, warehouse: Warehouse = None, on: On = "local") -> None:
+    """Continue a job from its first unfinished step (done units are skipped)."""
+    if _on_aws(on):
+        _print_json_or(_aws().resume(job_id), as_json, "resumed")
+        return
+    lake = _lake(warehouse)
+    lake.job(job_id).record()
+    if lake.runtime.store.get_job(job_id).phase == "failed_validation":
+        fail(f"job {job_id} failed validation; nothing was published. Fix the source and start a new job")
+    drive(lake, job_id, as_json)
+
+
+@backfill_app.command("continue")
+def continue_job(job_id: str, as_json: JsonFlag = False, warehouse: Warehouse = None, on: On = "local") -> None:
+    """Approve a canary: write the rest of the job, validate all of it and publish."""
+    if _on_aws(on):
+        _print_json_or(_aws().approve(job_id), as_json, "approved")
+        return
+    lake = _lake(warehouse)
+    approve_canary(lake.runtime, job_id, in_time=True)
+    drive(lake, job_id, as_json)
+
+
+@backfill_app.command("status")
+def status(
+    job_id: str, watch: Annotated[bool, typer.Option("--watch", help="Refresh until the job ends")] = False,
+    as_json: JsonFlag = False, warehouse: Warehouse = None, on: On = "local",
+) -> None:
+    """Phase, units done/total, rows, throughput and ETA."""
+    if _on_aws(on):
+        orchestrator = _aws()
+        current = lambda: orchestrator.status(job_id)  # noqa: E731
+    else:
+        store = _lake(warehouse).runtime.store
+        current = lambda: progress(store.get_job(job_id), store.units(job_id))  # noqa: E731
+    while True:
+        info = current()
+        if as_json:
+            out.print_json(json.dumps(info))
+        else:
+            out.print(status_line(info))
+        if not watch or info["phase"] in TERMINAL | WAITING or info["phase"] == "failed":
+            break
+        time.sleep(1.0)
+
+
+@backfill_app.command("list")
+def list_jobs(
+    table: Annotated[Optional[str], typer.Argument()] = None, as_json: JsonFlag = False, warehouse: Warehouse = None
+) -> None:
+    """Jobs, oldest first."""
+    lake = _lake(warehouse)
+    store = lake.runtime.store
+    rows = [progress(j, store.units(j.job_id)) | {"mode": j.spec.get("mode"), "dry_run": j.spec.get("dry_run")}
+            for j in store.list_jobs(table)]
+    if as_json:
+        out.print_json(json.dumps(rows))
+        return
+    grid = RichTable("job", "table", "mode", "phase", "units", "rows")
+    for r in rows:
+        grid.add_row(r["job_id"], r["table"], ("dry run " if r["dry_run"] else "") + str(r["mode"]), r["phase"],
+                     f"{r['units_done']}/{r['units_total']}", f"{r['rows_processed']:,}")
+    out.print(grid)
+
+
+@backfill_app.command("abort")
+def abort_job(job_id: str, as_json: JsonFlag = False, warehouse: Warehouse = None, on: On = "local") -> None:
+    """Stop a job; remove its branch, its unpublished files and its lease. Main is untouched."""
+    if _on_aws(on):
+        result = _aws().abort(job_id)
+    else:
+        job = _lake(warehouse).job(job_id)
+        result = job.abort()
+    if as_json:
+        out.print_json(json.dumps(result))
+    elif "how" in result:  # a canary waiting on AWS: the workflow runs the abort
+        out.print(f"job {job_id}: {result['how']}")
+    else:
+        out.print(f"aborted job {job_id}: {result['files_deleted']} unpublished file(s) deleted, branch and lease removed")
+
+
+@backfill_app.command("leases")
+def leases(table: str, as_json: JsonFlag = False, warehouse: Warehouse = None) -> None:
+    """Ranges of TABLE held by unpublished backfills (a compactor skips them)."""
+    from timelake.model.timeutil import iso
+
+    held = [{"job_id": lease.job_id, "table": lease.table, "start": iso(lease.start), "end": iso(lease.end)}
+            for lease in _lake(warehouse).leases(table)]
+    if as_json:
+        out.print_json(json.dumps(held))
+        return
+    grid = RichTable("job", "table", "start", "end")
+    for lease in held:
+        grid.add_row(lease["job_id"], lease["table"], lease["start"], lease["end"])
+    out.print(grid if held else f"no leases on {table}")
+
+
+@backfill_app.command("history")
+def history(table: str, as_json: JsonFlag = False, warehouse: Warehouse = None) -> None:
+    """Published backfills of TABLE: when, range, mode, source, rows, snapshots (from timelake.backfills)."""
+    from timelake.followup.provenance import history as read_history
+
+    rows = read_history(_lake(warehouse).runtime, table).to_pylist()
+    if as_json:
+        out.print_json(json.dumps(rows, default=str))
+        return
+    grid = RichTable("published", "job", "mode", "range", "source", "written", "dropped", "snapshots")
+    for r in rows:
+        dropped = r["rows_duplicate_in_source"] + r["rows_conflicting_existing"] + r["rows_rejected"]
+        grid.add_row(f"{r['published_at']:%Y-%m-%d %H:%M}", r["job_id"], r["mode"],
+                     f"{r['range_start']:%Y-%m-%d} … {r['range_end']:%Y-%m-%d}", r["source_uri"],
+                     f"{r['rows_written']:,}", f"{dropped:,}", ", ".join(map(str, r["snapshot_ids"])))
+    out.print(grid if rows else f"no published backfills on {table}")
+
+
+@backfill_app.command("schema")
+def schema() -> None:
+    """Print the JSON Schema of the job JSON."""
+    out.print_json(json.dumps(JobSpec.model_json_schema()))
+
+
+@coverage_app.command("show", hidden=True)
+def coverage_show(
+    table: Annotated[str, typer.Argument(help="Table, namespace.name")],
+    start: Annotated[Optional[str], typer.Option("--start", help="Inclusive lower bound (ISO; default: oldest row)")] = None,
+    end: Annotated[Optional[str], typer.Option("--end", help="Exclusive upper bound (ISO; default: newest row)")] = None,
+    by: Annotated[str, typer.Option("--by", help="hour | day | month")] = "day",
+    series: Annotated[bool, typer.Option("--series", help="Rows per series too (reads the series-key column only)")] = False,
+    html_file: Annotated[Optional[Path], typer.Option("--html", help="Also write a standalone HTML page")] = None,
+    as_json: JsonFlag = False, warehouse: Warehouse = None,
+) -> None:
+    """Rows, files, completeness and writer per bucket, from Iceberg metadata: a calendar heatmap."""
+    from timelake.followup.heatmap import page, terminal
+
+    cmap = _lake(warehouse).table(table).coverage_map(start, end, by=by, series=series)
+    if html_file:
+        html_file.write_text(page(cmap))
+    if as_json:
+        out.print_json(json.dumps(cmap.to_dict()))
+        return
+    out.print(terminal(cmap), end="", soft_wrap=True)
+    if html_file:
+        out.print(f"  page: {html_file}", soft_wrap=True)
+
+
+@coverage_app.command("refresh")
+def coverage_refresh(table: str, as_json: JsonFlag = False, warehouse: Warehouse = None) -> None:
+    """Rebuild TABLE's companion coverage table (`<table>__coverage`) from its metadata."""
+    from timelake.followup.completion import companion_name, update
+
+    written = update(_lake(warehouse).runtime, table)
+    result = {"table": table, "coverage_table": companion_name(table), "partitions": written}
+    if as_json:
+        out.print_json(json.dumps(result))
+    else:
+        out.print(f"{result['coverage_table']}: {written} partition(s) written")
+
+
+@table_app.command("show")
+def show_table(table: str, as_json: JsonFlag = False, warehouse: Warehouse = None) -> None:
+    """The contract of TABLE: time column, series and dedup key, retention, partition tiers, rollups, rules."""
+    from timelake.followup.rollup import rollups_of
+    from timelake.followup.rules import rules_of
+
+    handle = _lake(warehouse).table(table)
+    ct = handle.contract
+    info = {"table": table, "time_column": ct.time_column, "series_key": list(ct.series_key), "dedup_key": list(ct.dedup_key),
+            "retention": ct.retention, "partition_tiers": [{"max_age": t.max_age, "transform": t.transform} for t in ct.tiers],
+            "target_file_size": ct.target_file_size,
+            "rollups": [{"interval": r.interval, "columns": list(r.columns), "table": r.table_name(table)} for r in rollups_of(handle.iceberg)],
+            "rules": [r.to_json() for r in rules_of(handle.iceberg)]}
+    if as_json:
+        out.print_json(json.dumps(info))
+        return
+    for key, value in info.items():
+        out.print(f"[bold]{key}[/]: {value}")
+
+
+@table_app.command("declare")
+def declare(
+    table: str,
+    rollup: Annotated[Optional[list[str]], typer.Option("--rollup", help="INTERVAL:COLUMN[,COLUMN…], e.g. 1h:value")] = None,
+    rule: Annotated[Optional[list[str]], typer.Option("--rule", help="'NAME: COLUMN OP THRESHOLD [for PT10M] [severity S]'")] = None,
+    warehouse: Warehouse = None,
+) -> None:
+    """Add rollups (built from the whole table at once) and rules to TABLE's contract."""
+    rollups = []
+    for item in rollup or []:
+        interval, sep, columns = item.partition(":")
+        if not sep:
+            raise typer.BadParameter(f"'{item}' is not INTERVAL:COLUMN[,COLUMN…]", param_hint="--rollup")
+        rollups.append({"interval": interval.strip(), "columns": [c.strip() for c in columns.split(",") if c.strip()]})
+    _lake(warehouse).table(table).declare(rollups=rollups or None, rules=rule or None)
+    out.print(f"{table}: declared {len(rollups)} rollup(s) and {len(rule or [])} rule(s)")
+
+
+@table_app.command("events")
+def table_events(
+    table: str, source: Annotated[Optional[str], typer.Option("--source", help="live | backfill")] = None,
+    as_json: JsonFlag = False, warehouse: Warehouse = None,
+) -> None:
+    """Rule events of TABLE (the events table), oldest first."""
+    rows = [r for r in _lake(warehouse).table(table).events().to_pylist() if source is None or r["source"] == source]
+    if as_json:
+        out.print_json(json.dumps(rows, default=str))
+        return
+    grid = RichTable("fired", "rule", "severity", "series", "started", "value", "source", "job")
+    for r in rows:
+        series = ", ".join(str(v) for k, v in r.items() if k not in _EVENT_COLUMNS)
+        grid.add_row(f"{r['fired_at']:%Y-%m-%d %H:%M:%S}", r["rule"], r["severity"], series, f"{r['started_at']:%Y-%m-%d %H:%M:%S}",
+                     f"{r['value']:g}", r["source"], r["job_id"] or "")
+    out.print(grid if rows else f"no rule events on {table}")
+
+
+_EVENT_COLUMNS = {"rule", "severity", "started_at", "fired_at", "value", "threshold", "source", "job_id", "recorded_at"}
+
+
+@app.command("demo")
+def demo(
+    warehouse: Annotated[Path, typer.Option("--warehouse", help="Demo lake folder (recreated)")] = Path(".timelake-demo"),
+) -> None:
+    """Build a live table with a gap, backfill a historian export into it while a live writer runs."""
+    from timelake.interfaces.demo import run_demo
+
+    run_demo(warehouse)
+
+
+def _on_aws(on: str) -> bool:
+    if on not in ("local", "aws"):
+        raise typer.BadParameter(f"'{on}' is not local or aws", param_hint="--on")
+    return on == "aws"
+
+
+def _aws() -> Any:
+    from timelake.interfaces.orchestrator import from_environment
+
+    return from_environment()
+
+
+def _print_json_or(result: dict[str, Any], as_json: bool, verb: str) -> None:
+    if as_json:
+        out.print_json(json.dumps(result))
+    else:
+        out.print(f"{verb} job {result['job_id']}: execution {result['execution_arn']}"
+                  + (f" ({result['how']})" if "how" in result else ""))
+
+
+def main() -> None:
+    """Entry point: user errors print one line and exit 1 instead of a traceback."""
+    from pydantic import ValidationError
+
+    try:
+        app()
+    except (BackfillError, ValueError, FileNotFoundError) as exc:
+        if isinstance(exc, ValidationError):
+            message = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'job'}: {e['msg']}" for e in exc.errors())
+        else:
+            message = str(exc) or type(exc).__name__
+        print(f"error: {one_line(message)}", file=sys.stderr)
+        sys.exit(1)

@@ -1,0 +1,144 @@
+"""Jobs run by the Step Functions workflow: start, inspect and resume executions.
+
+The API Lambda and the CLI's ``--on aws`` both go through here, so an execution is always named
+after its job and the job record always knows its latest execution.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import boto3
+from botocore.exceptions import ClientError
+
+from timelake.interfaces.service import ensure_job
+from timelake.model.report import build_report, progress
+from timelake.model.spec import JobSpec
+from timelake.ports.runtime import Runtime
+from timelake.steps.abort import abort
+from timelake.steps.canary import AWAITING
+
+
+class StepFunctionsOrchestrator:
+    def __init__(self, rt: Runtime, state_machine_arn: str, client: Any = None) -> None:
+        self.rt = rt
+        self.state_machine_arn = state_machine_arn
+        self.sfn = client or boto3.client("stepfunctions")
+
+    def execution_arn(self, name: str) -> str:
+        return self.state_machine_arn.replace(":stateMachine:", ":execution:") + f":{name}"
+
+    def submit(self, spec: JobSpec) -> dict[str, Any]:
+        """Record the job and start an execution named after it (the name makes a double start fail)."""
+        job = ensure_job(self.rt, spec)
+        if job.state.get("execution_arn"):
+            raise ValueError(f"job {spec.job_id} already exists; resume it instead")
+        arn = self.sfn.start_execution(
+            stateMachineArn=self.state_machine_arn, name=spec.job_id, input=json.dumps(spec.to_json())
+        )["executionArn"]
+        self.rt.store.update_job(spec.job_id, execution_arn=arn, executions=[arn])
+        return {"job_id": spec.job_id, "execution_arn": arn}
+
+    def status(self, job_id: str) -> dict[str, Any]:
+        job = self.rt.store.get_job(job_id)
+        info = progress(job, self.rt.store.units(job_id))
+        arn = job.state.get("execution_arn")
+        if arn:
+            described = self.sfn.describe_execution(executionArn=arn)
+            info["execution"] = {"arn": arn, "status": described["status"],
+                                 "error": described.get("error"), "cause": described.get("cause")}
+        return info
+
+    def report(self, job_id: str) -> dict[str, Any]:
+        return build_report(self.rt.store.get_job(job_id), self.rt.store.units(job_id))
+
+    def list(self, table: str | None = None) -> list[dict[str, Any]]:
+        return [progress(j, self.rt.store.units(j.job_id)) for j in self.rt.store.list_jobs(table)]
+
+    def resume(self, job_id: str) -> dict[str, Any]:
+        """Redrive the failed execution when Step Functions allows it (only its failed units run again);
+        otherwise start a new execution of the same job, which skips every unit already done."""
+        job = self.rt.store.get_job(job_id)
+        if job.phase in ("aborted", "failed_validation"):
+            raise ValueError(f"job {job_id} ended {job.phase.replace('_', ' ')}; nothing to resume, start a new job")
+        if job.phase in ("published", "dry_run_complete"):
+            return {"job_id": job_id, "execution_arn": job.state.get("execution_arn"), "how": f"nothing to do: {job.phase}"}
+        arn = job.state.get("execution_arn")
+        if arn:
+            status = self.sfn.describe_execution(executionArn=arn)["status"]
+            if status == "RUNNING":
+                return {"job_id": job_id, "execution_arn": arn, "how": "already running"}
+            if status in ("FAILED", "TIMED_OUT", "ABORTED") and self._redrive(arn):
+                return {"job_id": job_id, "execution_arn": arn, "how": "redrive"}
+        executions = job.state.get("executions", [])
+        name = f"{job_id}-r{len(executions)}"
+        new_arn = self.sfn.start_execution(
+            stateMachineArn=self.state_machine_arn, name=name, input=json.dumps({**job.spec, "job_id": job_id})
+        )["executionArn"]
+        self.rt.store.update_job(job_id, execution_arn=new_arn, executions=[*executions, new_arn])
+        return {"job_id": job_id, "execution_arn": new_arn, "how": "new execution"}
+
+    def approve(self, job_id: str) -> dict[str, Any]:
+        """Send the waiting execution the approval of its canary; it then writes and publishes the rest."""
+        token = self._approval_token(job_id)
+        self.sfn.send_task_success(taskToken=token, output=json.dumps({"approved": True}))
+        return {"job_id": job_id, "execution_arn": self.rt.store.get_job(job_id).state.get("execution_arn"),
+                "how": "approved: the workflow writes, validates and publishes the rest"}
+
+    def reject(self, job_id: str, reason: str | None = None) -> dict[str, Any]:
+        """Send the waiting execution the rejection of its canary; its abort path drops the job."""
+        token = self._approval_token(job_id)
+        self.sfn.send_task_failure(taskToken=token, error="Rejected", cause=reason or f"job {job_id}: canary rejected")
+        return {"job_id": job_id, "execution_arn": self.rt.store.get_job(job_id).state.get("execution_arn"),
+                "how": "rejected: the workflow aborts the job"}
+
+    def _approval_token(self, job_id: str) -> str:
+        job = self.rt.store.get_job(job_id)
+        token = job.state.get("approval_token")
+        if job.phase != AWAITING or not token:
+            raise ValueError(f"job {job_id} is {job.phase}, not waiting for a canary decision")
+        return str(token)
+
+    def abort(self, job_id: str) -> dict[str, Any]:
+        """Stop the running execution (if any), then remove the branch, unpublished files and the lease.
+        A job waiting on its canary is rejected instead, so the workflow itself runs the abort."""
+        job = self.rt.store.get_job(job_id)
+        if job.phase == AWAITING and job.state.get("approval_token"):
+            return self.reject(job_id, f"job {job_id}: aborted by request")
+        arn = job.state.get("execution_arn")
+        if arn and self.sfn.describe_execution(executionArn=arn)["status"] == "RUNNING":
+            self.sfn.stop_execution(executionArn=arn, error="Aborted", cause=f"job {job_id} aborted by request")
+        return abort(self.rt, job_id)
+
+    def _redrive(self, arn: str) -> bool:
+        try:
+            self.sfn.redrive_execution(executionArn=arn)
+        except ClientError:  # not redrivable: older than 14 days, a Map run over its limit, ...
+            return False
+        return True
+
+
+def from_environment(stack_name: str | None = None) -> StepFunctionsOrchestrator:
+    """The deployment to talk to: ``TIMELAKE_CONFIG`` + ``TIMELAKE_STATE_MACHINE_ARN`` when set, else the
+    ``LakeConfig`` and ``StateMachineArn`` outputs of the CloudFormation stack (``TIMELAKE_STACK``)."""
+    import os
+
+    from timelake.adapters import compose
+    from timelake.ports.runtime import LakeConfig
+
+    config, arn = os.environ.get("TIMELAKE_CONFIG"), os.environ.get("TIMELAKE_STATE_MACHINE_ARN")
+    if not (config and arn):
+        name = stack_name or os.environ.get("TIMELAKE_STACK", "TimelakeBackfill")
+        try:
+            stacks = boto3.client("cloudformation").describe_stacks(StackName=name)["Stacks"]
+        except ClientError as exc:
+            raise ValueError(
+                f"no deployment found: set TIMELAKE_CONFIG and TIMELAKE_STATE_MACHINE_ARN, or deploy stack {name} "
+                f"({exc.response['Error']['Message']})"
+            ) from exc
+        outputs = {o["OutputKey"]: o["OutputValue"] for o in stacks[0].get("Outputs", [])}
+        config, arn = outputs.get("LakeConfig"), outputs.get("StateMachineArn")
+        if not (config and arn):
+            raise ValueError(f"stack {name} has no LakeConfig/StateMachineArn outputs")
+    return StepFunctionsOrchestrator(compose(LakeConfig.model_validate_json(config)), arn)

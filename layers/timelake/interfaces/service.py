@@ -1,0 +1,176 @@
+"""Entry points for an external orchestrator: the Step Functions workflow and the HTTP API.
+
+The embedded runner drives the steps itself; on AWS the state machine does, one Lambda per step.
+These functions are what the thin handlers call: JSON-able input, JSON-able output, idempotent.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, Literal
+
+from pydantic import BaseModel, model_validator
+
+from timelake.adapters import runtime_for
+from timelake.errors import JobNotFound, ValidationFailed
+from timelake.model.limits import limits
+from timelake.model.report import build_report
+from timelake.model.spec import JobSpec
+from timelake.ports.runtime import LakeConfig, Runtime
+from timelake.ports.store import JobRecord
+from timelake.runner import TERMINAL, record_failure, reopen
+from timelake.steps import canary
+from timelake.steps.plan import cut, pending_pieces, plan, write_json
+
+DEFAULT_MAP_CONCURRENCY = 100
+SUMMARY_KEYS = ("job_id", "table", "mode", "phase", "rows_in_source", "rows_written", "rows_duplicate_in_source",
+                "rows_conflicting_existing", "rows_outside_retention", "rows_outside_range", "units", "files",
+                "overlap_existing_rows", "time_range", "published_snapshot_ids", "error")
+
+
+class ExecutionEvent(BaseModel):
+    """The execution input (a job JSON) and the execution name, which is the job id unless the job
+    JSON names one (a resume runs as a new execution of an existing job)."""
+
+    job: dict[str, Any]
+    execution_name: str
+
+    @property
+    def job_id(self) -> str:
+        return str(self.job.get("job_id") or self.execution_name)
+
+    def spec(self) -> JobSpec:
+        return JobSpec.model_validate({**self.job, "job_id": self.job_id})
+
+
+class JobEvent(BaseModel):
+    job_id: str
+
+
+class UnitEvent(JobEvent):
+    unit_id: str
+
+
+class PieceEvent(JobEvent):
+    piece: int
+
+
+class PublishEvent(JobEvent):
+    max_chunks: int | None = None
+
+
+class CanaryEvent(JobEvent):
+    """The workflow's canary steps: check the written day, wait (storing the task token), approve, reject."""
+
+    action: Literal["check", "await", "approve", "reject"]
+    token: str | None = None
+    reason: str | None = None
+
+    @model_validator(mode="after")
+    def _token_to_keep(self) -> "CanaryEvent":
+        if self.action == "await" and not self.token:
+            raise ValueError("action 'await' needs the task token ($$.Task.Token)")
+        return self
+
+
+class FailureEvent(ExecutionEvent):
+    error: str = "Error"
+    cause: str | None = None
+
+
+def lambda_runtime() -> Runtime:
+    """The runtime of this Lambda container, from ``TIMELAKE_CONFIG``; reused across invocations."""
+    return runtime_for(LakeConfig.from_env())
+
+
+def ensure_job(rt: Runtime, spec: JobSpec) -> JobRecord:
+    """The job record for ``spec``, created if new (a job id is the execution name: starting twice is safe)."""
+    try:
+        return rt.store.get_job(spec.job_id)
+    except JobNotFound:
+        try:
+            rt.store.create_job(JobRecord(spec.job_id, spec.table, "created", spec.to_json()))
+        except ValueError:
+            pass  # created concurrently: same id, same job
+        return rt.store.get_job(spec.job_id)
+
+
+def begin(rt: Runtime, spec: JobSpec) -> dict[str, Any]:
+    """Plan step of the workflow: plan a new job, or pick up an existing one where it stopped.
+
+    Returns where the list of source pieces still to scan is (empty once scanning is over), so the
+    Distributed Map reads its items from S3 and job size never meets the state payload limit.
+    """
+    ensure_job(rt, spec)
+    job = reopen(rt, spec.job_id)
+    if job.phase in ("created", "planning"):
+        rt.store.update_job(spec.job_id, "planning")
+        plan(rt, spec.job_id, parallelism=DEFAULT_MAP_CONCURRENCY)
+        job = rt.store.get_job(spec.job_id)
+    pieces = pending_pieces(rt, spec.job_id) if job.phase == "scanning" else []
+    manifest = write_json(rt, spec.job_id, f"scan/pending-{time.time_ns()}.json",
+                          [{"job_id": spec.job_id, "piece": i} for i in pieces])
+    return {"job_id": spec.job_id, "pieces_pending": len(pieces), "manifest": manifest,
+            "max_concurrency": limits(spec).scan_workers(spec.max_concurrency or DEFAULT_MAP_CONCURRENCY)}
+
+
+def cut_units(rt: Runtime, job_id: str) -> dict[str, Any]:
+    """Cut step of the workflow: merge the scans into work units (once), then list the units still to
+    write; a dry run, or a job that already ended, has nothing to write and returns its report."""
+    job = rt.store.get_job(job_id)
+    spec = JobSpec.model_validate(job.spec)
+    if job.phase in ("scanning", "scanned"):
+        cut(rt, job_id)
+        job = rt.store.get_job(job_id)
+    if job.phase in TERMINAL:
+        if job.phase == "failed_validation":
+            raise ValidationFailed(f"job {job_id} failed validation; nothing was published. Start a new job")
+        return {"job_id": job_id, "dry_run": job.phase == "dry_run_complete", "finished": True,
+                "report": summary(rt, job_id), "manifest": None, "units_pending": 0, "max_concurrency": 1,
+                "canary": False, "approval_timeout_seconds": spec.approval_timeout_seconds}
+    only = canary.select(rt, job_id) if canary.wanted(job) else None  # a canary writes its day's units first
+    pending = [u.unit_id for u in rt.store.units(job_id) if u.status != "done" and (only is None or u.unit_id in only)]
+    if job.phase == "planned":
+        rt.store.update_job(job_id, "writing", write_started_at=time.time())
+    manifest = write_json(rt, job_id, f"pending-units-{time.time_ns()}.json",
+                          [{"job_id": job_id, "unit_id": u} for u in pending])
+    return {"job_id": job_id, "dry_run": False, "finished": False, "report": None, "units_pending": len(pending),
+            "manifest": manifest, "max_concurrency": spec.max_concurrency or DEFAULT_MAP_CONCURRENCY,
+            "canary": only is not None, "approval_timeout_seconds": spec.approval_timeout_seconds}
+
+
+def finish_writes(rt: Runtime, job_id: str) -> None:
+    job = rt.store.get_job(job_id)
+    if job.phase in ("planned", "writing"):
+        rt.store.update_job(job_id, "written", write_finished_at=time.time())
+
+
+def fail(rt: Runtime, job_id: str, error: str, cause: str | None) -> dict[str, str]:
+    """Record a step's failure on the job; returns a readable error and cause for the Fail state."""
+    message = _cause_message(cause)
+    try:
+        record_failure(rt, job_id, f"{error}: {message}")
+    except JobNotFound:
+        pass  # failed before the job record existed (e.g. an invalid job JSON)
+    return {"error": error, "cause": f"job {job_id}: {message}"}
+
+
+def _cause_message(cause: str | None) -> str:
+    """Lambda failures arrive as a JSON cause with errorType/errorMessage; keep the message."""
+    if not cause:
+        return "no cause given"
+    try:
+        parsed = json.loads(cause)
+    except ValueError:
+        return cause
+    if isinstance(parsed, dict) and "errorMessage" in parsed:
+        return f"{parsed.get('errorType', 'Error')}: {parsed['errorMessage']}"
+    return cause
+
+
+def summary(rt: Runtime, job_id: str) -> dict[str, Any]:
+    """The report without the bulky parts, small enough for a state's output."""
+    report = build_report(rt.store.get_job(job_id), rt.store.units(job_id))
+    return {k: report[k] for k in SUMMARY_KEYS} | {"checks": [
+        {k: c[k] for k in ("name", "passed", "detail")} for c in report["checks"]]}

@@ -1,0 +1,183 @@
+"""Building Iceberg DataFiles from files we wrote, and committing them as one snapshot.
+
+Writers never commit; stage and publish each make exactly one snapshot from the files the units
+recorded. pyiceberg writes every added file into one manifest of the table's current spec, which is
+wrong for files of an older (coarser) partition spec, so `_MultiSpecAppend` writes one manifest per
+spec. It subclasses a private pyiceberg class: pyiceberg is pinned and
+tests/model/test_commit.py fails if that class changes shape.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+import warnings
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, TypeVar
+
+import pyarrow.parquet as pq
+from pyiceberg.exceptions import CommitFailedException, ValidationException
+from pyiceberg.io.pyarrow import (
+    compute_statistics_plan, data_file_statistics_from_parquet_metadata, parquet_path_to_id_mapping,
+)
+from pyiceberg.manifest import DataFile, DataFileContent, FileFormat, ManifestEntry, ManifestEntryStatus, ManifestFile
+from pyiceberg.table import Table as IcebergTable
+from pyiceberg.table import Transaction
+from pyiceberg.table.snapshots import Operation, SnapshotSummaryCollector, Summary, update_snapshot_summaries
+from pyiceberg.table.update.snapshot import _FastAppendFiles
+from pyiceberg.typedef import Record
+
+from timelake.ports.files import filesystem
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyiceberg.expressions import BooleanExpression
+
+T = TypeVar("T")
+COMMIT_ATTEMPTS = 10
+JOB_PROPERTY = "timelake.job-id"
+STEP_PROPERTY = "timelake.step"
+CHUNK_PROPERTY = "timelake.chunk"
+
+
+def data_file(table: IcebergTable, path: str, spec_id: int, partition_value: int) -> DataFile:
+    """A DataFile for a Parquet file we wrote, with column statistics read from its footer only."""
+    fs, local = filesystem(path)
+    with fs.open_input_file(local) as handle:
+        size = handle.size()
+        metadata = pq.read_metadata(handle)
+    schema = table.schema()
+    stats = data_file_statistics_from_parquet_metadata(
+        parquet_metadata=metadata,
+        stats_columns=compute_statistics_plan(schema, table.properties),
+        parquet_column_mapping=parquet_path_to_id_mapping(schema),
+    )
+    result = DataFile.from_args(
+        content=DataFileContent.DATA,
+        file_path=path,
+        file_format=FileFormat.PARQUET,
+        partition=Record(partition_value),
+        file_size_in_bytes=size,
+        sort_order_id=None,
+        equality_ids=None,
+        key_metadata=None,
+        **stats.to_serialized_dict(),
+    )
+    result.spec_id = spec_id  # from_args does not keep it; the manifest writer needs it
+    return result
+
+
+def data_files(table: IcebergTable, items: Iterable[tuple[str, int, int]]) -> list[DataFile]:
+    """Footers are small reads; on object storage they are latency-bound, so read them concurrently."""
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        return list(pool.map(lambda item: data_file(table, *item), items))
+
+
+def append_files(
+    tx: Transaction, table: IcebergTable, files: list[DataFile], branch: str | None, properties: dict[str, str]
+) -> int:
+    """Add ``files`` (of any partition specs) to ``branch`` as one snapshot inside ``tx``; returns its id.
+    ``branch=None`` makes a snapshot no ref points to yet (staging on a table whose main is empty)."""
+    producer = _MultiSpecAppend(
+        operation=Operation.APPEND, transaction=tx, io=table.io, branch=branch, snapshot_properties=properties
+    )
+    for f in files:
+        producer.append_data_file(f)
+    producer.commit()
+    return producer.snapshot_id
+
+
+class _MultiSpecAppend(_FastAppendFiles):
+    """A fast append whose added files go to one manifest per partition spec."""
+
+    def _manifests(self) -> list[ManifestFile]:
+        by_spec: dict[int, list[DataFile]] = defaultdict(list)
+        for f in self._added_data_files:
+            by_spec[f.spec_id].append(f)
+        added = []
+        for spec_id, files in sorted(by_spec.items()):
+            with self.new_manifest_writer(spec=self.spec(spec_id)) as writer:
+                for f in files:
+                    writer.add(ManifestEntry.from_args(
+                        status=ManifestEntryStatus.ADDED, snapshot_id=self._snapshot_id,
+                        sequence_number=None, file_sequence_number=None, data_file=f,
+                    ))
+            added.append(writer.to_manifest_file())
+        return added + self._existing_manifests()
+
+    def _summary(self, snapshot_properties: dict[str, str] = {}) -> Summary:  # noqa: B006 (pyiceberg's signature)
+        metadata = self._transaction.table_metadata
+        collector = SnapshotSummaryCollector()
+        for f in self._added_data_files:
+            collector.add_file(data_file=f, partition_spec=metadata.specs()[f.spec_id], schema=metadata.schema())
+        previous = metadata.snapshot_by_id(self._parent_snapshot_id) if self._parent_snapshot_id is not None else None
+        return update_snapshot_summaries(
+            summary=Summary(operation=self._operation, **collector.build(), **snapshot_properties),
+            previous_summary=previous.summary if previous is not None else None,
+        )
+
+
+def added_files(table: IcebergTable, snapshot_id: int) -> list[DataFile]:
+    """The data files a snapshot added (read from its manifests; no data read)."""
+    snapshot = table.snapshot_by_id(snapshot_id)
+    if snapshot is None:
+        raise ValueError(f"snapshot {snapshot_id} not found in table {'.'.join(table.name())}")
+    files = []
+    for manifest in snapshot.manifests(table.io):
+        if manifest.added_snapshot_id != snapshot_id:
+            continue
+        for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
+            if entry.status == ManifestEntryStatus.ADDED and entry.snapshot_id == snapshot_id:
+                files.append(entry.data_file)
+    return files
+
+
+def is_conflict(exc: BaseException) -> bool:
+    """A concurrent commit won the race. pyiceberg 0.12 reports a commit built on metadata that another
+    branch's commit has moved on as a ValueError about sequence numbers, and does not retry it."""
+    return isinstance(exc, CommitFailedException | ValidationException) or (
+        isinstance(exc, ValueError) and "sequence number" in str(exc)
+    )
+
+
+def without_blind_retries(table: IcebergTable) -> IcebergTable:
+    """The same table, whose transactions fail on a concurrent commit instead of being replayed.
+
+    pyiceberg replays a failed commit on the new main without asking the caller; publish must
+    re-check the rows live writers just committed before it tries again, so it retries itself.
+    Only this in-memory handle changes: no property is written to the table.
+    """
+    properties = {**table.metadata.properties, "commit.retry.num-retries": "0"}
+    return IcebergTable(table._identifier, table.metadata.model_copy(update={"properties": properties}),
+                        table.metadata_location, table.io, table.catalog)
+
+
+def with_retry(table: IcebergTable, attempt: Callable[[IcebergTable], T], what: str, attempts: int = COMMIT_ATTEMPTS) -> T:
+    """Run ``attempt`` on fresh table metadata until it commits, with jittered backoff on conflicts."""
+    for n in range(attempts):
+        try:
+            return attempt(table)
+        except Exception as exc:
+            if not is_conflict(exc) or n == attempts - 1:
+                raise
+            time.sleep(min(1.0, 0.02 * 2**n) * (0.5 + random.random()))
+            table = table.refresh()
+    raise AssertionError("unreachable")
+
+
+def swap(table: IcebergTable, row_filter: "BooleanExpression | None", rows: "pa.Table", what: str) -> None:
+    """Delete the rows matching ``row_filter`` and append ``rows`` in ONE commit, so a reader sees the
+    old rows or the new ones, never a mix. A conflict rebuilds the whole swap on fresh metadata
+    rather than letting pyiceberg replay the append onto rows it never saw."""
+    def attempt(current: IcebergTable) -> None:
+        with without_blind_retries(current).transaction() as tx:
+            if row_filter is not None:
+                with warnings.catch_warnings():  # an empty range to clear is normal here, not a mistake
+                    warnings.filterwarnings("ignore", "Delete operation did not match any records")
+                    tx.delete(row_filter)
+            if rows.num_rows:
+                tx.append(rows)
+
+    with_retry(table, attempt, what)

@@ -1,0 +1,215 @@
+"""How rows map onto the table's final layout: partition (tier spec + transform value) and series slice.
+
+Plan, write and validate all cut rows the same way, so the cut lives here once.
+"""
+
+from __future__ import annotations
+
+import threading
+import zlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from timelake.model.contract import Contract
+from timelake.model.timeutil import transform_range, transform_values
+
+if TYPE_CHECKING:
+    from pyiceberg.expressions import BooleanExpression
+    from pyiceberg.schema import Schema
+    from pyiceberg.table import Table as IcebergTable
+
+
+@dataclass(frozen=True)
+class PartitionKey:
+    spec_id: int
+    transform: str
+    value: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.transform}-{self.value}-s{self.spec_id}"
+
+    @property
+    def range(self) -> tuple[int, int]:
+        return transform_range(self.transform, self.value)
+
+
+def micros(table: pa.Table, column: str) -> np.ndarray:
+    """The time column as int64 UTC microseconds (no copy when possible)."""
+    return pc.cast(table.column(column), pa.int64()).to_numpy()
+
+
+def partition_codes(ts: np.ndarray, contract: Contract, cutoffs: list[int]) -> tuple[np.ndarray, list[PartitionKey]]:
+    """Per row an index into the returned list of partition keys."""
+    tiers = contract.tier_index(ts, cutoffs)
+    codes = np.empty(len(ts), dtype=np.int64)
+    keys: list[PartitionKey] = []
+    for i, tier in enumerate(contract.tiers):
+        mask = tiers == i
+        if not mask.any():
+            continue
+        values = transform_values(ts[mask], tier.transform)
+        uniques, inverse, _ = dense_unique(values)
+        codes[mask] = inverse + len(keys)
+        keys.extend(PartitionKey(tier.spec_id, tier.transform, int(v)) for v in uniques)
+    return codes, keys
+
+
+def dense_unique(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``np.unique(values, return_inverse=True, return_counts=True)`` for integers that span a small
+    range, as partition and day numbers of a batch do: one counting pass instead of a sort, which
+    was most of a scan's time on time-ordered sources."""
+    if len(values) == 0:
+        return values[:0], np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    lo, hi = int(values.min()), int(values.max())
+    if hi - lo > 4 * len(values) + 1024:  # sparse: counting would allocate more than sorting costs
+        return np.unique(values, return_inverse=True, return_counts=True)
+    offsets = values - lo
+    counts = np.bincount(offsets, minlength=hi - lo + 1)
+    present = np.flatnonzero(counts)
+    position = np.zeros(len(counts), dtype=np.int64)
+    position[present] = np.arange(len(present))
+    return present + lo, position[offsets], counts[present]
+
+
+def series_hash(table: pa.Table, series_key: tuple[str, ...]) -> np.ndarray:
+    """A stable hash of the series key per row: the same series always lands in the same slice.
+
+    Hashes each distinct value once (dictionary encoding), so the cost is per distinct series, not per row.
+    """
+    result = np.zeros(table.num_rows, dtype=np.uint64)
+    for column in series_key:
+        encoded = pc.dictionary_encode(table.column(column)).combine_chunks()
+        dictionary = encoded.dictionary.to_pylist()
+        hashes = np.array([zlib.crc32(repr(v).encode()) for v in dictionary], dtype=np.uint64)
+        indices = encoded.indices.to_numpy(zero_copy_only=False)
+        result = result * np.uint64(1_000_003) + hashes[indices]
+    return result
+
+
+def split_by_code(table: pa.Table, codes: np.ndarray) -> list[tuple[int, pa.Table]]:
+    """Group rows by code, keeping their order within each group (one sort, then slices)."""
+    if table.num_rows == 0:
+        return []
+    if codes.min() == codes.max():
+        return [(int(codes[0]), table)]
+    if np.all(codes[1:] >= codes[:-1]):  # time-ordered input: the groups are runs already, slice them
+        sorted_codes, taken = codes, table
+    else:
+        order = np.argsort(codes, kind="stable")
+        sorted_codes, taken = codes[order], table.take(pa.array(order))
+    cuts = np.flatnonzero(np.diff(sorted_codes)) + 1
+    starts = np.concatenate([[0], cuts])
+    ends = np.concatenate([cuts, [len(codes)]])
+    return [(int(sorted_codes[s]), taken.slice(s, e - s)) for s, e in zip(starts, ends)]
+
+
+def time_filter(column: str, start_us: int | None, end_us: int | None) -> "BooleanExpression":
+    """Iceberg row filter for [start, end) on the time column (None: unbounded), for pruning."""
+    from pyiceberg.expressions import AlwaysTrue, And, GreaterThanOrEqual, LessThan
+
+    from timelake.model.timeutil import from_micros
+
+    result: BooleanExpression = AlwaysTrue()
+    if start_us is not None:
+        result = And(result, GreaterThanOrEqual(column, from_micros(start_us).isoformat()))
+    if end_us is not None:
+        result = And(result, LessThan(column, from_micros(end_us).isoformat()))
+    return result
+
+
+def read_range(
+    table: "IcebergTable", column: str, start_us: int | None, end_us: int | None, columns: tuple[str, ...] | None = None,
+    ref: str | None = None, snapshot_id: int | None = None,
+) -> pa.Table:
+    """Rows of ``table`` (main, a branch, or a snapshot) in [start, end), pruned by partitions and file bounds."""
+    scan = table.scan(row_filter=time_filter(column, start_us, end_us), selected_fields=columns or ("*",),
+                      snapshot_id=snapshot_id)
+    if ref:
+        scan = scan.use_ref(ref)
+    return scan.to_arrow()
+
+
+class SnapshotRange:
+    """One snapshot's rows in [start, end), planned once and then read piece by piece.
+
+    Validation compares each staged file with main's rows in that file's partition. Planning once and
+    reading only the data files whose time bounds meet a piece keeps one partition of main in memory
+    per reader, where reading the job's whole range at once held all of it.
+    """
+
+    def __init__(self, table: "IcebergTable", column: str, start_us: int | None, end_us: int | None,
+                 columns: tuple[str, ...], snapshot_id: int | None = None) -> None:
+        self._column = column
+        self._scan = table.scan(row_filter=time_filter(column, start_us, end_us), selected_fields=columns,
+                                snapshot_id=snapshot_id)
+        field = table.schema().find_field(column)
+        self._tasks = [(*file_bounds(task.file, field), task) for task in self._scan.plan_files()]
+
+    def read(self, start_us: int, end_us: int) -> pa.Table:
+        """The snapshot's rows in [start, end), which must lie inside the planned range."""
+        from pyiceberg.expressions import And
+        from pyiceberg.io.pyarrow import ArrowScan
+
+        tasks = [task for lo, hi, task in self._tasks if lo is None or hi is None or (lo < end_us and hi >= start_us)]
+        scan = self._scan
+        return ArrowScan(scan.table_metadata, scan.io, scan.projection(),
+                         And(scan.row_filter, time_filter(self._column, start_us, end_us)), scan.case_sensitive).to_table(tasks)
+
+
+class MainReader:
+    """Main's rows for the units that one process writes in merge mode: main is planned once per
+    snapshot over the job's range, then read unit by unit.
+
+    Planning is pyiceberg Python that holds the GIL (about 7 ms a unit on a small table, more with many
+    manifests), so writer threads planning a unit each slowed one another; one plan serves them all
+    until a live commit moves main. A writer on its own (a Lambda, a pool process) plans its unit only.
+    """
+
+    def __init__(self, column: str, start_us: int, end_us: int, columns: tuple[str, ...]) -> None:
+        self._range = (column, start_us, end_us, columns)
+        self._plan: tuple[int, SnapshotRange] | None = None
+        self._lock = threading.Lock()
+
+    def read(self, table: "IcebergTable", start_us: int, end_us: int) -> pa.Table:
+        snapshot = table.current_snapshot()
+        if snapshot is None:
+            return read_range(table, self._range[0], start_us, end_us, self._range[3])
+        with self._lock:
+            if self._plan is None or self._plan[0] != snapshot.snapshot_id:
+                column, lo, hi, columns = self._range
+                self._plan = (snapshot.snapshot_id, SnapshotRange(table, column, lo, hi, columns, snapshot.snapshot_id))
+            plan = self._plan[1]
+        return plan.read(start_us, end_us)
+
+
+def file_bounds(file: Any, field: Any) -> tuple[int | None, int | None]:
+    """A data file's lower and upper time bound (inclusive, UTC µs) from its manifest entry; None if unknown."""
+    from pyiceberg.conversions import from_bytes
+
+    lo, hi = (file.lower_bounds or {}).get(field.field_id), (file.upper_bounds or {}).get(field.field_id)
+    return (None if lo is None else from_bytes(field.field_type, lo), None if hi is None else from_bytes(field.field_type, hi))
+
+
+def fresh_schema(schema: pa.Schema) -> "Schema":
+    """An Iceberg schema for an Arrow schema of our own making (rollups, events), with fresh field ids."""
+    from pyiceberg.io.pyarrow import _ConvertToIcebergWithoutIDs, visit_pyarrow
+    from pyiceberg.schema import assign_fresh_schema_ids
+
+    return assign_fresh_schema_ids(visit_pyarrow(schema, _ConvertToIcebergWithoutIDs()))
+
+
+def time_bounds(table: "IcebergTable", column: str) -> tuple[int, int] | None:
+    """Oldest and newest time on main (UTC µs) from the data files' column bounds: no data is read."""
+    field = table.schema().find_field(column)
+    lows, highs = [], []
+    for task in table.scan().plan_files():
+        lo, hi = file_bounds(task.file, field)
+        if lo is not None and hi is not None:
+            lows.append(lo)
+            highs.append(hi)
+    return (min(lows), max(highs)) if lows else None

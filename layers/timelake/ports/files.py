@@ -1,0 +1,20 @@
+"""Object IO: one pyarrow file system for local paths, file:// and s3:// URIs alike."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pyarrow.fs as pafs
+
+
+def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
+    """A pyarrow file system and path for a local path, file:// or s3:// URI."""
+    if "://" not in uri:
+        return pafs.LocalFileSystem(), str(Path(uri).resolve())
+    if uri.startswith("s3://") and os.environ.get("TIMELAKE_S3_ENDPOINT"):
+        endpoint = os.environ["TIMELAKE_S3_ENDPOINT"]
+        scheme, _, host = endpoint.partition("://")
+        fs = pafs.S3FileSystem(endpoint_override=host, scheme=scheme, region=os.environ.get("AWS_DEFAULT_REGION", "us-east-1"))
+        return fs, uri.removeprefix("s3://")
+    return pafs.FileSystem.from_uri(uri)

@@ -1,0 +1,35 @@
+"""Which reader a job's source string names, beyond the files that ``source.open_source`` reads.
+
+Each reader is opened from the job spec alone, so a scan task re-opens it in any process or Lambda.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from timelake.model.contract import Contract
+from timelake.model.spec import JobSpec
+from timelake.sources.base import Source
+from timelake.sources.duckdb import DuckDBSource, is_duckdb_uri
+from timelake.sources.iceberg import IcebergSource, is_iceberg_uri
+from timelake.sources.influx import InfluxServerSource, is_influx_uri, is_line_protocol, open_influx_files
+from timelake.sources.postgres import is_postgres, open_for_job
+
+
+def open_spec_source(spec: JobSpec, table: Any = None, planned: dict | None = None, batch_rows: int = 262_144) -> Source | None:
+    """The source of a database, table, query or line-protocol URI; None for the other kinds.
+    A database reads its range on the target ``table``'s time column; ``planned`` is what the plan
+    pinned of it (its plan_state())."""
+    uri = spec.source
+    if is_postgres(uri):
+        return open_for_job(spec, Contract.from_table(table).time_column, planned)
+    measurement = spec.measurement or spec.table.rsplit(".", 1)[-1]
+    if is_influx_uri(uri):
+        return InfluxServerSource(uri, measurement, batch_rows)
+    if spec.format == "influx" or (spec.format is None and is_line_protocol(uri)):
+        return open_influx_files(uri, measurement, spec.precision, batch_rows)
+    if is_iceberg_uri(uri):
+        return IcebergSource(uri, batch_rows)
+    if is_duckdb_uri(uri):
+        return DuckDBSource(uri, spec.query, batch_rows)
+    return None

@@ -1,0 +1,38 @@
+"""Why a piece or a unit failed, kept beside the job's scratch files.
+
+A scan or a write that fails leaves a note; the step that then finds the piece or unit missing (cut,
+stage) names the first failure, so the job's error says which file broke and how, not only that
+something is missing.
+"""
+
+from __future__ import annotations
+
+from timelake.ports.files import filesystem
+from timelake.ports.runtime import Runtime
+
+
+def note(rt: Runtime, job_id: str, item: str, error: BaseException) -> None:
+    fs, path = filesystem(rt.staging_path(job_id, "failures", f"{item}.txt"))
+    fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+    with fs.open_output_stream(path) as out:
+        out.write(f"{type(error).__name__}: {error}".encode())
+
+
+def clear(rt: Runtime, job_id: str, item: str) -> None:
+    fs, path = filesystem(rt.staging_path(job_id, "failures", f"{item}.txt"))
+    try:
+        fs.delete_file(path)
+    except FileNotFoundError:
+        pass
+
+
+def first(rt: Runtime, job_id: str, items: list[str]) -> str | None:
+    """The recorded failure of the first of ``items`` that has one."""
+    for item in items:
+        fs, path = filesystem(rt.staging_path(job_id, "failures", f"{item}.txt"))
+        try:
+            with fs.open_input_stream(path) as handle:
+                return f"{item}: {handle.read().decode()}"
+        except FileNotFoundError:
+            continue
+    return None

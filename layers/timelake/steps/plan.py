@@ -1,0 +1,243 @@
+"""Plan and cut: the steps around the source scan.
+
+``plan`` checks the job against the table and the source schema (fail fast, before reading data)
+and lists the source pieces to scan. ``cut`` merges the scan results, decides the job range, cuts
+the work units (table partition × series slice, each sized to write ONE file near the target size),
+and, unless it is a dry run, takes the lease and creates the branch. A dry run changes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import datetime, timezone
+from typing import Any
+
+from timelake.errors import InvalidJob
+from timelake.model.commit import with_retry
+from timelake.model.contract import Contract
+from timelake.model.cost import estimate_cost
+from timelake.model.spec import JobSpec
+from timelake.model.timeutil import US_PER_DAY, floor_to, from_micros, iso, next_boundary, subtract_duration, to_micros
+from timelake.ports.files import filesystem
+from timelake.ports.runtime import Runtime
+from timelake.ports.store import Lease, UnitRecord
+from timelake.sources.base import Source
+from timelake.steps import failures
+from timelake.steps.scan import ScanContext, ScanResult, mapper_for, open_job_source, read_result, refuse_dst, scan_task
+
+MIN_TASK_BYTES = 8 << 20  # a scan task has a fixed cost (a Lambda, a connection): none reads less than this
+
+
+def plan(rt: Runtime, job_id: str, source: Any = None, parallelism: int | None = None) -> dict[str, Any]:
+    """Plan step. Input: a job id (the job record holds the spec); ``source`` only for in-memory data;
+    how many workers will scan (default: the job's max_concurrency, else this machine's cores).
+    Output: the number of scan tasks and where their list is (a JSON array a Distributed Map reads)."""
+    job = rt.store.get_job(job_id)
+    spec = JobSpec.model_validate(job.spec)
+    table = rt.load_table(spec.table)
+    src = open_job_source(spec, source, table)
+    now = datetime.now(timezone.utc)
+    ctx = context(spec, table, to_micros(now))
+    mapper = mapper_for(ctx, src)  # a wrong map, a naive time without tz, ... fail here, before reading data
+    clear_staging(rt, job_id)
+    sizes = src.sizes()
+    tasks = scan_tasks(sizes, spec.max_concurrency or parallelism or os.cpu_count() or 1)
+    manifest = write_json(rt, job_id, "scan/tasks.json", [{"job_id": job_id, "piece": i} for i in range(len(tasks))])
+    rt.store.update_job(job_id, "scanning", planned_at_us=to_micros(now), scan_tasks=tasks, source_bytes=sum(sizes),
+                        source_uri=src.uri, source_fingerprint=src.fingerprint(), source_plan=src.plan_state(),
+                        columns_filled_with_null=mapper.filled_with_null,
+                        ignored_source_columns=mapper.ignored_source_columns)
+    return {"job_id": job_id, "scan_tasks": len(tasks), "manifest": manifest}
+
+
+def scan_tasks(sizes: list[int], parallelism: int) -> list[list[int]]:
+    """Runs of consecutive source pieces, [first, last), of about equal bytes: about four tasks per
+    worker so that uneven files even out, and no task below a few MB (a task has a fixed cost)."""
+    total = sum(sizes)
+    target = max(total / (4 * parallelism), MIN_TASK_BYTES)
+    tasks, start, acc = [], 0, 0
+    for i, size in enumerate(sizes):
+        acc += size
+        if acc >= target:
+            tasks.append([start, i + 1])
+            start, acc = i + 1, 0
+    if start < len(sizes) or not tasks:
+        tasks.append([start, len(sizes)])
+    return tasks
+
+
+def context(spec: JobSpec, table: Any, now_us: int) -> ScanContext:
+    contract = Contract.from_table(table)
+    now = from_micros(now_us)
+    retention = contract.retention if contract.retention and not spec.override_retention else None
+    return ScanContext(
+        spec=spec, contract=contract, target=table.schema().as_arrow(), cutoffs=contract.tier_cutoffs(now),
+        retention_cutoff=to_micros(subtract_duration(now, retention)) if retention else None,
+        start_us=to_micros(spec.start) if spec.start else None, end_us=to_micros(spec.end) if spec.end else None,
+    )
+
+
+def scan(rt: Runtime, job_id: str, piece: int, source: Any = None, opened: Source | None = None) -> dict[str, Any]:
+    """Scan step. Input: job id and piece index. Output: the piece's row count. ``opened``: the job's
+    source, already open (one process scanning task after task keeps its connection and read-ahead)."""
+    job = rt.store.get_job(job_id)
+    spec = JobSpec.model_validate(job.spec)
+    table = rt.load_table(spec.table)
+    ctx = context(spec, table, job.state["planned_at_us"])
+    src = opened or open_job_source(spec, source, table, job.state.get("source_plan"))
+    first, last = job.state["scan_tasks"][piece]
+    try:
+        result = scan_task(rt, ctx, job_id, piece, range(first, last), src, table)
+    except Exception as exc:
+        failures.note(rt, job_id, f"scan-task-{piece}", exc)
+        raise
+    failures.clear(rt, job_id, f"scan-task-{piece}")
+    return {"job_id": job_id, "piece": piece, "rows": result.rows_in_source}
+
+
+def pending_pieces(rt: Runtime, job_id: str) -> list[int]:
+    """Scan tasks without a result yet."""
+    tasks = rt.store.get_job(job_id).state["scan_tasks"]
+    return [i for i in range(len(tasks)) if read_result(rt, job_id, i) is None]
+
+
+def cut(rt: Runtime, job_id: str) -> dict[str, Any]:
+    """Cut step. Input: job id. Merges the scans, cuts units, takes the lease, creates the branch."""
+    job = rt.store.get_job(job_id)
+    spec = JobSpec.model_validate(job.spec)
+    table = rt.load_table(spec.table)
+    contract = Contract.from_table(table)
+    total = ScanResult()
+    missing = []
+    for piece in range(len(job.state["scan_tasks"])):
+        result = read_result(rt, job_id, piece)
+        if result is None:
+            missing.append(piece)
+        else:
+            total.merge(result)
+    if missing:
+        cause = failures.first(rt, job_id, [f"scan-task-{i}" for i in missing])
+        raise InvalidJob(f"job {job_id}: {len(missing)} scan task(s) not done"
+                         + (f"; {cause}" if cause else f" yet (first: {missing[0]}); resume the job"))
+    if total.rows_in_source == 0:
+        raise InvalidJob(f"source '{job.state['source_uri']}' has no rows")
+    start_us = to_micros(spec.start) if spec.start else None
+    end_us = to_micros(spec.end) if spec.end else None
+    range_start, range_end = _job_range(total, start_us, end_us)
+    units = _cut_units(total, contract)
+    state: dict[str, Any] = {
+        "rows_in_source": total.rows_in_source,
+        "rows_in_scope": total.rows_in_scope,
+        "rows_rejected": dict(total.rejected),
+        "rejected_examples": total.examples,
+        "rows_outside_range": total.rows_outside_range,
+        "rows_outside_retention": total.rows_outside_retention,
+        "time_range": {"min": iso(total.min_us), "max": iso(total.max_us)},
+        "range_start": range_start,
+        "range_end": range_end,
+        "source_gaps": _gaps(total, range_start, range_end),
+        "units_total": len(units),
+        "estimated_cost": estimate_cost(total.rows_in_scope, len(units), spec.max_concurrency),
+        "partition_sums": {p.key.name: p.check_sum for p in total.partitions.values()},
+        "check_column": contract.check_column,
+    }
+    if spec.dry_run:
+        state.update(overlap_existing_rows=total.overlap_existing_rows)
+        clear_staging(rt, job_id)
+        rt.store.update_job(job_id, "dry_run_complete", **state)
+        return {"job_id": job_id, "dry_run": True, "units": len(units)}
+    if spec.dst_policy == "refuse":
+        refuse_dst(total)
+    rt.store.acquire_lease(Lease(spec.table, range_start, range_end, job_id))
+    branch = f"backfill/{job_id}"
+    base = table.current_snapshot()
+    if base is not None:  # on an empty table, stage creates the branch at its own snapshot: main gets no commit
+        fork_branch(table, branch, base.snapshot_id)
+    state.update(branch=branch, base_snapshot_id=base.snapshot_id if base else None)
+    rt.store.put_units(job_id, units)
+    write_json(rt, job_id, "units.json", [{"job_id": job_id, "unit_id": u.unit_id} for u in units])
+    rt.store.update_job(job_id, "planned", **state)
+    return {"job_id": job_id, "dry_run": False, "units": len(units)}
+
+
+def fork_branch(table: Any, branch: str, snapshot_id: int) -> None:
+    def fork(current: Any) -> None:
+        if current.metadata.refs.get(branch) is None:  # a retry may find it made by the attempt that "failed"
+            current.manage_snapshots().create_branch(snapshot_id=snapshot_id, branch_name=branch).commit()
+
+    with_retry(table, fork, "create branch")
+
+
+def _job_range(total: ScanResult, start_us: int | None, end_us: int | None) -> tuple[int, int]:
+    """The leased (and, in replace mode, replaced) range: the job's bounds, else the source's whole days."""
+    if total.min_us is None or total.max_us is None:
+        raise InvalidJob("the source has no rows with a valid time")
+    lo = start_us if start_us is not None else floor_to(total.min_us, "day")
+    hi = end_us if end_us is not None else next_boundary(total.max_us, "day")
+    return lo, hi
+
+
+def _gaps(total: ScanResult, start: int, end: int) -> list[dict[str, Any]]:
+    """Runs of whole days in the range with no source rows in scope."""
+    gaps: list[dict[str, Any]] = []
+    day, last = start // US_PER_DAY, (end - 1) // US_PER_DAY
+    while day <= last:
+        if total.days.get(day):
+            day += 1
+            continue
+        run = day
+        while day <= last and not total.days.get(day):
+            day += 1
+        gaps.append({"start": iso(run * US_PER_DAY)[:10], "end": iso((day - 1) * US_PER_DAY)[:10], "days": day - run})
+    return gaps
+
+
+def _cut_units(total: ScanResult, contract: Contract) -> list[UnitRecord]:
+    """One unit per partition and series slice; slices per partition chosen so each file is near target."""
+    bytes_per_row = total.sample_bytes / total.sample_rows if total.sample_rows else 1.0
+    units = []
+    for part in sorted(total.partitions.values(), key=lambda p: p.key.range):
+        wanted = max(1, round(part.rows * bytes_per_row / contract.target_file_size)) if contract.series_key else 1
+        slices = _balance(part.buckets, min(wanted, len(part.buckets) or 1))
+        lo, hi = part.key.range
+        for i, buckets in enumerate(slices):
+            units.append(UnitRecord(
+                unit_id=f"{part.key.name}-{i}of{len(slices)}",
+                info={
+                    "partition": part.key.name, "spec_id": part.key.spec_id, "transform": part.key.transform,
+                    "value": part.key.value, "start": lo, "end": hi, "buckets": buckets if len(slices) > 1 else None,
+                    "spill": sorted(part.spill), "rows_estimate": sum(part.buckets[b] for b in buckets) or part.rows,
+                },
+            ))
+    return units
+
+
+def _balance(buckets: dict[int, int], slices: int) -> list[list[int]]:
+    """Series buckets packed into ``slices`` groups of nearly equal rows (largest first, into the lightest)."""
+    groups: list[list[int]] = [[] for _ in range(slices)]
+    loads = [0] * slices
+    for bucket, rows in sorted(buckets.items(), key=lambda kv: (-kv[1], kv[0])):
+        lightest = loads.index(min(loads))
+        groups[lightest].append(bucket)
+        loads[lightest] += rows
+    return [sorted(g) for g in groups]
+
+
+def clear_staging(rt: Runtime, job_id: str) -> None:
+    fs, root = filesystem(rt.staging_path(job_id))
+    try:
+        fs.delete_dir(root)
+    except FileNotFoundError:
+        pass
+
+
+def write_json(rt: Runtime, job_id: str, name: str, payload: Any) -> dict[str, str]:
+    """A JSON document in the job's staging area; returns its bucket/key (for an ItemReader) and URI."""
+    uri = rt.staging_path(job_id, name)
+    fs, path = filesystem(uri)
+    fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+    with fs.open_output_stream(path) as out:
+        out.write(json.dumps(payload).encode())
+    bucket, _, key = uri.split("://", 1)[-1].partition("/")
+    return {"bucket": bucket, "key": key, "uri": uri}

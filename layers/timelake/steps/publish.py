@@ -1,0 +1,249 @@
+"""Publish: apply the staged files onto the CURRENT main in one atomic commit (or one per chunk).
+
+Exactly once: every publish commit carries the job id and chunk in its snapshot summary, written in
+the same commit as the data, so a retry or resume that finds its marker on main skips the commit.
+Live ingestion keeps committing meanwhile: before each commit the rows live writers added in the
+chunk's range since the plan are re-checked: they win over staged rows with the same key, and replace
+mode keeps them although it deletes the rest of the range.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyiceberg.manifest import DataFile
+from pyiceberg.table import Table as IcebergTable
+
+from timelake.errors import BackfillError
+from timelake.followup import completion, provenance
+from timelake.model.commit import (
+    CHUNK_PROPERTY, JOB_PROPERTY, STEP_PROPERTY, added_files, append_files, data_file, is_conflict, with_retry,
+    without_blind_retries,
+)
+from timelake.model.contract import Contract
+from timelake.model.faults import checkpoint
+from timelake.model.layout import PartitionKey, file_bounds, micros, time_filter
+from timelake.model.spec import JobSpec
+from timelake.model.timeutil import iso, next_boundary
+from timelake.ports.events import BACKFILL_PUBLISHED
+from timelake.ports.files import filesystem
+from timelake.ports.runtime import Runtime
+from timelake.steps.write import drop_existing, write_parquet
+
+PUBLISH_ATTEMPTS = 50  # live writers may commit every few ms; each retry only re-checks the newest commits
+
+
+@dataclass
+class Chunk:
+    key: str
+    start: int
+    end: int
+    files: list[DataFile]
+
+
+def publish(rt: Runtime, job_id: str, max_chunks: int | None = None) -> dict[str, Any]:
+    """Publish step. Input: job id (and at most how many chunks to commit in this call, so an
+    orchestrator can loop chunk by chunk within Lambda's time limit). Output: ``done`` and snapshot ids."""
+    job = rt.store.get_job(job_id)
+    spec = JobSpec.model_validate(job.spec)
+    state = job.state
+    table = rt.load_table(spec.table)
+    contract = Contract.from_table(table)
+    staged = added_files(table, state["staged_snapshot_id"]) if state.get("staged_snapshot_id") else []
+    published: dict[str, list[int]] = dict(state.get("published_chunks", {}))
+    late = dict(state.get("publish_conflicts", {"rows": 0, "sum": 0.0}))
+    rt.store.update_job(job_id, "publishing")
+    committed = 0
+    for chunk in chunks(staged, contract, spec.publish_by, state["range_start"], state["range_end"]):
+        if chunk.key in published:
+            continue
+        if max_chunks is not None and committed >= max_chunks:
+            return {"job_id": job_id, "done": False, "chunks_published": len(published)}
+        committed += 1
+        table = table.refresh()
+        marker = _marker_on_main(table, job_id, chunk.key, state.get("base_snapshot_id"))
+        if marker is None:
+            if not chunk.files and spec.mode != "replace":
+                marker = []
+            else:
+                marker = _commit_chunk(rt, table, job_id, spec, contract, state, chunk, late)
+                checkpoint("publish.committed")
+        published[chunk.key] = marker
+        rt.store.update_job(job_id, published_chunks=published, publish_conflicts=late)
+        rt.bus.put(BACKFILL_PUBLISHED, {
+            "job_id": job_id, "table": spec.table, "mode": spec.mode, "chunk": chunk.key,
+            "start": iso(chunk.start), "end": iso(chunk.end), "snapshot_ids": marker,
+            "evaluate_rules": spec.evaluate_rules,
+        })
+    def drop_branch(current: IcebergTable) -> None:
+        if state["branch"] in current.metadata.refs:
+            current.manage_snapshots().remove_branch(state["branch"]).commit()
+
+    with_retry(table.refresh(), drop_branch, "remove branch")
+    job = rt.store.update_job(job_id, published_chunks=published, publish_conflicts=late)
+    provenance.record(rt, job, rt.store.units(job_id))
+    rt.store.release_lease(job_id)
+    completion.update(rt, spec.table, state["range_start"], state["range_end"])  # the readers' completion signal
+    _drop_spill(rt, job_id)
+    rt.store.update_job(job_id, "published")
+    return {"job_id": job_id, "done": True, "chunks_published": len(published)}
+
+
+def chunks(staged: list[DataFile], contract: Contract, publish_by: str | None, start: int, end: int) -> list[Chunk]:
+    """Cut [start, end) into publish chunks; a boundary never falls inside a staged file's partition."""
+    transforms = {t.spec_id: t.transform for t in contract.tiers}
+    spans = [PartitionKey(f.spec_id, transforms[f.spec_id], f.partition[0]).range for f in staged]
+    bounds = [start]
+    if publish_by:
+        edge = next_boundary(start, publish_by)
+        while edge < end:
+            if not any(lo < edge < hi for lo, hi in spans):
+                bounds.append(edge)
+            edge = next_boundary(edge, publish_by)
+    bounds.append(end)
+    result = [Chunk(iso(lo) if publish_by else "all", lo, hi, []) for lo, hi in zip(bounds, bounds[1:])]
+    starts = np.array(bounds[:-1])
+    for f, (lo, _) in zip(staged, spans):
+        index = max(0, int(np.searchsorted(starts, max(lo, start), side="right")) - 1)
+        result[index].files.append(f)
+    return result
+
+
+def _marker_on_main(table: IcebergTable, job_id: str, chunk: str, base: int | None) -> list[int] | None:
+    """Snapshot ids of this job's chunk commit if it is already on main (walks back to the plan's base)."""
+    found = []
+    for snapshot in _since(table, base):
+        summary = snapshot.summary or {}
+        if summary.get(JOB_PROPERTY) == job_id and summary.get(CHUNK_PROPERTY) == chunk:
+            found.append(snapshot.snapshot_id)
+    return sorted(found) or None
+
+
+def _since(table: IcebergTable, base: int | None) -> list[Any]:
+    """Main's snapshots newer than ``base``, newest first."""
+    snapshots, snapshot = [], table.current_snapshot()
+    while snapshot is not None and snapshot.snapshot_id != base:
+        snapshots.append(snapshot)
+        snapshot = table.snapshot_by_id(snapshot.parent_snapshot_id) if snapshot.parent_snapshot_id else None
+    return snapshots
+
+
+def _commit_chunk(
+    rt: Runtime, table: IcebergTable, job_id: str, spec: JobSpec, contract: Contract, state: dict[str, Any],
+    chunk: Chunk, late: dict[str, Any],
+) -> list[int]:
+    properties = {JOB_PROPERTY: job_id, STEP_PROPERTY: "publish", CHUNK_PROPERTY: chunk.key,
+                  "timelake.range-start": iso(chunk.start), "timelake.range-end": iso(chunk.end),
+                  **provenance.summary_properties(rt.store.get_job(job_id))}
+    files = chunk.files
+    checked: set[int] = set()
+    kept: list[DataFile] = []  # replace mode: the live rows of the range, rewritten to survive the delete
+
+    def commit(current: IcebergTable) -> None:
+        nonlocal files
+        if spec.mode in ("merge", "replace"):
+            found = _late_rows(current, job_id, contract, state, chunk, checked, full=spec.mode == "replace")
+            files = _drop_late_conflicts(current, contract, files, [rows.select(list(contract.dedup_key)) for _, rows in found], late)
+            if spec.mode == "replace":
+                kept.extend(_keep(current, job_id, chunk, f, rows) for f, rows in found)
+        current = without_blind_retries(current)
+        with current.transaction() as tx:
+            if spec.mode == "replace":
+                tx.delete(time_filter(contract.time_column, chunk.start, chunk.end), snapshot_properties=properties)
+            if files or kept:
+                append_files(tx, current, files + kept, "main", properties)
+
+    before = {s.snapshot_id for s in table.snapshots()}
+    try:
+        with_retry(table, commit, f"publish {chunk.key}", attempts=PUBLISH_ATTEMPTS)
+    except Exception as exc:
+        if is_conflict(exc):
+            raise BackfillError(f"job {job_id}: publish of chunk {chunk.key} kept conflicting with other commits: {exc}") from exc
+        raise
+    table = table.refresh()
+    return sorted(s.snapshot_id for s in table.snapshots()
+                  if s.snapshot_id not in before and (s.summary or {}).get(JOB_PROPERTY) == job_id)
+
+
+def _late_rows(
+    table: IcebergTable, job_id: str, contract: Contract, state: dict[str, Any], chunk: Chunk, checked: set[int], full: bool,
+) -> list[tuple[DataFile, pa.Table]]:
+    """Rows live writers committed in the chunk's range after the plan, per data file: their keys
+    only, or (``full``) whole rows.
+
+    Snapshots in ``checked`` were handled by an earlier attempt, so a retry after losing a commit race
+    reads only the newest; the snapshots read here join ``checked``.
+    """
+    found = []
+    for snapshot in _since(table, state.get("base_snapshot_id")):
+        if snapshot.snapshot_id in checked or (snapshot.summary or {}).get(JOB_PROPERTY) == job_id:
+            continue
+        checked.add(snapshot.snapshot_id)
+        for f in added_files(table, snapshot.snapshot_id):
+            if not _overlaps(table, contract, f, chunk):
+                continue
+            fs, path = filesystem(f.file_path)
+            with fs.open_input_file(path) as handle:
+                rows = pq.read_table(handle, columns=None if full else list(contract.dedup_key))
+            ts = micros(rows, contract.time_column)
+            inside = rows.filter(pa.array((ts >= chunk.start) & (ts < chunk.end)))
+            if inside.num_rows:
+                found.append((f, inside))
+    return found
+
+
+def _drop_late_conflicts(
+    table: IcebergTable, contract: Contract, files: list[DataFile], live: list[pa.Table], late: dict[str, Any],
+) -> list[DataFile]:
+    """Rows live writers committed in the chunk's range after the plan win over staged rows with the same key.
+
+    Affected staged files are rewritten without those rows (a new path, so the staged file stays intact
+    for a retry); the counts land in the report as conflicts found at publish.
+    """
+    if not live:
+        return files
+    existing = pa.concat_tables(live)
+    result = []
+    for f in files:
+        fs, path = filesystem(f.file_path)
+        with fs.open_input_file(path) as handle:
+            rows = pq.read_table(handle)
+        kept, dropped, dropped_sum = drop_existing(rows, existing, contract)
+        if not dropped:
+            result.append(f)
+            continue
+        late["rows"] += dropped
+        late["sum"] += dropped_sum
+        if kept.num_rows:
+            new_path = f.file_path.removesuffix(".parquet") + f"-live{len(kept)}.parquet"
+            write_parquet(kept, new_path, table.properties)
+            result.append(data_file(table, new_path, f.spec_id, f.partition[0]))
+    return result
+
+
+def _keep(table: IcebergTable, job_id: str, chunk: Chunk, f: DataFile, rows: pa.Table) -> DataFile:
+    """Replace mode deletes the chunk's range on the current main; the rows live writers committed in
+    it after the plan are not the job's to replace, so they are written again, unchanged, into the
+    same partition, and added in the same commit that deletes them."""
+    path = f.file_path.removesuffix(".parquet") + f"-kept-{job_id}-{chunk.start}.parquet"
+    write_parquet(rows, path, table.properties)
+    return data_file(table, path, f.spec_id, f.partition[0])
+
+
+def _overlaps(table: IcebergTable, contract: Contract, f: DataFile, chunk: Chunk) -> bool:
+    """From the manifest's column bounds: can this file hold rows in the chunk's range?"""
+    lo, hi = file_bounds(f, table.schema().find_field(contract.time_column))
+    return lo is None or hi is None or (lo < chunk.end and hi >= chunk.start)
+
+
+def _drop_spill(rt: Runtime, job_id: str) -> None:
+    fs, path = filesystem(rt.staging_path(job_id, "spill"))
+    try:
+        fs.delete_dir(path)
+    except FileNotFoundError:
+        pass
+

@@ -1,0 +1,334 @@
+"""Scan: read one task's run of source files, map them onto the table contract, count, and spill.
+
+Tasks are scanned independently (a process pool here, a Distributed Map of Lambdas on AWS), so the
+source is read once, in parallel, whatever its size. Each scan spills its in-scope rows, already
+mapped and grouped by target partition, to Arrow IPC files, and writes its counts as one JSON result
+next to them; the result's existence marks the task as done, which makes a re-run skip it.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import tempfile
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from timelake.errors import DstRefused, InvalidJob
+from timelake.model.contract import Contract
+from timelake.model.layout import (
+    PartitionKey, dense_unique, micros, partition_codes, read_range, series_hash, split_by_code,
+)
+from timelake.model.spec import JobSpec
+from timelake.model.timeutil import US_PER_DAY
+from timelake.ports.files import filesystem
+from timelake.ports.runtime import Runtime
+from timelake.sources import throttle
+from timelake.sources.base import Source, open_source
+from timelake.sources.mapping import Mapper
+from timelake.sources.resolve import open_spec_source
+
+MAX_OPEN_SPILLS = 128
+SAMPLE_ROWS = 100_000
+SERIES_BUCKETS = 256  # rows per partition are counted per bucket of the series hash, so cut can balance slices
+
+
+@dataclass
+class PartitionStats:
+    key: PartitionKey
+    rows: int = 0
+    nbytes: int = 0
+    check_sum: float = 0.0
+    spill: list[str] = field(default_factory=list)
+    buckets: Counter = field(default_factory=Counter)
+
+
+@dataclass
+class ScanResult:
+    """What a scan learns; results of several pieces merge into the job's totals."""
+
+    rows_in_source: int = 0
+    rejected: Counter = field(default_factory=Counter)
+    examples: dict[str, str] = field(default_factory=dict)
+    rows_outside_range: int = 0
+    rows_outside_retention: int = 0
+    min_us: int | None = None
+    max_us: int | None = None
+    days: Counter = field(default_factory=Counter)
+    partitions: dict[PartitionKey, PartitionStats] = field(default_factory=dict)
+    sample_rows: int = 0
+    sample_bytes: int = 0
+    overlap_existing_rows: int = 0
+
+    @property
+    def rows_in_scope(self) -> int:
+        return sum(p.rows for p in self.partitions.values())
+
+    def merge(self, other: "ScanResult") -> None:
+        self.rows_in_source += other.rows_in_source
+        self.rejected.update(other.rejected)
+        for reason, example in other.examples.items():
+            self.examples.setdefault(reason, example)
+        self.rows_outside_range += other.rows_outside_range
+        self.rows_outside_retention += other.rows_outside_retention
+        self.min_us = _min(self.min_us, other.min_us)
+        self.max_us = _max(self.max_us, other.max_us)
+        self.days.update(other.days)
+        for key, part in other.partitions.items():
+            mine = self.partitions.setdefault(key, PartitionStats(key))
+            mine.rows += part.rows
+            mine.nbytes += part.nbytes
+            mine.check_sum += part.check_sum
+            mine.spill.extend(part.spill)
+            mine.buckets.update(part.buckets)
+        self.sample_rows += other.sample_rows
+        self.sample_bytes += other.sample_bytes
+        self.overlap_existing_rows += other.overlap_existing_rows
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "rows_in_source": self.rows_in_source, "rejected": dict(self.rejected), "examples": self.examples,
+            "rows_outside_range": self.rows_outside_range, "rows_outside_retention": self.rows_outside_retention,
+            "min_us": self.min_us, "max_us": self.max_us, "days": {str(k): v for k, v in self.days.items()},
+            "partitions": [{"spec_id": p.key.spec_id, "transform": p.key.transform, "value": p.key.value,
+                            "rows": p.rows, "nbytes": p.nbytes, "check_sum": p.check_sum, "spill": p.spill,
+                            "buckets": {str(b): n for b, n in p.buckets.items()}}
+                           for p in self.partitions.values()],
+            "sample_rows": self.sample_rows, "sample_bytes": self.sample_bytes,
+            "overlap_existing_rows": self.overlap_existing_rows,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "ScanResult":
+        result = cls(
+            rows_in_source=data["rows_in_source"], rejected=Counter(data["rejected"]), examples=data["examples"],
+            rows_outside_range=data["rows_outside_range"], rows_outside_retention=data["rows_outside_retention"],
+            min_us=data["min_us"], max_us=data["max_us"], days=Counter({int(k): v for k, v in data["days"].items()}),
+            sample_rows=data["sample_rows"], sample_bytes=data["sample_bytes"],
+            overlap_existing_rows=data["overlap_existing_rows"],
+        )
+        for p in data["partitions"]:
+            key = PartitionKey(p["spec_id"], p["transform"], p["value"])
+            result.partitions[key] = PartitionStats(key, p["rows"], p["nbytes"], p["check_sum"], list(p["spill"]),
+                                                    Counter({int(b): n for b, n in p["buckets"].items()}))
+        return result
+
+
+def _min(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else min(a, b)
+
+
+def _max(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else max(a, b)
+
+
+class _Spiller:
+    """Arrow IPC streams per partition, at most MAX_OPEN_SPILLS open at once (a piece spanning years
+    touches thousands of partitions; a closed one continues in a new part file)."""
+
+    def __init__(self, rt: Runtime, job_id: str, task: int, schema: pa.Schema) -> None:
+        self.uri = rt.staging_path(job_id, "spill")
+        self.fs, root = filesystem(self.uri)
+        self.fs.create_dir(root, recursive=True)
+        self.task = task
+        self.schema = schema
+        self.open: dict[PartitionKey, tuple[Any, Any]] = {}
+
+    def write(self, part: PartitionStats, rows: pa.Table) -> None:
+        if part.key not in self.open:
+            if len(self.open) >= MAX_OPEN_SPILLS:
+                self._close(next(iter(self.open)))
+            uri = f"{self.uri}/{part.key.name}-t{self.task:05d}-{len(part.spill)}.arrow"
+            stream = self.fs.open_output_stream(filesystem(uri)[1])
+            self.open[part.key] = (stream, pa.ipc.new_stream(stream, self.schema))
+            part.spill.append(uri)
+        else:
+            self.open[part.key] = self.open.pop(part.key)  # most recently used last
+        self.open[part.key][1].write_table(rows)
+
+    def _close(self, key: PartitionKey) -> None:
+        stream, writer = self.open.pop(key)
+        writer.close()
+        stream.close()
+
+    def close(self) -> None:
+        for key in list(self.open):
+            self._close(key)
+
+
+@dataclass(frozen=True)
+class ScanContext:
+    """Everything a scan needs besides its piece; fixed at plan time so every piece cuts rows alike."""
+
+    spec: JobSpec
+    contract: Contract
+    target: pa.Schema
+    cutoffs: list[int]
+    retention_cutoff: int | None
+    start_us: int | None
+    end_us: int | None
+
+
+def open_job_source(spec: JobSpec, source: Any = None, table: Any = None, planned: dict | None = None) -> Source:
+    """``table`` tells a database source its time column; ``planned`` is the source's plan_state()."""
+    if source is None and spec.source.startswith("<"):
+        raise InvalidJob(f"job {spec.job_id}: the source was in-memory data ({spec.source}) and is gone; start a new job")
+    if source is None and (named := open_spec_source(spec, table, planned)) is not None:
+        return named
+    return open_source(source if source is not None else spec.source, format=spec.format)
+
+
+def mapper_for(ctx: ScanContext, src: Source) -> Mapper:
+    return Mapper(
+        ctx.target, src.schema(), time_column=ctx.contract.time_column, series_key=list(ctx.contract.series_key),
+        column_map=ctx.spec.map, tz=ctx.spec.tz, time_unit=ctx.spec.time_unit, dst_policy=ctx.spec.dst_policy,
+    )
+
+
+def result_uri(rt: Runtime, job_id: str, task: int) -> str:
+    return rt.staging_path(job_id, "scan", f"task-{task:05d}.json")
+
+
+def read_result(rt: Runtime, job_id: str, task: int) -> ScanResult | None:
+    fs, path = filesystem(result_uri(rt, job_id, task))
+    try:
+        with fs.open_input_stream(path) as handle:
+            return ScanResult.from_json(json.loads(handle.read()))
+    except FileNotFoundError:
+        return None
+
+
+def scan_task(rt: Runtime, ctx: ScanContext, job_id: str, task: int, pieces: range, src: Source, table: Any) -> ScanResult:
+    """Scan one task (a run of source pieces); idempotent (a finished task returns its stored result)."""
+    done = read_result(rt, job_id, task)
+    if done is not None:
+        return done
+    names = src.pieces()
+    mapper = mapper_for(ctx, src)
+    spiller = None if ctx.spec.dry_run else _Spiller(rt, job_id, task, ctx.target)
+    overlap = _OverlapCounter(ctx.contract) if ctx.spec.dry_run else None
+    result = ScanResult()
+    batches = throttle.read(src, [names[p] for p in pieces], throttle.budget(rt.store, ctx.spec, job_id))
+    try:
+        for batch in batches:
+            mapped = mapper.apply(batch)
+            result.rows_in_source += batch.data.num_rows
+            result.rejected.update(mapped.rejected)
+            for reason, example in mapped.examples.items():
+                result.examples.setdefault(reason, example)
+            if not ctx.spec.dry_run and ctx.spec.dst_policy == "refuse":
+                refuse_dst(result)
+            _scan_batch(result, mapped.table, ctx, spiller, overlap)
+    finally:
+        if spiller:
+            spiller.close()
+    if overlap is not None and result.min_us is not None:
+        result.overlap_existing_rows = overlap.finish(table, result.min_us, result.max_us + 1)
+    fs, path = filesystem(result_uri(rt, job_id, task))
+    fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+    with fs.open_output_stream(path) as out:
+        out.write(json.dumps(result.to_json()).encode())
+    return result
+
+
+def _scan_batch(
+    result: ScanResult, rows: pa.Table, ctx: ScanContext, spiller: _Spiller | None, overlap: "_OverlapCounter | None"
+) -> None:
+    if rows.num_rows == 0:
+        return
+    ts = micros(rows, ctx.contract.time_column)
+    result.min_us = _min(result.min_us, int(ts.min()))
+    result.max_us = _max(result.max_us, int(ts.max()))
+    keep = np.ones(len(ts), dtype=bool)
+    if ctx.start_us is not None:
+        keep &= ts >= ctx.start_us
+    if ctx.end_us is not None:
+        keep &= ts < ctx.end_us
+    result.rows_outside_range += int((~keep).sum())
+    if ctx.retention_cutoff is not None:
+        old = keep & (ts < ctx.retention_cutoff)
+        result.rows_outside_retention += int(old.sum())
+        keep &= ~old
+    if not keep.all():
+        rows, ts = rows.filter(pa.array(keep)), ts[keep]
+    if rows.num_rows == 0:
+        return
+    days, _, counts = dense_unique(np.floor_divide(ts, US_PER_DAY))
+    result.days.update(dict(zip(days.tolist(), counts.tolist())))
+    if result.sample_rows == 0:
+        result.sample_rows, result.sample_bytes = _measure(rows.slice(0, SAMPLE_ROWS), ctx.contract)
+    if overlap is not None:
+        overlap.add(rows)
+    codes, keys = partition_codes(ts, ctx.contract, ctx.cutoffs)
+    for code, part_rows in split_by_code(rows, codes):
+        part = result.partitions.setdefault(keys[code], PartitionStats(keys[code]))
+        part.rows += part_rows.num_rows
+        part.nbytes += part_rows.nbytes
+        if ctx.contract.series_key:
+            counts = np.bincount(series_bucket(part_rows, ctx.contract.series_key), minlength=SERIES_BUCKETS)
+            part.buckets.update({int(b): int(counts[b]) for b in np.flatnonzero(counts)})
+        if ctx.contract.check_column:
+            part.check_sum += float(pc.sum(part_rows.column(ctx.contract.check_column)).as_py() or 0)
+        if spiller:
+            spiller.write(part, part_rows)
+
+
+def series_bucket(rows: pa.Table, series_key: tuple[str, ...]) -> np.ndarray:
+    """Bucket of each row's series: the unit of balancing series across a partition's slices."""
+    return (series_hash(rows, series_key) % np.uint64(SERIES_BUCKETS)).astype(np.int64)
+
+
+def _measure(sample: pa.Table, contract: Contract) -> tuple[int, int]:
+    """Parquet bytes of a sorted sample, so units are sized in file bytes, not Arrow bytes."""
+    order = [(c, "ascending") for c in (*contract.series_key, contract.time_column)]
+    buffer = io.BytesIO()
+    pq.write_table(sample.sort_by(order), buffer, compression="zstd")
+    return sample.num_rows, buffer.tell()
+
+
+def refuse_dst(result: ScanResult) -> None:
+    bad = {r: n for r, n in result.rejected.items() if r.startswith("dst_") and n}
+    if bad:
+        detail = "; ".join(f"{n} {r} (e.g. {result.examples.get(r, '?')})" for r, n in bad.items())
+        raise DstRefused(
+            f"local times that do not exist or are ambiguous in the source time zone: {detail}; "
+            "choose a policy with --dst-policy earliest|latest|drop"
+        )
+
+
+class _OverlapCounter:
+    """Dry run only: how many in-scope source keys already exist on main (DuckDB spills, memory stays bounded)."""
+
+    def __init__(self, contract: Contract) -> None:
+        self.keys = list(contract.dedup_key)
+        self.tmp = tempfile.TemporaryDirectory(prefix="timelake-dry-run-")
+        self.con = duckdb.connect(f"{self.tmp.name}/keys.db")
+        self.time_column = contract.time_column
+        self.created = False
+
+    def add(self, rows: pa.Table) -> None:
+        batch = rows.select(self.keys)  # noqa: F841 (read by DuckDB by name)
+        verb = "INSERT INTO src SELECT" if self.created else "CREATE TABLE src AS SELECT"
+        self.con.execute(f"{verb} {self._cols()} FROM batch")
+        self.created = True
+
+    def _cols(self) -> str:
+        return ", ".join(f'"{k}"' for k in self.keys)
+
+    def finish(self, table: Any, start: int, end: int) -> int:
+        try:
+            if not self.created or table.current_snapshot() is None:
+                return 0
+            main = read_range(table, self.time_column, start, end, tuple(self.keys))  # noqa: F841
+            cols = self._cols()
+            return int(self.con.execute(f"SELECT count(*) FROM src SEMI JOIN main USING ({cols})").fetchone()[0])
+        finally:
+            self.con.close()
+            self.tmp.cleanup()

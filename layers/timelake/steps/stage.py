@@ -1,0 +1,60 @@
+"""Stage: ONE commit adds every unit's file to branch ``backfill/<job>``; readers of main see nothing.
+
+Idempotent: if the branch head already is this job's staging snapshot, the step only records it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pyiceberg.table import Table as IcebergTable
+
+from timelake.errors import BackfillError
+from timelake.model.commit import (
+    JOB_PROPERTY, STEP_PROPERTY, append_files, data_files, with_retry, without_blind_retries,
+)
+from timelake.model.faults import checkpoint
+from timelake.model.spec import JobSpec
+from timelake.ports.runtime import Runtime
+from timelake.steps import failures
+from timelake.steps.plan import fork_branch
+
+
+def stage(rt: Runtime, job_id: str) -> dict[str, Any]:
+    """Stage step. Input: job id. Output: the staging snapshot id and file count."""
+    job = rt.store.get_job(job_id)
+    spec = JobSpec.model_validate(job.spec)
+    units = rt.store.units(job_id)
+    pending = [u.unit_id for u in units if u.status != "done"]
+    if pending:
+        cause = failures.first(rt, job_id, pending)
+        raise BackfillError(f"job {job_id}: {len(pending)} unit(s) not written"
+                            + (f"; {cause}" if cause else f" yet (first: {pending[0]}); resume the job"))
+    table = rt.load_table(spec.table)
+    written = [(u.result["path"], u.result["spec_id"], u.result["value"]) for u in units if u.result.get("path")]
+    snapshot_id = stage_files(table, job_id, job.state["branch"], written, "stage")
+    rt.store.update_job(job_id, "staged", staged_snapshot_id=snapshot_id, files=len(written))
+    return {"job_id": job_id, "staged_snapshot_id": snapshot_id, "files": len(written)}
+
+
+def stage_files(table: IcebergTable, job_id: str, branch: str, written: list[tuple[str, int, int]], step: str) -> int | None:
+    """One commit of ``written`` (path, spec id, partition value) onto ``branch``, marked with ``step``
+    so a retry that finds its marker at the branch head only returns it. On a table whose main is
+    empty the branch is created at that commit (main gets no commit before publish)."""
+    head = table.snapshot_by_name(branch)
+    if head is not None and head.summary and head.summary.get(JOB_PROPERTY) == job_id and head.summary.get(STEP_PROPERTY) == step:
+        return head.snapshot_id
+    if not written:
+        return None
+    files = data_files(table, written)
+    forked = branch in table.metadata.refs
+
+    def commit(current: IcebergTable) -> int:
+        with without_blind_retries(current).transaction() as tx:
+            return append_files(tx, current, files, branch if forked else None, {JOB_PROPERTY: job_id, STEP_PROPERTY: step})
+
+    snapshot_id = with_retry(table, commit, step)
+    if not forked:
+        fork_branch(table.refresh(), branch, snapshot_id)
+    checkpoint(f"{step}.committed")
+    return snapshot_id

@@ -1,0 +1,350 @@
+"""Validate the staged data on the branch before anything reaches main.
+
+Counts, bounds and null counts come from the manifests (no data read). Sortedness, key uniqueness,
+the overlap with main and the per-partition aggregate come from ONE parallel pass over the staged
+files that reads only the key and value columns: files are sorted and partitions disjoint, so
+uniqueness is an adjacent comparison within a file plus disjoint series sets between the files of a
+partition, linear in rows. User assertions run in DuckDB with external access disabled. A failed
+check stops the job: main is untouched and the branch stays for inspection.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+from pyiceberg.conversions import from_bytes
+from pyiceberg.manifest import DataFile
+
+from timelake.errors import ValidationFailed
+from timelake.model.commit import added_files
+from timelake.model.contract import Contract
+from timelake.model.layout import PartitionKey, SnapshotRange
+from timelake.model.spec import JobSpec
+from timelake.model.timeutil import iso
+from timelake.ports.files import filesystem
+from timelake.ports.runtime import Runtime
+from timelake.steps.write import existing_mask, sort_key_codes
+
+SAMPLES = 5
+
+
+@dataclass
+class Check:
+    name: str
+    passed: bool
+    detail: str
+    blocking: bool = True
+    samples: list[dict[str, Any]] = field(default_factory=list)
+
+
+def validate(rt: Runtime, job_id: str) -> dict[str, Any]:
+    """Validate step. Input: job id. Output: the checks; raises ValidationFailed if a blocking one failed."""
+    job = rt.store.get_job(job_id)
+    checks = run_checks(rt, job.spec, rt.store.units(job_id), job.state)
+    return conclude(rt, job_id, checks, "validated", job.state["branch"])
+
+
+def run_checks(rt: Runtime, job_spec: dict[str, Any], units: list[Any], state: dict[str, Any]) -> list[Check]:
+    """Every check over the files ``state["staged_snapshot_id"]`` added, against ``units`` and the
+    counts in ``state``: the whole job, or (with a narrowed state) one canary day of it."""
+    spec = JobSpec.model_validate(job_spec)
+    table = rt.load_table(spec.table)
+    contract = Contract.from_table(table)
+    staged = added_files(table, state["staged_snapshot_id"]) if state.get("staged_snapshot_id") else []
+    totals = _unit_totals(units)
+
+    checks = [
+        _row_balance(state, totals, staged),
+        _files_match_units(units, staged),
+        _time_bounds(table, contract, staged, state["range_start"], state["range_end"]),
+        _not_null(table, contract, staged),
+    ]
+    facts = _scan_files(table, contract, staged, spec.mode, state)
+    checks += [_sorted(facts), _unique_keys(facts, contract)]
+    checks += _overlap_with_main(facts, table, spec.mode, state)
+    checks.append(_aggregate(units, facts, state))
+    if spec.assertions:
+        con = _staged_connection(staged)
+        try:
+            checks.extend(_assertions(con, spec.assertions, table.schema().as_arrow(), bool(staged)))
+        finally:
+            con.close()
+    return checks
+
+
+def conclude(rt: Runtime, job_id: str, checks: list[Check], passed_phase: str, branch: str) -> dict[str, Any]:
+    """Record the checks; on a blocking failure stop the job (lease released, branch kept for inspection)."""
+    report = [asdict(c) for c in checks]
+    failed = [c for c in checks if c.blocking and not c.passed]
+    if failed:
+        rt.store.update_job(job_id, "failed_validation", checks=report, error="; ".join(f"{c.name}: {c.detail}" for c in failed))
+        rt.store.release_lease(job_id)
+        raise ValidationFailed(
+            f"job {job_id}: validation failed ({', '.join(c.name for c in failed)}): {failed[0].detail}; "
+            f"nothing was published, the staged data stays on branch {branch}"
+        )
+    rt.store.update_job(job_id, passed_phase, checks=report)
+    return {"job_id": job_id, "passed": True, "checks": len(checks)}
+
+
+def _unit_totals(units: list[Any]) -> dict[str, float]:
+    totals: dict[str, float] = defaultdict(float)
+    for u in units:
+        for key in ("rows_written", "rows_duplicate_in_source", "rows_conflicting_existing"):
+            totals[key] += u.result.get(key, 0)
+    return totals
+
+
+def _row_balance(state: dict[str, Any], totals: dict[str, float], staged: list[DataFile]) -> Check:
+    source = state["rows_in_source"]
+    rejected = sum(state["rows_rejected"].values())
+    staged_rows = sum(f.record_count for f in staged)
+    accounted = (
+        staged_rows + totals["rows_duplicate_in_source"] + totals["rows_conflicting_existing"]
+        + rejected + state["rows_outside_range"] + state["rows_outside_retention"]
+    )
+    detail = (
+        f"source {source} = staged {staged_rows} + duplicates {int(totals['rows_duplicate_in_source'])} "
+        f"+ conflicts {int(totals['rows_conflicting_existing'])} + rejected {rejected} "
+        f"+ outside range {state['rows_outside_range']} + outside retention {state['rows_outside_retention']}"
+        f" (= {int(accounted)})"
+    )
+    return Check("row_count_balance", source == accounted and staged_rows == totals["rows_written"], detail)
+
+
+def _files_match_units(units: list[Any], staged: list[DataFile]) -> Check:
+    expected = {u.result["path"]: u.result["rows_written"] for u in units if u.result.get("path")}
+    actual = {f.file_path: f.record_count for f in staged}
+    wrong = [p for p in expected.keys() | actual.keys() if expected.get(p) != actual.get(p)]
+    detail = f"{len(actual)} staged file(s), one per written unit" if not wrong else f"{len(wrong)} file(s) differ from the unit records, e.g. {wrong[0]}"
+    return Check("staged_files_match_units", not wrong, detail, samples=[{"file": p} for p in wrong[:SAMPLES]])
+
+
+def _bound(f: DataFile, field_id: int, table: Any, upper: bool) -> Any:
+    bounds = f.upper_bounds if upper else f.lower_bounds
+    raw = (bounds or {}).get(field_id)
+    return None if raw is None else from_bytes(table.schema().find_field(field_id).field_type, raw)
+
+
+def _time_bounds(table: Any, contract: Contract, staged: list[DataFile], start: int, end: int) -> Check:
+    field_id = table.schema().find_field(contract.time_column).field_id
+    transforms = {t.spec_id: t.transform for t in contract.tiers}
+    bad = []
+    for f in staged:
+        lo, hi = _bound(f, field_id, table, False), _bound(f, field_id, table, True)
+        p_lo, p_hi = PartitionKey(f.spec_id, transforms[f.spec_id], f.partition[0]).range
+        if lo is None or hi is None or lo < max(start, p_lo) or hi >= min(end, p_hi):
+            bad.append({"file": f.file_path, "min": iso(lo), "max": iso(hi), "partition": [iso(p_lo), iso(p_hi)]})
+    detail = (
+        f"every file within [{iso(start)}, {iso(end)}) and its partition" if not bad
+        else f"{len(bad)} file(s) hold times outside the job range or their partition"
+    )
+    return Check("time_bounds", not bad, detail, samples=bad[:SAMPLES])
+
+
+def _not_null(table: Any, contract: Contract, staged: list[DataFile]) -> Check:
+    schema = table.schema()
+    required = {f.name for f in schema.fields if f.required} | {contract.time_column, *contract.series_key}
+    bad = []
+    for name in sorted(required):
+        field_id = schema.find_field(name).field_id
+        nulls = sum((f.null_value_counts or {}).get(field_id, 0) for f in staged)
+        if nulls:
+            bad.append({"column": name, "nulls": nulls})
+    detail = f"no nulls in {', '.join(sorted(required))}" if not bad else f"nulls in required column(s): {bad}"
+    return Check("required_not_null", not bad, detail, samples=bad)
+
+
+def _staged_connection(staged: list[DataFile]) -> duckdb.DuckDBPyConnection:
+    """DuckDB with a view ``staged`` over the staged files and no access to anything else."""
+    con = duckdb.connect()
+    if staged:
+        fs, _ = filesystem(staged[0].file_path)
+        dataset = ds.dataset([filesystem(f.file_path)[1] for f in staged], filesystem=fs, format="parquet")
+        con.register("staged", dataset)
+    con.execute("SET enable_external_access = false")
+    con.execute("SET lock_configuration = true")
+    return con
+
+
+@dataclass
+class _FileFacts:
+    """What one pass over a staged file's key and value columns shows."""
+
+    path: str
+    partition: tuple[int, int]
+    range: tuple[int, int]
+    unsorted_at: int | None
+    duplicates: list[dict[str, Any]]
+    duplicate_count: int
+    series: pa.Array
+    check_sum: float
+    overlap: dict[str, int]
+    overlap_samples: dict[str, list[dict[str, Any]]]
+
+
+def _scan_files(table: Any, contract: Contract, staged: list[DataFile], mode: str, state: dict[str, Any]) -> list[_FileFacts]:
+    keys = list(contract.dedup_key)
+    mains: dict[str, SnapshotRange] = {}
+    if mode != "replace" and staged:
+        base, current = state.get("base_snapshot_id"), table.current_snapshot()
+        snapshots = {"base": base} if base is not None else {}  # main was empty at the plan: nothing to overlap
+        if mode == "merge" and current is not None and current.snapshot_id != base:
+            snapshots["live"] = current.snapshot_id
+        for name, snapshot_id in snapshots.items():
+            mains[name] = SnapshotRange(table, contract.time_column, state["range_start"], state["range_end"],
+                                        contract.dedup_key, snapshot_id=snapshot_id)
+    transforms = {t.spec_id: t.transform for t in contract.tiers}
+    columns = keys + ([state["check_column"]] if state.get("check_column") and state["check_column"] not in keys else [])
+
+    def one(f: DataFile) -> _FileFacts:
+        fs, path = filesystem(f.file_path)
+        with fs.open_input_file(path) as handle:
+            rows = pq.read_table(handle, columns=columns)
+        lo, hi = PartitionKey(f.spec_id, transforms[f.spec_id], f.partition[0]).range
+        codes = sort_key_codes(rows, contract)
+        unsorted_at, dup_mask = _order(codes.columns)
+        dups = rows.filter(pa.array(dup_mask)) if dup_mask.any() else rows.slice(0, 0)
+        overlap, samples = {}, {}
+        for name, main in mains.items():
+            near = main.read(lo, hi)
+            hits = rows.select(keys).filter(pa.array(existing_mask(rows, near, contract, codes))) if near.num_rows \
+                else rows.slice(0, 0).select(keys)
+            overlap[name], samples[name] = hits.num_rows, [_fmt_row(r) for r in hits.slice(0, SAMPLES).to_pylist()]
+        check = state.get("check_column")
+        return _FileFacts(
+            path=f.file_path, partition=(f.spec_id, f.partition[0]), range=(lo, hi), unsorted_at=unsorted_at,
+            duplicates=[_fmt_row(r) for r in dups.select(keys).slice(0, SAMPLES).to_pylist()],
+            duplicate_count=dups.num_rows,
+            series=pc.unique(rows.column(contract.series_key[0])) if contract.series_key else pa.array([]),
+            check_sum=float(pc.sum(rows.column(check)).as_py() or 0) if check else 0.0,
+            overlap=overlap, overlap_samples=samples,
+        )
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        return list(pool.map(one, staged))
+
+
+def _order(codes: list[Any]) -> tuple[int | None, Any]:
+    """First row out of (series, time) order, and which rows repeat the key of the next row."""
+    import numpy as np
+
+    n = len(codes[0]) if codes else 0
+    less = np.zeros(max(n - 1, 0), dtype=bool)
+    equal = np.ones(max(n - 1, 0), dtype=bool)
+    for c in codes:
+        a, b = c[:-1], c[1:]
+        less |= equal & (a < b)
+        equal &= a == b
+    bad = np.flatnonzero(~(less | equal))
+    return (int(bad[0]) + 1 if len(bad) else None), np.append(equal, False)
+
+
+def _sorted(facts: list[_FileFacts]) -> Check:
+    bad = [{"file": f.path, "row": f.unsorted_at} for f in facts if f.unsorted_at is not None]
+    detail = f"all {len(facts)} file(s) sorted by series key and time" if not bad else f"{len(bad)} file(s) out of order, e.g. {bad[0]}"
+    return Check("files_sorted", not bad, detail, samples=bad[:SAMPLES])
+
+
+def _unique_keys(facts: list[_FileFacts], contract: Contract) -> Check:
+    """Within a file: adjacent keys differ (the file is sorted). Between files: the files of one
+    partition hold disjoint series, and different partitions cover disjoint time ranges."""
+    samples = [d for f in facts for d in f.duplicates][:SAMPLES]
+    count = sum(f.duplicate_count for f in facts)
+    by_partition: dict[tuple[int, int], list[_FileFacts]] = defaultdict(list)
+    for f in facts:
+        by_partition[f.partition].append(f)
+    shared = []
+    for partition, files in by_partition.items():
+        if len(files) > 1:
+            series = pa.chunked_array([f.series for f in files])
+            if len(pc.unique(series)) != len(series):
+                shared.append({"partition": partition, "files": [f.path for f in files]})
+    spans = sorted(files[0].range for files in by_partition.values())
+    overlapping = [{"ranges": [iso(a[0]), iso(b[0])]} for a, b in zip(spans, spans[1:]) if b[0] < a[1]]
+    passed = not count and not shared and not overlapping
+    cols = ", ".join(contract.dedup_key)
+    detail = (
+        f"no duplicate ({cols}) in staged data" if passed
+        else f"{count} duplicate key(s) within files, {len(shared)} partition(s) with a series in two files, "
+        f"{len(overlapping)} overlapping partition range(s)"
+    )
+    return Check("unique_keys_in_staged", passed, detail, samples=samples + shared[:SAMPLES] + overlapping[:SAMPLES])
+
+
+def _overlap_with_main(facts: list[_FileFacts], table: Any, mode: str, state: dict[str, Any]) -> list[Check]:
+    """Merge mode: no staged key may exist on main as the plan saw it (units drop those). Keys that live
+    writers committed since are reported; publish re-checks them and the live rows win."""
+    if mode == "replace":
+        return [Check("no_overlap_with_main", True, "replace mode: the range on main is replaced in the publish commit")]
+    if not facts:
+        return [Check("no_overlap_with_main", True, "nothing staged")]
+    at_base = sum(f.overlap.get("base", 0) for f in facts)
+    samples = [s for f in facts for s in f.overlap_samples.get("base", [])][:SAMPLES]
+    blocking = mode == "merge"
+    detail = (
+        "no staged key exists on main" if not at_base
+        else f"{at_base} staged key(s) already exist on main" + ("" if blocking else " (append mode: reported, not enforced)")
+    )
+    checks = [Check("no_overlap_with_main", at_base == 0, detail, blocking=blocking, samples=samples)]
+    if any("live" in f.overlap for f in facts):
+        live = sum(f.overlap.get("live", 0) for f in facts)
+        checks.append(Check(
+            "live_overlap_since_plan", live == 0,
+            f"{live} staged key(s) were committed by live writers since the plan; they win at publish", blocking=False,
+            samples=[s for f in facts for s in f.overlap_samples.get("live", [])][:SAMPLES],
+        ))
+    return checks
+
+
+def _aggregate(units: list[Any], facts: list[_FileFacts], state: dict[str, Any]) -> Check:
+    column = state.get("check_column")
+    if not column:
+        return Check("aggregate_matches_source", True, "the table has no numeric value column to sum")
+    file_sums = {f.path: f.check_sum for f in facts}
+    accounted: dict[str, float] = defaultdict(float)
+    for u in units:
+        r = u.result
+        accounted[u.info["partition"]] += file_sums.get(r.get("path"), 0.0) + r["duplicate_sum"] + r["conflict_sum"]
+    bad = []
+    for partition, source_sum in state["partition_sums"].items():
+        got = accounted.get(partition, 0.0)
+        if abs(got - source_sum) > 1e-6 * max(1.0, abs(source_sum)):
+            bad.append({"partition": partition, "source": source_sum, "staged_plus_dropped": got})
+    detail = (
+        f"sum({column}) per partition: source = staged + dropped in all {len(state['partition_sums'])} partition(s)"
+        if not bad else f"sum({column}) differs in {len(bad)} partition(s), e.g. {bad[0]}"
+    )
+    return Check("aggregate_matches_source", not bad, detail, samples=bad[:SAMPLES])
+
+
+def _assertions(con: duckdb.DuckDBPyConnection, assertions: list[str], schema: pa.Schema, any_staged: bool) -> list[Check]:
+    if assertions and not any_staged:
+        con.register("staged", schema.empty_table())
+    checks = []
+    for i, sql in enumerate(assertions, 1):
+        name = f"assertion_{i}"
+        try:
+            rows = con.sql(sql).to_arrow_table()
+        except duckdb.Error as exc:
+            checks.append(Check(name, False, f"{sql!r} could not run: {str(exc).splitlines()[0]}"))
+            continue
+        failing = rows.num_rows
+        samples = [_fmt_row(r) for r in rows.slice(0, SAMPLES).to_pylist()]
+        detail = f"{sql!r}: 0 failing rows" if not failing else f"{sql!r}: {failing} failing row(s), e.g. {samples[0]}"
+        checks.append(Check(name, failing == 0, detail, samples=samples))
+    return checks
+
+
+def _fmt_row(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: (v.isoformat() if hasattr(v, "isoformat") else v) for k, v in row.items()}
+
+

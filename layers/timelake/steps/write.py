@@ -1,0 +1,223 @@
+"""Write one unit: its partition's rows, one series slice, sorted, deduplicated, as ONE Parquet file.
+
+A unit never commits to Iceberg; it writes its file at a deterministic path (a retry overwrites the
+same object) and records its counts. The overlap mode is applied here: in merge mode, keys already
+on main are dropped and counted.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from pyiceberg.typedef import Record
+
+from timelake.model.contract import Contract
+from timelake.model.layout import MainReader, read_range
+from timelake.model.spec import JobSpec
+from timelake.ports.files import filesystem
+from timelake.ports.runtime import Runtime
+from timelake.ports.store import UnitRecord
+from timelake.steps import failures
+from timelake.steps.scan import series_bucket
+
+ROW_GROUP_ROWS = 1 << 20
+
+
+def write_unit(rt: Runtime, job_id: str, unit_id: str, main: MainReader | None = None) -> dict[str, Any]:
+    """Write step. Input: job id and unit id. Output: the unit's counts (also recorded in the store).
+    ``main`` is shared by the writers of one process so that merge mode plans main once."""
+    try:
+        return _write_unit(rt, job_id, unit_id, main)
+    except Exception as exc:
+        failures.note(rt, job_id, unit_id, exc)
+        raise
+
+
+def _write_unit(rt: Runtime, job_id: str, unit_id: str, main: MainReader | None) -> dict[str, Any]:
+    job = rt.store.get_job(job_id)
+    unit = rt.store.unit(job_id, unit_id)
+    if unit.status == "done":
+        return unit.result
+    started = time.monotonic()
+    spec = JobSpec.model_validate(job.spec)
+    table = rt.load_table(spec.table)
+    contract = Contract.from_table(table)
+    target = table.schema().as_arrow()
+    rows = _read_slice(unit, contract, target)
+    rows_in = rows.num_rows
+    rows, dup_sum, duplicates, codes = _sort_and_dedup(rows, contract)
+    conflicts, conflict_sum = 0, 0.0
+    if spec.mode == "merge" and rows.num_rows and table.current_snapshot() is not None:
+        existing = (main.read(table, unit.info["start"], unit.info["end"]) if main is not None else
+                    read_range(table, contract.time_column, unit.info["start"], unit.info["end"], contract.dedup_key))
+        rows, conflicts, conflict_sum = drop_existing(rows, existing, contract, codes)
+    result: dict[str, Any] = {
+        "rows_in": rows_in, "rows_written": rows.num_rows, "rows_duplicate_in_source": duplicates,
+        "rows_conflicting_existing": conflicts, "duplicate_sum": dup_sum, "conflict_sum": conflict_sum,
+        "path": None, "bytes": 0, "spec_id": unit.info["spec_id"], "value": unit.info["value"],
+    }
+    if rows.num_rows:
+        path = unit_path(table, job_id, unit)
+        result.update(path=path, bytes=write_parquet(rows, path, table.properties))
+    result["seconds"] = round(time.monotonic() - started, 3)
+    rt.store.complete_unit(job_id, unit_id, result)
+    return result
+
+
+def _read_slice(unit: UnitRecord, contract: Contract, target: pa.Schema) -> pa.Table:
+    """The unit's rows, batch by batch from its partition's spill files: memory holds one slice, not
+    the whole partition, so peak memory is set by the unit (file) size times the concurrency."""
+    buckets = unit.info["buckets"]
+    parts: list[pa.Table] = []
+    for path in unit.info["spill"]:
+        fs, local = filesystem(path)
+        with fs.open_input_stream(local) as stream:
+            for batch in pa.ipc.open_stream(stream):
+                rows = pa.Table.from_batches([batch])
+                if buckets is not None:
+                    rows = rows.filter(pa.array(np.isin(series_bucket(rows, contract.series_key), buckets)))
+                parts.append(rows)
+    return pa.concat_tables(parts) if parts else target.empty_table()
+
+
+def sort_keys(contract: Contract) -> list[tuple[str, str]]:
+    """The table's sort order: series key, time, then any other dedup columns."""
+    names = [*contract.series_key, contract.time_column]
+    names += [c for c in contract.dedup_key if c not in names]
+    return [(c, "ascending") for c in names]
+
+
+def _sort_and_dedup(rows: pa.Table, contract: Contract) -> tuple[pa.Table, float, int, KeyCodes]:
+    """Sort (stable) and keep the LAST source row of each dedup key: later rows in an export are corrections.
+    Also returns the kept rows' sort codes, which merge mode reuses to find the keys already on main."""
+    keys = sort_key_codes(rows, contract)
+    if rows.num_rows == 0:
+        return rows, 0.0, 0, keys
+    order = np.lexsort(keys.columns[::-1])  # stable; the first key is the primary one
+    same_as_next = np.ones(rows.num_rows - 1, dtype=bool)
+    ordered = []
+    for codes in keys.columns:
+        ordered.append(codes[order])
+        same_as_next &= ordered[-1][:-1] == ordered[-1][1:]
+    rows = rows.take(pa.array(order))
+    duplicates = int(same_as_next.sum())
+    if not duplicates:
+        return rows, 0.0, 0, KeyCodes(ordered, keys.distinct)
+    drop = np.append(same_as_next, False)
+    dup_sum = _sum(rows.filter(pa.array(drop)), contract)
+    return rows.filter(pa.array(~drop)), dup_sum, duplicates, KeyCodes([c[~drop] for c in ordered], keys.distinct)
+
+
+@dataclass(frozen=True)
+class KeyCodes:
+    """Rows' sort-order columns as integer arrays that order like the values (see ``sort_key_codes``).
+
+    A string column is each row's rank among ``distinct[name]``, its sorted distinct values.
+    """
+
+    columns: list[np.ndarray]
+    distinct: dict[str, pa.Array]
+
+
+def sort_key_codes(rows: pa.Table, contract: Contract) -> KeyCodes:
+    """The sort-order columns as integer arrays that order like the values.
+
+    Strings become their rank among the distinct values (a few hundred devices, not millions of rows),
+    so the sort compares integers: several times faster than sorting strings row by row.
+    """
+    codes, distinct = [], {}
+    for name, _ in sort_keys(contract):
+        column = rows.column(name)
+        if pa.types.is_string(column.type) or pa.types.is_large_string(column.type) or pa.types.is_binary(column.type):
+            distinct[name] = pc.unique(column).sort()
+            column = pc.index_in(column, value_set=distinct[name])
+        elif pa.types.is_timestamp(column.type) or pa.types.is_date(column.type):
+            column = pc.cast(column, pa.int64())
+        codes.append(_numpy(column))
+    return KeyCodes(codes, distinct)
+
+
+def _numpy(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    return column.to_numpy(zero_copy_only=False) if isinstance(column, pa.Array) else column.combine_chunks().to_numpy(zero_copy_only=False)
+
+
+def drop_existing(rows: pa.Table, existing: pa.Table, contract: Contract, codes: KeyCodes | None = None) -> tuple[pa.Table, int, float]:
+    """Merge mode: existing rows win. Returns the rows left, how many were dropped and their check sum."""
+    if rows.num_rows == 0 or existing.num_rows == 0:
+        return rows, 0, 0.0
+    mask = existing_mask(rows, existing, contract, codes)
+    if not mask.any():
+        return rows, 0, 0.0
+    conflict_sum = _sum(rows.filter(pa.array(mask)), contract)
+    return rows.filter(pa.array(~mask)), int(mask.sum()), conflict_sum
+
+
+def existing_mask(rows: pa.Table, existing: pa.Table, contract: Contract, codes: KeyCodes | None = None) -> np.ndarray:
+    """Which of ``rows`` have a key in ``existing``; ``codes`` are the rows' ``sort_key_codes`` if known.
+
+    For the usual key (one series column + time) both sides become one int64 per row (the series'
+    rank among the rows' sorted series, then microseconds). Rows in the table's sort order (as units
+    and staged files are) then pack to an ascending array, and a binary search of each existing key
+    among them answers the membership; otherwise each row is looked up among the sorted existing
+    keys. Other keys take Arrow's join.
+    """
+    keys = list(contract.dedup_key)
+    if len(contract.series_key) == 1 and keys == [contract.series_key[0], contract.time_column]:
+        series, time_column = contract.series_key[0], contract.time_column
+        codes = codes if codes is not None and series in codes.distinct else None
+        if codes is None:
+            distinct = pc.unique(rows.column(series)).sort()
+            ranks = _numpy(pc.fill_null(pc.index_in(rows.column(series), value_set=distinct), len(distinct)))
+            mine_times = pc.cast(rows.column(time_column), pa.int64()).to_numpy(zero_copy_only=False)
+        else:
+            distinct, ranks, mine_times = codes.distinct[series], codes.columns[0], codes.columns[1]
+        theirs_ranks = _numpy(pc.fill_null(pc.index_in(existing.column(series), value_set=distinct.cast(existing.schema.field(series).type)),
+                                          len(distinct)))  # a series the rows lack gets a rank no row has
+        theirs_times = pc.cast(existing.column(time_column), pa.int64()).to_numpy(zero_copy_only=False)
+        base = min(int(mine_times.min()), int(theirs_times.min()))
+        time_bits = max(max(int(mine_times.max()), int(theirs_times.max())) - base, 1).bit_length()
+        if time_bits + len(distinct).bit_length() + 1 <= 63:
+            mine = (ranks.astype(np.int64) << time_bits) | (mine_times - base)
+            theirs = (theirs_ranks.astype(np.int64) << time_bits) | (theirs_times - base)
+            if not bool(np.all(theirs[1:] >= theirs[:-1])):
+                theirs = np.sort(theirs)
+            if bool(np.all(mine[1:] > mine[:-1])):
+                at = np.minimum(np.searchsorted(mine, theirs), len(mine) - 1)
+                mask = np.zeros(len(mine), dtype=bool)
+                mask[at[mine[at] == theirs]] = True
+                return mask
+            at = np.minimum(np.searchsorted(theirs, mine), len(theirs) - 1)
+            return theirs[at] == mine
+    left = rows.select(keys).append_column("__row", pa.array(np.arange(rows.num_rows)))
+    hits = left.join(existing.select(keys).cast(left.select(keys).schema), keys=keys, join_type="left semi")
+    mask = np.zeros(rows.num_rows, dtype=bool)
+    mask[hits.column("__row").to_numpy()] = True
+    return mask
+
+
+def _sum(rows: pa.Table, contract: Contract) -> float:
+    if not contract.check_column or rows.num_rows == 0:
+        return 0.0
+    return float(pc.sum(rows.column(contract.check_column)).as_py() or 0)
+
+
+def unit_path(table: Any, job_id: str, unit: UnitRecord, suffix: str = "") -> str:
+    spec = table.specs()[unit.info["spec_id"]]
+    partition = spec.partition_to_path(Record(unit.info["value"]), table.schema())
+    return f"{table.location().rstrip('/')}/data/{partition}/{job_id}-{unit.unit_id}{suffix}.parquet"
+
+
+def write_parquet(rows: pa.Table, path: str, properties: dict[str, str]) -> int:
+    """Write one file with Iceberg field ids (from the table's Arrow schema); returns its size in bytes."""
+    fs, local = filesystem(path)
+    fs.create_dir(local.rsplit("/", 1)[0], recursive=True)
+    codec = properties.get("write.parquet.compression-codec", "zstd")
+    with fs.open_output_stream(local) as out:
+        pq.write_table(rows, out, compression=None if codec == "uncompressed" else codec, row_group_size=ROW_GROUP_ROWS)
+    return fs.get_file_info(local).size

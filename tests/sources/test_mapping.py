@@ -1,0 +1,298 @@
+"""Mapping raw batches onto the table schema: columns, time zones, DST, epochs, casts and rejected rows."""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from timelake.sources.base import SourceBatch, open_source
+from timelake.sources.mapping import MappedBatch, Mapper, MappingError
+
+UTC = timezone.utc
+TARGET = pa.schema(
+    [
+        pa.field("ts", pa.timestamp("us", tz="UTC"), nullable=False),
+        pa.field("sensor", pa.string(), nullable=False),
+        pa.field("value", pa.float64()),
+        pa.field("ok", pa.bool_()),
+    ]
+)
+WITH_UNIT = TARGET.append(pa.field("unit", pa.string(), nullable=False))
+
+
+def _batch(columns: dict[str, Any], origin: str = "a.csv", row_offset: int = 0) -> SourceBatch:
+    return SourceBatch(pa.RecordBatch.from_pydict(columns), origin, row_offset)
+
+
+def _mapper(schema: pa.Schema, target: pa.Schema = TARGET, **options: Any) -> Mapper:
+    return Mapper(target, schema, **{"time_column": "ts", "series_key": ["sensor"], **options})
+
+
+def _map(columns: dict[str, Any], target: pa.Schema = TARGET, **options: Any) -> MappedBatch:
+    batch = _batch(columns)
+    return _mapper(batch.data.schema, target, **options).apply(batch)
+
+
+def _utc(*args: int) -> datetime:
+    return datetime(*args, tzinfo=UTC)
+
+
+def _times(mapped: MappedBatch) -> list[datetime]:
+    return mapped.table.column("ts").to_pylist()
+
+
+def _naive(values: list[str]) -> dict[str, Any]:
+    stamps = pa.array([datetime.fromisoformat(v) for v in values], pa.timestamp("us"))
+    return {"ts": stamps, "sensor": ["s"] * len(values)}
+
+
+def test_column_map_renames_fills_and_ignores() -> None:
+    columns = {
+        "timestamp": pa.array([_utc(2024, 1, 1)], pa.timestamp("us", "UTC")),
+        "sensor": ["s1"],
+        "reading": ["1.5"],
+        "extra": [1],
+    }
+    batch = _batch(columns)
+    mapper = _mapper(batch.data.schema, column_map={"ts": "timestamp", "value": "reading"})
+    assert mapper.filled_with_null == ["ok"]
+    assert mapper.ignored_source_columns == ["extra"]
+    mapped = mapper.apply(batch)
+    assert mapped.table.schema.equals(TARGET)
+    assert mapped.table.to_pylist() == [{"ts": _utc(2024, 1, 1), "sensor": "s1", "value": 1.5, "ok": None}]
+    assert not mapped.rejected
+
+
+def test_missing_mapped_column_lists_available_columns() -> None:
+    schema = pa.schema([("time", pa.string()), ("sensor", pa.string())])
+    with pytest.raises(MappingError, match=r"'ts' is mapped to source column 'timestamp'.*columns: time, sensor\)"):
+        _mapper(schema, column_map={"ts": "timestamp"})
+
+
+def test_unknown_table_column_in_map() -> None:
+    schema = pa.schema([("ts", pa.string()), ("sensor", pa.string())])
+    with pytest.raises(MappingError, match=r"'temperature' is not a column of the table \(table columns: ts, sensor"):
+        _mapper(schema, column_map={"temperature": "ts"})
+
+
+def test_required_columns_missing_from_source() -> None:
+    with pytest.raises(MappingError, match=r"column 'sensor' \(source 'sensor'\) is required but missing.*columns: ts"):
+        _mapper(pa.schema([("ts", pa.string())]))
+    with pytest.raises(MappingError, match=r"column 'ts' \(source 'ts'\) is required but missing"):
+        _mapper(pa.schema([("sensor", pa.string())]))
+    with pytest.raises(MappingError, match=r"column 'unit' \(source 'unit'\) is required but missing"):
+        _mapper(pa.schema([("ts", pa.string()), ("sensor", pa.string())]), WITH_UNIT)
+
+
+def test_target_time_column_must_be_utc_microseconds() -> None:
+    target = pa.schema([("ts", pa.timestamp("ns")), ("sensor", pa.string())])
+    with pytest.raises(MappingError, match=r"'ts' is timestamp\[ns\], expected timestamp\[us, tz=UTC\]"):
+        _mapper(target, target)
+
+
+def test_incompatible_type_fails_before_reading() -> None:
+    schema = pa.schema([("ts", pa.string()), ("sensor", pa.string()), ("value", pa.list_(pa.int64()))])
+    with pytest.raises(MappingError, match=r"column 'value' \(source 'value'\) cannot be converted from list<item"):
+        _mapper(schema)
+
+
+def test_naive_timestamps_need_tz() -> None:
+    schema = pa.schema([("timestamp", pa.timestamp("us")), ("sensor", pa.string())])
+    message = (
+        "column 'ts' (source 'timestamp') holds naive timestamps: "
+        "pass tz=... (--tz) to say which local time zone they are in"
+    )
+    with pytest.raises(MappingError, match=re.escape(message)):
+        _mapper(schema, column_map={"ts": "timestamp"})
+
+
+def test_naive_strings_need_tz_and_name_the_row() -> None:
+    with pytest.raises(MappingError, match=r"naive timestamps such as '2024-01-01 00:00:00' at row 1 of a.csv: pass"):
+        _map({"ts": ["2024-01-01T00:00:00Z", "2024-01-01 00:00:00"], "sensor": ["s", "s"]})
+
+
+def test_unknown_tz() -> None:
+    with pytest.raises(MappingError, match="unknown time zone 'Mars/Olympus'"):
+        _map(_naive(["2024-01-01T00:00"]), tz="Mars/Olympus")
+
+
+def test_tz_aware_input_is_converted_to_utc_microseconds() -> None:
+    new_york = ZoneInfo("America/New_York")
+    stamps = pa.array([datetime(2024, 7, 1, 8, 0, tzinfo=new_york)], pa.timestamp("s", "America/New_York"))
+    assert _times(_map({"ts": stamps, "sensor": ["s"]})) == [_utc(2024, 7, 1, 12)]
+    ns = pa.array([1_700_000_000_123_456_789, -1], pa.int64()).cast(pa.timestamp("ns", "Asia/Kolkata"))
+    assert _times(_map({"ts": ns, "sensor": ["s", "s"]})) == [
+        _utc(2023, 11, 14, 22, 13, 20, 123456),
+        _utc(1969, 12, 31, 23, 59, 59, 999999),
+    ]
+
+
+def test_berlin_local_times_across_both_dst_switches() -> None:
+    local = ["2024-03-31T01:59", "2024-03-31T03:00", "2024-10-27T01:30", "2024-10-27T03:30", "2024-07-01T12:00"]
+    assert _times(_map(_naive(local), tz="Europe/Berlin")) == [
+        _utc(2024, 3, 31, 0, 59),
+        _utc(2024, 3, 31, 1, 0),
+        _utc(2024, 10, 26, 23, 30),
+        _utc(2024, 10, 27, 2, 30),
+        _utc(2024, 7, 1, 10, 0),
+    ]
+
+
+@pytest.mark.parametrize("policy", ["refuse", "drop"])
+def test_nonexistent_and_ambiguous_times_are_dropped_and_counted(policy: str) -> None:
+    local = ["2024-03-31T01:00", "2024-03-31T02:30", "2024-10-27T02:30", "2024-10-27T02:45", "2024-10-27T04:00"]
+    mapped = _map(_naive(local), tz="Europe/Berlin", dst_policy=policy)
+    assert _times(mapped) == [_utc(2024, 3, 31, 0, 0), _utc(2024, 10, 27, 3, 0)]
+    assert mapped.rejected == {"dst_nonexistent": 1, "dst_ambiguous": 2}
+    assert mapped.examples["dst_nonexistent"] == "row 1 of a.csv: ts=2024-03-31 02:30:00"
+    assert mapped.examples["dst_ambiguous"] == "row 2 of a.csv: ts=2024-10-27 02:30:00"
+    assert mapped.table.schema.equals(TARGET)
+
+
+@pytest.mark.parametrize(
+    ("policy", "nonexistent", "ambiguous"),
+    [
+        ("earliest", _utc(2024, 3, 31, 0, 59, 59, 999999), _utc(2024, 10, 27, 0, 30)),
+        ("latest", _utc(2024, 3, 31, 1, 0), _utc(2024, 10, 27, 1, 30)),
+    ],
+)
+def test_dst_policies_resolve(policy: str, nonexistent: datetime, ambiguous: datetime) -> None:
+    mapped = _map(_naive(["2024-03-31T02:30", "2024-10-27T02:30"]), tz="Europe/Berlin", dst_policy=policy)
+    assert _times(mapped) == [nonexistent, ambiguous]
+    assert not mapped.rejected
+
+
+def test_dst_in_local_strings() -> None:
+    strings = ["2024-03-31 02:30:00", "2024-10-27T02:30:00", "2024-10-27T02:30:00+01:00", "2024-10-27"]
+    mapped = _map({"ts": strings, "sensor": ["s"] * 4}, tz="Europe/Berlin", dst_policy="drop")
+    assert _times(mapped) == [_utc(2024, 10, 27, 1, 30), _utc(2024, 10, 26, 22, 0)]
+    assert mapped.rejected == {"dst_nonexistent": 1, "dst_ambiguous": 1}
+
+
+def test_iso_strings_with_and_without_offsets() -> None:
+    strings = [
+        "2024-01-01T00:00:00Z",
+        "2024-01-01T00:00:00+01:00",
+        "2024-01-01T00:00:00.1234567-0530",
+        " 2024-06-01T12:00:00 ",
+        "2024-06-01",
+        "0100-01-01T00:00:00Z",
+    ]
+    mapped = _map({"ts": strings, "sensor": ["s"] * len(strings)}, tz="Europe/Berlin")
+    assert _times(mapped) == [
+        _utc(2024, 1, 1),
+        _utc(2023, 12, 31, 23),
+        _utc(2024, 1, 1, 5, 30, 0, 123456),
+        _utc(2024, 6, 1, 10),
+        _utc(2024, 5, 31, 22),
+        _utc(100, 1, 1),
+    ]
+
+
+def test_offset_strings_need_no_tz() -> None:
+    assert _times(_map({"ts": ["2024-01-01T01:00:00+01:00"], "sensor": ["s"]})) == [_utc(2024, 1, 1)]
+
+
+def test_unparseable_time_names_column_file_row_and_value() -> None:
+    times = ["2024-01-01T00:00:00Z", "yesterday-ish", "2024-01-01T00:00:00Z"]
+    batch = _batch({"when": times, "sensor": ["s"] * 3}, origin="x.csv", row_offset=1000)
+    mapper = _mapper(batch.data.schema, column_map={"ts": "when"}, tz="UTC")
+    pattern = r"column 'ts' \(source 'when'\): cannot convert 'yesterday-ish' at row 1001 of x.csv to .*ISO 8601"
+    with pytest.raises(MappingError, match=pattern):
+        mapper.apply(batch)
+
+
+@pytest.mark.parametrize(
+    ("unit", "value", "micros"),
+    [
+        ("s", 1_700_000_000, 0),
+        ("ms", 1_700_000_000_123, 123_000),
+        ("us", 1_700_000_000_123_456, 123_456),
+        ("ns", 1_700_000_000_123_456_789, 123_456),
+    ],
+)
+def test_epoch_integers(unit: str, value: int, micros: int) -> None:
+    mapped = _map({"ts": pa.array([value], pa.int64()), "sensor": ["s"]}, time_unit=unit)
+    assert _times(mapped) == [_utc(2023, 11, 14, 22, 13, 20, micros)]
+
+
+def test_negative_nanosecond_epoch_floors() -> None:
+    mapped = _map({"ts": pa.array([-1500, 1999], pa.int64()), "sensor": ["s", "s"]}, time_unit="ns")
+    assert _times(mapped) == [_utc(1969, 12, 31, 23, 59, 59, 999998), _utc(1970, 1, 1, 0, 0, 0, 1)]
+
+
+def test_epoch_integers_need_time_unit() -> None:
+    with pytest.raises(MappingError, match=r"column 'ts' \(source 'ts'\) holds integers: pass time_unit=\.\.\. \("):
+        _map({"ts": pa.array([1], pa.int32()), "sensor": ["s"]})
+
+
+def test_epoch_out_of_range_names_value() -> None:
+    with pytest.raises(MappingError, match=r"cannot convert 10000000000000000 at row 1 of a.csv"):
+        _map({"ts": pa.array([0, 10**16], pa.int64()), "sensor": ["s", "s"]}, time_unit="s")
+
+
+def test_uncastable_value_names_column_file_row_and_value() -> None:
+    columns = {"ts": ["2024-01-01T00:00:00Z"] * 4, "sensor": ["s", None, "s", "s"], "value": ["1.5", "2", "3", "abc"]}
+    batch = _batch(columns, origin="exports/day.csv", row_offset=500)
+    pattern = r"column 'value' \(source 'value'\): cannot convert 'abc' at row 503 of exports/day.csv to double"
+    with pytest.raises(MappingError, match=pattern):
+        _mapper(batch.data.schema).apply(batch)
+
+
+def test_string_columns_cast_to_target_types() -> None:
+    columns = {
+        "ts": ["2024-01-01T00:00:00Z"] * 3,
+        "sensor": ["a", "b", "c"],
+        "value": ["1", "2.5", None],
+        "ok": ["true", "0", None],
+    }
+    mapped = _map(columns)
+    assert mapped.table.column("value").to_pylist() == [1.0, 2.5, None]
+    assert mapped.table.column("ok").to_pylist() == [True, False, None]
+
+
+def test_null_time_series_key_and_required_are_counted_once() -> None:
+    columns = {
+        "ts": ["2024-01-01T00:00:00Z", None, "2024-01-01T00:00:02Z", None, "2024-01-01T00:00:04Z"],
+        "sensor": ["s", "s", None, None, "s"],
+        "unit": ["C", "C", "C", "C", None],
+    }
+    mapped = _map(columns, target=WITH_UNIT)
+    assert mapped.rejected == {"null_time": 2, "null_series_key": 1, "null_required": 1}
+    assert mapped.examples == {
+        "null_time": "row 1 of a.csv: ts=null",
+        "null_series_key": "row 2 of a.csv: sensor=null",
+        "null_required": "row 4 of a.csv: unit=null",
+    }
+    assert mapped.table.num_rows == 1
+    assert mapped.table.schema.equals(WITH_UNIT)
+
+
+def test_output_schema_equals_target_for_every_source_format(tmp_path: Path) -> None:
+    (tmp_path / "a.csv").write_text("ts,sensor,value,ok\n2024-01-01T00:00:00Z,s,1.5,true\n2024-01-01T00:01:00Z,s,,\n")
+    parquet = {"ts": pa.array([0], pa.timestamp("ms", "UTC")), "sensor": ["s"], "value": pa.array([1], pa.int32())}
+    pq.write_table(pa.table(parquet), tmp_path / "b.parquet")
+    (tmp_path / "c.jsonl").write_text('{"ts": "2024-01-01T00:00:00Z", "sensor": "s", "value": 1, "ok": false}\n')
+    for name, rows in [("a.csv", 2), ("b.parquet", 1), ("c.jsonl", 1)]:
+        source = open_source(str(tmp_path / name))
+        mapper = _mapper(source.schema())
+        tables = [mapper.apply(batch).table for batch in source.batches()]
+        assert all(t.schema.equals(TARGET) for t in tables)
+        assert sum(t.num_rows for t in tables) == rows
+
+
+def test_each_batch_is_checked_against_its_own_columns() -> None:
+    mapper = _mapper(pa.schema([("ts", pa.string()), ("sensor", pa.string())]))
+    with pytest.raises(MappingError, match=r"column 'sensor' \(source 'sensor'\) is required but missing from b.jsonl"):
+        mapper.apply(_batch({"ts": ["2024-01-01T00:00:00Z"]}, origin="b.jsonl"))
+    with pytest.raises(MappingError, match=r"column 'ts' \(source 'ts'\) is double: expected timestamps"):
+        mapper.apply(_batch({"ts": [1.5], "sensor": ["s"]}, origin="c.jsonl"))
+    later = _batch({"sensor": ["s"], "ts": ["2024-01-01T00:00:00Z"], "ok": ["true"]})
+    assert mapper.apply(later).table.column("ok").to_pylist() == [True]

@@ -1,0 +1,68 @@
+"""The checks catch staged data that does not match what the units wrote (steps driven one by one)."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+from tests.conftest import recent, stage_job
+from timelake.errors import ValidationFailed
+from timelake.steps.validate import validate
+
+
+def _staged_job(lake, source) -> tuple[str, str]:
+    job_id = stage_job(lake, source)
+    return job_id, lake.runtime.store.units(job_id)[0].result["path"].removeprefix("file://")
+
+
+def test_clean_staging_passes_every_check(lake, sensor, readings):
+    job_id, _ = _staged_job(lake, readings(recent(4), days=1, devices=3))
+    assert validate(lake.runtime, job_id)["passed"]
+    checks = {c["name"]: c["passed"] for c in lake.runtime.store.get_job(job_id).state["checks"]}
+    assert checks == {"row_count_balance": True, "staged_files_match_units": True, "time_bounds": True,
+                      "required_not_null": True, "files_sorted": True, "unique_keys_in_staged": True,
+                      "no_overlap_with_main": True, "aggregate_matches_source": True}
+
+
+def test_tampered_file_fails_sorting_uniqueness_and_aggregate(lake, sensor, readings):
+    job_id, path = _staged_job(lake, readings(recent(4), days=1, devices=3))
+    rows = pq.read_table(path)
+    ts = rows.column("ts").to_pylist()
+    ts[1] = ts[0]  # a duplicate key, same row count
+    values = pc.add(rows.column("value"), 1.0)
+    tampered = pa.table({"ts": pa.array(ts, rows.schema.field("ts").type), "device_id": rows.column("device_id"),
+                         "value": values}, schema=rows.schema)
+    pq.write_table(tampered.take(pa.array(range(tampered.num_rows - 1, -1, -1))), path)  # and out of order
+    with pytest.raises(ValidationFailed, match="files_sorted, unique_keys_in_staged, aggregate_matches_source"):
+        validate(lake.runtime, job_id)
+    job = lake.runtime.store.get_job(job_id)
+    failed = {c["name"]: c for c in job.state["checks"] if not c["passed"]}
+    assert set(failed) == {"files_sorted", "unique_keys_in_staged", "aggregate_matches_source"}
+    assert failed["unique_keys_in_staged"]["samples"][0]["device_id"] == "d00"
+    assert job.phase == "failed_validation" and sensor.to_arrow().num_rows == 0
+    assert f"backfill/{job_id}" in sensor.refresh().iceberg.metadata.refs
+
+
+def test_a_staged_key_already_on_main_at_the_plan_fails_merge_validation(lake, sensor, readings):
+    """Main's rows are read per staged file (the file's partition only); a key of main smuggled into a
+    staged file in place of one of its own rows is caught, in that file, with the key as the sample."""
+    existing = readings(recent(3), days=1, devices=1, step_minutes=180, seed=1)  # d00 every 3 h, day one
+    sensor.append(existing)
+    job_id = stage_job(lake, readings(recent(3), days=2, devices=3, seed=2))  # the unit drops those 8 keys
+    first_day = min(lake.runtime.store.units(job_id), key=lambda u: u.info["start"])
+    assert first_day.result["rows_conflicting_existing"] == existing.num_rows
+    path = first_day.result["path"].removeprefix("file://")
+    rows = pq.read_table(path)
+    key = existing.column("ts")[1]  # d00 at 03:00, which the unit dropped
+    assert rows.column("device_id")[0].as_py() == "d00" and rows.column("ts")[0].as_py() < key.as_py()
+    stolen = rows.slice(0, 1).set_column(0, rows.schema.field("ts"), pa.array([key.as_py()], rows.schema.field("ts").type))
+    tampered = pa.concat_tables([stolen.cast(rows.schema), rows.slice(1)]).sort_by([("device_id", "ascending"), ("ts", "ascending")])
+    pq.write_table(tampered, path)
+    with pytest.raises(ValidationFailed, match="no_overlap_with_main"):
+        validate(lake.runtime, job_id)
+    failed = {c["name"]: c for c in lake.runtime.store.get_job(job_id).state["checks"] if not c["passed"]}
+    assert set(failed) == {"no_overlap_with_main"}
+    assert "1 staged key(s) already exist on main" in failed["no_overlap_with_main"]["detail"]
+    assert failed["no_overlap_with_main"]["samples"] == [{"device_id": "d00", "ts": key.as_py().isoformat()}]

@@ -1,0 +1,79 @@
+"""Sorting, source dedup and the merge-mode key match of a unit, against plain references."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from tests.conftest import make_readings
+from timelake.model.contract import Contract
+from timelake.steps.write import _sort_and_dedup, drop_existing, existing_mask
+
+
+def _contract(series: tuple[str, ...] = ("device_id",)) -> Contract:
+    return Contract("ts", series, (*series, "ts"), None, (), 1, "value")
+
+
+def _reference_mask(rows: pa.Table, existing: pa.Table, keys: list[str]) -> np.ndarray:
+    have = set(zip(*(existing.column(k).to_pylist() for k in keys)))
+    return np.array([key in have for key in zip(*(rows.column(k).to_pylist() for k in keys))])
+
+
+def test_merge_match_equals_a_set_reference_with_unknown_series_and_shared_times():
+    rows = make_readings("2026-01-01", days=0.5, devices=5, step_minutes=10)
+    rng = np.random.default_rng(1)
+    existing = rows.take(pa.array(rng.choice(rows.num_rows, 40, replace=False)))
+    strangers = make_readings("2026-01-01", days=0.5, devices=9, step_minutes=10).filter(
+        pa.array([d >= "d05" for d in make_readings("2026-01-01", days=0.5, devices=9, step_minutes=10).column("device_id").to_pylist()]))
+    existing = pa.concat_tables([existing, strangers]).select(["device_id", "ts"])
+    kept, dropped, dropped_sum = drop_existing(rows, existing, _contract())
+    mask = _reference_mask(rows, existing, ["device_id", "ts"])
+    assert dropped == mask.sum() == 40 and kept.num_rows == rows.num_rows - 40
+    assert dropped_sum == pytest.approx(sum(v for v, m in zip(rows.column("value").to_pylist(), mask) if m))
+
+
+def test_merge_match_with_a_two_column_series_key_takes_the_join():
+    rows = make_readings("2026-01-01", days=0.25, devices=4, step_minutes=15)
+    rows = rows.append_column("site", pa.array(["a", "b"] * (rows.num_rows // 2)))
+    existing = rows.slice(0, 7).select(["device_id", "site", "ts"])
+    existing = existing.set_column(1, "site", pa.array(["a", "a", "a", "b", "b", "b", "b"]))
+    kept, dropped, _ = drop_existing(rows, existing, _contract(("device_id", "site")))
+    assert dropped == _reference_mask(rows, existing, ["device_id", "site", "ts"]).sum()
+
+
+def test_sort_and_dedup_keeps_the_last_row_of_each_key():
+    rows = make_readings("2026-01-01", days=0.1, devices=3, step_minutes=5)
+    shuffled = rows.take(pa.array(np.random.default_rng(2).permutation(rows.num_rows)))
+    corrections = rows.slice(0, 4).set_column(2, "value", pa.array([-1.0, -2.0, -3.0, -4.0]))
+    out, dup_sum, duplicates, _ = _sort_and_dedup(pa.concat_tables([shuffled, corrections]), _contract())
+    assert duplicates == 4 and out.num_rows == rows.num_rows
+    assert out.equals(out.sort_by([("device_id", "ascending"), ("ts", "ascending")]))
+    assert sorted(out.column("value").to_pylist()[:2]) == [-2.0, -1.0]
+    assert dup_sum == pytest.approx(sum(rows.slice(0, 4).column("value").to_pylist()))
+
+
+@pytest.mark.parametrize("rows_order", ["table_order", "shuffled", "with_repeats"])
+@pytest.mark.parametrize("existing_order", ["sorted", "shuffled"])
+@pytest.mark.parametrize("with_codes", [True, False], ids=["codes", "no_codes"])
+def test_existing_mask_equals_a_set_reference_for_any_row_order(rows_order, existing_order, with_codes):
+    """Rows in the table's sort order take the lookup of existing keys among the rows; shuffled rows, or
+    rows that repeat a key, take the lookup among the existing keys. Both must give the reference."""
+    rng = np.random.default_rng(3)
+    rows = make_readings("2026-01-01", days=0.5, devices=6, step_minutes=10)
+    sorted_rows, _, _, codes = _sort_and_dedup(rows, _contract())
+    existing = make_readings("2026-01-01", days=0.5, devices=9, step_minutes=5).select(["device_id", "ts"])
+    existing = existing.take(pa.array(np.sort(rng.choice(existing.num_rows, 300, replace=False))))
+    if existing_order == "shuffled":
+        existing = existing.take(pa.array(rng.permutation(existing.num_rows)))
+    if rows_order == "table_order":
+        probe = sorted_rows
+    elif rows_order == "shuffled":
+        probe, codes = sorted_rows.take(pa.array(rng.permutation(sorted_rows.num_rows))), None
+    else:
+        repeated = np.sort(np.concatenate([np.arange(sorted_rows.num_rows), rng.choice(sorted_rows.num_rows, 40)]))
+        probe, codes = sorted_rows.take(pa.array(repeated)), None  # still in order, but keys repeat
+    mask = existing_mask(probe, existing, _contract(), codes if with_codes else None)
+    expected = _reference_mask(probe, existing, ["device_id", "ts"])
+    assert expected.sum() > 20 and (~expected).sum() > 20
+    assert mask.tolist() == expected.tolist()
