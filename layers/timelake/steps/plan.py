@@ -214,14 +214,19 @@ def _cut_units(total: ScanResult, contract: Contract) -> list[UnitRecord]:
 
 
 def _balance(buckets: dict[int, int], slices: int) -> list[list[int]]:
-    """Series buckets packed into ``slices`` groups of nearly equal rows (largest first, into the lightest)."""
-    groups: list[list[int]] = [[] for _ in range(slices)]
-    loads = [0] * slices
-    for bucket, rows in sorted(buckets.items(), key=lambda kv: (-kv[1], kv[0])):
-        lightest = loads.index(min(loads))
-        groups[lightest].append(bucket)
-        loads[lightest] += rows
-    return [sorted(g) for g in groups]
+    """Series buckets cut into ``slices`` contiguous runs of nearly equal rows: a run of buckets is a run
+    of batches in every spill file (see `timelake.steps.spill`), so a unit reads few, long byte ranges."""
+    items = sorted(buckets.items())
+    total = sum(rows for _, rows in items)
+    groups: list[list[int]] = [[]]
+    done = 0
+    for i, (bucket, rows) in enumerate(items):
+        groups[-1].append(bucket)
+        done += rows
+        still_open = slices - len(groups)
+        if still_open and (done >= total * len(groups) / slices or len(items) - i - 1 == still_open):
+            groups.append([])
+    return groups
 
 
 def clear_staging(rt: Runtime, job_id: str) -> None:

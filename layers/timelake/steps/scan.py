@@ -34,6 +34,7 @@ from timelake.sources import throttle
 from timelake.sources.base import Source, open_source
 from timelake.sources.mapping import Mapper
 from timelake.sources.resolve import open_spec_source
+from timelake.steps import spill
 
 MAX_OPEN_SPILLS = 128
 SAMPLE_ROWS = 100_000
@@ -48,6 +49,7 @@ class PartitionStats:
     check_sum: float = 0.0
     spill: list[str] = field(default_factory=list)
     buckets: Counter = field(default_factory=Counter)
+    spill_bytes: int = 0
 
 
 @dataclass
@@ -88,6 +90,7 @@ class ScanResult:
             mine.check_sum += part.check_sum
             mine.spill.extend(part.spill)
             mine.buckets.update(part.buckets)
+            mine.spill_bytes += part.spill_bytes
         self.sample_rows += other.sample_rows
         self.sample_bytes += other.sample_bytes
         self.overlap_existing_rows += other.overlap_existing_rows
@@ -99,7 +102,7 @@ class ScanResult:
             "min_us": self.min_us, "max_us": self.max_us, "days": {str(k): v for k, v in self.days.items()},
             "partitions": [{"spec_id": p.key.spec_id, "transform": p.key.transform, "value": p.key.value,
                             "rows": p.rows, "nbytes": p.nbytes, "check_sum": p.check_sum, "spill": p.spill,
-                            "buckets": {str(b): n for b, n in p.buckets.items()}}
+                            "buckets": {str(b): n for b, n in p.buckets.items()}, "spill_bytes": p.spill_bytes}
                            for p in self.partitions.values()],
             "sample_rows": self.sample_rows, "sample_bytes": self.sample_bytes,
             "overlap_existing_rows": self.overlap_existing_rows,
@@ -117,7 +120,8 @@ class ScanResult:
         for p in data["partitions"]:
             key = PartitionKey(p["spec_id"], p["transform"], p["value"])
             result.partitions[key] = PartitionStats(key, p["rows"], p["nbytes"], p["check_sum"], list(p["spill"]),
-                                                    Counter({int(b): n for b, n in p["buckets"].items()}))
+                                                    Counter({int(b): n for b, n in p["buckets"].items()}),
+                                                    p.get("spill_bytes", 0))
         return result
 
 
@@ -130,33 +134,31 @@ def _max(a: int | None, b: int | None) -> int | None:
 
 
 class _Spiller:
-    """Arrow IPC streams per partition, at most MAX_OPEN_SPILLS open at once (a piece spanning years
-    touches thousands of partitions; a closed one continues in a new part file)."""
+    """Spill files per partition (see `timelake.steps.spill`), at most MAX_OPEN_SPILLS open at once (a
+    piece spanning years touches thousands of partitions; a closed one continues in a new part file)."""
 
     def __init__(self, rt: Runtime, job_id: str, task: int, schema: pa.Schema) -> None:
         self.uri = rt.staging_path(job_id, "spill")
-        self.fs, root = filesystem(self.uri)
-        self.fs.create_dir(root, recursive=True)
+        fs, root = filesystem(self.uri)
+        fs.create_dir(root, recursive=True)
         self.task = task
         self.schema = schema
-        self.open: dict[PartitionKey, tuple[Any, Any]] = {}
+        self.open: dict[PartitionKey, tuple[PartitionStats, spill.SpillFile]] = {}
 
-    def write(self, part: PartitionStats, rows: pa.Table) -> None:
+    def write(self, part: PartitionStats, rows: pa.Table, buckets: np.ndarray | None) -> None:
         if part.key not in self.open:
             if len(self.open) >= MAX_OPEN_SPILLS:
                 self._close(next(iter(self.open)))
             uri = f"{self.uri}/{part.key.name}-t{self.task:05d}-{len(part.spill)}.arrow"
-            stream = self.fs.open_output_stream(filesystem(uri)[1])
-            self.open[part.key] = (stream, pa.ipc.new_stream(stream, self.schema))
+            self.open[part.key] = (part, spill.SpillFile(uri, self.schema))
             part.spill.append(uri)
         else:
             self.open[part.key] = self.open.pop(part.key)  # most recently used last
-        self.open[part.key][1].write_table(rows)
+        self.open[part.key][1].write(rows, buckets)
 
     def _close(self, key: PartitionKey) -> None:
-        stream, writer = self.open.pop(key)
-        writer.close()
-        stream.close()
+        part, file = self.open.pop(key)
+        part.spill_bytes += file.close()
 
     def close(self) -> None:
         for key in list(self.open):
@@ -271,13 +273,14 @@ def _scan_batch(
         part = result.partitions.setdefault(keys[code], PartitionStats(keys[code]))
         part.rows += part_rows.num_rows
         part.nbytes += part_rows.nbytes
-        if ctx.contract.series_key:
-            counts = np.bincount(series_bucket(part_rows, ctx.contract.series_key), minlength=SERIES_BUCKETS)
+        buckets = series_bucket(part_rows, ctx.contract.series_key) if ctx.contract.series_key else None
+        if buckets is not None:
+            counts = np.bincount(buckets, minlength=SERIES_BUCKETS)
             part.buckets.update({int(b): int(counts[b]) for b in np.flatnonzero(counts)})
         if ctx.contract.check_column:
             part.check_sum += float(pc.sum(part_rows.column(ctx.contract.check_column)).as_py() or 0)
         if spiller:
-            spiller.write(part, part_rows)
+            spiller.write(part, part_rows, buckets)
 
 
 def series_bucket(rows: pa.Table, series_key: tuple[str, ...]) -> np.ndarray:

@@ -23,8 +23,7 @@ from timelake.model.spec import JobSpec
 from timelake.ports.files import filesystem
 from timelake.ports.runtime import Runtime
 from timelake.ports.store import UnitRecord
-from timelake.steps import failures
-from timelake.steps.scan import series_bucket
+from timelake.steps import failures, spill
 
 ROW_GROUP_ROWS = 1 << 20
 
@@ -49,7 +48,8 @@ def _write_unit(rt: Runtime, job_id: str, unit_id: str, main: MainReader | None)
     table = rt.load_table(spec.table)
     contract = Contract.from_table(table)
     target = table.schema().as_arrow()
-    rows = _read_slice(unit, contract, target)
+    read = spill.SpillRead()
+    rows = _read_slice(unit, target, read)
     rows_in = rows.num_rows
     rows, dup_sum, duplicates, codes = _sort_and_dedup(rows, contract)
     conflicts, conflict_sum = 0, 0.0
@@ -61,6 +61,7 @@ def _write_unit(rt: Runtime, job_id: str, unit_id: str, main: MainReader | None)
         "rows_in": rows_in, "rows_written": rows.num_rows, "rows_duplicate_in_source": duplicates,
         "rows_conflicting_existing": conflicts, "duplicate_sum": dup_sum, "conflict_sum": conflict_sum,
         "path": None, "bytes": 0, "spec_id": unit.info["spec_id"], "value": unit.info["value"],
+        "spill_bytes_read": read.bytes_read,
     }
     if rows.num_rows:
         path = unit_path(table, job_id, unit)
@@ -70,20 +71,11 @@ def _write_unit(rt: Runtime, job_id: str, unit_id: str, main: MainReader | None)
     return result
 
 
-def _read_slice(unit: UnitRecord, contract: Contract, target: pa.Schema) -> pa.Table:
-    """The unit's rows, batch by batch from its partition's spill files: memory holds one slice, not
-    the whole partition, so peak memory is set by the unit (file) size times the concurrency."""
-    buckets = unit.info["buckets"]
-    parts: list[pa.Table] = []
-    for path in unit.info["spill"]:
-        fs, local = filesystem(path)
-        with fs.open_input_stream(local) as stream:
-            for batch in pa.ipc.open_stream(stream):
-                rows = pa.Table.from_batches([batch])
-                if buckets is not None:
-                    rows = rows.filter(pa.array(np.isin(series_bucket(rows, contract.series_key), buckets)))
-                parts.append(rows)
-    return pa.concat_tables(parts) if parts else target.empty_table()
+def _read_slice(unit: UnitRecord, target: pa.Schema, counter: spill.SpillRead) -> pa.Table:
+    """The unit's rows, from the byte ranges of its series buckets in its partition's spill files:
+    memory holds one slice, not the whole partition, and no byte is read for another unit."""
+    batches = list(spill.read(unit.info["spill"], unit.info["buckets"], counter))
+    return pa.Table.from_batches(batches, schema=target) if batches else target.empty_table()
 
 
 def sort_keys(contract: Contract) -> list[tuple[str, str]]:

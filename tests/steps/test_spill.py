@@ -1,0 +1,56 @@
+"""A unit reads only its own rows from the spill: the bytes all writes read stay at the bytes spilled,
+whatever the number of units per partition, and every unit gets exactly its series."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tests.conftest import SCHEMA, make_readings, recent, sort_rows
+from timelake.model.spec import JobSpec
+from timelake.steps.plan import cut, pending_pieces, plan, scan
+from timelake.steps.scan import read_result
+from timelake.steps.write import write_unit
+
+
+def _spill_and_write(lake, target_file_size: str):
+    """Scan 2 days of 200 devices, cut, write every unit; (bytes spilled, bytes the writes read, units, source)."""
+    lake.create_table("iot.sensor", schema=SCHEMA, time_column="ts", series_key=["device_id"], partition_by="day",
+                      target_file_size=target_file_size)
+    source = make_readings(recent(4), days=2, devices=200, step_minutes=1)
+    rt = lake.runtime
+    job = lake.create_job(JobSpec(table="iot.sensor", source="<pyarrow.Table>"))
+    plan(rt, job.id, source)
+    tasks = pending_pieces(rt, job.id)
+    for task in tasks:
+        scan(rt, job.id, task, source)
+    spilled = sum(p.spill_bytes for t in tasks for p in read_result(rt, job.id, t).partitions.values())
+    cut(rt, job.id)
+    read = sum(write_unit(rt, job.id, u.unit_id)["spill_bytes_read"] for u in rt.store.units(job.id))
+    return spilled, read, rt.store.units(job.id), source
+
+
+def _rows(units, columns=None) -> pa.Table:
+    return pa.concat_tables([pq.read_table(u.result["path"], columns=columns) for u in units if u.result["path"]])
+
+
+@pytest.mark.parametrize(("target_file_size", "units_a_day"), [("128MB", 1), ("48KB", 20)])
+def test_writes_read_each_spilled_byte_once_at_any_number_of_units(lake, target_file_size, units_a_day):
+    spilled, read, units, source = _spill_and_write(lake, target_file_size)
+    days = {u.info["partition"] for u in units}
+    assert min(sum(1 for u in units if u.info["partition"] == d) for d in days) >= units_a_day
+    assert 0 < read <= 1.1 * spilled, f"{len(units)} units read {read:,} bytes of {spilled:,} spilled"
+    assert sort_rows(_rows(units).select(SCHEMA.names).cast(SCHEMA)).equals(sort_rows(source))
+
+
+def test_each_unit_holds_only_its_own_series_from_a_run_of_buckets(lake):
+    _, _, units, _ = _spill_and_write(lake, "48KB")
+    assert len(units) > 40
+    owner: dict[tuple[str, str], str] = {}
+    for day in {u.info["partition"] for u in units}:
+        runs = sorted((min(u.info["buckets"]), max(u.info["buckets"])) for u in units if u.info["partition"] == day)
+        assert all(hi < next_lo for (_, hi), (next_lo, _) in zip(runs, runs[1:])), "units take contiguous bucket runs"
+    for unit in units:
+        for device in set(_rows([unit], ["device_id"]).column(0).to_pylist()):
+            assert owner.setdefault((unit.info["partition"], device), unit.unit_id) == unit.unit_id
