@@ -25,7 +25,7 @@ from pyiceberg.io.pyarrow import (
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat, ManifestEntry, ManifestEntryStatus, ManifestFile
 from pyiceberg.table import Table as IcebergTable
 from pyiceberg.table import Transaction
-from pyiceberg.table.snapshots import Operation, SnapshotSummaryCollector, Summary, update_snapshot_summaries
+from pyiceberg.table.snapshots import Operation, Snapshot, SnapshotSummaryCollector, Summary, update_snapshot_summaries
 from pyiceberg.table.update.snapshot import _FastAppendFiles
 from pyiceberg.typedef import Record
 
@@ -132,6 +132,25 @@ def added_files(table: IcebergTable, snapshot_id: int) -> list[DataFile]:
             if entry.status == ManifestEntryStatus.ADDED and entry.snapshot_id == snapshot_id:
                 files.append(entry.data_file)
     return files
+
+
+def marker_on_main(table: IcebergTable, job_id: str, chunk: str, base: int | None) -> list[int] | None:
+    """Snapshot ids of this job's chunk commit if it is already on main (walks back to the plan's base)."""
+    found = []
+    for snapshot in since(table, base):
+        summary = snapshot.summary or {}
+        if summary.get(JOB_PROPERTY) == job_id and summary.get(CHUNK_PROPERTY) == chunk:
+            found.append(snapshot.snapshot_id)
+    return sorted(found) or None
+
+
+def since(table: IcebergTable, base: int | None) -> list[Snapshot]:
+    """Main's snapshots newer than ``base``, newest first."""
+    snapshots, snapshot = [], table.current_snapshot()
+    while snapshot is not None and snapshot.snapshot_id != base:
+        snapshots.append(snapshot)
+        snapshot = table.snapshot_by_id(snapshot.parent_snapshot_id) if snapshot.parent_snapshot_id else None
+    return snapshots
 
 
 def is_conflict(exc: BaseException) -> bool:

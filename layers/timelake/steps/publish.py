@@ -21,8 +21,8 @@ from pyiceberg.table import Table as IcebergTable
 from timelake.errors import BackfillError
 from timelake.followup import completion, provenance
 from timelake.model.commit import (
-    CHUNK_PROPERTY, JOB_PROPERTY, STEP_PROPERTY, added_files, append_files, data_file, is_conflict, with_retry,
-    without_blind_retries,
+    CHUNK_PROPERTY, JOB_PROPERTY, STEP_PROPERTY, added_files, append_files, data_file, is_conflict, marker_on_main,
+    since, with_retry, without_blind_retries,
 )
 from timelake.model.contract import Contract
 from timelake.model.faults import checkpoint
@@ -32,6 +32,7 @@ from timelake.model.timeutil import iso, next_boundary
 from timelake.ports.events import BACKFILL_PUBLISHED
 from timelake.ports.files import filesystem
 from timelake.ports.runtime import Runtime
+from timelake.steps.abort import IN_FLIGHT, claim_commit, claim_publish, start_publish
 from timelake.steps.write import drop_existing, write_parquet
 
 PUBLISH_ATTEMPTS = 50  # live writers may commit every few ms; each retry only re-checks the newest commits
@@ -56,7 +57,8 @@ def publish(rt: Runtime, job_id: str, max_chunks: int | None = None) -> dict[str
     staged = added_files(table, state["staged_snapshot_id"]) if state.get("staged_snapshot_id") else []
     published: dict[str, list[int]] = dict(state.get("published_chunks", {}))
     late = dict(state.get("publish_conflicts", {"rows": 0, "sum": 0.0}))
-    rt.store.update_job(job_id, "publishing")
+    start_publish(rt, job_id)
+    checkpoint("publish.started")
     committed = 0
     for chunk in chunks(staged, contract, spec.publish_by, state["range_start"], state["range_end"]):
         if chunk.key in published:
@@ -65,20 +67,24 @@ def publish(rt: Runtime, job_id: str, max_chunks: int | None = None) -> dict[str
             return {"job_id": job_id, "done": False, "chunks_published": len(published)}
         committed += 1
         table = table.refresh()
-        marker = _marker_on_main(table, job_id, chunk.key, state.get("base_snapshot_id"))
+        marker = marker_on_main(table, job_id, chunk.key, state.get("base_snapshot_id"))
         if marker is None:
             if not chunk.files and spec.mode != "replace":
                 marker = []
             else:
+                claim_commit(rt, job_id, chunk.key)
                 marker = _commit_chunk(rt, table, job_id, spec, contract, state, chunk, late)
                 checkpoint("publish.committed")
         published[chunk.key] = marker
-        rt.store.update_job(job_id, published_chunks=published, publish_conflicts=late)
+        rt.store.update_job(job_id, published_chunks=published, publish_conflicts=late, **{IN_FLIGHT: None})
+        checkpoint("publish.chunk")
         rt.bus.put(BACKFILL_PUBLISHED, {
             "job_id": job_id, "table": spec.table, "mode": spec.mode, "chunk": chunk.key,
             "start": iso(chunk.start), "end": iso(chunk.end), "snapshot_ids": marker,
             "evaluate_rules": spec.evaluate_rules,
         })
+    claim_publish(rt, job_id)
+
     def drop_branch(current: IcebergTable) -> None:
         if state["branch"] in current.metadata.refs:
             current.manage_snapshots().remove_branch(state["branch"]).commit()
@@ -113,25 +119,6 @@ def chunks(staged: list[DataFile], contract: Contract, publish_by: str | None, s
     return result
 
 
-def _marker_on_main(table: IcebergTable, job_id: str, chunk: str, base: int | None) -> list[int] | None:
-    """Snapshot ids of this job's chunk commit if it is already on main (walks back to the plan's base)."""
-    found = []
-    for snapshot in _since(table, base):
-        summary = snapshot.summary or {}
-        if summary.get(JOB_PROPERTY) == job_id and summary.get(CHUNK_PROPERTY) == chunk:
-            found.append(snapshot.snapshot_id)
-    return sorted(found) or None
-
-
-def _since(table: IcebergTable, base: int | None) -> list[Any]:
-    """Main's snapshots newer than ``base``, newest first."""
-    snapshots, snapshot = [], table.current_snapshot()
-    while snapshot is not None and snapshot.snapshot_id != base:
-        snapshots.append(snapshot)
-        snapshot = table.snapshot_by_id(snapshot.parent_snapshot_id) if snapshot.parent_snapshot_id else None
-    return snapshots
-
-
 def _commit_chunk(
     rt: Runtime, table: IcebergTable, job_id: str, spec: JobSpec, contract: Contract, state: dict[str, Any],
     chunk: Chunk, late: dict[str, Any],
@@ -151,6 +138,7 @@ def _commit_chunk(
             if spec.mode == "replace":
                 kept.extend(_keep(current, job_id, chunk, f, rows) for f, rows in found)
         current = without_blind_retries(current)
+        checkpoint("publish.committing")
         with current.transaction() as tx:
             if spec.mode == "replace":
                 tx.delete(time_filter(contract.time_column, chunk.start, chunk.end), snapshot_properties=properties)
@@ -179,7 +167,7 @@ def _late_rows(
     reads only the newest; the snapshots read here join ``checked``.
     """
     found = []
-    for snapshot in _since(table, state.get("base_snapshot_id")):
+    for snapshot in since(table, state.get("base_snapshot_id")):
         if snapshot.snapshot_id in checked or (snapshot.summary or {}).get(JOB_PROPERTY) == job_id:
             continue
         checked.add(snapshot.snapshot_id)
