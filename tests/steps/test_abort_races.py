@@ -19,6 +19,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import timelake
 from tests.conftest import SCHEMA, TIMELAKE, make_readings, recent
+from tests.steps.java_expiry import assert_safe_for_other_engines
 from timelake.errors import Aborted, BackfillError
 from timelake.model.faults import at
 
@@ -90,8 +91,10 @@ def _days(source: pa.Table, first: int) -> list[str]:
 
 
 def _ended_as_main_shows(lake: timelake.Lake, job_id: str, on_main: list[str]) -> None:
-    """The final phase matches main: aborted, with the chunks it names on main and no other."""
+    """The final phase matches main: aborted, with the chunks it names on main and no other; the
+    metadata is safe for other engines to expire."""
     record = lake.job(job_id).record()
+    assert_safe_for_other_engines(lake.table(record.table).iceberg)
     assert record.phase == "aborted", record.phase
     assert [c[:10] for c in record.state["chunks_on_main"]] == on_main
     assert lake.leases() == [] and not any(p.name.startswith(job_id) for p in Path(

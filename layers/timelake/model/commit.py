@@ -153,6 +153,39 @@ def since(table: IcebergTable, base: int | None) -> list[Snapshot]:
     return snapshots
 
 
+def ancestors(table: IcebergTable) -> set[int]:
+    """Ids of main's current snapshot and all its ancestors still in the metadata."""
+    return {s.snapshot_id for s in since(table, None)}
+
+
+def forget_job_snapshots(table: IcebergTable, job_id: str) -> list[int]:
+    """Remove this job's snapshots that main does not need (staging and canary snapshots) from the
+    table metadata; returns their ids. No file is deleted: pyiceberg 0.12's expiry only edits the
+    metadata (tests/steps/test_metadata_hygiene.py checks every file main references still exists).
+
+    Why: Java's ExpireSnapshots (Spark, Athena VACUUM, the Glue optimizer) deletes every file a
+    non-ancestor snapshot added when that snapshot expires, and publish re-adds the staged files to
+    main in new manifests. A staging snapshot left behind would take the live files with it; an
+    aborted job's one would point at files abort deleted. Call after the job's branch is removed
+    (a branch head cannot be expired)."""
+    def attempt(current: IcebergTable) -> list[int]:
+        heads = {ref.snapshot_id for ref in current.metadata.refs.values()}
+        needed = ancestors(current) | heads
+        ids = [s.snapshot_id for s in current.snapshots()
+               if (s.summary or {}).get(JOB_PROPERTY) == job_id and s.snapshot_id not in needed]
+        if not ids:
+            return ids
+        try:
+            current.maintenance.expire_snapshots().by_ids(ids).commit()
+        except ValueError as exc:  # the catalog applies the removal to ITS latest metadata: a racing
+            if "does not exist" not in str(exc):  # abort of the same job expired one first
+                raise
+            return attempt(current.refresh())
+        return ids
+
+    return with_retry(table.refresh(), attempt, f"forget the snapshots of job {job_id}")
+
+
 def is_conflict(exc: BaseException) -> bool:
     """A concurrent commit won the race. pyiceberg 0.12 reports a commit built on metadata that another
     branch's commit has moved on as a ValueError about sequence numbers, and does not retry it."""

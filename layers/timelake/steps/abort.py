@@ -18,7 +18,7 @@ from typing import Any
 
 from timelake.errors import Aborted, BackfillError
 from timelake.followup import completion
-from timelake.model.commit import JOB_PROPERTY, added_files, marker_on_main, with_retry
+from timelake.model.commit import JOB_PROPERTY, added_files, forget_job_snapshots, marker_on_main, with_retry
 from timelake.model.spec import JobSpec
 from timelake.ports.files import filesystem
 from timelake.ports.runtime import Runtime
@@ -75,6 +75,7 @@ def abort(rt: Runtime, job_id: str, wait: float = ABORT_WAIT_SECONDS) -> dict[st
             current.manage_snapshots().remove_branch(branch).commit()
 
     with_retry(table, drop_branch, "remove branch")
+    forget_job_snapshots(table, job_id)
     deleted = 0
     for unit in rt.store.units(job_id):
         path = unit.result.get("path")

@@ -21,8 +21,8 @@ from pyiceberg.table import Table as IcebergTable
 from timelake.errors import BackfillError
 from timelake.followup import completion, provenance
 from timelake.model.commit import (
-    CHUNK_PROPERTY, JOB_PROPERTY, STEP_PROPERTY, added_files, append_files, data_file, is_conflict, marker_on_main,
-    since, with_retry, without_blind_retries,
+    CHUNK_PROPERTY, JOB_PROPERTY, STEP_PROPERTY, added_files, append_files, data_file, forget_job_snapshots, is_conflict,
+    marker_on_main, since, with_retry, without_blind_retries,
 )
 from timelake.model.contract import Contract
 from timelake.model.faults import checkpoint
@@ -32,7 +32,7 @@ from timelake.model.timeutil import iso, next_boundary
 from timelake.ports.events import BACKFILL_PUBLISHED
 from timelake.ports.files import filesystem
 from timelake.ports.runtime import Runtime
-from timelake.steps.abort import IN_FLIGHT, claim_commit, claim_publish, start_publish
+from timelake.steps.abort import ALL_COMMITTED, IN_FLIGHT, claim_commit, claim_publish, start_publish
 from timelake.steps.write import drop_existing, write_parquet
 
 PUBLISH_ATTEMPTS = 50  # live writers may commit every few ms; each retry only re-checks the newest commits
@@ -54,13 +54,16 @@ def publish(rt: Runtime, job_id: str, max_chunks: int | None = None) -> dict[str
     state = job.state
     table = rt.load_table(spec.table)
     contract = Contract.from_table(table)
-    staged = added_files(table, state["staged_snapshot_id"]) if state.get("staged_snapshot_id") else []
+    # once every chunk is on main the staging snapshot may be gone from the metadata (forgotten below)
+    staged = added_files(table, state["staged_snapshot_id"]) if state.get("staged_snapshot_id") and not state.get(
+        ALL_COMMITTED) else []
     published: dict[str, list[int]] = dict(state.get("published_chunks", {}))
     late = dict(state.get("publish_conflicts", {"rows": 0, "sum": 0.0}))
     start_publish(rt, job_id)
     checkpoint("publish.started")
     committed = 0
-    for chunk in chunks(staged, contract, spec.publish_by, state["range_start"], state["range_end"]):
+    todo = [] if state.get(ALL_COMMITTED) else chunks(staged, contract, spec.publish_by, state["range_start"], state["range_end"])
+    for chunk in todo:
         if chunk.key in published:
             continue
         if max_chunks is not None and committed >= max_chunks:
@@ -90,6 +93,7 @@ def publish(rt: Runtime, job_id: str, max_chunks: int | None = None) -> dict[str
             current.manage_snapshots().remove_branch(state["branch"]).commit()
 
     with_retry(table.refresh(), drop_branch, "remove branch")
+    forget_job_snapshots(table, job_id)
     job = rt.store.update_job(job_id, published_chunks=published, publish_conflicts=late)
     provenance.record(rt, job, rt.store.units(job_id))
     rt.store.release_lease(job_id)
