@@ -152,7 +152,7 @@ def test_abort_during_a_slow_commit_waits_for_it(lake, warehouse):
 
 def test_cli_abort_from_another_process_during_publish(lake, warehouse, tmp_path):
     """The review's reproduction: `--publish-by day` in one process, `timelake backfill abort` from
-    another while it publishes (each commit held open 0.5 s). Main stays whole and readable."""
+    another while it publishes (each commit held open 1 s). Main stays whole and readable."""
     table = lake.create_table("iot.sensor", schema=SCHEMA, time_column="ts", series_key=["device_id"],
                               partition_by="day", retention="P3Y")
     live = make_readings(recent(8), days=1, devices=2)
@@ -160,7 +160,7 @@ def test_cli_abort_from_another_process_during_publish(lake, warehouse, tmp_path
     source = make_readings(recent(6), days=4, devices=2)
     path = tmp_path / "export.parquet"
     pq.write_table(source, path)
-    env = {**os.environ, "TIMELAKE_WAREHOUSE": str(warehouse), "TIMELAKE_SLOW_AT": "publish.committing:0.5"}
+    env = {**os.environ, "TIMELAKE_WAREHOUSE": str(warehouse), "TIMELAKE_SLOW_AT": "publish.committing:1"}
     publisher = subprocess.Popen([TIMELAKE, "backfill", "iot.sensor", "--from", str(path), "--publish-by", "day",
                                   "--max-concurrency", "1", "--json"], env=env, stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, text=True)
@@ -175,8 +175,11 @@ def test_cli_abort_from_another_process_during_publish(lake, warehouse, tmp_path
     aborted = subprocess.run([TIMELAKE, "backfill", "abort", job_id, "--json"], env={**os.environ, "TIMELAKE_WAREHOUSE": str(warehouse)},
                              capture_output=True, text=True, timeout=120)
     _, stderr = publisher.communicate(timeout=120)
-    assert aborted.returncode == 0, aborted.stderr
-    assert publisher.returncode == 1 and "aborted" in stderr, stderr
     on_main = check_main(table.iceberg, job_id, source, live)
-    assert 1 <= len(on_main) < 4
-    _ended_as_main_shows(lake, job_id, on_main)
+    if aborted.returncode == 0:  # the usual case: the abort came while chunks were left
+        assert publisher.returncode == 1 and "aborted" in stderr, stderr
+        assert 1 <= len(on_main) <= 4
+        _ended_as_main_shows(lake, job_id, on_main)
+    else:  # on a busy machine the abort process may start after the last chunk commit: refused, one line
+        assert aborted.stderr.strip().count("\n") == 0 and "cannot be aborted" in aborted.stderr, aborted.stderr
+        assert publisher.returncode == 0 and len(on_main) == 4 and lake.job(job_id).record().phase == "published"

@@ -15,7 +15,7 @@ import warnings
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pyarrow.parquet as pq
 from pyiceberg.exceptions import CommitFailedException, ValidationException
@@ -26,7 +26,7 @@ from pyiceberg.manifest import DataFile, DataFileContent, FileFormat, ManifestEn
 from pyiceberg.table import Table as IcebergTable
 from pyiceberg.table import Transaction
 from pyiceberg.table.snapshots import Operation, Snapshot, SnapshotSummaryCollector, Summary, update_snapshot_summaries
-from pyiceberg.table.update.snapshot import _FastAppendFiles
+from pyiceberg.table.update.snapshot import _FastAppendFiles, _OverwriteFiles
 from pyiceberg.typedef import Record
 
 from timelake.ports.files import filesystem
@@ -89,10 +89,29 @@ def append_files(
     return producer.snapshot_id
 
 
-class _MultiSpecAppend(_FastAppendFiles):
-    """A fast append whose added files go to one manifest per partition spec."""
+def overwrite_files(
+    tx: Transaction, table: IcebergTable, deleted: list[DataFile], added: list[DataFile], branch: str | None,
+    properties: dict[str, str],
+) -> int:
+    """Remove ``deleted`` and add ``added`` (of any partition specs) as ONE overwrite snapshot inside
+    ``tx``; returns its id. Each file keeps its own spec: a reader time-travelling to the snapshot
+    before sees the old files, the snapshot itself the new ones, nothing in between."""
+    producer = _MultiSpecOverwrite(
+        operation=Operation.OVERWRITE, transaction=tx, io=table.io, branch=branch, snapshot_properties=properties
+    )
+    for f in deleted:
+        producer.delete_data_file(f)
+    for f in added:
+        producer.append_data_file(f)
+    producer.commit()
+    return producer.snapshot_id
 
-    def _manifests(self) -> list[ManifestFile]:
+
+class _PerSpec:
+    """Added files go to one manifest per partition spec (pyiceberg writes them all with the current
+    spec), and the summary counts each file with its own spec."""
+
+    def _added_manifests(self: Any) -> list[ManifestFile]:
         by_spec: dict[int, list[DataFile]] = defaultdict(list)
         for f in self._added_data_files:
             by_spec[f.spec_id].append(f)
@@ -105,18 +124,40 @@ class _MultiSpecAppend(_FastAppendFiles):
                         sequence_number=None, file_sequence_number=None, data_file=f,
                     ))
             added.append(writer.to_manifest_file())
-        return added + self._existing_manifests()
+        return added
 
-    def _summary(self, snapshot_properties: dict[str, str] = {}) -> Summary:  # noqa: B006 (pyiceberg's signature)
+    def _summary(self: Any, snapshot_properties: dict[str, str] = {}) -> Summary:  # noqa: B006 (pyiceberg's signature)
         metadata = self._transaction.table_metadata
         collector = SnapshotSummaryCollector()
         for f in self._added_data_files:
             collector.add_file(data_file=f, partition_spec=metadata.specs()[f.spec_id], schema=metadata.schema())
+        for f in self._deleted_data_files:
+            collector.remove_file(data_file=f, partition_spec=metadata.specs()[f.spec_id], schema=metadata.schema())
         previous = metadata.snapshot_by_id(self._parent_snapshot_id) if self._parent_snapshot_id is not None else None
         return update_snapshot_summaries(
             summary=Summary(operation=self._operation, **collector.build(), **snapshot_properties),
             previous_summary=previous.summary if previous is not None else None,
         )
+
+
+class _MultiSpecAppend(_PerSpec, _FastAppendFiles):
+    """A fast append whose added files go to one manifest per partition spec."""
+
+    def _manifests(self) -> list[ManifestFile]:
+        return self._added_manifests() + self._existing_manifests()
+
+
+class _MultiSpecOverwrite(_PerSpec, _OverwriteFiles):
+    """An overwrite whose added files go to one manifest per partition spec; pyiceberg writes the
+    deleted entries and rewrites the existing manifests, each in its own spec already."""
+
+    def _manifests(self) -> list[ManifestFile]:
+        added, self._added_data_files = self._added_data_files, []
+        try:
+            rest = super()._manifests()
+        finally:
+            self._added_data_files = added
+        return self._added_manifests() + rest
 
 
 def added_files(table: IcebergTable, snapshot_id: int) -> list[DataFile]:
