@@ -9,6 +9,7 @@ tests/model/test_commit.py fails if that class changes shape.
 
 from __future__ import annotations
 
+import json
 import random
 import time
 import warnings
@@ -40,6 +41,7 @@ COMMIT_ATTEMPTS = 10
 JOB_PROPERTY = "timelake.job-id"
 STEP_PROPERTY = "timelake.step"
 CHUNK_PROPERTY = "timelake.chunk"
+NAN_COUNTS = b"timelake.nan-value-counts"  # Parquet footer key: NaNs per float column, by name (Parquet has no such statistic)
 
 
 def data_file(table: IcebergTable, path: str, spec_id: int, partition_value: int) -> DataFile:
@@ -54,19 +56,42 @@ def data_file(table: IcebergTable, path: str, spec_id: int, partition_value: int
         stats_columns=compute_statistics_plan(schema, table.properties),
         parquet_column_mapping=parquet_path_to_id_mapping(schema),
     )
+    serialized = stats.to_serialized_dict()
+    nans = json.loads((metadata.metadata or {}).get(NAN_COUNTS, b"{}"))
+    serialized["nan_value_counts"] = {**(serialized.get("nan_value_counts") or {}),
+                                      **{schema.find_field(name).field_id: n for name, n in nans.items()}}
     result = DataFile.from_args(
         content=DataFileContent.DATA,
         file_path=path,
         file_format=FileFormat.PARQUET,
         partition=Record(partition_value),
         file_size_in_bytes=size,
-        sort_order_id=None,
+        sort_order_id=_sort_order_id(table),
         equality_ids=None,
         key_metadata=None,
-        **stats.to_serialized_dict(),
+        **serialized,
     )
     result.spec_id = spec_id  # from_args does not keep it; the manifest writer needs it
     return result
+
+
+def _sort_order_id(table: IcebergTable) -> int | None:
+    """The table's sort order id, if our files follow it: the writers sort by series key, time, then
+    the other dedup columns (`Contract.sort_columns`); an order that is an ascending identity
+    prefix of that is one they satisfy. Otherwise None (unknown), never a wrong claim."""
+    from timelake.model.contract import Contract
+
+    order = table.sort_order()
+    if order.is_unsorted:
+        return None
+    try:
+        contract = Contract.from_table(table)
+    except ValueError:
+        return None
+    names = contract.sort_columns
+    schema = table.schema()
+    fields = [(schema.find_column_name(f.source_id), str(f.transform), f.direction.name) for f in order.fields]
+    return order.order_id if fields == [(n, "identity", "ASC") for n in names[:len(fields)]] else None
 
 
 def data_files(table: IcebergTable, items: Iterable[tuple[str, int, int]]) -> list[DataFile]:
