@@ -104,16 +104,21 @@ def _race(kind: type, location: str, job: str, barrier) -> bool:
         return False
 
 
-def test_a_lease_cannot_be_taken_twice_by_racing_processes(store):
-    """Forked, not spawned: the children see the moto endpoint in the environment as it is now and
-    start in milliseconds (spawning re-imports the engine)."""
-    store.acquire_lease(Lease("iot.b", 0, 100, "other"))  # the racers update an existing lease record
+def _racers(store, race, prefix: str) -> list[bool]:
+    """Four forked processes run ``race(store kind, location, name, barrier)`` at once; who won."""
     ctx = multiprocessing.get_context("fork")
     with ctx.Manager() as manager:
         barrier = manager.Barrier(4)
         with ctx.Pool(4) as pool:
             location = store.path if isinstance(store, SqliteJobStore) else store.table_name
-            won = pool.starmap(_race, [(type(store), location, f"j{i}", barrier) for i in range(4)])
+            return pool.starmap(race, [(type(store), location, f"{prefix}{i}", barrier) for i in range(4)])
+
+
+def test_a_lease_cannot_be_taken_twice_by_racing_processes(store):
+    """Forked, not spawned: the children see the moto endpoint in the environment as it is now and
+    start in milliseconds (spawning re-imports the engine)."""
+    store.acquire_lease(Lease("iot.b", 0, 100, "other"))  # the racers update an existing lease record
+    won = _racers(store, _race, "j")
     assert sum(won) == 1 and [lease.job_id for lease in store.leases("iot.a")] == [f"j{won.index(True)}"]
 
 
@@ -154,3 +159,43 @@ def test_racing_processes_lose_no_reservation(store):
             pool.starmap(_reserve, [(type(store), location, barrier)] * 4)
     ahead = store.reserve_rows("j", 0, 1000.0) + (time.time() - began)
     assert 39.99 < ahead < 40.5, ahead
+
+
+class _Taken(Exception):
+    pass
+
+
+def _claim(kind: type, location: str, who: str, barrier) -> bool:
+    """Take the job's ``holder`` slot unless someone holds it: the check and the write are one step."""
+    store = kind(location)
+    barrier.wait()
+
+    def free(job: JobRecord) -> None:
+        if job.state.get("holder"):
+            raise _Taken(job.state["holder"])
+
+    try:
+        store.update_job_if("j", free, holder=who)
+    except _Taken:
+        return False
+    return True
+
+
+def test_a_guarded_update_writes_only_what_its_guard_accepts(store):
+    """Abort and publish decide who goes first through ``update_job_if``: a refusing guard writes
+    nothing, and of four processes racing for one slot exactly one gets it."""
+    store.create_job(JobRecord("j", "iot.a", "publishing", {}, {"chunk": 1}))
+    seen = []
+    job = store.update_job_if("j", lambda j: seen.append(dict(j.state)), "aborting", flag=True)
+    assert seen == [{"chunk": 1}] and (job.phase, job.state) == ("aborting", {"chunk": 1, "flag": True})
+
+    def refuse(job: JobRecord) -> None:
+        raise _Taken("no")
+
+    with pytest.raises(_Taken):
+        store.update_job_if("j", refuse, "published", flag=False)
+    assert (store.get_job("j").phase, store.get_job("j").state) == ("aborting", {"chunk": 1, "flag": True})
+    with pytest.raises(JobNotFound):
+        store.update_job_if("nope", lambda j: None, flag=True)
+    won = _racers(store, _claim, "p")
+    assert sum(won) == 1 and store.get_job("j").state["holder"] == f"p{won.index(True)}"

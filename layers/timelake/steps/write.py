@@ -7,6 +7,7 @@ on main are dropped and counted.
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +18,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyiceberg.typedef import Record
 
+from timelake.model.commit import NAN_COUNTS
 from timelake.model.contract import Contract
 from timelake.model.layout import MainReader, read_range
 from timelake.model.spec import JobSpec
@@ -80,9 +82,7 @@ def _read_slice(unit: UnitRecord, target: pa.Schema, counter: spill.SpillRead) -
 
 def sort_keys(contract: Contract) -> list[tuple[str, str]]:
     """The table's sort order: series key, time, then any other dedup columns."""
-    names = [*contract.series_key, contract.time_column]
-    names += [c for c in contract.dedup_key if c not in names]
-    return [(c, "ascending") for c in names]
+    return [(c, "ascending") for c in contract.sort_columns]
 
 
 def _sort_and_dedup(rows: pa.Table, contract: Contract) -> tuple[pa.Table, float, int, KeyCodes]:
@@ -206,10 +206,17 @@ def unit_path(table: Any, job_id: str, unit: UnitRecord, suffix: str = "") -> st
 
 
 def write_parquet(rows: pa.Table, path: str, properties: dict[str, str]) -> int:
-    """Write one file with Iceberg field ids (from the table's Arrow schema); returns its size in bytes."""
+    """Write one file with Iceberg field ids (from the table's Arrow schema); returns its size in bytes.
+
+    Parquet statistics do not count NaNs, which Iceberg's ``nan_value_counts`` wants for float
+    columns (engines prune ``x = 'NaN'`` and ``isnan`` with them): they are counted here and kept in
+    the footer, where `timelake.model.commit.data_file` reads them with the other statistics."""
     fs, local = filesystem(path)
     fs.create_dir(local.rsplit("/", 1)[0], recursive=True)
     codec = properties.get("write.parquet.compression-codec", "zstd")
+    nans = {f.name: int(pc.sum(pc.is_nan(rows.column(f.name))).as_py() or 0)
+            for f in rows.schema if pa.types.is_floating(f.type)}
+    rows = rows.replace_schema_metadata({**(rows.schema.metadata or {}), NAN_COUNTS: json.dumps(nans).encode()})
     with fs.open_output_stream(local) as out:
         pq.write_table(rows, out, compression=None if codec == "uncompressed" else codec, row_group_size=ROW_GROUP_ROWS)
     return fs.get_file_info(local).size
