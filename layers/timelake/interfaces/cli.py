@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
+from rich.markup import escape
 from rich.table import Table as RichTable
 from typer.core import TyperGroup
 
@@ -97,37 +98,54 @@ def _parse_map(text: str | None) -> dict[str, str]:
     return pairs
 
 
+#: run-command parameters named differently from the job field they set (the others share its name)
+PARAM_FIELDS = {"map_": "map", "fmt": "format", "approval_timeout": "approval_timeout_seconds"}
+
+
+def field_help(name: str) -> str:
+    """An option's help is the job model's description of its field, so the CLI, the JSON schema and the
+    docs' table cannot drift; escaped, because Rich would take ``[for PT10M]`` for a style tag."""
+    return escape(JobSpec.model_fields[name].description or "")
+
+
+def field_of(param: str) -> str | None:
+    """The job field a run-command parameter sets, or None for the command's own options (--job, --json, …)."""
+    name = PARAM_FIELDS.get(param, param)
+    return name if name in JobSpec.model_fields else None
+
+
 @backfill_app.command("run", hidden=True)
 def run(
-    table: Annotated[str, typer.Argument(help="Target table, namespace.name")],
-    source: Annotated[Optional[str], typer.Option("--from", help="Source path, glob or URI")] = None,
-    job_file: Annotated[Optional[Path], typer.Option("--job", help="A job JSON file (the job schema)")] = None,
-    map_: Annotated[Optional[str], typer.Option("--map", help="table_col=source_col,…")] = None,
-    tz: Annotated[Optional[str], typer.Option("--tz", help="IANA zone of naive source times")] = None,
-    mode: Annotated[str, typer.Option("--mode", help="merge | replace | append")] = "merge",
-    start: Annotated[Optional[str], typer.Option("--start", help="Inclusive lower bound (ISO)")] = None,
-    end: Annotated[Optional[str], typer.Option("--end", help="Exclusive upper bound (ISO)")] = None,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Report only; change nothing")] = False,
-    publish_by: Annotated[Optional[str], typer.Option("--publish-by", help="day | week | month")] = None,
-    max_concurrency: Annotated[Optional[int], typer.Option("--max-concurrency")] = None,
-    assertions: Annotated[Optional[list[str]], typer.Option("--assert", help="SQL over `staged` returning failing rows")] = None,
-    override_retention: Annotated[bool, typer.Option("--override-retention")] = False,
-    evaluate_rules: Annotated[bool, typer.Option(
-        "--evaluate-rules", help="After publish, evaluate the table's rules over the range into its events table "
-        "(source 'backfill'); never alarms")] = False,
-    time_unit: Annotated[Optional[str], typer.Option("--time-unit", help="s | ms | us | ns for epoch integers")] = None,
-    dst_policy: Annotated[str, typer.Option("--dst-policy", help="refuse | earliest | latest | drop")] = "refuse",
-    fmt: Annotated[Optional[str], typer.Option("--format", help="parquet | csv | json | influx (default: from extension)")] = None,
-    canary: Annotated[Optional[str], typer.Option(
-        "--canary", metavar="[DAY]", help="Write and check one UTC day first (default: the first day with rows), then wait")] = None,
+    table: Annotated[str, typer.Argument(help=field_help("table"))],
+    source: Annotated[Optional[str], typer.Option("--from", help=field_help("source"))] = None,
+    job_file: Annotated[Optional[Path], typer.Option("--job", help="A job JSON file (the job schema); flags given "
+                                                     "on the command line override its fields")] = None,
+    map_: Annotated[Optional[str], typer.Option("--map", metavar="TABLE_COL=SOURCE_COL,…", help=field_help("map"))] = None,
+    tz: Annotated[Optional[str], typer.Option("--tz", help=field_help("tz"))] = None,
+    mode: Annotated[str, typer.Option("--mode", help=field_help("mode"))] = "merge",
+    start: Annotated[Optional[str], typer.Option("--start", help=field_help("start"))] = None,
+    end: Annotated[Optional[str], typer.Option("--end", help=field_help("end"))] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help=field_help("dry_run"))] = False,
+    publish_by: Annotated[Optional[str], typer.Option("--publish-by", help=field_help("publish_by"))] = None,
+    max_concurrency: Annotated[Optional[int], typer.Option("--max-concurrency", help=field_help("max_concurrency"))] = None,
+    assertions: Annotated[Optional[list[str]], typer.Option("--assert", help=field_help("assertions"))] = None,
+    override_retention: Annotated[bool, typer.Option("--override-retention", help=field_help("override_retention"))] = False,
+    evaluate_rules: Annotated[bool, typer.Option("--evaluate-rules", help=field_help("evaluate_rules"))] = False,
+    time_unit: Annotated[Optional[str], typer.Option("--time-unit", help=field_help("time_unit"))] = None,
+    dst_policy: Annotated[str, typer.Option("--dst-policy", help=field_help("dst_policy"))] = "refuse",
+    fmt: Annotated[Optional[str], typer.Option("--format", help=field_help("format"))] = None,
+    canary: Annotated[Optional[str], typer.Option("--canary", metavar="[DAY]", help=field_help("canary"))] = None,
     approval_timeout: Annotated[Optional[int], typer.Option(
-        "--approval-timeout", metavar="SECONDS", help="How long a canary waits for continue or abort (default 7 days)")] = None,
-    query: Annotated[Optional[str], typer.Option("--query", help="SELECT to read from a PostgreSQL source")] = None,
-    source_max_connections: Annotated[Optional[int], typer.Option("--source-max-connections", help="Scan tasks reading the source at once")] = None,
-    source_rows_per_second: Annotated[Optional[int], typer.Option("--source-rows-per-second", help="Rows/s read from the source, all workers together")] = None,
-    from_sql: Annotated[Optional[str], typer.Option("--from-sql", help="A DuckDB query as the source")] = None,
-    measurement: Annotated[Optional[str], typer.Option("--measurement", help="InfluxDB measurement (default: table name)")] = None,
-    precision: Annotated[Optional[str], typer.Option("--precision", help="ns | us | ms | s of line-protocol times")] = None,
+        "--approval-timeout", metavar="SECONDS", help=field_help("approval_timeout_seconds"))] = None,
+    query: Annotated[Optional[str], typer.Option("--query", help=field_help("query"))] = None,
+    source_max_connections: Annotated[Optional[int], typer.Option(
+        "--source-max-connections", help=field_help("source_max_connections"))] = None,
+    source_rows_per_second: Annotated[Optional[int], typer.Option(
+        "--source-rows-per-second", help=field_help("source_rows_per_second"))] = None,
+    from_sql: Annotated[Optional[str], typer.Option("--from-sql", help="A DuckDB query as the source (sets source "
+                                                    "'duckdb:' and the query field)")] = None,
+    measurement: Annotated[Optional[str], typer.Option("--measurement", help=field_help("measurement"))] = None,
+    precision: Annotated[Optional[str], typer.Option("--precision", help=field_help("precision"))] = None,
     as_json: JsonFlag = False,
     warehouse: Warehouse = None,
     on: On = "local",
@@ -348,7 +366,7 @@ def show_table(table: str, as_json: JsonFlag = False, warehouse: Warehouse = Non
 def declare(
     table: str,
     rollup: Annotated[Optional[list[str]], typer.Option("--rollup", help="INTERVAL:COLUMN[,COLUMN…], e.g. 1h:value")] = None,
-    rule: Annotated[Optional[list[str]], typer.Option("--rule", help="'NAME: COLUMN OP THRESHOLD [for PT10M] [severity S]'")] = None,
+    rule: Annotated[Optional[list[str]], typer.Option("--rule", help=escape("'NAME: COLUMN OP THRESHOLD [for PT10M] [severity S]'"))] = None,
     warehouse: Warehouse = None,
 ) -> None:
     """Add rollups (built from the whole table at once) and rules to TABLE's contract."""

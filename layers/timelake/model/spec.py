@@ -32,31 +32,44 @@ class JobSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    job_id: str = Field(default_factory=new_job_id, pattern=r"^[0-9A-Za-z_-]{1,80}$")
+    job_id: str = Field(
+        default_factory=new_job_id, pattern=r"^[0-9A-Za-z_-]{1,80}$",
+        description="The job's id: letters, digits, _ and -, up to 80 (default: bf-<UTC date>-<UTC time>-<6 hex "
+        "digits>); on AWS it is the execution name")
     table: str = Field(description="Target table, namespace.name")
-    source: str = Field(description="Path, glob or URI of the source files; '<memory ...>' for in-process data")
+    source: str = Field(description="Path, glob or URI of the source (files, postgresql://, influxdb://, iceberg://, "
+                        "duckdb:); '<memory ...>' for in-process data")
     format: Literal["parquet", "csv", "json", "influx"] | None = Field(
         default=None, description="Source file format; influx is InfluxDB line protocol (default: from the extension)")
-    map: dict[str, str] = Field(default_factory=dict, description="table column -> source column")
+    map: dict[str, str] = Field(default_factory=dict, description="Table column -> source column, for columns "
+                                "whose names differ")
     tz: str | None = Field(default=None, description="IANA zone of naive source timestamps (and of naive start/end)")
     time_unit: TimeUnit | None = Field(default=None, description="Unit of integer epoch timestamps")
-    dst_policy: DstPolicy = "refuse"
-    mode: Mode = "merge"
-    start: datetime | None = Field(default=None, description="Inclusive lower bound of the job range")
-    end: datetime | None = Field(default=None, description="Exclusive upper bound of the job range")
-    dry_run: bool = False
-    publish_by: PublishBy | None = None
-    max_concurrency: int | None = Field(default=None, ge=1, le=10_000)
-    assertions: list[str] = Field(default_factory=list, description="SQL over view `staged` returning failing rows")
-    override_retention: bool = False
+    dst_policy: DstPolicy = Field(
+        default="refuse", description="Naive local times that a DST change makes ambiguous or missing: refuse the "
+        "job, take the earliest or latest instant, or drop the row")
+    mode: Mode = Field(default="merge", description="How the job meets rows already on main: merge (existing rows "
+                       "win), replace (the job's range is replaced) or append (no deduplication)")
+    start: datetime | None = Field(default=None, description="Inclusive lower bound of the job range (ISO)")
+    end: datetime | None = Field(default=None, description="Exclusive upper bound of the job range (ISO)")
+    dry_run: bool = Field(default=False, description="Report only; change nothing")
+    publish_by: PublishBy | None = Field(default=None, description="One publish commit per day, week or month "
+                                         "instead of one for the whole job")
+    max_concurrency: int | None = Field(
+        default=None, ge=1, le=10_000,
+        description="Parallel scan tasks and writers (default: the CPU count; on AWS the Map's MaxConcurrency)")
+    assertions: list[str] = Field(default_factory=list, description="SQL over the view staged returning the "
+                                  "failing rows; any row fails the job")
+    override_retention: bool = Field(default=False, description="Keep rows older than the table's retention "
+                                     "instead of dropping them")
     evaluate_rules: bool = Field(default=False, description="After publish, evaluate the table's rules over the "
                                  "published range into its events table (source 'backfill'); never alarms")
     canary: bool | date | None = Field(
-        default=None, description="Write and validate one UTC day first, then wait for approval: a day, or true for the "
-        "first day with source rows")
+        default=None, description="Write and validate one UTC day first, then wait for approval: a day (YYYY-MM-DD), "
+        "or true (a bare --canary) for the first day with source rows")
     approval_timeout_seconds: int = Field(
         default=7 * 24 * 3600, ge=1, le=365 * 24 * 3600,
-        description="How long a canary waits for approve or reject before the job is aborted (on AWS by the "
+        description="Seconds a canary waits for approve or reject before the job is aborted (on AWS by the "
         "workflow; embedded, an approval after it aborts the job)")
     query: str | None = Field(default=None, description="SQL text for database sources: a SELECT for PostgreSQL "
                               "(instead of ?table=), the query of a 'duckdb:' source (--from-sql)")
