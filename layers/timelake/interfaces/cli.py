@@ -5,7 +5,9 @@ Every failure exits non-zero with one line naming what is wrong; `--json` prints
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import re
 import sys
 import time
@@ -18,10 +20,10 @@ from rich.table import Table as RichTable
 from typer.core import TyperGroup
 
 from timelake.errors import BackfillError
-from timelake.interfaces.console import console, drive, fail, one_line, out, status_line
+from timelake.interfaces.console import console, drive, fail, one_line, out, safe, status_line
 from timelake.interfaces.lake import Lake, connect
 from timelake.model.report import progress
-from timelake.model.spec import JobSpec
+from timelake.model.spec import JobSpec, external_job, parse_document
 from timelake.runner import TERMINAL, WAITING
 from timelake.steps.canary import approve as approve_canary
 
@@ -86,6 +88,19 @@ def _one_query(query: str | None, from_sql: str | None) -> str | None:
     return query or from_sql
 
 
+def _job_file(path: Path, table: str) -> dict[str, Any]:
+    """The fields of a --job file; the positional TABLE must name the same table as the file, if it names one."""
+    try:
+        fields = parse_document(path.read_bytes())
+    except OSError as exc:
+        raise BackfillError(f"--job {path}: {exc.strerror or exc}") from None
+    if not isinstance(fields, dict):
+        raise BackfillError(f"--job {path}: a job is a JSON object, not {type(fields).__name__}")
+    if "table" in fields and fields["table"] != table:
+        raise BackfillError(f"--job {path} is for table '{fields['table']}' but the command names '{table}'")
+    return fields
+
+
 def _parse_map(text: str | None) -> dict[str, str]:
     if not text:
         return {}
@@ -129,6 +144,8 @@ def run(
     publish_by: Annotated[Optional[str], typer.Option("--publish-by", help=field_help("publish_by"))] = None,
     max_concurrency: Annotated[Optional[int], typer.Option("--max-concurrency", help=field_help("max_concurrency"))] = None,
     assertions: Annotated[Optional[list[str]], typer.Option("--assert", help=field_help("assertions"))] = None,
+    assertion_timeout: Annotated[Optional[int], typer.Option(
+        "--assertion-timeout", metavar="SECONDS", help=field_help("assertion_timeout"))] = None,
     override_retention: Annotated[bool, typer.Option("--override-retention", help=field_help("override_retention"))] = False,
     evaluate_rules: Annotated[bool, typer.Option("--evaluate-rules", help=field_help("evaluate_rules"))] = False,
     time_unit: Annotated[Optional[str], typer.Option("--time-unit", help=field_help("time_unit"))] = None,
@@ -151,10 +168,10 @@ def run(
     on: On = "local",
 ) -> None:
     """Run a backfill job."""
-    fields: dict[str, Any] = json.loads(job_file.read_text()) if job_file else {}
+    fields = _job_file(job_file, table) if job_file else {}
     given = {
         "source": source, "map": _parse_map(map_) or None, "tz": tz, "start": start, "end": end,
-        "publish_by": publish_by, "max_concurrency": max_concurrency, "assertions": assertions or None,
+        "publish_by": publish_by, "max_concurrency": max_concurrency, "assertions": assertions or None, "assertion_timeout": assertion_timeout,
         "time_unit": time_unit, "format": fmt, "canary": True if canary == FIRST_DAY else canary,
         "approval_timeout_seconds": approval_timeout,
         "query": _one_query(query, from_sql), "source_max_connections": source_max_connections,
@@ -172,14 +189,14 @@ def run(
     fields["evaluate_rules"] = evaluate_rules or fields.get("evaluate_rules", False)
     if not fields.get("source"):
         fail("--from SRC (or a --job file with a source) is required")
-    spec = JobSpec.model_validate(fields)
+    spec = external_job(fields)
     if _on_aws(on):
         _print_json_or(_aws().submit(spec), as_json, "started")
         return
     lake = _lake(warehouse)
     lake.create_job(spec)
     if not as_json:
-        console.print(f"job [bold]{spec.job_id}[/] on {spec.table} ({'dry run, ' if spec.dry_run else ''}mode {spec.mode})")
+        console.print(f"job [bold]{spec.job_id}[/] on {safe(spec.table)} ({'dry run, ' if spec.dry_run else ''}mode {spec.mode})")
     drive(lake, spec.job_id, as_json)
 
 
@@ -190,9 +207,11 @@ def resume(job_id: str, as_json: JsonFlag = False, warehouse: Warehouse = None, 
         _print_json_or(_aws().resume(job_id), as_json, "resumed")
         return
     lake = _lake(warehouse)
-    lake.job(job_id).record()
-    if lake.runtime.store.get_job(job_id).phase == "failed_validation":
+    phase = lake.job(job_id).record().phase
+    if phase == "failed_validation":
         fail(f"job {job_id} failed validation; nothing was published. Fix the source and start a new job")
+    if phase == "aborted":
+        fail(f"job {job_id} was aborted; start a new job")
     drive(lake, job_id, as_json)
 
 
@@ -224,7 +243,7 @@ def status(
         if as_json:
             out.print_json(json.dumps(info))
         else:
-            out.print(status_line(info))
+            out.print(status_line(info), markup=False)
         if not watch or info["phase"] in TERMINAL | WAITING or info["phase"] == "failed":
             break
         time.sleep(1.0)
@@ -244,7 +263,7 @@ def list_jobs(
         return
     grid = RichTable("job", "table", "mode", "phase", "units", "rows")
     for r in rows:
-        grid.add_row(r["job_id"], r["table"], ("dry run " if r["dry_run"] else "") + str(r["mode"]), r["phase"],
+        grid.add_row(r["job_id"], safe(r["table"]), ("dry run " if r["dry_run"] else "") + str(r["mode"]), r["phase"],
                      f"{r['units_done']}/{r['units_total']}", f"{r['rows_processed']:,}")
     out.print(grid)
 
@@ -270,8 +289,10 @@ def leases(table: str, as_json: JsonFlag = False, warehouse: Warehouse = None) -
     """Ranges of TABLE held by unpublished backfills (a compactor skips them)."""
     from timelake.model.timeutil import iso
 
+    lake = _lake(warehouse)
+    lake.table(table)
     held = [{"job_id": lease.job_id, "table": lease.table, "start": iso(lease.start), "end": iso(lease.end)}
-            for lease in _lake(warehouse).leases(table)]
+            for lease in lake.leases(table)]
     if as_json:
         out.print_json(json.dumps(held))
         return
@@ -286,7 +307,9 @@ def history(table: str, as_json: JsonFlag = False, warehouse: Warehouse = None) 
     """Published backfills of TABLE: when, range, mode, source, rows, snapshots (from timelake.backfills)."""
     from timelake.followup.provenance import history as read_history
 
-    rows = read_history(_lake(warehouse).runtime, table).to_pylist()
+    lake = _lake(warehouse)
+    lake.table(table)
+    rows = read_history(lake.runtime, table).to_pylist()
     if as_json:
         out.print_json(json.dumps(rows, default=str))
         return
@@ -294,7 +317,7 @@ def history(table: str, as_json: JsonFlag = False, warehouse: Warehouse = None) 
     for r in rows:
         dropped = r["rows_duplicate_in_source"] + r["rows_conflicting_existing"] + r["rows_rejected"]
         grid.add_row(f"{r['published_at']:%Y-%m-%d %H:%M}", r["job_id"], r["mode"],
-                     f"{r['range_start']:%Y-%m-%d} … {r['range_end']:%Y-%m-%d}", r["source_uri"],
+                     f"{r['range_start']:%Y-%m-%d} … {r['range_end']:%Y-%m-%d}", safe(r["source_uri"]),
                      f"{r['rows_written']:,}", f"{dropped:,}", ", ".join(map(str, r["snapshot_ids"])))
     out.print(grid if rows else f"no published backfills on {table}")
 
@@ -432,15 +455,32 @@ def _print_json_or(result: dict[str, Any], as_json: bool, verb: str) -> None:
 
 
 def main() -> None:
-    """Entry point: user errors print one line and exit 1 instead of a traceback."""
-    from pydantic import ValidationError
-
+    """Entry point: every failure prints one line and exits 1 instead of a traceback (TIMELAKE_DEBUG=1
+    re-raises an unexpected one, with its traceback)."""
     try:
         app()
-    except (BackfillError, ValueError, FileNotFoundError) as exc:
-        if isinstance(exc, ValidationError):
-            message = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'job'}: {e['msg']}" for e in exc.errors())
-        else:
-            message = str(exc) or type(exc).__name__
-        print(f"error: {one_line(message)}", file=sys.stderr)
+    except SystemExit:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the promise is one line for any input, a bug included
+        if os.environ.get("TIMELAKE_DEBUG") and not _expected(exc):
+            raise
+        print(f"error: {one_line(error_text(exc))}", file=sys.stderr)
         sys.exit(1)
+
+
+def _expected(exc: Exception) -> bool:
+    return isinstance(exc, BackfillError | ValueError | OSError | OverflowError | RecursionError)
+
+
+def error_text(exc: BaseException) -> str:
+    """What a user reads of a failure: a ValidationError's messages by field, an OS error's reason, or the
+    exception's own text; an unexpected type is named so that a bug still says where it came from."""
+    from pydantic import ValidationError
+
+    if isinstance(exc, ValidationError):
+        return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'job'}: {e['msg']}" for e in exc.errors())
+    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+        return f"no space left on device{f' ({exc.filename})' if exc.filename else ''}"
+    if _expected(exc):
+        return str(exc) or type(exc).__name__
+    return f"unexpected {type(exc).__name__}: {exc}"
