@@ -457,6 +457,7 @@ def _print_json_or(result: dict[str, Any], as_json: bool, verb: str) -> None:
 def main() -> None:
     """Entry point: every failure prints one line and exits 1 instead of a traceback (TIMELAKE_DEBUG=1
     re-raises an unexpected one, with its traceback)."""
+    os.umask(0o077)  # every file the command creates (data, staging, job records) is its owner's only
     try:
         app()
     except SystemExit:

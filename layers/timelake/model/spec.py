@@ -44,8 +44,8 @@ class JobSpec(BaseModel):
         default_factory=new_job_id, pattern=r"^[0-9A-Za-z_-]{1,80}$",
         description="The job's id: letters, digits, _ and -, up to 80 (default: bf-<UTC date>-<UTC time>-<6 hex "
         "digits>); on AWS it is the execution name")
-    table: str = Field(description="Target table, namespace.name")
-    source: str = Field(description="Path, glob or URI of the source (files, postgresql://, influxdb://, iceberg://, "
+    table: str = Field(pattern=r"^[^.\s]+(\.[^.\s]+)+$", max_length=255, description="Target table, namespace.name")
+    source: str = Field(min_length=1, description="Path, glob or URI of the source (files, postgresql://, influxdb://, iceberg://, "
                         "duckdb:); '<memory ...>' for in-process data")
     format: Literal["parquet", "csv", "json", "influx"] | None = Field(
         default=None, description="Source file format; influx is InfluxDB line protocol (default: from the extension)")
@@ -213,22 +213,30 @@ def external_job(data: Any) -> JobSpec:
     return spec
 
 
+class DocumentError(ValueError):
+    """A job document that is not one before any field is read; ``status`` is the HTTP answer for it."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 def parse_document(text: str | bytes) -> Any:
     """A job JSON document, bounded before it is parsed: size, UTF-8 and nesting depth (a document nested
     thousands deep would exhaust the parser's recursion)."""
     if len(text) > MAX_DOCUMENT_BYTES:
-        raise ValueError(f"the job document is {len(text):,} bytes; at most {MAX_DOCUMENT_BYTES:,}")
+        raise DocumentError(f"the job document is {len(text):,} bytes; at most {MAX_DOCUMENT_BYTES:,}", 413)
     if isinstance(text, bytes):
         try:
             text = text.decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise ValueError(f"the job document is not UTF-8 (byte {exc.start})") from None
+            raise DocumentError(f"the job document is not UTF-8 (byte {exc.start})") from None
     if nesting(text) > MAX_NESTING:
-        raise ValueError(f"the job document is nested more than {MAX_NESTING} deep")
+        raise DocumentError(f"the job document is nested more than {MAX_NESTING} deep")
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ValueError(f"the job document is not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+        raise DocumentError(f"the job document is not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
 
 
 def nesting(text: str) -> int:
