@@ -97,3 +97,15 @@ def test_the_warehouse_is_its_owners_only(seeded, warehouse):
     assert stat.S_IMODE(warehouse.stat().st_mode) == 0o700
     for name in ("jobs.db", "catalog.db"):
         assert stat.S_IMODE((warehouse / name).stat().st_mode) == 0o600
+
+
+def test_a_runaway_assertion_times_out_and_releases_the_lease(seeded, readings):
+    import timelake
+
+    endless = "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r) SELECT * FROM r WHERE n < 0"
+    before = seeded.refresh().iceberg.metadata.refs["main"]
+    job = seeded.backfill(source=readings(recent(4)), assertions=[endless], assertion_timeout=1)
+    with pytest.raises(timelake.ValidationFailed, match="assertion timeout of 1 s"):
+        job.wait()
+    assert job.record().phase == "failed_validation" and seeded.lake.leases("iot.sensor") == []
+    assert seeded.refresh().iceberg.metadata.refs["main"] == before
