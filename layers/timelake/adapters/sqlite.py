@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from timelake.ports.runtime import private_file, private_folder
 from timelake.ports.store import (
     RATE_BURST_SECONDS, Guard, JobRecord, accept, Lease, UnitRecord, job_exists, job_not_found, lease_conflict, reserved_until,
     unit_not_found,
@@ -30,7 +31,8 @@ class SqliteJobStore:
 
     def __init__(self, path: str | Path) -> None:
         self.path = str(path)
-        Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        private_folder(Path(self.path).parent)
+        private_file(Path(self.path))
         self._local = threading.local()
         self._con().executescript(_SCHEMA)
 
