@@ -3,7 +3,6 @@ moto's Step Functions engine, whose Lambda tasks are dispatched in-process to th
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
 import time
@@ -23,38 +22,18 @@ from tests.aws_fixtures import aws, dynamo_table, moto_server  # noqa: F401
 from timelake.adapters import compose
 from timelake.interfaces.lake import Lake
 from timelake.ports.runtime import LakeConfig
+from tests.cloud.workers import Context, load_function  # noqa: F401 (used by the tests)
 
 ROOT = Path(__file__).parents[2]
-FUNCTIONS = ("plan", "scan", "cut", "write", "stage", "validate", "publish", "record_failure", "canary")
+FUNCTIONS = ("plan", "scan", "cut", "write", "stage", "validate", "publish", "record_failure", "canary", "abort")
 BUCKET, JOBS, BUS = "timelake-lake", "timelake-jobs", "timelake-backfill"
-
-
-def load_function(name: str) -> Any:
-    """The module of ``functions/<name>/app.py`` (every handler file is named app.py)."""
-    spec = importlib.util.spec_from_file_location(f"fn_{name}", ROOT / "functions" / name / "app.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _load_handlers() -> dict[str, Any]:
     return {f"timelake-{name}": load_function(name).handler for name in FUNCTIONS}
 
 
-class _Context:
-    """What Powertools reads from a Lambda context."""
-
-    def __init__(self, name: str) -> None:
-        self.function_name = name
-        self.function_version = "$LATEST"
-        self.invoked_function_arn = f"arn:aws:lambda:us-east-1:123456789012:function:{name}"
-        self.memory_limit_in_mb = 3008
-        self.aws_request_id = f"req-{time.monotonic_ns()}"
-        self.log_group_name = f"/aws/lambda/{name}"
-        self.log_stream_name = "test"
-
-    def get_remaining_time_in_millis(self) -> int:
-        return 900_000
+_Context = Context
 
 
 @dataclass

@@ -21,10 +21,13 @@ from timelake.steps.canary import AWAITING
 
 
 class StepFunctionsOrchestrator:
-    def __init__(self, rt: Runtime, state_machine_arn: str, client: Any = None) -> None:
+    def __init__(self, rt: Runtime, state_machine_arn: str, client: Any = None, abort_function: str | None = None) -> None:
+        """``abort_function``: the abort Lambda to run aborts in (the API Lambda may not delete lake
+        files itself); None runs the abort here, with the caller's credentials (the CLI)."""
         self.rt = rt
         self.state_machine_arn = state_machine_arn
         self.sfn = client or boto3.client("stepfunctions")
+        self.abort_function = abort_function
 
     def execution_arn(self, name: str) -> str:
         return self.state_machine_arn.replace(":stateMachine:", ":execution:") + f":{name}"
@@ -109,7 +112,13 @@ class StepFunctionsOrchestrator:
         arn = job.state.get("execution_arn")
         if arn and self.sfn.describe_execution(executionArn=arn)["status"] == "RUNNING":
             self.sfn.stop_execution(executionArn=arn, error="Aborted", cause=f"job {job_id} aborted by request")
-        return abort(self.rt, job_id)
+        if not self.abort_function:
+            return abort(self.rt, job_id)
+        answer = boto3.client("lambda").invoke(FunctionName=self.abort_function, Payload=json.dumps({"job_id": job_id}).encode())
+        result = json.loads(answer["Payload"].read() or b"{}")
+        if answer.get("FunctionError"):
+            raise ValueError(f"job {job_id}: abort failed: {result.get('errorMessage', result)}")
+        return dict(result)
 
     def _redrive(self, arn: str) -> bool:
         try:

@@ -20,7 +20,7 @@ from pyiceberg.typedef import Record
 from timelake.model.contract import Contract
 from timelake.model.layout import MainReader, read_range
 from timelake.model.spec import JobSpec
-from timelake.ports.files import filesystem
+from timelake.ports.files import filesystem, make_parent
 from timelake.ports.runtime import Runtime
 from timelake.ports.store import UnitRecord
 from timelake.steps import failures
@@ -216,7 +216,7 @@ def unit_path(table: Any, job_id: str, unit: UnitRecord, suffix: str = "") -> st
 def write_parquet(rows: pa.Table, path: str, properties: dict[str, str]) -> int:
     """Write one file with Iceberg field ids (from the table's Arrow schema); returns its size in bytes."""
     fs, local = filesystem(path)
-    fs.create_dir(local.rsplit("/", 1)[0], recursive=True)
+    make_parent(fs, local)
     codec = properties.get("write.parquet.compression-codec", "zstd")
     with fs.open_output_stream(local) as out:
         pq.write_table(rows, out, compression=None if codec == "uncompressed" else codec, row_group_size=ROW_GROUP_ROWS)
