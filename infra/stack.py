@@ -333,6 +333,9 @@ class BackfillStack(Stack):
             iam.PolicyStatement(actions=["states:ListMapRuns"], resources=[f"{states}:execution:{name}:*"]),
             iam.PolicyStatement(actions=["states:DescribeMapRun", "states:UpdateMapRun"], resources=[f"{states}:mapRun:{name}/*"]),
             iam.PolicyStatement(actions=["s3:GetObject"], resources=[self.bucket.arn_for_objects(f"{STAGING_PREFIX}*")]),
+            # the Maps' ResultWriter: child results go to S3, not into the state (its size stays flat)
+            iam.PolicyStatement(actions=["s3:PutObject", "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts"],
+                                resources=[self.bucket.arn_for_objects(f"{STAGING_PREFIX}*")]),
         ])
         return machine
 

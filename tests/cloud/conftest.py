@@ -9,7 +9,7 @@ import time
 import traceback
 import urllib.request
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +44,8 @@ class Cloud:
     lake: Lake
     config: LakeConfig
     invocations: list[str]
+    # function name → called with each event before the handler; raising fails that invocation
+    before: dict[str, Any] = field(default_factory=dict)
 
     def run(self, job: dict[str, Any], name: str, timeout: float = 120) -> dict[str, Any]:
         """Start an execution named ``name`` and wait for its end."""
@@ -85,12 +87,16 @@ def cloud(aws: str, monkeypatch: pytest.MonkeyPatch) -> Cloud:  # noqa: F811
 
     handlers = _load_handlers()
     invocations: list[str] = []
+    before: dict[str, Any] = {}
 
     def invoke(self: Any, function_name: str, qualifier: Any, body: Any, headers: Any, response_headers: Any) -> bytes:
         name = function_name.rsplit(":", 1)[-1]
         invocations.append(name)
         try:
-            result = handlers[name](json.loads(body) if body else {}, _Context(name))
+            event = json.loads(body) if body else {}
+            if name in before:
+                before[name](event)
+            result = handlers[name](event, _Context(name))
         except Exception as exc:
             response_headers["x-amz-function-error"] = "Unhandled"
             return json.dumps({"errorType": type(exc).__name__, "errorMessage": str(exc),
@@ -110,7 +116,7 @@ def cloud(aws: str, monkeypatch: pytest.MonkeyPatch) -> Cloud:  # noqa: F811
     arn = sfn.create_state_machine(name="timelake-backfill", definition=definition, roleArn=role)["stateMachineArn"]
     lake = Lake(compose(config))
     lake.catalog.create_namespace("iot")
-    return Cloud(aws, sfn, arn, lake, config, invocations)
+    return Cloud(aws, sfn, arn, lake, config, invocations, before)
 
 
 def _create_functions(handlers: dict[str, Any]) -> dict[str, str]:

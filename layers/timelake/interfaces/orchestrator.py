@@ -60,8 +60,10 @@ class StepFunctionsOrchestrator:
         return [progress(j, self.rt.store.units(j.job_id)) for j in self.rt.store.list_jobs(table)]
 
     def resume(self, job_id: str) -> dict[str, Any]:
-        """Redrive the failed execution when Step Functions allows it (only its failed units run again);
-        otherwise start a new execution of the same job, which skips every unit already done."""
+        """Start a new execution of the same job, which skips every unit already done, unless a redrive
+        would truly rerun the failed step. The workflow catches step failures into `Record failure` and
+        a Fail state, and a redrive reruns only from the state that failed: the Fail state, which does
+        nothing. So the execution history decides (`_redrive_reruns_work`), not RedriveExecution's answer."""
         job = self.rt.store.get_job(job_id)
         if job.phase in ("aborted", "failed_validation"):
             raise ValueError(f"job {job_id} ended {job.phase.replace('_', ' ')}; nothing to resume, start a new job")
@@ -72,7 +74,7 @@ class StepFunctionsOrchestrator:
             status = self.sfn.describe_execution(executionArn=arn)["status"]
             if status == "RUNNING":
                 return {"job_id": job_id, "execution_arn": arn, "how": "already running"}
-            if status in ("FAILED", "TIMED_OUT", "ABORTED") and self._redrive(arn):
+            if status in ("FAILED", "TIMED_OUT", "ABORTED") and self._redrive_reruns_work(arn) and self._redrive(arn):
                 return {"job_id": job_id, "execution_arn": arn, "how": "redrive"}
         executions = job.state.get("executions", [])
         name = f"{job_id}-r{len(executions)}"
@@ -119,6 +121,12 @@ class StepFunctionsOrchestrator:
         if answer.get("FunctionError"):
             raise ValueError(f"job {job_id}: abort failed: {result.get('errorMessage', result)}")
         return dict(result)
+
+    def _redrive_reruns_work(self, arn: str) -> bool:
+        """Whether the execution ended in a working state (a task or Map that failed uncaught, or a
+        timeout): a redrive restarts there. An execution that reached a Fail state has nothing to rerun."""
+        events = self.sfn.get_execution_history(executionArn=arn, reverseOrder=True, maxResults=25)["events"]
+        return not any(e["type"] == "FailStateEntered" for e in events)
 
     def _redrive(self, arn: str) -> bool:
         try:
