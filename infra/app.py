@@ -18,7 +18,7 @@ from cdk_nag import AwsSolutionsChecks  # noqa: E402
 
 from infra.layer import REPO  # noqa: E402
 from infra.nag import acknowledge  # noqa: E402
-from infra.stack import BackfillStack  # noqa: E402
+from infra.stack import BackfillStack, Settings  # noqa: E402
 
 STACK_NAME = "TimelakeBackfill"
 
@@ -30,11 +30,11 @@ def feature_flags() -> dict[str, Any]:
 
 def build_app(context: dict[str, Any] | None = None, **stack_kwargs: Any) -> tuple[App, BackfillStack]:
     """The app with the stack and the AWS Solutions checks; an unacknowledged finding makes
-    synth raise. Extra buckets to read sources from come from the ``sourceBuckets`` context
-    (a list of names, or a comma-separated string on the command line)."""
+    synth raise. The deployer's choices come from CDK context (`Settings.from_context`:
+    glueDatabases, sourceBuckets, alarmEmail, alarmTopicArn, scanConcurrency, writeConcurrency,
+    unitTtlDays); ``cdk deploy -c key=value`` or cdk.json."""
     app = App(context=context)
-    buckets = app.node.try_get_context("sourceBuckets") or []
-    stack_kwargs.setdefault("source_buckets", buckets.split(",") if isinstance(buckets, str) else buckets)
+    stack_kwargs.setdefault("settings", Settings.from_context(app.node.try_get_context))
     stack = BackfillStack(app, STACK_NAME, description="timelake backfill: load history into live Iceberg tables",
                           env=Environment(account=app.node.try_get_context("account"), region=app.node.try_get_context("region")),
                           **stack_kwargs)

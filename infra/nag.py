@@ -10,17 +10,27 @@ from __future__ import annotations
 from aws_cdk import Acknowledgment, Stack, Validations
 from constructs import IConstruct
 
-from .stack import DATABASE, FUNCTIONS, STAGING_PREFIX, BackfillStack
+from .stack import FUNCTIONS, RECORD_DATA, STAGING_PREFIX, TABLE_DATA, TABLE_METADATA, BackfillStack
 
 RUNTIME = ("the engine layer is built from CPython 3.12 (cp312) aarch64 wheels and handlers must run on the interpreter "
            "the layer was built for; moving up is the runtime constant plus a layer rebuild, done together")
 XRAY = ("X-Ray tracing (Tracing.ACTIVE): xray:PutTraceSegments and xray:PutTelemetryRecords have no resource-level "
         "permissions, so AWS requires Resource '*'")
-LAKE_OBJECTS = ("lake files are written at run-time paths (warehouse/<table>/data/<partition>/<unit>.parquet, "
+LAKE_OBJECTS = ("lake files live at run-time paths (warehouse/<db>.db/<table>/data/<partition>/<unit>.parquet, "
                 f"{STAGING_PREFIX}<job>/...): tables are created after deployment and units are cut per job, so keys "
                 "cannot be listed; access stays inside this one bucket")
-GLUE_TABLES = (f"the engine loads and commits whichever table of the '{DATABASE}' Glue database a job names; tables are "
-               "created after deployment, so the grant covers that database's tables and no other database")
+LAKE_PREFIX = {
+    f"{STAGING_PREFIX}*": f"job scratch files (manifests, spills, failure notes) under {STAGING_PREFIX}<job>/, named by the job "
+                          "id at run time; only steps that write or clear scratch get it",
+    TABLE_DATA: "new data files under a table's data/ folder (warehouse/<db>.db/<table>/data/...), named per unit at run "
+                "time; never the metadata/ folder; only the writers (write, rollup) put and only abort and rollup delete",
+    TABLE_METADATA: "Iceberg metadata files of a commit (warehouse/<db>.db/<table>/metadata/...); only the steps that "
+                    "commit (glue:UpdateTable) get it",
+    **{prefix: "data files of the record tables a publish appends to (provenance, a table's __coverage companion), "
+               "named at commit time; only publish and abort, which record what they did, get it" for prefix in RECORD_DATA},
+}
+GLUE_TABLES = ("the engine loads and commits whichever table of the configured Glue databases (glueDatabases) a job names; "
+               "tables are created after deployment, so the grant covers those databases' tables and no other database")
 
 
 def acknowledge(stack: BackfillStack) -> None:
@@ -28,13 +38,17 @@ def acknowledge(stack: BackfillStack) -> None:
         _ack(fn, "AwsSolutions-L1", RUNTIME)
         _ack(fn.role, "AwsSolutions-IAM5[Resource::*]", XRAY)
         if FUNCTIONS[name].engine:
-            _ack(fn.role, f"AwsSolutions-IAM5[Resource::{_ref(stack, stack.bucket, 'Arn')}/*]", LAKE_OBJECTS)
-            _ack(fn.role, f"AwsSolutions-IAM5[Resource::{_glue(DATABASE)}]", GLUE_TABLES)
+            bucket = _ref(stack, stack.bucket, "Arn")
+            _ack(fn.role, f"AwsSolutions-IAM5[Resource::{bucket}/*]", LAKE_OBJECTS)
+            for prefix, reason in LAKE_PREFIX.items():
+                _ack(fn.role, f"AwsSolutions-IAM5[Resource::{bucket}/{prefix}]", reason)
+            for db in stack.settings.all_databases:
+                _ack(fn.role, f"AwsSolutions-IAM5[Resource::{_glue(db)}]", GLUE_TABLES)
         if FUNCTIONS[name].reads_sources:
-            for bucket in stack.source_buckets:
-                _ack(fn.role, f"AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:s3:::{bucket}/*]",
-                     f"read-only access to source files in '{bucket}', a bucket the deployer named (sourceBuckets) "
-                     "for exports whose keys a job names at run time")
+            for source in stack.settings.source_buckets:
+                _ack(fn.role, f"AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:s3:::{source}/*]",
+                     f"read-only access to source files in '{source}', a bucket (and prefix) the deployer named "
+                     "(sourceBuckets) for exports whose keys a job names at run time")
 
     machine = stack.state_machine
     workflow = _ref(stack, machine, "Name")

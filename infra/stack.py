@@ -7,7 +7,7 @@ the interfaces it relies on are the handler names, the ``${...}`` substitutions 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,7 +36,12 @@ from .layer import REPO, engine_layer_code
 
 ASL = REPO / "statemachine" / "backfill.asl.json"
 FUNCTIONS_DIR = REPO / "functions"
-DATABASE = "timelake"
+DATABASE = "timelake"  # the stack's own database; `glueDatabases` adds more (default: iot, the README's)
+DEFAULT_DATABASES = ("iot",)
+DEFAULT_SOURCE_BUCKETS = ("old-historian",)  # the README example's export bucket (examples/job.json)
+DEFAULT_SCAN_CONCURRENCY = 100
+DEFAULT_WRITE_CONCURRENCY = 200
+DEFAULT_UNIT_TTL_DAYS = 30
 EVENT_BUS = "timelake-backfill"
 STAGING_PREFIX = "_backfill/"
 WAREHOUSE_PREFIX = "warehouse"
@@ -44,6 +49,58 @@ SERVICE = "timelake-backfill"
 METRICS_NAMESPACE = "Timelake"
 LOG_RETENTION = logs.RetentionDays.THREE_MONTHS
 STAGING_EXPIRY = Duration.days(14)  # Step Functions redrives within 14 days: staging must outlive that
+TABLE_DATA = f"{WAREHOUSE_PREFIX}/*/data/*"  # <db>.db/<table>/data/...: data files, never metadata
+TABLE_METADATA = f"{WAREHOUSE_PREFIX}/*/metadata/*"
+# The record tables a publish appends to: provenance (timelake.backfills) and each table's coverage companion.
+RECORD_DATA = (f"{WAREHOUSE_PREFIX}/{DATABASE}.db/backfills/data/*", f"{WAREHOUSE_PREFIX}/*__coverage/data/*")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What a deployer chooses (CDK context, see `from_context`); the defaults run the README example."""
+
+    databases: tuple[str, ...] = DEFAULT_DATABASES
+    source_buckets: tuple[str, ...] = DEFAULT_SOURCE_BUCKETS  # "bucket" or "bucket/prefix"
+    alarm_email: str | None = None
+    alarm_topic_arn: str | None = None  # an existing operators' topic instead of a new one
+    scan_concurrency: int = DEFAULT_SCAN_CONCURRENCY
+    write_concurrency: int = DEFAULT_WRITE_CONCURRENCY
+    unit_ttl_days: int = DEFAULT_UNIT_TTL_DAYS
+
+    @classmethod
+    def from_context(cls, get: Any) -> "Settings":
+        """``get`` is ``node.try_get_context``. Lists may be JSON lists (cdk.json) or comma-separated
+        strings (``cdk deploy -c sourceBuckets=a,b/prefix``)."""
+        def names(key: str, default: tuple[str, ...]) -> tuple[str, ...]:
+            value = get(key)
+            if value is None:
+                return default
+            items = value.split(",") if isinstance(value, str) else list(value)
+            return tuple(i.strip().strip("/") for i in items if i.strip())
+
+        def number(key: str, default: int) -> int:
+            value = get(key)
+            try:
+                result = default if value is None else int(value)
+            except (TypeError, ValueError):
+                raise ValueError(f"context {key} must be a whole number, got {value!r}") from None
+            if result < 1:
+                raise ValueError(f"context {key} must be at least 1, got {result}")
+            return result
+
+        settings = cls(databases=names("glueDatabases", DEFAULT_DATABASES), source_buckets=names("sourceBuckets", DEFAULT_SOURCE_BUCKETS),
+                       alarm_email=get("alarmEmail") or None, alarm_topic_arn=get("alarmTopicArn") or None,
+                       scan_concurrency=number("scanConcurrency", DEFAULT_SCAN_CONCURRENCY),
+                       write_concurrency=number("writeConcurrency", DEFAULT_WRITE_CONCURRENCY),
+                       unit_ttl_days=number("unitTtlDays", DEFAULT_UNIT_TTL_DAYS))
+        for db in settings.databases:
+            if not re.fullmatch(r"[a-z0-9_]{1,255}", db):
+                raise ValueError(f"context glueDatabases: '{db}' is not a Glue database name (lower case, digits, _)")
+        return settings
+
+    @property
+    def all_databases(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys((DATABASE, *self.databases)))
 
 
 @dataclass(frozen=True)
@@ -52,26 +109,36 @@ class FunctionSpec:
 
     memory: int
     timeout: Duration
-    engine: bool = False  # reads and writes lake files, the Glue catalog and the job store
-    commits: bool = False  # commits to Iceberg (branch create, stage, publish): glue:UpdateTable
+    engine: bool = False  # reads lake files and the Glue catalog
+    commits: bool = False  # commits to Iceberg (branch create, stage, publish): glue:UpdateTable + table metadata files
     reads_sources: bool = False  # reads the job's source files, which may live in ``source_buckets``
     put_events: bool = False
+    scratch: bool = False  # writes the job's scratch files under staging (manifests, spills, failure notes)
+    clears_scratch: bool = False  # deletes the job's scratch files (re-plan, end of publish, abort)
+    writes_data: bool = False  # puts new data files under a table's data/ folder
+    deletes_data: bool = False  # deletes data files of a table (abort: unpublished files; rollup: replaced chunks)
+    writes_records: bool = False  # appends to the provenance and coverage tables (`RECORD_DATA`)
+    duckdb: bool = True  # imports DuckDB (validation SQL, assertions, coverage); False: the slim layer
 
 
 FUNCTIONS: dict[str, FunctionSpec] = {
-    "plan": FunctionSpec(3008, Duration.minutes(15), engine=True, reads_sources=True),
-    "scan": FunctionSpec(3008, Duration.minutes(15), engine=True, reads_sources=True),
-    "cut": FunctionSpec(3008, Duration.minutes(15), engine=True, commits=True),  # forks the job's branch
-    "write": FunctionSpec(3008, Duration.minutes(15), engine=True),  # reads the scan spills, not the source
+    "plan": FunctionSpec(3008, Duration.minutes(15), engine=True, reads_sources=True, scratch=True, clears_scratch=True),
+    "scan": FunctionSpec(3008, Duration.minutes(15), engine=True, reads_sources=True, scratch=True),
+    "cut": FunctionSpec(3008, Duration.minutes(15), engine=True, commits=True, scratch=True),  # forks the job's branch
+    "write": FunctionSpec(3008, Duration.minutes(15), engine=True, scratch=True, writes_data=True),  # reads the scan spills
     "stage": FunctionSpec(2048, Duration.minutes(15), engine=True, commits=True),
     "validate": FunctionSpec(2048, Duration.minutes(15), engine=True),
-    "publish": FunctionSpec(2048, Duration.minutes(15), engine=True, commits=True, put_events=True),
-    "record_failure": FunctionSpec(512, Duration.seconds(30)),
-    "canary": FunctionSpec(2048, Duration.minutes(15), engine=True, commits=True, reads_sources=True),  # stages, resets, aborts; samples the source
-    "api": FunctionSpec(512, Duration.seconds(30), engine=True, commits=True),  # abort removes the branch and staged files
-    "rollup": FunctionSpec(2048, Duration.minutes(15), engine=True, commits=True),  # swaps rollup chunks
+    "publish": FunctionSpec(2048, Duration.minutes(15), engine=True, commits=True, put_events=True, clears_scratch=True,
+                           writes_records=True),
+    "record_failure": FunctionSpec(512, Duration.seconds(30), duckdb=False),
+    "canary": FunctionSpec(2048, Duration.minutes(15), engine=True, commits=True, reads_sources=True, scratch=True),  # stages, resets; samples the source
+    "abort": FunctionSpec(1024, Duration.minutes(5), engine=True, commits=True, clears_scratch=True, deletes_data=True,
+                         writes_records=True),  # removes branch, files, lease
+    "api": FunctionSpec(512, Duration.seconds(30), engine=True),  # read-only on the lake: its abort route invokes the abort Lambda
+    "rollup": FunctionSpec(2048, Duration.minutes(15), engine=True, commits=True, writes_data=True, deletes_data=True),  # swaps rollup chunks
 }
 WORKFLOW_FUNCTIONS = tuple(name for name in FUNCTIONS if name not in ("api", "rollup"))  # each is ${<Name>FunctionArn} in the ASL
+RESERVED = {"scan": "scan_concurrency", "write": "write_concurrency"}  # Settings field holding each one's reserved concurrency
 API_ROUTES: tuple[tuple[str, str], ...] = (
     ("POST", "/backfills"), ("GET", "/backfills"), ("GET", "/backfills/{id}"),
     ("GET", "/backfills/{id}/report"), ("POST", "/backfills/{id}/resume"), ("POST", "/backfills/{id}/abort"),
@@ -87,18 +154,23 @@ DYNAMODB_READ_WRITE = [
 
 
 class BackfillStack(Stack):
-    """Everything a deployment needs. ``source_buckets`` names buckets (besides the stack's own)
-    that the functions reading sources (plan, scan) may read; it is read-only access."""
+    """Everything a deployment needs, shaped by `Settings`: the Glue databases the functions may use
+    (each created here), the source buckets/prefixes they may read, who gets the alarms, and the
+    reserved concurrency of scan and write."""
 
     def __init__(self, scope: Construct, construct_id: str, *, asl_path: Path = ASL,
-                 source_buckets: Sequence[str] = (), **kwargs: Any) -> None:
+                 settings: Settings = Settings(), **kwargs: Any) -> None:
         super().__init__(scope, construct_id, **kwargs)
-        self.source_buckets = tuple(source_buckets)
+        self.settings = settings
+        self.source_buckets = tuple(dict.fromkeys(s.split("/", 1)[0] for s in settings.source_buckets))
         self.access_logs = self._access_log_bucket()
         self.bucket = self._data_bucket()
-        self.database = glue.CfnDatabase(self, "Database", catalog_id=self.account, database_input=glue.CfnDatabase.DatabaseInputProperty(
-            name=DATABASE, description="Iceberg tables loaded by timelake backfill",
-            location_uri=self.bucket.s3_url_for_object(f"{WAREHOUSE_PREFIX}/{DATABASE}.db")))
+        self.databases = {db: glue.CfnDatabase(
+            self, "Database" if db == DATABASE else f"Database{_pascal(db)}", catalog_id=self.account,
+            database_input=glue.CfnDatabase.DatabaseInputProperty(
+                name=db, description="Iceberg tables loaded by timelake backfill",
+                location_uri=self.bucket.s3_url_for_object(f"{WAREHOUSE_PREFIX}/{db}.db"))) for db in settings.all_databases}
+        self.database = self.databases[DATABASE]
         self.jobs_table = self._jobs_table()
         self.alarm_topic = sns.Topic(
             self, "AlarmTopic", display_name="timelake real-time alarms", enforce_ssl=True,
@@ -195,6 +267,7 @@ class BackfillStack(Stack):
             self, f"{_pascal(name)}Function", runtime=lambda_.Runtime.PYTHON_3_12, architecture=lambda_.Architecture.ARM_64,
             handler="app.handler", code=lambda_.Code.from_asset(str(FUNCTIONS_DIR / name), exclude=["__pycache__", "*.pyc"]),
             layers=[self.layer], memory_size=spec.memory, timeout=spec.timeout, role=role, log_group=log_group,
+            reserved_concurrent_executions=getattr(self.settings, RESERVED[name]) if name in RESERVED else None,
             tracing=lambda_.Tracing.ACTIVE, description=f"timelake backfill: {name.replace('_', ' ')}",
             environment={
                 "TIMELAKE_CONFIG": self.lake_config(), "POWERTOOLS_SERVICE_NAME": SERVICE,
@@ -203,26 +276,38 @@ class BackfillStack(Stack):
         role.add_to_policy(iam.PolicyStatement(actions=DYNAMODB_READ_WRITE, resources=[
             self.jobs_table.table_arn, *(f"{self.jobs_table.table_arn}/index/{index}" for index in self.index_names)]))
         if spec.engine:
-            self._grant_lake(role, spec.commits)
-            if spec.reads_sources:
-                for bucket in self.source_buckets:
-                    role.add_to_policy(iam.PolicyStatement(actions=["s3:GetObject"], resources=[f"arn:{Aws.PARTITION}:s3:::{bucket}/*"]))
-                    role.add_to_policy(iam.PolicyStatement(actions=["s3:ListBucket", "s3:GetBucketLocation"], resources=[f"arn:{Aws.PARTITION}:s3:::{bucket}"]))
+            self._grant_lake(role, spec)
+        if spec.reads_sources:
+            for source in self.settings.source_buckets:
+                bucket, _, prefix = source.partition("/")
+                role.add_to_policy(iam.PolicyStatement(actions=["s3:GetObject"], resources=[
+                    f"arn:{Aws.PARTITION}:s3:::{bucket}/{prefix + '/' if prefix else ''}*"]))
+            for bucket in self.source_buckets:
+                role.add_to_policy(iam.PolicyStatement(actions=["s3:ListBucket", "s3:GetBucketLocation"], resources=[f"arn:{Aws.PARTITION}:s3:::{bucket}"]))
         if spec.put_events:
             self.bus.grant_put_events_to(role)
         return fn
 
-    def _grant_lake(self, role: iam.Role, commits: bool) -> None:
-        """Lake files (warehouse and staging) and the Glue database's tables. Deletes are
-        allowed because a step rewrites or cleans up its own unit files on retry."""
-        role.add_to_policy(iam.PolicyStatement(
-            actions=["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"],
-            resources=[self.bucket.arn_for_objects("*")]))
+    def _grant_lake(self, role: iam.Role, spec: FunctionSpec) -> None:
+        """Least privilege on the lake, by what the step does: every engine step reads the bucket and
+        the configured Glue databases; only some write scratch files under staging, put data files,
+        commit (table metadata + glue:UpdateTable) or delete, each on the narrowest prefix."""
+        role.add_to_policy(iam.PolicyStatement(actions=["s3:GetObject"], resources=[self.bucket.arn_for_objects("*")]))
         role.add_to_policy(iam.PolicyStatement(actions=["s3:ListBucket", "s3:GetBucketLocation"], resources=[self.bucket.bucket_arn]))
+        # pyarrow's delete_dir re-creates the parent folder's marker object: clearing scratch puts too.
+        put = ([f"{STAGING_PREFIX}*"] if spec.scratch or spec.clears_scratch else []) + ([TABLE_DATA] if spec.writes_data else []) + \
+            ([TABLE_METADATA] if spec.commits else []) + (list(RECORD_DATA) if spec.writes_records and not spec.writes_data else [])
+        if put:
+            role.add_to_policy(iam.PolicyStatement(actions=["s3:PutObject", "s3:AbortMultipartUpload"],
+                                                   resources=[self.bucket.arn_for_objects(p) for p in put]))
+        delete = ([f"{STAGING_PREFIX}*"] if spec.clears_scratch else []) + ([TABLE_DATA] if spec.deletes_data else [])
+        if delete:
+            role.add_to_policy(iam.PolicyStatement(actions=["s3:DeleteObject"], resources=[self.bucket.arn_for_objects(p) for p in delete]))
         glue_arn = f"arn:{Aws.PARTITION}:glue:{Aws.REGION}:{Aws.ACCOUNT_ID}"
+        dbs = self.settings.all_databases
         role.add_to_policy(iam.PolicyStatement(
-            actions=GLUE_READ + (GLUE_COMMIT if commits else []),
-            resources=[f"{glue_arn}:catalog", f"{glue_arn}:database/{DATABASE}", f"{glue_arn}:table/{DATABASE}/*"]))
+            actions=GLUE_READ + (GLUE_COMMIT if spec.commits else []),
+            resources=[f"{glue_arn}:catalog", *(f"{glue_arn}:database/{db}" for db in dbs), *(f"{glue_arn}:table/{db}/*" for db in dbs)]))
 
     def _state_machine(self, asl_path: Path) -> sfn.StateMachine:
         """The workflow from its JSON file, inlined so the template shows it. Its Distributed Map
@@ -248,12 +333,17 @@ class BackfillStack(Stack):
             iam.PolicyStatement(actions=["states:ListMapRuns"], resources=[f"{states}:execution:{name}:*"]),
             iam.PolicyStatement(actions=["states:DescribeMapRun", "states:UpdateMapRun"], resources=[f"{states}:mapRun:{name}/*"]),
             iam.PolicyStatement(actions=["s3:GetObject"], resources=[self.bucket.arn_for_objects(f"{STAGING_PREFIX}*")]),
+            # the Maps' ResultWriter: child results go to S3, not into the state (its size stays flat)
+            iam.PolicyStatement(actions=["s3:PutObject", "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts"],
+                                resources=[self.bucket.arn_for_objects(f"{STAGING_PREFIX}*")]),
         ])
         return machine
 
     def _grant_api(self) -> None:
         fn = self.functions["api"]
         fn.add_environment("STATE_MACHINE_ARN", self.state_machine.state_machine_arn)
+        fn.add_environment("ABORT_FUNCTION_ARN", self.functions["abort"].function_arn)
+        fn.add_to_role_policy(iam.PolicyStatement(actions=["lambda:InvokeFunction"], resources=[self.functions["abort"].function_arn]))
         states = f"arn:{Aws.PARTITION}:states:{Aws.REGION}:{Aws.ACCOUNT_ID}"
         fn.add_to_role_policy(iam.PolicyStatement(actions=["states:StartExecution", "states:ListExecutions"],
                                                   resources=[self.state_machine.state_machine_arn]))

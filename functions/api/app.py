@@ -24,7 +24,8 @@ app = APIGatewayRestResolver(enable_validation=True)
 
 
 def orchestrator() -> StepFunctionsOrchestrator:
-    return StepFunctionsOrchestrator(lambda_runtime(), os.environ["STATE_MACHINE_ARN"])
+    return StepFunctionsOrchestrator(lambda_runtime(), os.environ["STATE_MACHINE_ARN"],
+                                     abort_function=os.environ.get("ABORT_FUNCTION_ARN"))
 
 
 @app.exception_handler(JobNotFound)

@@ -3,14 +3,13 @@ moto's Step Functions engine, whose Lambda tasks are dispatched in-process to th
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
 import time
 import traceback
 import urllib.request
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,38 +22,18 @@ from tests.aws_fixtures import aws, dynamo_table, moto_server  # noqa: F401
 from timelake.adapters import compose
 from timelake.interfaces.lake import Lake
 from timelake.ports.runtime import LakeConfig
+from tests.cloud.workers import Context, load_function  # noqa: F401 (used by the tests)
 
 ROOT = Path(__file__).parents[2]
-FUNCTIONS = ("plan", "scan", "cut", "write", "stage", "validate", "publish", "record_failure", "canary")
+FUNCTIONS = ("plan", "scan", "cut", "write", "stage", "validate", "publish", "record_failure", "canary", "abort")
 BUCKET, JOBS, BUS = "timelake-lake", "timelake-jobs", "timelake-backfill"
-
-
-def load_function(name: str) -> Any:
-    """The module of ``functions/<name>/app.py`` (every handler file is named app.py)."""
-    spec = importlib.util.spec_from_file_location(f"fn_{name}", ROOT / "functions" / name / "app.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _load_handlers() -> dict[str, Any]:
     return {f"timelake-{name}": load_function(name).handler for name in FUNCTIONS}
 
 
-class _Context:
-    """What Powertools reads from a Lambda context."""
-
-    def __init__(self, name: str) -> None:
-        self.function_name = name
-        self.function_version = "$LATEST"
-        self.invoked_function_arn = f"arn:aws:lambda:us-east-1:123456789012:function:{name}"
-        self.memory_limit_in_mb = 3008
-        self.aws_request_id = f"req-{time.monotonic_ns()}"
-        self.log_group_name = f"/aws/lambda/{name}"
-        self.log_stream_name = "test"
-
-    def get_remaining_time_in_millis(self) -> int:
-        return 900_000
+_Context = Context
 
 
 @dataclass
@@ -65,6 +44,8 @@ class Cloud:
     lake: Lake
     config: LakeConfig
     invocations: list[str]
+    # function name → called with each event before the handler; raising fails that invocation
+    before: dict[str, Any] = field(default_factory=dict)
 
     def run(self, job: dict[str, Any], name: str, timeout: float = 120) -> dict[str, Any]:
         """Start an execution named ``name`` and wait for its end."""
@@ -106,12 +87,16 @@ def cloud(aws: str, monkeypatch: pytest.MonkeyPatch) -> Cloud:  # noqa: F811
 
     handlers = _load_handlers()
     invocations: list[str] = []
+    before: dict[str, Any] = {}
 
     def invoke(self: Any, function_name: str, qualifier: Any, body: Any, headers: Any, response_headers: Any) -> bytes:
         name = function_name.rsplit(":", 1)[-1]
         invocations.append(name)
         try:
-            result = handlers[name](json.loads(body) if body else {}, _Context(name))
+            event = json.loads(body) if body else {}
+            if name in before:
+                before[name](event)
+            result = handlers[name](event, _Context(name))
         except Exception as exc:
             response_headers["x-amz-function-error"] = "Unhandled"
             return json.dumps({"errorType": type(exc).__name__, "errorMessage": str(exc),
@@ -131,7 +116,7 @@ def cloud(aws: str, monkeypatch: pytest.MonkeyPatch) -> Cloud:  # noqa: F811
     arn = sfn.create_state_machine(name="timelake-backfill", definition=definition, roleArn=role)["stateMachineArn"]
     lake = Lake(compose(config))
     lake.catalog.create_namespace("iot")
-    return Cloud(aws, sfn, arn, lake, config, invocations)
+    return Cloud(aws, sfn, arn, lake, config, invocations, before)
 
 
 def _create_functions(handlers: dict[str, Any]) -> dict[str, str]:

@@ -60,7 +60,7 @@ def test_full_backfill_equals_the_embedded_runner(cloud: Cloud, readings, tmp_pa
     assert report["phase"] == "published" and len(report["published_chunks"]) == 3
     assert len(report["published_snapshot_ids"]) == 2  # the first day held only existing keys: nothing to commit
     assert cloud.invocations.count("timelake-write") == report["units"] == 3
-    assert cloud.invocations.count("timelake-publish") == 3  # chunk by chunk
+    assert cloud.invocations.count("timelake-publish") == 1  # chunk by chunk inside one call, while time is left
     assert "backfill/bf-cloud-1" not in table.refresh().iceberg.metadata.refs
     events = _received(queue, 3)
     assert [e["detail-type"] for e in events] == ["Backfill Published"] * 3

@@ -11,7 +11,7 @@ import pytest
 from aws_cdk.assertions import Match, Template
 
 from infra.app import STACK_NAME, build_app, feature_flags
-from infra.stack import ASL, DATABASE, EVENT_BUS, FUNCTIONS, FUNCTIONS_DIR, WORKFLOW_FUNCTIONS
+from infra.stack import ASL, DATABASE, EVENT_BUS, FUNCTIONS, FUNCTIONS_DIR, WORKFLOW_FUNCTIONS, Settings
 from timelake.aws.store import table_definition
 from timelake.ports.runtime import LakeConfig
 
@@ -124,7 +124,7 @@ def test_functions_are_arm64_python312_traced_with_the_layer_and_log_retention(s
         assert log_group["Properties"]["RetentionInDays"] == 90, name
     memory = {name: props["MemorySize"] for name, (_, props) in functions(synthesized).items()}
     assert memory == {"plan": 3008, "scan": 3008, "cut": 3008, "write": 3008, "stage": 2048, "validate": 2048, "publish": 2048,
-                      "record_failure": 512, "canary": 2048, "api": 512, "rollup": 2048}
+                      "record_failure": 512, "canary": 2048, "abort": 1024, "api": 512, "rollup": 2048}
     layer_props = synthesized.template["Resources"][layer]["Properties"]
     assert layer_props["CompatibleArchitectures"] == ["arm64"] and layer_props["CompatibleRuntimes"] == ["python3.12"]
 
@@ -198,7 +198,9 @@ def test_each_function_role_grants_only_what_it_needs(synthesized: Synthesized) 
         assert ("glue:UpdateTable" in granted) == spec.commits, name
         assert ("glue:CreateTable" in granted) == spec.commits, name  # the publish step creates <table>__coverage
         assert ("glue:GetTable" in granted) == spec.engine, name
-        assert ("s3:PutObject" in granted) == spec.engine, name
+        assert ("s3:PutObject" in granted) == (spec.scratch or spec.clears_scratch or spec.writes_data or spec.commits), name
+        assert ("s3:DeleteObject" in granted) == (spec.clears_scratch or spec.deletes_data), name
+        assert ("lambda:InvokeFunction" in granted) == (name == "api"), name  # the API runs aborts in the abort Lambda
         assert ("events:PutEvents" in granted) == (name == "publish"), name
         assert {"dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:Query"} <= granted, name
         states = {a for a in granted if a.startswith("states:")}
@@ -278,14 +280,48 @@ def test_outputs(synthesized: Synthesized) -> None:
     assert synthesized.template["Outputs"]["GlueDatabase"]["Value"] == DATABASE
 
 
-def test_source_buckets_are_readable_by_the_functions_that_read_sources() -> None:
-    """``-c sourceBuckets=exports`` grants read-only access, acknowledged for cdk-nag (synth raises otherwise)."""
-    app, _ = build_app({**feature_flags(), **NO_BUNDLING, "sourceBuckets": "exports"})
+def test_deploy_time_context_shapes_grants_and_concurrency() -> None:
+    """``-c sourceBuckets=exports/plant-1 -c glueDatabases=plant -c writeConcurrency=50``: read-only access to that
+    prefix for the functions that read sources, the database created and granted, the reserved concurrency set;
+    each acknowledged for cdk-nag (synth raises otherwise)."""
+    app, _ = build_app({**feature_flags(), **NO_BUNDLING, "sourceBuckets": "exports/plant-1", "glueDatabases": "plant",
+                        "writeConcurrency": "50", "scanConcurrency": 20})
     synthesized = Synthesized(app.synth().get_stack_by_name(STACK_NAME).template, {}, Path())
     for name, (_, props) in functions(synthesized).items():
-        granted = [s for s in statements(synthesized, props["Role"]["Fn::GetAtt"][0]) if "exports" in json.dumps(s["Resource"])]
+        role_statements = statements(synthesized, props["Role"]["Fn::GetAtt"][0])
+        granted = [s for s in role_statements if "exports" in json.dumps(s["Resource"])]
         assert bool(granted) == FUNCTIONS[name].reads_sources, name
         assert all(actions(s) <= {"s3:GetObject", "s3:ListBucket", "s3:GetBucketLocation"} for s in granted), name
+        assert all(render(r, {}).endswith(("exports/plant-1/*", ":::exports")) for s in granted
+                   for r in (s["Resource"] if isinstance(s["Resource"], list) else [s["Resource"]]) if "exports" in render(r, {})), name
+        glue = json.dumps([s["Resource"] for s in role_statements if "glue:GetTable" in actions(s)])
+        assert ("table/plant/*" in glue) == FUNCTIONS[name].engine and "table/iot/*" not in glue, name
+        assert props.get("ReservedConcurrentExecutions") == {"write": 50, "scan": 20}.get(name), name
+    names = {r["Properties"]["DatabaseInput"]["Name"] for r in synthesized.resources("AWS::Glue::Database").values()}
+    assert names == {DATABASE, "plant"}
+
+
+def test_defaults_run_the_readme_example(synthesized: Synthesized) -> None:
+    """No context: the example's database (iot) and source bucket (old-historian) are granted."""
+    example = json.loads((FUNCTIONS_DIR.parent / "examples" / "job.json").read_text())
+    database, bucket = example["table"].split(".")[0], example["source"].removeprefix("s3://").split("/")[0]
+    names = {r["Properties"]["DatabaseInput"]["Name"] for r in synthesized.resources("AWS::Glue::Database").values()}
+    assert database in names
+    for name, (_, props) in functions(synthesized).items():
+        text = json.dumps(statements(synthesized, props["Role"]["Fn::GetAtt"][0]))
+        assert (f"table/{database}/*" in text) == FUNCTIONS[name].engine, name
+        assert (f":::{bucket}/*" in text) == FUNCTIONS[name].reads_sources, name
+        assert props.get("ReservedConcurrentExecutions") == {"write": 200, "scan": 100}.get(name), name
+
+
+@pytest.mark.parametrize(("key", "value", "message"), [
+    ("writeConcurrency", "many", "context writeConcurrency must be a whole number, got 'many'"),
+    ("scanConcurrency", "0", "context scanConcurrency must be at least 1, got 0"),
+    ("glueDatabases", "Bad-Name", "context glueDatabases: 'Bad-Name' is not a Glue database name"),
+])
+def test_bad_context_is_refused_with_its_name(key: str, value: str, message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        Settings.from_context({key: value}.get)
 
 
 def test_published_events_refresh_rollups_with_retries_and_a_dead_letter_queue(synthesized: Synthesized) -> None:

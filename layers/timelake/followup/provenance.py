@@ -111,7 +111,8 @@ def _table(rt: Runtime) -> Any:
     except NoSuchTableError:
         pass
     try:
-        rt.catalog.create_namespace(NAMESPACE)
+        if not rt.catalog.namespace_exists(NAMESPACE):  # the AWS stack creates it: no function may CreateDatabase
+            rt.catalog.create_namespace(NAMESPACE)
     except NamespaceAlreadyExistsError:
         pass
     try:

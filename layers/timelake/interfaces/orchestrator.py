@@ -21,10 +21,13 @@ from timelake.steps.canary import AWAITING
 
 
 class StepFunctionsOrchestrator:
-    def __init__(self, rt: Runtime, state_machine_arn: str, client: Any = None) -> None:
+    def __init__(self, rt: Runtime, state_machine_arn: str, client: Any = None, abort_function: str | None = None) -> None:
+        """``abort_function``: the abort Lambda to run aborts in (the API Lambda may not delete lake
+        files itself); None runs the abort here, with the caller's credentials (the CLI)."""
         self.rt = rt
         self.state_machine_arn = state_machine_arn
         self.sfn = client or boto3.client("stepfunctions")
+        self.abort_function = abort_function
 
     def execution_arn(self, name: str) -> str:
         return self.state_machine_arn.replace(":stateMachine:", ":execution:") + f":{name}"
@@ -57,8 +60,10 @@ class StepFunctionsOrchestrator:
         return [progress(j, self.rt.store.units(j.job_id)) for j in self.rt.store.list_jobs(table)]
 
     def resume(self, job_id: str) -> dict[str, Any]:
-        """Redrive the failed execution when Step Functions allows it (only its failed units run again);
-        otherwise start a new execution of the same job, which skips every unit already done."""
+        """Start a new execution of the same job, which skips every unit already done, unless a redrive
+        would truly rerun the failed step. The workflow catches step failures into `Record failure` and
+        a Fail state, and a redrive reruns only from the state that failed: the Fail state, which does
+        nothing. So the execution history decides (`_redrive_reruns_work`), not RedriveExecution's answer."""
         job = self.rt.store.get_job(job_id)
         if job.phase in ("aborted", "failed_validation"):
             raise ValueError(f"job {job_id} ended {job.phase.replace('_', ' ')}; nothing to resume, start a new job")
@@ -69,7 +74,7 @@ class StepFunctionsOrchestrator:
             status = self.sfn.describe_execution(executionArn=arn)["status"]
             if status == "RUNNING":
                 return {"job_id": job_id, "execution_arn": arn, "how": "already running"}
-            if status in ("FAILED", "TIMED_OUT", "ABORTED") and self._redrive(arn):
+            if status in ("FAILED", "TIMED_OUT", "ABORTED") and self._redrive_reruns_work(arn) and self._redrive(arn):
                 return {"job_id": job_id, "execution_arn": arn, "how": "redrive"}
         executions = job.state.get("executions", [])
         name = f"{job_id}-r{len(executions)}"
@@ -109,7 +114,19 @@ class StepFunctionsOrchestrator:
         arn = job.state.get("execution_arn")
         if arn and self.sfn.describe_execution(executionArn=arn)["status"] == "RUNNING":
             self.sfn.stop_execution(executionArn=arn, error="Aborted", cause=f"job {job_id} aborted by request")
-        return abort(self.rt, job_id)
+        if not self.abort_function:
+            return abort(self.rt, job_id)
+        answer = boto3.client("lambda").invoke(FunctionName=self.abort_function, Payload=json.dumps({"job_id": job_id}).encode())
+        result = json.loads(answer["Payload"].read() or b"{}")
+        if answer.get("FunctionError"):
+            raise ValueError(f"job {job_id}: abort failed: {result.get('errorMessage', result)}")
+        return dict(result)
+
+    def _redrive_reruns_work(self, arn: str) -> bool:
+        """Whether the execution ended in a working state (a task or Map that failed uncaught, or a
+        timeout): a redrive restarts there. An execution that reached a Fail state has nothing to rerun."""
+        events = self.sfn.get_execution_history(executionArn=arn, reverseOrder=True, maxResults=25)["events"]
+        return not any(e["type"] == "FailStateEntered" for e in events)
 
     def _redrive(self, arn: str) -> bool:
         try:

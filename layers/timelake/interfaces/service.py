@@ -74,6 +74,14 @@ class CanaryEvent(JobEvent):
         return self
 
 
+class AbortEvent(JobEvent):
+    """Abort a job; ``canary`` marks the workflow's rejected (or timed out) canary, whose ``reason``
+    is the decision's error."""
+
+    canary: bool = False
+    reason: str | None = None
+
+
 class FailureEvent(ExecutionEvent):
     error: str = "Error"
     cause: str | None = None

@@ -18,3 +18,11 @@ def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
         fs = pafs.S3FileSystem(endpoint_override=host, scheme=scheme, region=os.environ.get("AWS_DEFAULT_REGION", "us-east-1"))
         return fs, uri.removeprefix("s3://")
     return pafs.FileSystem.from_uri(uri)
+
+
+def make_parent(fs: pafs.FileSystem, path: str) -> None:
+    """Create the folder a file will go into, on a local disk only. An object store has no folders:
+    creating one there writes empty marker objects ("warehouse/", "warehouse/db/"...), which needs
+    write access outside the prefix a step may write to."""
+    if isinstance(fs, pafs.LocalFileSystem):
+        fs.create_dir(path.rsplit("/", 1)[0], recursive=True)

@@ -7,13 +7,13 @@ something is missing.
 
 from __future__ import annotations
 
-from timelake.ports.files import filesystem
+from timelake.ports.files import filesystem, make_parent
 from timelake.ports.runtime import Runtime
 
 
 def note(rt: Runtime, job_id: str, item: str, error: BaseException) -> None:
     fs, path = filesystem(rt.staging_path(job_id, "failures", f"{item}.txt"))
-    fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+    make_parent(fs, path)
     with fs.open_output_stream(path) as out:
         out.write(f"{type(error).__name__}: {error}".encode())
 

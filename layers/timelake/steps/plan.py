@@ -19,7 +19,7 @@ from timelake.model.contract import Contract
 from timelake.model.cost import estimate_cost
 from timelake.model.spec import FIRST_YEAR, LAST_MICROS, LAST_YEAR, JobSpec
 from timelake.model.timeutil import US_PER_DAY, floor_to, from_micros, iso, next_boundary, subtract_duration, to_micros
-from timelake.ports.files import filesystem
+from timelake.ports.files import filesystem, make_parent
 from timelake.ports.runtime import Runtime
 from timelake.ports.store import Lease, UnitRecord
 from timelake.sources.base import Source
@@ -244,7 +244,7 @@ def write_json(rt: Runtime, job_id: str, name: str, payload: Any) -> dict[str, s
     """A JSON document in the job's staging area; returns its bucket/key (for an ItemReader) and URI."""
     uri = rt.staging_path(job_id, name)
     fs, path = filesystem(uri)
-    fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+    make_parent(fs, path)
     with fs.open_output_stream(path) as out:
         out.write(json.dumps(payload).encode())
     bucket, _, key = uri.split("://", 1)[-1].partition("/")

@@ -28,7 +28,7 @@ from timelake.model.layout import (
 )
 from timelake.model.spec import JobSpec
 from timelake.model.timeutil import US_PER_DAY
-from timelake.ports.files import filesystem
+from timelake.ports.files import filesystem, make_parent
 from timelake.ports.runtime import Runtime
 from timelake.sources import throttle
 from timelake.sources.base import Source, open_source
@@ -234,7 +234,7 @@ def scan_task(rt: Runtime, ctx: ScanContext, job_id: str, task: int, pieces: ran
     if overlap is not None and result.min_us is not None:
         result.overlap_existing_rows = overlap.finish(table, result.min_us, result.max_us + 1)
     fs, path = filesystem(result_uri(rt, job_id, task))
-    fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+    make_parent(fs, path)
     with fs.open_output_stream(path) as out:
         out.write(json.dumps(result.to_json()).encode())
     return result

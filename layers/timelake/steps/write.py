@@ -22,7 +22,7 @@ from timelake.model.commit import NAN_COUNTS
 from timelake.model.contract import Contract
 from timelake.model.layout import MainReader, read_range
 from timelake.model.spec import JobSpec
-from timelake.ports.files import filesystem
+from timelake.ports.files import filesystem, make_parent
 from timelake.ports.runtime import Runtime
 from timelake.ports.store import UnitRecord
 from timelake.steps import failures, spill
@@ -212,7 +212,7 @@ def write_parquet(rows: pa.Table, path: str, properties: dict[str, str]) -> int:
     columns (engines prune ``x = 'NaN'`` and ``isnan`` with them): they are counted here and kept in
     the footer, where `timelake.model.commit.data_file` reads them with the other statistics."""
     fs, local = filesystem(path)
-    fs.create_dir(local.rsplit("/", 1)[0], recursive=True)
+    make_parent(fs, local)
     codec = properties.get("write.parquet.compression-codec", "zstd")
     nans = {f.name: int(pc.sum(pc.is_nan(rows.column(f.name))).as_py() or 0)
             for f in rows.schema if pa.types.is_floating(f.type)}
