@@ -1,5 +1,7 @@
 """API Lambda: REST API (IAM auth) over backfill jobs, run by the Step Functions workflow."""
 
+import base64
+import json
 import os
 from typing import Annotated, Any, Literal
 
@@ -13,7 +15,9 @@ from timelake.errors import BackfillError, JobNotFound, TableNotFound
 from timelake.followup.coverage import compute as coverage_map
 from timelake.interfaces.orchestrator import StepFunctionsOrchestrator
 from timelake.interfaces.service import lambda_runtime
-from timelake.model.spec import JobSpec
+from pydantic import ValidationError
+
+from timelake.model.spec import DocumentError, JobSpec, external_job, parse_document, printable
 
 logger, tracer = Logger(), Tracer()
 app = APIGatewayRestResolver(enable_validation=True)
@@ -32,11 +36,12 @@ def not_found(exc: BackfillError) -> Response:
 @app.exception_handler(ValueError)
 @app.exception_handler(BackfillError)
 def conflict(exc: Exception) -> Response:
-    return Response(409, content_types.APPLICATION_JSON, {"message": str(exc)})
+    return Response(409, content_types.APPLICATION_JSON, {"message": printable(str(exc))})
 
 
 @app.post("/backfills", summary="Start a backfill job (or a dry run)", responses={202: {"description": "Started"}})
 def start(job: JobSpec) -> Response[dict[str, Any]]:
+    lambda_runtime().load_table(job.table)  # a 404 now rather than a failed execution later
     return Response(202, content_types.APPLICATION_JSON, orchestrator().submit(job))
 
 
@@ -89,14 +94,46 @@ def coverage(
 ) -> dict[str, Any]:
     try:
         return coverage_map(lambda_runtime(), table, start, end, by=by, series=series).to_dict()
-    except ValueError as exc:  # a range that is not one: unreadable, or start after end
+    except (ValueError, OverflowError) as exc:  # a range that is not one: unreadable, start after end, too many buckets
         raise BadRequestError(str(exc)) from exc
 
 
 @logger.inject_lambda_context
 @tracer.capture_lambda_handler
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+    if event.get("httpMethod") == "POST" and event.get("path") == "/backfills":
+        refused = screen_job(event.get("body"), bool(event.get("isBase64Encoded")))
+        if refused is not None:
+            return refused
     return app.resolve(event, context)
+
+
+def screen_job(body: str | None, is_base64: bool) -> dict[str, Any] | None:
+    """The job document through the validation the CLI runs (`external_job`), before Powertools parses it:
+    413 for a body over 1 MiB, 400 for bytes that are not UTF-8 or text that is not JSON or nests too
+    deep (`parse_document`), 422 for a job the CLI refuses. None when the job is one the CLI would run."""
+    try:
+        raw = base64.b64decode(body or "") if is_base64 else (body or "").encode("utf-8")
+    except (ValueError, UnicodeEncodeError):
+        return _refuse(400, "the body is not UTF-8")
+    try:
+        document = parse_document(raw)
+    except DocumentError as exc:
+        return _refuse(exc.status, str(exc))
+    try:
+        external_job(document)
+    except ValidationError as exc:  # the fields and messages, never the input (it may hold a secret)
+        return _refuse(422, "the job is invalid", [{"loc": ["body", *e["loc"]], "msg": e["msg"], "type": e["type"]}
+                                                   for e in exc.errors()])
+    except (ValueError, TypeError, OverflowError) as exc:
+        return _refuse(422, str(exc), [{"loc": ["body"], "msg": str(exc), "type": "value_error"}])
+    return None
+
+
+def _refuse(status: int, message: str, detail: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    body = {"statusCode": status, "message": printable(message), **({"detail": detail} if detail else {})}
+    return {"statusCode": status, "headers": {"Content-Type": content_types.APPLICATION_JSON},
+            "multiValueHeaders": {}, "body": json.dumps(body), "isBase64Encoded": False}
 
 
 def openapi() -> str:

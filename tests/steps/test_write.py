@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pyarrow as pa
 import pytest
 
-from tests.conftest import make_readings
+from tests.conftest import make_readings, recent
 from timelake.model.contract import Contract
 from timelake.steps.write import _sort_and_dedup, drop_existing, existing_mask
 
@@ -77,3 +79,20 @@ def test_existing_mask_equals_a_set_reference_for_any_row_order(rows_order, exis
     expected = _reference_mask(probe, existing, ["device_id", "ts"])
     assert expected.sum() > 20 and (~expected).sum() > 20
     assert mask.tolist() == expected.tolist()
+
+
+def test_files_carry_the_sort_order_id_and_nan_counts(sensor, readings):
+    """Other engines trust both: the sort order id says the file is sorted as the table declares
+    (merge joins, compaction skip a re-sort), NaN counts let them prune ``isnan`` / ``= 'NaN'``."""
+    source = readings(recent(5), days=2, devices=2)
+    values = source.column("value").to_pylist()
+    for i in (3, 7, 30):  # two NaNs on the first day, one on the second (device d00, hourly)
+        values[i] = math.nan
+    source = source.set_column(2, "value", pa.array(values))
+    sensor.backfill(source=source).wait()
+    table = sensor.refresh().iceberg
+    value_id = table.schema().find_field("value").field_id
+    files = [t.file for t in table.scan().plan_files()]
+    assert table.sort_order().order_id != 0 and {f.sort_order_id for f in files} == {table.sort_order().order_id}
+    assert sorted(dict(f.nan_value_counts)[value_id] for f in files) == [1, 2]
+    assert all(table.schema().find_field("ts").field_id not in dict(f.nan_value_counts) for f in files)

@@ -9,8 +9,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from timelake.ports.runtime import private_file, private_folder
 from timelake.ports.store import (
-    RATE_BURST_SECONDS, JobRecord, Lease, UnitRecord, job_exists, job_not_found, lease_conflict, reserved_until,
+    RATE_BURST_SECONDS, Guard, JobRecord, accept, Lease, UnitRecord, job_exists, job_not_found, lease_conflict, reserved_until,
     unit_not_found,
 )
 
@@ -30,7 +31,8 @@ class SqliteJobStore:
 
     def __init__(self, path: str | Path) -> None:
         self.path = str(path)
-        Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        private_folder(Path(self.path).parent)
+        private_file(Path(self.path))
         self._local = threading.local()
         self._con().executescript(_SCHEMA)
 
@@ -64,11 +66,15 @@ class SqliteJobStore:
         return _job(row)
 
     def update_job(self, job_id: str, phase: str | None = None, **state: Any) -> JobRecord:
+        return self.update_job_if(job_id, accept, phase, **state)
+
+    def update_job_if(self, job_id: str, guard: Guard, phase: str | None = None, **state: Any) -> JobRecord:
         with self._tx() as con:
             row = con.execute("SELECT * FROM jobs WHERE job_id=?", (job_id,)).fetchone()
             if row is None:
                 raise job_not_found(job_id)
             job = _job(row)
+            guard(job)
             job.state.update(state)
             job.phase = phase or job.phase
             job.updated_at = time.time()

@@ -47,7 +47,7 @@ import boto3
 from botocore.config import Config
 
 from timelake.ports.store import (
-    RATE_BURST_SECONDS, JobRecord, Lease, UnitRecord, job_exists, job_not_found, lease_conflict, reserved_until,
+    RATE_BURST_SECONDS, Guard, JobRecord, accept, Lease, UnitRecord, job_exists, job_not_found, lease_conflict, reserved_until,
     unit_not_found,
 )
 
@@ -103,10 +103,16 @@ class DynamoJobStore:
         return _job(item)
 
     def update_job(self, job_id: str, phase: str | None = None, **state: Any) -> JobRecord:
+        return self.update_job_if(job_id, accept, phase, **state)
+
+    def update_job_if(self, job_id: str, guard: Guard, phase: str | None = None, **state: Any) -> JobRecord:
+        """The guard looks at the item as read; the write is conditional on its version, so a lost race
+        re-reads and asks the guard again."""
         def change(item: Item | None) -> Item:
             if item is None:
                 raise job_not_found(job_id)
             job = _job(item)
+            guard(job)
             job.state.update(state)
             job.phase = phase or job.phase
             job.updated_at = time.time()

@@ -48,6 +48,7 @@ EXPECTED_INTERVAL = "timelake.expected-interval"
 EXPECTED_SERIES = "timelake.expected-series"
 STATUSES = ("complete", "partial", "backfilling", "gap")
 GRAINS = ("hour", "day", "month")
+MAX_BUCKETS = 100_000
 LIVE = "live"
 FIXED = {"hour": US_PER_HOUR, "day": US_PER_DAY}
 _LABELS = {"hour": "%Y-%m-%dT%H", "day": "%Y-%m-%d", "month": "%Y-%m", "year": "%Y"}
@@ -214,11 +215,23 @@ def file_stats(rt: Runtime, table: IcebergTable, contract: Contract, lo: int | N
 def bucket_edges(lo: int, hi: int, grain_at: Any, by: str) -> list[int]:
     """Bucket boundaries from ``lo`` (a bucket start) until past ``hi``; ``grain_at(t)`` names the grain at t."""
     if by in FIXED:  # a 3-year hour map has 26k buckets: no per-bucket calendar arithmetic
-        return list(range(lo, hi + FIXED[by], FIXED[by]))[: -(-(hi - lo) // FIXED[by]) + 1]
+        count = -(-(hi - lo) // FIXED[by])
+        if count > MAX_BUCKETS:
+            raise _too_many(count, lo, hi, by)
+        return list(range(lo, hi + FIXED[by], FIXED[by]))[: count + 1]
     edges = [lo]
     while edges[-1] < hi:
+        if len(edges) > MAX_BUCKETS:
+            raise _too_many(None, lo, hi, by)
         edges.append(next_boundary(edges[-1], grain_at(edges[-1])))
     return edges
+
+
+def _too_many(count: int | None, lo: int, hi: int, by: str) -> ValueError:
+    """A map is for a person to read, and its size is bounded so that no range can exhaust memory."""
+    many = f"{count:,}" if count is not None else f"over {MAX_BUCKETS:,}"
+    return ValueError(f"coverage {iso(lo)} … {iso(hi)} by {by} is {many} buckets, at most {MAX_BUCKETS:,}: "
+                      "use a coarser --by (day or month) or a narrower --start/--end")
 
 
 def _grain_at(contract: Contract, now_us: int, by: str) -> Any:

@@ -5,7 +5,9 @@ Every failure exits non-zero with one line naming what is wrong; `--json` prints
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import re
 import sys
 import time
@@ -13,14 +15,15 @@ from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
+from rich.markup import escape
 from rich.table import Table as RichTable
 from typer.core import TyperGroup
 
 from timelake.errors import BackfillError
-from timelake.interfaces.console import console, drive, fail, one_line, out, status_line
+from timelake.interfaces.console import console, drive, fail, one_line, out, safe, status_line
 from timelake.interfaces.lake import Lake, connect
 from timelake.model.report import progress
-from timelake.model.spec import JobSpec
+from timelake.model.spec import JobSpec, external_job, parse_document
 from timelake.runner import TERMINAL, WAITING
 from timelake.steps.canary import approve as approve_canary
 
@@ -85,6 +88,19 @@ def _one_query(query: str | None, from_sql: str | None) -> str | None:
     return query or from_sql
 
 
+def _job_file(path: Path, table: str) -> dict[str, Any]:
+    """The fields of a --job file; the positional TABLE must name the same table as the file, if it names one."""
+    try:
+        fields = parse_document(path.read_bytes())
+    except OSError as exc:
+        raise BackfillError(f"--job {path}: {exc.strerror or exc}") from None
+    if not isinstance(fields, dict):
+        raise BackfillError(f"--job {path}: a job is a JSON object, not {type(fields).__name__}")
+    if "table" in fields and fields["table"] != table:
+        raise BackfillError(f"--job {path} is for table '{fields['table']}' but the command names '{table}'")
+    return fields
+
+
 def _parse_map(text: str | None) -> dict[str, str]:
     if not text:
         return {}
@@ -97,46 +113,65 @@ def _parse_map(text: str | None) -> dict[str, str]:
     return pairs
 
 
+#: run-command parameters named differently from the job field they set (the others share its name)
+PARAM_FIELDS = {"map_": "map", "fmt": "format", "approval_timeout": "approval_timeout_seconds"}
+
+
+def field_help(name: str) -> str:
+    """An option's help is the job model's description of its field, so the CLI, the JSON schema and the
+    docs' table cannot drift; escaped, because Rich would take ``[for PT10M]`` for a style tag."""
+    return escape(JobSpec.model_fields[name].description or "")
+
+
+def field_of(param: str) -> str | None:
+    """The job field a run-command parameter sets, or None for the command's own options (--job, --json, …)."""
+    name = PARAM_FIELDS.get(param, param)
+    return name if name in JobSpec.model_fields else None
+
+
 @backfill_app.command("run", hidden=True)
 def run(
-    table: Annotated[str, typer.Argument(help="Target table, namespace.name")],
-    source: Annotated[Optional[str], typer.Option("--from", help="Source path, glob or URI")] = None,
-    job_file: Annotated[Optional[Path], typer.Option("--job", help="A job JSON file (the job schema)")] = None,
-    map_: Annotated[Optional[str], typer.Option("--map", help="table_col=source_col,…")] = None,
-    tz: Annotated[Optional[str], typer.Option("--tz", help="IANA zone of naive source times")] = None,
-    mode: Annotated[str, typer.Option("--mode", help="merge | replace | append")] = "merge",
-    start: Annotated[Optional[str], typer.Option("--start", help="Inclusive lower bound (ISO)")] = None,
-    end: Annotated[Optional[str], typer.Option("--end", help="Exclusive upper bound (ISO)")] = None,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Report only; change nothing")] = False,
-    publish_by: Annotated[Optional[str], typer.Option("--publish-by", help="day | week | month")] = None,
-    max_concurrency: Annotated[Optional[int], typer.Option("--max-concurrency")] = None,
-    assertions: Annotated[Optional[list[str]], typer.Option("--assert", help="SQL over `staged` returning failing rows")] = None,
-    override_retention: Annotated[bool, typer.Option("--override-retention")] = False,
-    evaluate_rules: Annotated[bool, typer.Option(
-        "--evaluate-rules", help="After publish, evaluate the table's rules over the range into its events table "
-        "(source 'backfill'); never alarms")] = False,
-    time_unit: Annotated[Optional[str], typer.Option("--time-unit", help="s | ms | us | ns for epoch integers")] = None,
-    dst_policy: Annotated[str, typer.Option("--dst-policy", help="refuse | earliest | latest | drop")] = "refuse",
-    fmt: Annotated[Optional[str], typer.Option("--format", help="parquet | csv | json | influx (default: from extension)")] = None,
-    canary: Annotated[Optional[str], typer.Option(
-        "--canary", metavar="[DAY]", help="Write and check one UTC day first (default: the first day with rows), then wait")] = None,
+    table: Annotated[str, typer.Argument(help=field_help("table"))],
+    source: Annotated[Optional[str], typer.Option("--from", help=field_help("source"))] = None,
+    job_file: Annotated[Optional[Path], typer.Option("--job", help="A job JSON file (the job schema); flags given "
+                                                     "on the command line override its fields")] = None,
+    map_: Annotated[Optional[str], typer.Option("--map", metavar="TABLE_COL=SOURCE_COL,…", help=field_help("map"))] = None,
+    tz: Annotated[Optional[str], typer.Option("--tz", help=field_help("tz"))] = None,
+    mode: Annotated[str, typer.Option("--mode", help=field_help("mode"))] = "merge",
+    start: Annotated[Optional[str], typer.Option("--start", help=field_help("start"))] = None,
+    end: Annotated[Optional[str], typer.Option("--end", help=field_help("end"))] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help=field_help("dry_run"))] = False,
+    publish_by: Annotated[Optional[str], typer.Option("--publish-by", help=field_help("publish_by"))] = None,
+    max_concurrency: Annotated[Optional[int], typer.Option("--max-concurrency", help=field_help("max_concurrency"))] = None,
+    assertions: Annotated[Optional[list[str]], typer.Option("--assert", help=field_help("assertions"))] = None,
+    assertion_timeout: Annotated[Optional[int], typer.Option(
+        "--assertion-timeout", metavar="SECONDS", help=field_help("assertion_timeout"))] = None,
+    override_retention: Annotated[bool, typer.Option("--override-retention", help=field_help("override_retention"))] = False,
+    evaluate_rules: Annotated[bool, typer.Option("--evaluate-rules", help=field_help("evaluate_rules"))] = False,
+    time_unit: Annotated[Optional[str], typer.Option("--time-unit", help=field_help("time_unit"))] = None,
+    dst_policy: Annotated[str, typer.Option("--dst-policy", help=field_help("dst_policy"))] = "refuse",
+    fmt: Annotated[Optional[str], typer.Option("--format", help=field_help("format"))] = None,
+    canary: Annotated[Optional[str], typer.Option("--canary", metavar="[DAY]", help=field_help("canary"))] = None,
     approval_timeout: Annotated[Optional[int], typer.Option(
-        "--approval-timeout", metavar="SECONDS", help="How long a canary waits for continue or abort (default 7 days)")] = None,
-    query: Annotated[Optional[str], typer.Option("--query", help="SELECT to read from a PostgreSQL source")] = None,
-    source_max_connections: Annotated[Optional[int], typer.Option("--source-max-connections", help="Scan tasks reading the source at once")] = None,
-    source_rows_per_second: Annotated[Optional[int], typer.Option("--source-rows-per-second", help="Rows/s read from the source, all workers together")] = None,
-    from_sql: Annotated[Optional[str], typer.Option("--from-sql", help="A DuckDB query as the source")] = None,
-    measurement: Annotated[Optional[str], typer.Option("--measurement", help="InfluxDB measurement (default: table name)")] = None,
-    precision: Annotated[Optional[str], typer.Option("--precision", help="ns | us | ms | s of line-protocol times")] = None,
+        "--approval-timeout", metavar="SECONDS", help=field_help("approval_timeout_seconds"))] = None,
+    query: Annotated[Optional[str], typer.Option("--query", help=field_help("query"))] = None,
+    source_max_connections: Annotated[Optional[int], typer.Option(
+        "--source-max-connections", help=field_help("source_max_connections"))] = None,
+    source_rows_per_second: Annotated[Optional[int], typer.Option(
+        "--source-rows-per-second", help=field_help("source_rows_per_second"))] = None,
+    from_sql: Annotated[Optional[str], typer.Option("--from-sql", help="A DuckDB query as the source (sets source "
+                                                    "'duckdb:' and the query field)")] = None,
+    measurement: Annotated[Optional[str], typer.Option("--measurement", help=field_help("measurement"))] = None,
+    precision: Annotated[Optional[str], typer.Option("--precision", help=field_help("precision"))] = None,
     as_json: JsonFlag = False,
     warehouse: Warehouse = None,
     on: On = "local",
 ) -> None:
     """Run a backfill job."""
-    fields: dict[str, Any] = json.loads(job_file.read_text()) if job_file else {}
+    fields = _job_file(job_file, table) if job_file else {}
     given = {
         "source": source, "map": _parse_map(map_) or None, "tz": tz, "start": start, "end": end,
-        "publish_by": publish_by, "max_concurrency": max_concurrency, "assertions": assertions or None,
+        "publish_by": publish_by, "max_concurrency": max_concurrency, "assertions": assertions or None, "assertion_timeout": assertion_timeout,
         "time_unit": time_unit, "format": fmt, "canary": True if canary == FIRST_DAY else canary,
         "approval_timeout_seconds": approval_timeout,
         "query": _one_query(query, from_sql), "source_max_connections": source_max_connections,
@@ -154,14 +189,14 @@ def run(
     fields["evaluate_rules"] = evaluate_rules or fields.get("evaluate_rules", False)
     if not fields.get("source"):
         fail("--from SRC (or a --job file with a source) is required")
-    spec = JobSpec.model_validate(fields)
+    spec = external_job(fields)
     if _on_aws(on):
         _print_json_or(_aws().submit(spec), as_json, "started")
         return
     lake = _lake(warehouse)
     lake.create_job(spec)
     if not as_json:
-        console.print(f"job [bold]{spec.job_id}[/] on {spec.table} ({'dry run, ' if spec.dry_run else ''}mode {spec.mode})")
+        console.print(f"job [bold]{spec.job_id}[/] on {safe(spec.table)} ({'dry run, ' if spec.dry_run else ''}mode {spec.mode})")
     drive(lake, spec.job_id, as_json)
 
 
@@ -172,9 +207,11 @@ def resume(job_id: str, as_json: JsonFlag = False, warehouse: Warehouse = None, 
         _print_json_or(_aws().resume(job_id), as_json, "resumed")
         return
     lake = _lake(warehouse)
-    lake.job(job_id).record()
-    if lake.runtime.store.get_job(job_id).phase == "failed_validation":
+    phase = lake.job(job_id).record().phase
+    if phase == "failed_validation":
         fail(f"job {job_id} failed validation; nothing was published. Fix the source and start a new job")
+    if phase == "aborted":
+        fail(f"job {job_id} was aborted; start a new job")
     drive(lake, job_id, as_json)
 
 
@@ -206,7 +243,7 @@ def status(
         if as_json:
             out.print_json(json.dumps(info))
         else:
-            out.print(status_line(info))
+            out.print(status_line(info), markup=False)
         if not watch or info["phase"] in TERMINAL | WAITING or info["phase"] == "failed":
             break
         time.sleep(1.0)
@@ -226,7 +263,7 @@ def list_jobs(
         return
     grid = RichTable("job", "table", "mode", "phase", "units", "rows")
     for r in rows:
-        grid.add_row(r["job_id"], r["table"], ("dry run " if r["dry_run"] else "") + str(r["mode"]), r["phase"],
+        grid.add_row(r["job_id"], safe(r["table"]), ("dry run " if r["dry_run"] else "") + str(r["mode"]), r["phase"],
                      f"{r['units_done']}/{r['units_total']}", f"{r['rows_processed']:,}")
     out.print(grid)
 
@@ -252,8 +289,10 @@ def leases(table: str, as_json: JsonFlag = False, warehouse: Warehouse = None) -
     """Ranges of TABLE held by unpublished backfills (a compactor skips them)."""
     from timelake.model.timeutil import iso
 
+    lake = _lake(warehouse)
+    lake.table(table)
     held = [{"job_id": lease.job_id, "table": lease.table, "start": iso(lease.start), "end": iso(lease.end)}
-            for lease in _lake(warehouse).leases(table)]
+            for lease in lake.leases(table)]
     if as_json:
         out.print_json(json.dumps(held))
         return
@@ -268,7 +307,9 @@ def history(table: str, as_json: JsonFlag = False, warehouse: Warehouse = None) 
     """Published backfills of TABLE: when, range, mode, source, rows, snapshots (from timelake.backfills)."""
     from timelake.followup.provenance import history as read_history
 
-    rows = read_history(_lake(warehouse).runtime, table).to_pylist()
+    lake = _lake(warehouse)
+    lake.table(table)
+    rows = read_history(lake.runtime, table).to_pylist()
     if as_json:
         out.print_json(json.dumps(rows, default=str))
         return
@@ -276,7 +317,7 @@ def history(table: str, as_json: JsonFlag = False, warehouse: Warehouse = None) 
     for r in rows:
         dropped = r["rows_duplicate_in_source"] + r["rows_conflicting_existing"] + r["rows_rejected"]
         grid.add_row(f"{r['published_at']:%Y-%m-%d %H:%M}", r["job_id"], r["mode"],
-                     f"{r['range_start']:%Y-%m-%d} … {r['range_end']:%Y-%m-%d}", r["source_uri"],
+                     f"{r['range_start']:%Y-%m-%d} … {r['range_end']:%Y-%m-%d}", safe(r["source_uri"]),
                      f"{r['rows_written']:,}", f"{dropped:,}", ", ".join(map(str, r["snapshot_ids"])))
     out.print(grid if rows else f"no published backfills on {table}")
 
@@ -348,7 +389,7 @@ def show_table(table: str, as_json: JsonFlag = False, warehouse: Warehouse = Non
 def declare(
     table: str,
     rollup: Annotated[Optional[list[str]], typer.Option("--rollup", help="INTERVAL:COLUMN[,COLUMN…], e.g. 1h:value")] = None,
-    rule: Annotated[Optional[list[str]], typer.Option("--rule", help="'NAME: COLUMN OP THRESHOLD [for PT10M] [severity S]'")] = None,
+    rule: Annotated[Optional[list[str]], typer.Option("--rule", help=escape("'NAME: COLUMN OP THRESHOLD [for PT10M] [severity S]'"))] = None,
     warehouse: Warehouse = None,
 ) -> None:
     """Add rollups (built from the whole table at once) and rules to TABLE's contract."""
@@ -414,15 +455,33 @@ def _print_json_or(result: dict[str, Any], as_json: bool, verb: str) -> None:
 
 
 def main() -> None:
-    """Entry point: user errors print one line and exit 1 instead of a traceback."""
-    from pydantic import ValidationError
-
+    """Entry point: every failure prints one line and exits 1 instead of a traceback (TIMELAKE_DEBUG=1
+    re-raises an unexpected one, with its traceback)."""
+    os.umask(0o077)  # every file the command creates (data, staging, job records) is its owner's only
     try:
         app()
-    except (BackfillError, ValueError, FileNotFoundError) as exc:
-        if isinstance(exc, ValidationError):
-            message = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'job'}: {e['msg']}" for e in exc.errors())
-        else:
-            message = str(exc) or type(exc).__name__
-        print(f"error: {one_line(message)}", file=sys.stderr)
+    except SystemExit:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the promise is one line for any input, a bug included
+        if os.environ.get("TIMELAKE_DEBUG") and not _expected(exc):
+            raise
+        print(f"error: {one_line(error_text(exc))}", file=sys.stderr)
         sys.exit(1)
+
+
+def _expected(exc: Exception) -> bool:
+    return isinstance(exc, BackfillError | ValueError | OSError | OverflowError | RecursionError)
+
+
+def error_text(exc: BaseException) -> str:
+    """What a user reads of a failure: a ValidationError's messages by field, an OS error's reason, or the
+    exception's own text; an unexpected type is named so that a bug still says where it came from."""
+    from pydantic import ValidationError
+
+    if isinstance(exc, ValidationError):
+        return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'job'}: {e['msg']}" for e in exc.errors())
+    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+        return f"no space left on device{f' ({exc.filename})' if exc.filename else ''}"
+    if _expected(exc):
+        return str(exc) or type(exc).__name__
+    return f"unexpected {type(exc).__name__}: {exc}"

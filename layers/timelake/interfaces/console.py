@@ -11,12 +11,14 @@ from typing import Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table as RichTable
 
 from timelake.errors import BackfillError, Interrupted
 from timelake.interfaces.lake import Lake
 from timelake.model.report import build_report
+from timelake.model.spec import printable
 from timelake.runner import run_job
 from timelake.steps.canary import AWAITING
 
@@ -70,7 +72,7 @@ def drive(lake: Lake, job_id: str, as_json: bool) -> None:
 def status_line(info: dict[str, Any]) -> str:
     rate = f", {info['rows_per_second']:,} rows/s" if info["rows_per_second"] else ""
     eta = f", ETA {info['eta_seconds']:.0f} s" if info["eta_seconds"] else ""
-    err = f" — {info['error']}" if info.get("error") else ""
+    err = f" — {one_line(info['error'])}" if info.get("error") else ""
     if "execution" in info:
         err += f" [execution {info['execution']['status']}]"
     return (f"{info['job_id']} {info['phase']}: {info['units_done']}/{info['units_total']} units, "
@@ -78,7 +80,7 @@ def status_line(info: dict[str, Any]) -> str:
 
 
 def print_report(r: dict[str, Any]) -> None:
-    grid = RichTable(title=f"{r['job_id']} — {r['table']} — {r['phase']}", show_header=False)
+    grid = RichTable(title=safe(f"{r['job_id']} — {r['table']} — {r['phase']}"), show_header=False)
     grid.add_column(style="bold")
     grid.add_column()
     rows = [
@@ -95,10 +97,10 @@ def print_report(r: dict[str, Any]) -> None:
         ("published snapshots", ", ".join(map(str, r["published_snapshot_ids"])) or "none"),
     ]
     for key, value in rows:
-        grid.add_row(key, str(value))
+        grid.add_row(key, safe(value))
     for check in r["checks"]:
         mark = "[green]pass[/]" if check["passed"] else ("[red]FAIL[/]" if check["blocking"] else "[yellow]warn[/]")
-        grid.add_row(f"check {check['name']}", f"{mark} {check['detail']}")
+        grid.add_row(f"check {check['name']}", f"{mark} {safe(check['detail'])}")
     out.print(grid)
 
 
@@ -149,4 +151,10 @@ def fail(message: str) -> None:
 
 
 def one_line(message: str) -> str:
-    return " ".join(message.split())
+    """One line without control characters: error text may quote a source cell or a file name."""
+    return " ".join(printable(message).split())
+
+
+def safe(value: Any) -> str:
+    """User text for a Rich console: no control characters, and no ``[...]`` taken for markup."""
+    return escape(printable(str(value)))

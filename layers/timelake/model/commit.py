@@ -9,13 +9,14 @@ tests/model/test_commit.py fails if that class changes shape.
 
 from __future__ import annotations
 
+import json
 import random
 import time
 import warnings
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pyarrow.parquet as pq
 from pyiceberg.exceptions import CommitFailedException, ValidationException
@@ -25,8 +26,8 @@ from pyiceberg.io.pyarrow import (
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat, ManifestEntry, ManifestEntryStatus, ManifestFile
 from pyiceberg.table import Table as IcebergTable
 from pyiceberg.table import Transaction
-from pyiceberg.table.snapshots import Operation, SnapshotSummaryCollector, Summary, update_snapshot_summaries
-from pyiceberg.table.update.snapshot import _FastAppendFiles
+from pyiceberg.table.snapshots import Operation, Snapshot, SnapshotSummaryCollector, Summary, update_snapshot_summaries
+from pyiceberg.table.update.snapshot import _FastAppendFiles, _OverwriteFiles
 from pyiceberg.typedef import Record
 
 from timelake.ports.files import filesystem
@@ -40,6 +41,7 @@ COMMIT_ATTEMPTS = 10
 JOB_PROPERTY = "timelake.job-id"
 STEP_PROPERTY = "timelake.step"
 CHUNK_PROPERTY = "timelake.chunk"
+NAN_COUNTS = b"timelake.nan-value-counts"  # Parquet footer key: NaNs per float column, by name (Parquet has no such statistic)
 
 
 def data_file(table: IcebergTable, path: str, spec_id: int, partition_value: int) -> DataFile:
@@ -54,19 +56,42 @@ def data_file(table: IcebergTable, path: str, spec_id: int, partition_value: int
         stats_columns=compute_statistics_plan(schema, table.properties),
         parquet_column_mapping=parquet_path_to_id_mapping(schema),
     )
+    serialized = stats.to_serialized_dict()
+    nans = json.loads((metadata.metadata or {}).get(NAN_COUNTS, b"{}"))
+    serialized["nan_value_counts"] = {**(serialized.get("nan_value_counts") or {}),
+                                      **{schema.find_field(name).field_id: n for name, n in nans.items()}}
     result = DataFile.from_args(
         content=DataFileContent.DATA,
         file_path=path,
         file_format=FileFormat.PARQUET,
         partition=Record(partition_value),
         file_size_in_bytes=size,
-        sort_order_id=None,
+        sort_order_id=_sort_order_id(table),
         equality_ids=None,
         key_metadata=None,
-        **stats.to_serialized_dict(),
+        **serialized,
     )
     result.spec_id = spec_id  # from_args does not keep it; the manifest writer needs it
     return result
+
+
+def _sort_order_id(table: IcebergTable) -> int | None:
+    """The table's sort order id, if our files follow it: the writers sort by series key, time, then
+    the other dedup columns (`Contract.sort_columns`); an order that is an ascending identity
+    prefix of that is one they satisfy. Otherwise None (unknown), never a wrong claim."""
+    from timelake.model.contract import Contract
+
+    order = table.sort_order()
+    if order.is_unsorted:
+        return None
+    try:
+        contract = Contract.from_table(table)
+    except ValueError:
+        return None
+    names = contract.sort_columns
+    schema = table.schema()
+    fields = [(schema.find_column_name(f.source_id), str(f.transform), f.direction.name) for f in order.fields]
+    return order.order_id if fields == [(n, "identity", "ASC") for n in names[:len(fields)]] else None
 
 
 def data_files(table: IcebergTable, items: Iterable[tuple[str, int, int]]) -> list[DataFile]:
@@ -89,10 +114,29 @@ def append_files(
     return producer.snapshot_id
 
 
-class _MultiSpecAppend(_FastAppendFiles):
-    """A fast append whose added files go to one manifest per partition spec."""
+def overwrite_files(
+    tx: Transaction, table: IcebergTable, deleted: list[DataFile], added: list[DataFile], branch: str | None,
+    properties: dict[str, str],
+) -> int:
+    """Remove ``deleted`` and add ``added`` (of any partition specs) as ONE overwrite snapshot inside
+    ``tx``; returns its id. Each file keeps its own spec: a reader time-travelling to the snapshot
+    before sees the old files, the snapshot itself the new ones, nothing in between."""
+    producer = _MultiSpecOverwrite(
+        operation=Operation.OVERWRITE, transaction=tx, io=table.io, branch=branch, snapshot_properties=properties
+    )
+    for f in deleted:
+        producer.delete_data_file(f)
+    for f in added:
+        producer.append_data_file(f)
+    producer.commit()
+    return producer.snapshot_id
 
-    def _manifests(self) -> list[ManifestFile]:
+
+class _PerSpec:
+    """Added files go to one manifest per partition spec (pyiceberg writes them all with the current
+    spec), and the summary counts each file with its own spec."""
+
+    def _added_manifests(self: Any) -> list[ManifestFile]:
         by_spec: dict[int, list[DataFile]] = defaultdict(list)
         for f in self._added_data_files:
             by_spec[f.spec_id].append(f)
@@ -105,18 +149,40 @@ class _MultiSpecAppend(_FastAppendFiles):
                         sequence_number=None, file_sequence_number=None, data_file=f,
                     ))
             added.append(writer.to_manifest_file())
-        return added + self._existing_manifests()
+        return added
 
-    def _summary(self, snapshot_properties: dict[str, str] = {}) -> Summary:  # noqa: B006 (pyiceberg's signature)
+    def _summary(self: Any, snapshot_properties: dict[str, str] = {}) -> Summary:  # noqa: B006 (pyiceberg's signature)
         metadata = self._transaction.table_metadata
         collector = SnapshotSummaryCollector()
         for f in self._added_data_files:
             collector.add_file(data_file=f, partition_spec=metadata.specs()[f.spec_id], schema=metadata.schema())
+        for f in self._deleted_data_files:
+            collector.remove_file(data_file=f, partition_spec=metadata.specs()[f.spec_id], schema=metadata.schema())
         previous = metadata.snapshot_by_id(self._parent_snapshot_id) if self._parent_snapshot_id is not None else None
         return update_snapshot_summaries(
             summary=Summary(operation=self._operation, **collector.build(), **snapshot_properties),
             previous_summary=previous.summary if previous is not None else None,
         )
+
+
+class _MultiSpecAppend(_PerSpec, _FastAppendFiles):
+    """A fast append whose added files go to one manifest per partition spec."""
+
+    def _manifests(self) -> list[ManifestFile]:
+        return self._added_manifests() + self._existing_manifests()
+
+
+class _MultiSpecOverwrite(_PerSpec, _OverwriteFiles):
+    """An overwrite whose added files go to one manifest per partition spec; pyiceberg writes the
+    deleted entries and rewrites the existing manifests, each in its own spec already."""
+
+    def _manifests(self) -> list[ManifestFile]:
+        added, self._added_data_files = self._added_data_files, []
+        try:
+            rest = super()._manifests()
+        finally:
+            self._added_data_files = added
+        return self._added_manifests() + rest
 
 
 def added_files(table: IcebergTable, snapshot_id: int) -> list[DataFile]:
@@ -132,6 +198,58 @@ def added_files(table: IcebergTable, snapshot_id: int) -> list[DataFile]:
             if entry.status == ManifestEntryStatus.ADDED and entry.snapshot_id == snapshot_id:
                 files.append(entry.data_file)
     return files
+
+
+def marker_on_main(table: IcebergTable, job_id: str, chunk: str, base: int | None) -> list[int] | None:
+    """Snapshot ids of this job's chunk commit if it is already on main (walks back to the plan's base)."""
+    found = []
+    for snapshot in since(table, base):
+        summary = snapshot.summary or {}
+        if summary.get(JOB_PROPERTY) == job_id and summary.get(CHUNK_PROPERTY) == chunk:
+            found.append(snapshot.snapshot_id)
+    return sorted(found) or None
+
+
+def since(table: IcebergTable, base: int | None) -> list[Snapshot]:
+    """Main's snapshots newer than ``base``, newest first."""
+    snapshots, snapshot = [], table.current_snapshot()
+    while snapshot is not None and snapshot.snapshot_id != base:
+        snapshots.append(snapshot)
+        snapshot = table.snapshot_by_id(snapshot.parent_snapshot_id) if snapshot.parent_snapshot_id else None
+    return snapshots
+
+
+def ancestors(table: IcebergTable) -> set[int]:
+    """Ids of main's current snapshot and all its ancestors still in the metadata."""
+    return {s.snapshot_id for s in since(table, None)}
+
+
+def forget_job_snapshots(table: IcebergTable, job_id: str) -> list[int]:
+    """Remove this job's snapshots that main does not need (staging and canary snapshots) from the
+    table metadata; returns their ids. No file is deleted: pyiceberg 0.12's expiry only edits the
+    metadata (tests/steps/test_metadata_hygiene.py checks every file main references still exists).
+
+    Why: Java's ExpireSnapshots (Spark, Athena VACUUM, the Glue optimizer) deletes every file a
+    non-ancestor snapshot added when that snapshot expires, and publish re-adds the staged files to
+    main in new manifests. A staging snapshot left behind would take the live files with it; an
+    aborted job's one would point at files abort deleted. Call after the job's branch is removed
+    (a branch head cannot be expired)."""
+    def attempt(current: IcebergTable) -> list[int]:
+        heads = {ref.snapshot_id for ref in current.metadata.refs.values()}
+        needed = ancestors(current) | heads
+        ids = [s.snapshot_id for s in current.snapshots()
+               if (s.summary or {}).get(JOB_PROPERTY) == job_id and s.snapshot_id not in needed]
+        if not ids:
+            return ids
+        try:
+            current.maintenance.expire_snapshots().by_ids(ids).commit()
+        except ValueError as exc:  # the catalog applies the removal to ITS latest metadata: a racing
+            if "does not exist" not in str(exc):  # abort of the same job expired one first
+                raise
+            return attempt(current.refresh())
+        return ids
+
+    return with_retry(table.refresh(), attempt, f"forget the snapshots of job {job_id}")
 
 
 def is_conflict(exc: BaseException) -> bool:

@@ -49,6 +49,12 @@ class Contract:
     target_file_size: int
     check_column: str | None
 
+    @property
+    def sort_columns(self) -> list[str]:
+        """The order every file we write is sorted in: series key, time, then any other dedup columns."""
+        names = [*self.series_key, self.time_column]
+        return names + [c for c in self.dedup_key if c not in names]
+
     @classmethod
     def from_table(cls, table: IcebergTable) -> "Contract":
         props = table.properties

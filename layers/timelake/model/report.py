@@ -75,6 +75,7 @@ def build_report(job: JobRecord, units: list[UnitRecord]) -> dict[str, Any]:
         "files": sum(1 for u in units if u.result.get("path")),
         "bytes_written": sum(u.result.get("bytes", 0) for u in units),
         "overlap_existing_rows": s.get("overlap_existing_rows", conflicts),
+        "rows_replaced": s.get("rows_replaced", 0),  # replace mode: rows of main's range the job took over
         "rows_existing_in_range": s.get("rows_existing_in_range"),
         "estimated_cost": s.get("estimated_cost"),
         "source_gaps": s.get("source_gaps", []),

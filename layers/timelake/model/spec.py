@@ -9,9 +9,10 @@ import json
 import re
 import secrets
 from datetime import date, datetime, timezone
-from typing import Literal
+from typing import Annotated, Any, Literal
+from urllib.parse import parse_qsl
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
 
 from timelake.model.timeutil import parse_instant
 
@@ -19,7 +20,14 @@ Mode = Literal["merge", "replace", "append"]
 PublishBy = Literal["day", "week", "month"]
 DstPolicy = Literal["refuse", "earliest", "latest", "drop"]
 TimeUnit = Literal["s", "ms", "us", "ns"]
-_URI_PASSWORD = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/@?#]*:[^/@?#]*@")
+_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+_PASSWORD_PARAMS = {"password", "passwd", "pwd", "pass", "sslpassword"}
+PASSWORD_WAYS = "pass it through PGPASSWORD, password_env=VAR or secret=ARN"
+MAX_ASSERTIONS, MAX_ASSERTION_CHARS = 100, 64 * 1024
+MAX_DOCUMENT_BYTES, MAX_NESTING = 1024 * 1024, 32
+FIRST_YEAR, LAST_YEAR = 1, 9998
+#: UTC microseconds of 9999-01-01: the first instant past the last year a job may cover
+LAST_MICROS = 253_370_764_800_000_000
 
 
 def new_job_id() -> str:
@@ -32,37 +40,55 @@ class JobSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    job_id: str = Field(default_factory=new_job_id, pattern=r"^[0-9A-Za-z_-]{1,80}$")
-    table: str = Field(description="Target table, namespace.name")
-    source: str = Field(description="Path, glob or URI of the source files; '<memory ...>' for in-process data")
+    job_id: str = Field(
+        default_factory=new_job_id, pattern=r"^[0-9A-Za-z_-]{1,80}$",
+        description="The job's id: letters, digits, _ and -, up to 80 (default: bf-<UTC date>-<UTC time>-<6 hex "
+        "digits>); on AWS it is the execution name")
+    table: str = Field(pattern=r"^[^.\s]+(\.[^.\s]+)+$", max_length=255, description="Target table, namespace.name")
+    source: str = Field(min_length=1, description="Path, glob or URI of the source (files, postgresql://, influxdb://, iceberg://, "
+                        "duckdb:); '<memory ...>' for in-process data")
     format: Literal["parquet", "csv", "json", "influx"] | None = Field(
         default=None, description="Source file format; influx is InfluxDB line protocol (default: from the extension)")
-    map: dict[str, str] = Field(default_factory=dict, description="table column -> source column")
+    map: dict[str, str] = Field(default_factory=dict, description="Table column -> source column, for columns "
+                                "whose names differ")
     tz: str | None = Field(default=None, description="IANA zone of naive source timestamps (and of naive start/end)")
     time_unit: TimeUnit | None = Field(default=None, description="Unit of integer epoch timestamps")
-    dst_policy: DstPolicy = "refuse"
-    mode: Mode = "merge"
-    start: datetime | None = Field(default=None, description="Inclusive lower bound of the job range")
-    end: datetime | None = Field(default=None, description="Exclusive upper bound of the job range")
-    dry_run: bool = False
-    publish_by: PublishBy | None = None
-    max_concurrency: int | None = Field(default=None, ge=1, le=10_000)
-    assertions: list[str] = Field(default_factory=list, description="SQL over view `staged` returning failing rows")
-    override_retention: bool = False
-    evaluate_rules: bool = Field(default=False, description="After publish, evaluate the table's rules over the "
+    dst_policy: DstPolicy = Field(
+        default="refuse", description="Naive local times that a DST change makes ambiguous or missing: refuse the "
+        "job, take the earliest or latest instant, or drop the row")
+    mode: Mode = Field(default="merge", description="How the job meets rows already on main: merge (existing rows "
+                       "win), replace (the job's range is replaced) or append (no deduplication)")
+    start: datetime | None = Field(default=None, description="Inclusive lower bound of the job range (ISO)")
+    end: datetime | None = Field(default=None, description="Exclusive upper bound of the job range (ISO)")
+    dry_run: StrictBool = Field(default=False, description="Report only; change nothing")
+    publish_by: PublishBy | None = Field(default=None, description="One publish commit per day, week or month "
+                                         "instead of one for the whole job")
+    max_concurrency: StrictInt | None = Field(
+        default=None, ge=1, le=10_000,
+        description="Parallel scan tasks and writers (default: the CPU count; on AWS the Map's MaxConcurrency)")
+    assertions: list[Annotated[str, Field(max_length=MAX_ASSERTION_CHARS)]] = Field(
+        default_factory=list, max_length=MAX_ASSERTIONS,
+        description="SQL over the view staged returning the failing rows; any row fails the job (at most 100, of "
+        "at most 64 KiB each)")
+    assertion_timeout: StrictInt = Field(
+        default=300, ge=1, le=24 * 3600,
+        description="Seconds all assertions together may run; past it the job fails validation and releases its lease")
+    override_retention: StrictBool = Field(default=False, description="Keep rows older than the table's retention "
+                                     "instead of dropping them")
+    evaluate_rules: StrictBool = Field(default=False, description="After publish, evaluate the table's rules over the "
                                  "published range into its events table (source 'backfill'); never alarms")
-    canary: bool | date | None = Field(
-        default=None, description="Write and validate one UTC day first, then wait for approval: a day, or true for the "
-        "first day with source rows")
-    approval_timeout_seconds: int = Field(
+    canary: StrictBool | date | None = Field(
+        default=None, description="Write and validate one UTC day first, then wait for approval: a day (YYYY-MM-DD), "
+        "or true (a bare --canary) for the first day with source rows")
+    approval_timeout_seconds: StrictInt = Field(
         default=7 * 24 * 3600, ge=1, le=365 * 24 * 3600,
-        description="How long a canary waits for approve or reject before the job is aborted (on AWS by the "
+        description="Seconds a canary waits for approve or reject before the job is aborted (on AWS by the "
         "workflow; embedded, an approval after it aborts the job)")
     query: str | None = Field(default=None, description="SQL text for database sources: a SELECT for PostgreSQL "
                               "(instead of ?table=), the query of a 'duckdb:' source (--from-sql)")
-    source_max_connections: int | None = Field(
+    source_max_connections: StrictInt | None = Field(
         default=None, ge=1, le=10_000, description="Scan tasks reading the source at once (database default: 2)")
-    source_rows_per_second: int | None = Field(
+    source_rows_per_second: StrictInt | None = Field(
         default=None, ge=0,
         description="Rows per second read from the source by all workers together; 0: no limit (database default: 250000)")
     measurement: str | None = Field(default=None, description="InfluxDB measurement to read (default: the table's name)")
@@ -72,36 +98,55 @@ class JobSpec(BaseModel):
     @classmethod
     def _known_zone(cls, tz: str | None) -> str | None:
         if tz is not None:
-            from zoneinfo import ZoneInfo
-
-            try:
-                ZoneInfo(tz)
-            except Exception as exc:
-                raise ValueError(f"unknown time zone '{tz}' (use an IANA name such as Europe/Berlin)") from exc
+            if not known_zone(tz):
+                raise ValueError(f"unknown time zone '{printable(tz)[:100]}' (use an IANA name such as Europe/Berlin)")
         return tz
 
     @field_validator("source")
     @classmethod
     def _no_password(cls, source: str) -> str:
         """The job JSON is stored and shown: a password in a URI would end up in both."""
-        if _URI_PASSWORD.match(source):
-            raise ValueError("the source URI holds a password; pass it through PGPASSWORD, password_env=VAR or secret=ARN")
+        if not source.strip():
+            raise ValueError("the source is empty; give a path, glob or URI")
+        if uri_password(source):
+            raise ValueError(f"the source URI holds a password; {PASSWORD_WAYS}")
         return source
 
     @field_validator("table")
     @classmethod
     def _qualified(cls, table: str) -> str:
-        if "." not in table:
-            raise ValueError(f"table '{table}' must be namespace.name, e.g. iot.sensor")
+        parts = table.split(".")
+        if len(parts) < 2 or not all(p.strip() == p and p and p.isprintable() for p in parts) or len(table) > 255:
+            raise ValueError(f"table '{printable(table)[:100]}' must be namespace.name, e.g. iot.sensor")
         return table
+
+    @field_validator("assertions")
+    @classmethod
+    def _no_blank_assertion(cls, assertions: list[str]) -> list[str]:
+        blank = [i for i, sql in enumerate(assertions) if not sql.strip()]
+        if blank:
+            raise ValueError(f"assertion {blank[0]} is empty; give SQL over the view staged that returns the failing rows")
+        return assertions
+
+    @field_validator("canary", mode="before")
+    @classmethod
+    def _day_not_number(cls, canary: Any) -> Any:
+        if isinstance(canary, int | float) and not isinstance(canary, bool):
+            raise ValueError("canary is a day (YYYY-MM-DD) or true, not a number")
+        return canary
 
     @model_validator(mode="before")
     @classmethod
-    def _bounds_in_tz(cls, data: dict) -> dict:
+    def _bounds_in_tz(cls, data: Any) -> Any:
         if isinstance(data, dict):
+            tz = data.get("tz")
+            if tz is not None and (not isinstance(tz, str) or not known_zone(tz)):
+                return data  # the tz field reports it
             for key in ("start", "end"):
                 if isinstance(data.get(key), str | datetime):
-                    data[key] = parse_instant(data[key], data.get("tz"))
+                    data[key] = _bounded(key, data[key], tz)
+                elif data.get(key) is not None:
+                    raise ValueError(f"{key} is an ISO date or time (example: 2024-01-01T00:00:00Z)")
         return data
 
     @model_validator(mode="after")
@@ -115,3 +160,102 @@ class JobSpec(BaseModel):
 
     def to_json(self) -> dict:
         return json.loads(self.model_dump_json())
+
+
+def known_zone(tz: str) -> bool:
+    """Whether ``tz`` names an IANA zone; ZoneInfo raises KeyError, ValueError or OSError for the rest."""
+    from zoneinfo import ZoneInfo
+
+    try:
+        ZoneInfo(tz)
+    except Exception:
+        return False
+    return True
+
+
+def _bounded(key: str, value: str | datetime, tz: str | None) -> datetime:
+    """A job bound in UTC, in years 1-9998 so that every partition and chunk after it still has a start."""
+    try:
+        instant = parse_instant(value, tz)
+    except OverflowError:
+        instant = None
+    if instant is None or not FIRST_YEAR <= instant.year <= LAST_YEAR:
+        raise ValueError(f"{key} must fall in the years {FIRST_YEAR}-{LAST_YEAR} (UTC)")
+    return instant
+
+
+def uri_password(source: str) -> bool:
+    """Whether a URI carries a password: in its userinfo (``user:pw@``, the password may hold a raw ``/``
+    or ``#``) or as a query parameter (``?password=``)."""
+    if not _URI.match(source):
+        return False
+    rest = source.split("://", 1)[1]
+    userinfo = rest.rpartition("@")[0]
+    if ":" in userinfo and "/" not in userinfo.split(":", 1)[0]:
+        return True
+    query = source.partition("?")[2]
+    return any(key.strip().lower() in _PASSWORD_PARAMS for key, _ in parse_qsl(query, keep_blank_values=True))
+
+
+def printable(text: str) -> str:
+    """``text`` without control characters, so echoing user input cannot drive the terminal."""
+    return "".join(ch if ch.isprintable() else " " for ch in text)
+
+
+def external_job(data: Any) -> JobSpec:
+    """A job from outside the process (CLI job file and flags, the API): the same model, plus the rules
+    that only in-process callers may break, so the CLI and the API refuse exactly the same documents."""
+    if not isinstance(data, dict):
+        raise ValueError(f"a job is a JSON object, not {type(data).__name__ if data is not None else 'null'}")
+    spec = JobSpec.model_validate(data)
+    if spec.source.startswith("<"):
+        raise ValueError("source '<...>' names in-process data; give a path, glob or URI")
+    return spec
+
+
+class DocumentError(ValueError):
+    """A job document that is not one before any field is read; ``status`` is the HTTP answer for it."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def parse_document(text: str | bytes) -> Any:
+    """A job JSON document, bounded before it is parsed: size, UTF-8 and nesting depth (a document nested
+    thousands deep would exhaust the parser's recursion)."""
+    if len(text) > MAX_DOCUMENT_BYTES:
+        raise DocumentError(f"the job document is {len(text):,} bytes; at most {MAX_DOCUMENT_BYTES:,}", 413)
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise DocumentError(f"the job document is not UTF-8 (byte {exc.start})") from None
+    if nesting(text) > MAX_NESTING:
+        raise DocumentError(f"the job document is nested more than {MAX_NESTING} deep")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DocumentError(f"the job document is not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+
+
+def nesting(text: str) -> int:
+    """Deepest nesting of ``[``/``{`` outside strings in JSON text."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]}":
+            depth -= 1
+    return deepest

@@ -45,7 +45,9 @@ class LakeConfig(BaseModel):
     @classmethod
     def embedded(cls, warehouse: str | os.PathLike[str] = DEFAULT_WAREHOUSE) -> "LakeConfig":
         root = Path(warehouse).expanduser().resolve()
-        root.mkdir(parents=True, exist_ok=True)
+        private_folder(root)
+        for database in ("catalog.db", "jobs.db"):
+            private_file(root / database)
         return cls(
             catalog_name="timelake",
             catalog_props={"type": "sql", "uri": f"sqlite:///{root}/catalog.db", "warehouse": f"file://{root}/warehouse"},
@@ -87,3 +89,18 @@ class Runtime:
 
     def staging_path(self, job_id: str, *parts: str) -> str:
         return "/".join([self.config.staging.rstrip("/"), job_id, *parts])
+
+
+def private_folder(path: Path) -> None:
+    """Create ``path`` readable by its owner only (0700): a warehouse holds the data and the job records."""
+    if not path.exists():
+        path.mkdir(parents=True, exist_ok=True)
+        os.chmod(path, 0o700)  # mkdir's mode is masked by the umask
+
+
+def private_file(path: Path) -> None:
+    """Create ``path`` empty with mode 0600 unless it exists (SQLite gives its -wal and -shm files the same mode)."""
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+    except FileExistsError:
+        pass

@@ -7,6 +7,7 @@ once, a lease is taken once.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -58,10 +59,23 @@ def lease_conflict(lease: "Lease", holder: str) -> LeaseConflict:
     )
 
 
+Guard = Callable[[JobRecord], None]
+
+
+def accept(job: JobRecord) -> None:
+    """The guard of an unconditional update."""
+
+
 class JobStore(Protocol):
     def create_job(self, job: JobRecord) -> None: ...
     def get_job(self, job_id: str) -> JobRecord: ...
     def update_job(self, job_id: str, phase: str | None = None, **state: Any) -> JobRecord: ...
+    def update_job_if(self, job_id: str, guard: Guard, phase: str | None = None, **state: Any) -> JobRecord:
+        """``update_job``, atomically only if ``guard`` accepts the job as stored at the moment of the
+        write: it raises to refuse, and nothing is written. Abort and publish decide who goes first
+        through this (a transaction on SQLite, a conditional write on DynamoDB): no process can
+        change the job between the guard's look and the write."""
+        ...
     def list_jobs(self, table: str | None = None) -> list[JobRecord]: ...
     def put_units(self, job_id: str, units: list[UnitRecord]) -> None: ...
     def units(self, job_id: str) -> list[UnitRecord]: ...

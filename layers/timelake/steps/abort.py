@@ -3,35 +3,69 @@
 Removes the branch, deletes the job's staged files that no publish commit put on main, deletes its
 scratch files and releases the lease. A job whose chunks are partly published keeps those chunks
 (they are on main, committed atomically); only what never reached main is removed.
+
+Abort and publish never interleave. Both go through one guarded write on the job record
+(`JobStore.update_job_if`): publish marks a chunk commit in flight only if no abort was requested,
+and abort sets its flag only while no chunk commit is in flight, waiting up to
+``ABORT_WAIT_SECONDS`` for one to land. Once the flag is set no commit can start, so the files
+abort deletes are exactly those that no commit on main references or ever will.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
-from timelake.errors import BackfillError
+from timelake.errors import Aborted, BackfillError
 from timelake.followup import completion
-from timelake.model.commit import JOB_PROPERTY, added_files, with_retry
+from timelake.model.commit import JOB_PROPERTY, added_files, forget_job_snapshots, marker_on_main, with_retry
 from timelake.model.spec import JobSpec
 from timelake.ports.files import filesystem
 from timelake.ports.runtime import Runtime
+from timelake.ports.store import JobRecord
 from timelake.steps.plan import clear_staging
 
 ABORTABLE_AFTER = {"published": "it is published (its rows are on main)", "dry_run_complete": "a dry run leaves nothing to abort"}
+ABORT_WAIT_SECONDS = 120.0  # a chunk commit takes well under a second, 50 conflicting retries about a minute
+COMMIT_STALE_SECONDS = 900.0  # Lambda's time limit: a commit marked in flight for longer died with its process
+IN_FLIGHT = "committing"  # job state: the chunk commit publish is making now, and since when
+ALL_COMMITTED = "publish_committed"  # job state: every chunk is on main; too late to abort
+
+
+class CommitInFlight(BackfillError):
+    """A chunk commit to main is in flight: abort must wait for it."""
 
 
 def request_abort(rt: Runtime, job_id: str) -> None:
-    """Ask a running embedded job to stop at its next step or unit boundary."""
-    rt.store.update_job(job_id, abort_requested=True)
+    """Ask a running embedded job to stop at its next step or unit boundary, or before its next commit."""
+    rt.store.update_job_if(job_id, _abortable, abort_requested=True)
 
 
-def abort(rt: Runtime, job_id: str) -> dict[str, Any]:
-    """Abort step. Input: job id. Output: what was removed. Idempotent."""
+def claim_commit(rt: Runtime, job_id: str, chunk: str) -> None:
+    """Publish, before committing ``chunk``: mark the commit in flight, unless an abort came first."""
+    rt.store.update_job_if(job_id, _not_aborted, **{IN_FLIGHT: {"chunk": chunk, "since": time.time()}})
+
+
+def claim_publish(rt: Runtime, job_id: str, **state: Any) -> JobRecord:
+    """Publish, after its last chunk commit: from here the job is published and abort refuses it."""
+    return rt.store.update_job_if(job_id, _not_aborted, **{ALL_COMMITTED: True, IN_FLIGHT: None}, **state)
+
+
+def start_publish(rt: Runtime, job_id: str) -> JobRecord:
+    """Publish, on entry: the phase moves to publishing, unless an abort came first."""
+    return rt.store.update_job_if(job_id, _not_aborted, "publishing")
+
+
+def abort(rt: Runtime, job_id: str, wait: float = ABORT_WAIT_SECONDS) -> dict[str, Any]:
+    """Abort step. Input: job id. Output: what was removed. Idempotent.
+
+    Waits up to ``wait`` seconds for a chunk commit in flight to land, then refuses with one line."""
     job = rt.store.get_job(job_id)
-    if job.phase in ABORTABLE_AFTER:
-        raise BackfillError(f"job {job_id} cannot be aborted: {ABORTABLE_AFTER[job.phase]}")
+    _abortable(job)
     spec = JobSpec.model_validate(job.spec)
     table = rt.load_table(spec.table)
+    job = _fence(rt, job, table, wait)
+    table = table.refresh()
     on_main = {f.file_path for s in table.snapshots() if (s.summary or {}).get(JOB_PROPERTY) == job_id
                and (s.summary or {}).get("timelake.step") == "publish" for f in added_files(table, s.snapshot_id)}
     branch = job.state.get("branch") or f"backfill/{job_id}"
@@ -41,6 +75,7 @@ def abort(rt: Runtime, job_id: str) -> dict[str, Any]:
             current.manage_snapshots().remove_branch(branch).commit()
 
     with_retry(table, drop_branch, "remove branch")
+    forget_job_snapshots(table, job_id)
     deleted = 0
     for unit in rt.store.units(job_id):
         path = unit.result.get("path")
@@ -50,8 +85,48 @@ def abort(rt: Runtime, job_id: str) -> dict[str, Any]:
     rt.store.release_lease(job_id)
     if "range_start" in job.state:  # a refresh during the lease may have marked the range backfilling
         completion.update(rt, spec.table, job.state["range_start"], job.state["range_end"], create=False)
-    rt.store.update_job(job_id, "aborted", files_deleted=deleted)
+    chunks = sorted({(s.summary or {}).get("timelake.chunk") for s in table.snapshots()
+                     if (s.summary or {}).get(JOB_PROPERTY) == job_id and (s.summary or {}).get("timelake.step") == "publish"})
+    rt.store.update_job(job_id, "aborted", files_deleted=deleted, chunks_on_main=chunks)
     return {"job_id": job_id, "phase": "aborted", "files_deleted": deleted, "files_kept_on_main": len(on_main)}
+
+
+def _fence(rt: Runtime, job: JobRecord, table: Any, wait: float) -> JobRecord:
+    """Set the abort flag once no chunk commit is in flight (waiting up to ``wait`` seconds for one).
+
+    A commit counts as landed when its marker is on main (its process may have died before it could
+    say so), and as dead after ``COMMIT_STALE_SECONDS``."""
+    job_id, deadline = job.job_id, time.monotonic() + wait
+    while True:
+        flight = rt.store.get_job(job_id).state.get(IN_FLIGHT)
+        landed = flight is not None and marker_on_main(
+            table.refresh(), job_id, flight["chunk"], job.state.get("base_snapshot_id")) is not None
+
+        def guard(current: JobRecord) -> None:
+            _abortable(current)
+            now = current.state.get(IN_FLIGHT)
+            if now is not None and not (landed and now == flight) and time.time() - now["since"] < COMMIT_STALE_SECONDS:
+                raise CommitInFlight(f"job {job_id} is committing chunk {now['chunk']} to main; "
+                                     f"abort refused after waiting {wait:g} s, run it again")
+
+        try:
+            return rt.store.update_job_if(job_id, guard, abort_requested=True)
+        except CommitInFlight:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.05)
+
+
+def _abortable(job: JobRecord) -> None:
+    if job.phase in ABORTABLE_AFTER:
+        raise BackfillError(f"job {job.job_id} cannot be aborted: {ABORTABLE_AFTER[job.phase]}")
+    if job.state.get(ALL_COMMITTED):
+        raise BackfillError(f"job {job.job_id} cannot be aborted: every chunk is on main; it is being published")
+
+
+def _not_aborted(job: JobRecord) -> None:
+    if job.state.get("abort_requested") or job.phase == "aborted":
+        raise Aborted(f"job {job.job_id} was aborted")
 
 
 def _delete(path: str) -> int:

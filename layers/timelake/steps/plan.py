@@ -17,7 +17,7 @@ from timelake.errors import InvalidJob
 from timelake.model.commit import with_retry
 from timelake.model.contract import Contract
 from timelake.model.cost import estimate_cost
-from timelake.model.spec import JobSpec
+from timelake.model.spec import FIRST_YEAR, LAST_MICROS, LAST_YEAR, JobSpec
 from timelake.model.timeutil import US_PER_DAY, floor_to, from_micros, iso, next_boundary, subtract_duration, to_micros
 from timelake.ports.files import filesystem
 from timelake.ports.runtime import Runtime
@@ -124,6 +124,9 @@ def cut(rt: Runtime, job_id: str) -> dict[str, Any]:
         raise InvalidJob(f"source '{job.state['source_uri']}' has no rows")
     start_us = to_micros(spec.start) if spec.start else None
     end_us = to_micros(spec.end) if spec.end else None
+    if end_us is None and total.max_us is not None and total.max_us >= LAST_MICROS:
+        raise InvalidJob(f"source '{job.state['source_uri']}' holds times in year 9999 (latest {iso(total.max_us)}); "
+                         f"jobs cover years {FIRST_YEAR}-{LAST_YEAR}: pass an end to leave those rows out")
     range_start, range_end = _job_range(total, start_us, end_us)
     units = _cut_units(total, contract)
     state: dict[str, Any] = {

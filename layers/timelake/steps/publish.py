@@ -21,8 +21,8 @@ from pyiceberg.table import Table as IcebergTable
 from timelake.errors import BackfillError
 from timelake.followup import completion, provenance
 from timelake.model.commit import (
-    CHUNK_PROPERTY, JOB_PROPERTY, STEP_PROPERTY, added_files, append_files, data_file, is_conflict, with_retry,
-    without_blind_retries,
+    CHUNK_PROPERTY, JOB_PROPERTY, STEP_PROPERTY, added_files, data_file, forget_job_snapshots, is_conflict,
+    marker_on_main, overwrite_files, since, with_retry, without_blind_retries,
 )
 from timelake.model.contract import Contract
 from timelake.model.faults import checkpoint
@@ -32,6 +32,7 @@ from timelake.model.timeutil import iso, next_boundary
 from timelake.ports.events import BACKFILL_PUBLISHED
 from timelake.ports.files import filesystem
 from timelake.ports.runtime import Runtime
+from timelake.steps.abort import ALL_COMMITTED, IN_FLIGHT, claim_commit, claim_publish, start_publish
 from timelake.steps.write import drop_existing, write_parquet
 
 PUBLISH_ATTEMPTS = 50  # live writers may commit every few ms; each retry only re-checks the newest commits
@@ -53,37 +54,50 @@ def publish(rt: Runtime, job_id: str, max_chunks: int | None = None) -> dict[str
     state = job.state
     table = rt.load_table(spec.table)
     contract = Contract.from_table(table)
-    staged = added_files(table, state["staged_snapshot_id"]) if state.get("staged_snapshot_id") else []
+    # once every chunk is on main the staging snapshot may be gone from the metadata (forgotten below)
+    staged = added_files(table, state["staged_snapshot_id"]) if state.get("staged_snapshot_id") and not state.get(
+        ALL_COMMITTED) else []
     published: dict[str, list[int]] = dict(state.get("published_chunks", {}))
     late = dict(state.get("publish_conflicts", {"rows": 0, "sum": 0.0}))
-    rt.store.update_job(job_id, "publishing")
+    replaced = int(state.get("rows_replaced", 0))  # replace mode: rows of main's range the job took over
+    start_publish(rt, job_id)
+    checkpoint("publish.started")
     committed = 0
-    for chunk in chunks(staged, contract, spec.publish_by, state["range_start"], state["range_end"]):
+    todo = [] if state.get(ALL_COMMITTED) else chunks(staged, contract, spec.publish_by, state["range_start"], state["range_end"])
+    for chunk in todo:
         if chunk.key in published:
             continue
         if max_chunks is not None and committed >= max_chunks:
             return {"job_id": job_id, "done": False, "chunks_published": len(published)}
         committed += 1
         table = table.refresh()
-        marker = _marker_on_main(table, job_id, chunk.key, state.get("base_snapshot_id"))
+        marker = marker_on_main(table, job_id, chunk.key, state.get("base_snapshot_id"))
         if marker is None:
             if not chunk.files and spec.mode != "replace":
                 marker = []
             else:
-                marker = _commit_chunk(rt, table, job_id, spec, contract, state, chunk, late)
+                claim_commit(rt, job_id, chunk.key)
+                counts: dict[str, int] = {}
+                marker = _commit_chunk(rt, table, job_id, spec, contract, state, chunk, late, counts)
+                replaced += counts.get("rows_replaced", 0)
                 checkpoint("publish.committed")
         published[chunk.key] = marker
-        rt.store.update_job(job_id, published_chunks=published, publish_conflicts=late)
+        rt.store.update_job(job_id, published_chunks=published, publish_conflicts=late, rows_replaced=replaced,
+                            **{IN_FLIGHT: None})
+        checkpoint("publish.chunk")
         rt.bus.put(BACKFILL_PUBLISHED, {
             "job_id": job_id, "table": spec.table, "mode": spec.mode, "chunk": chunk.key,
             "start": iso(chunk.start), "end": iso(chunk.end), "snapshot_ids": marker,
             "evaluate_rules": spec.evaluate_rules,
         })
+    claim_publish(rt, job_id)
+
     def drop_branch(current: IcebergTable) -> None:
         if state["branch"] in current.metadata.refs:
             current.manage_snapshots().remove_branch(state["branch"]).commit()
 
     with_retry(table.refresh(), drop_branch, "remove branch")
+    forget_job_snapshots(table, job_id)
     job = rt.store.update_job(job_id, published_chunks=published, publish_conflicts=late)
     provenance.record(rt, job, rt.store.units(job_id))
     rt.store.release_lease(job_id)
@@ -113,49 +127,46 @@ def chunks(staged: list[DataFile], contract: Contract, publish_by: str | None, s
     return result
 
 
-def _marker_on_main(table: IcebergTable, job_id: str, chunk: str, base: int | None) -> list[int] | None:
-    """Snapshot ids of this job's chunk commit if it is already on main (walks back to the plan's base)."""
-    found = []
-    for snapshot in _since(table, base):
-        summary = snapshot.summary or {}
-        if summary.get(JOB_PROPERTY) == job_id and summary.get(CHUNK_PROPERTY) == chunk:
-            found.append(snapshot.snapshot_id)
-    return sorted(found) or None
-
-
-def _since(table: IcebergTable, base: int | None) -> list[Any]:
-    """Main's snapshots newer than ``base``, newest first."""
-    snapshots, snapshot = [], table.current_snapshot()
-    while snapshot is not None and snapshot.snapshot_id != base:
-        snapshots.append(snapshot)
-        snapshot = table.snapshot_by_id(snapshot.parent_snapshot_id) if snapshot.parent_snapshot_id else None
-    return snapshots
-
-
 def _commit_chunk(
     rt: Runtime, table: IcebergTable, job_id: str, spec: JobSpec, contract: Contract, state: dict[str, Any],
-    chunk: Chunk, late: dict[str, Any],
+    chunk: Chunk, late: dict[str, Any], counts: dict[str, int],
 ) -> list[int]:
+    """One snapshot on main: the chunk's staged files (less rows live writers committed meanwhile),
+    and in replace mode, in the same snapshot, the removal of the range's files from before the plan,
+    those partly inside it rewritten without the range's rows in their own partition spec (an
+    age tier stays a month or a year). Files live writers added since the plan are left alone:
+    their rows survive, and win over staged rows with the same key."""
     properties = {JOB_PROPERTY: job_id, STEP_PROPERTY: "publish", CHUNK_PROPERTY: chunk.key,
                   "timelake.range-start": iso(chunk.start), "timelake.range-end": iso(chunk.end),
                   **provenance.summary_properties(rt.store.get_job(job_id))}
     files = chunk.files
     checked: set[int] = set()
-    kept: list[DataFile] = []  # replace mode: the live rows of the range, rewritten to survive the delete
+    survivors: dict[str, tuple[DataFile | None, int]] = {}  # replace: a partly covered file's rewrite, across attempts
 
     def commit(current: IcebergTable) -> None:
         nonlocal files
         if spec.mode in ("merge", "replace"):
-            found = _late_rows(current, job_id, contract, state, chunk, checked, full=spec.mode == "replace")
-            files = _drop_late_conflicts(current, contract, files, [rows.select(list(contract.dedup_key)) for _, rows in found], late)
-            if spec.mode == "replace":
-                kept.extend(_keep(current, job_id, chunk, f, rows) for f, rows in found)
+            found = _late_rows(current, job_id, contract, state, chunk, checked)
+            files = _drop_late_conflicts(current, contract, files, [rows for _, rows in found], late)
+        deleted: list[DataFile] = []
+        added = list(files)
+        if spec.mode == "replace":
+            replaced = 0
+            for f in _replaced_files(current, job_id, contract, state, chunk):
+                if f.file_path not in survivors:
+                    survivors[f.file_path] = _survivors(current, contract, chunk, f, job_id)
+                rest, kept_rows = survivors[f.file_path]
+                if rest is not None and kept_rows == f.record_count:
+                    continue  # its bounds overlap the chunk but none of its rows lie in it
+                deleted.append(f)
+                replaced += f.record_count - kept_rows
+                added.extend([rest] if rest is not None else [])
+            counts["rows_replaced"] = replaced
         current = without_blind_retries(current)
-        with current.transaction() as tx:
-            if spec.mode == "replace":
-                tx.delete(time_filter(contract.time_column, chunk.start, chunk.end), snapshot_properties=properties)
-            if files or kept:
-                append_files(tx, current, files + kept, "main", properties)
+        checkpoint("publish.committing")
+        if deleted or added:
+            with current.transaction() as tx:
+                overwrite_files(tx, current, deleted, added, "main", properties)
 
     before = {s.snapshot_id for s in table.snapshots()}
     try:
@@ -170,16 +181,15 @@ def _commit_chunk(
 
 
 def _late_rows(
-    table: IcebergTable, job_id: str, contract: Contract, state: dict[str, Any], chunk: Chunk, checked: set[int], full: bool,
+    table: IcebergTable, job_id: str, contract: Contract, state: dict[str, Any], chunk: Chunk, checked: set[int],
 ) -> list[tuple[DataFile, pa.Table]]:
-    """Rows live writers committed in the chunk's range after the plan, per data file: their keys
-    only, or (``full``) whole rows.
+    """The keys of rows live writers committed in the chunk's range after the plan, per data file.
 
     Snapshots in ``checked`` were handled by an earlier attempt, so a retry after losing a commit race
     reads only the newest; the snapshots read here join ``checked``.
     """
     found = []
-    for snapshot in _since(table, state.get("base_snapshot_id")):
+    for snapshot in since(table, state.get("base_snapshot_id")):
         if snapshot.snapshot_id in checked or (snapshot.summary or {}).get(JOB_PROPERTY) == job_id:
             continue
         checked.add(snapshot.snapshot_id)
@@ -188,12 +198,44 @@ def _late_rows(
                 continue
             fs, path = filesystem(f.file_path)
             with fs.open_input_file(path) as handle:
-                rows = pq.read_table(handle, columns=None if full else list(contract.dedup_key))
+                rows = pq.read_table(handle, columns=list(contract.dedup_key))
             ts = micros(rows, contract.time_column)
             inside = rows.filter(pa.array((ts >= chunk.start) & (ts < chunk.end)))
             if inside.num_rows:
                 found.append((f, inside))
     return found
+
+
+def _replaced_files(
+    table: IcebergTable, job_id: str, contract: Contract, state: dict[str, Any], chunk: Chunk,
+) -> list[DataFile]:
+    """Main's files that may hold rows of the chunk's range (partition and column-bound pruning),
+    less those live writers added since the plan: replace mode takes over the range as it was planned."""
+    live = {f.file_path for snapshot in since(table, state.get("base_snapshot_id"))
+            if (snapshot.summary or {}).get(JOB_PROPERTY) != job_id for f in added_files(table, snapshot.snapshot_id)}
+    if table.current_snapshot() is None:
+        return []
+    planned = table.scan(row_filter=time_filter(contract.time_column, chunk.start, chunk.end)).plan_files()
+    return [t.file for t in planned if t.file.file_path not in live]
+
+
+def _survivors(table: IcebergTable, contract: Contract, chunk: Chunk, f: DataFile, job_id: str) -> tuple[DataFile | None, int]:
+    """The rows of ``f`` outside the chunk, written to a new file in f's own partition and spec (its
+    rows stay sorted, being a subset of a sorted file); with how many there are. A file wholly inside
+    the range is not read."""
+    lo, hi = file_bounds(f, table.schema().find_field(contract.time_column))
+    if lo is not None and hi is not None and lo >= chunk.start and hi < chunk.end:
+        return None, 0
+    fs, path = filesystem(f.file_path)
+    with fs.open_input_file(path) as handle:
+        rows = pq.read_table(handle)
+    ts = micros(rows, contract.time_column)
+    rest = rows.filter(pa.array((ts < chunk.start) | (ts >= chunk.end)))
+    if rest.num_rows in (0, rows.num_rows):
+        return (None if rest.num_rows == 0 else f), rest.num_rows
+    new_path = f.file_path.removesuffix(".parquet") + f"-rest-{job_id}-{chunk.start}.parquet"
+    write_parquet(rest, new_path, table.properties)
+    return data_file(table, new_path, f.spec_id, f.partition[0]), rest.num_rows
 
 
 def _drop_late_conflicts(
@@ -223,15 +265,6 @@ def _drop_late_conflicts(
             write_parquet(kept, new_path, table.properties)
             result.append(data_file(table, new_path, f.spec_id, f.partition[0]))
     return result
-
-
-def _keep(table: IcebergTable, job_id: str, chunk: Chunk, f: DataFile, rows: pa.Table) -> DataFile:
-    """Replace mode deletes the chunk's range on the current main; the rows live writers committed in
-    it after the plan are not the job's to replace, so they are written again, unchanged, into the
-    same partition, and added in the same commit that deletes them."""
-    path = f.file_path.removesuffix(".parquet") + f"-kept-{job_id}-{chunk.start}.parquet"
-    write_parquet(rows, path, table.properties)
-    return data_file(table, path, f.spec_id, f.partition[0])
 
 
 def _overlaps(table: IcebergTable, contract: Contract, f: DataFile, chunk: Chunk) -> bool:

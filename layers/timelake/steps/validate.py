@@ -10,6 +10,8 @@ check stops the job: main is untouched and the branch stays for inspection.
 
 from __future__ import annotations
 
+import threading
+import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -36,6 +38,7 @@ from timelake.steps.write import existing_mask, sort_key_codes
 
 SAMPLES = 5
 BATCH_ROWS = 1 << 20  # a check holds one batch of a file's key and value columns, whatever the file's size
+ASSERTION_MEMORY = "2GB"  # DuckDB memory_limit for user assertions: a runaway query fails instead of the process
 
 
 @dataclass
@@ -76,7 +79,7 @@ def run_checks(rt: Runtime, job_spec: dict[str, Any], units: list[Any], state: d
     if spec.assertions:
         con = _staged_connection(staged)
         try:
-            checks.extend(_assertions(con, spec.assertions, table.schema().as_arrow(), bool(staged)))
+            checks.extend(_assertions(con, spec.assertions, table.schema().as_arrow(), bool(staged), spec.assertion_timeout))
         finally:
             con.close()
     return checks
@@ -173,6 +176,7 @@ def _staged_connection(staged: list[DataFile]) -> duckdb.DuckDBPyConnection:
         dataset = ds.dataset([filesystem(f.file_path)[1] for f in staged], filesystem=fs, format="parquet")
         con.register("staged", dataset)
     con.execute("SET enable_external_access = false")
+    con.execute(f"SET memory_limit = '{ASSERTION_MEMORY}'")
     con.execute("SET lock_configuration = true")
     return con
 
@@ -379,20 +383,38 @@ def _aggregate(units: list[Any], facts: list[_FileFacts], state: dict[str, Any])
     return Check("aggregate_matches_source", not bad, detail, samples=bad[:SAMPLES])
 
 
-def _assertions(con: duckdb.DuckDBPyConnection, assertions: list[str], schema: pa.Schema, any_staged: bool) -> list[Check]:
+def _assertions(con: duckdb.DuckDBPyConnection, assertions: list[str], schema: pa.Schema, any_staged: bool,
+                timeout: float) -> list[Check]:
+    """The user's SQL, bounded: all of it together gets ``timeout`` seconds (then DuckDB is interrupted and
+    the check fails, so a runaway recursive CTE cannot hold the job's lease) and ``ASSERTION_MEMORY``."""
     if assertions and not any_staged:
         con.register("staged", schema.empty_table())
     checks = []
+    deadline = time.monotonic() + timeout
     for i, sql in enumerate(assertions, 1):
         name = f"assertion_{i}"
+        shown = repr(sql) if len(sql) <= 200 else repr(sql[:200]) + "…"
+        left = deadline - time.monotonic()
+        timer = threading.Timer(max(left, 0), con.interrupt)
+        timer.start()
         try:
-            rows = con.sql(sql).to_arrow_table()
+            relation = con.sql(sql)
+            rows = relation.to_arrow_table() if relation is not None else None
         except duckdb.Error as exc:
-            checks.append(Check(name, False, f"{sql!r} could not run: {str(exc).splitlines()[0]}"))
+            why = (f"stopped after the assertion timeout of {timeout:g} s" if time.monotonic() >= deadline
+                   else f"could not run: {str(exc).splitlines()[0]}")
+            checks.append(Check(name, False, f"{shown} {why}"))
+            if time.monotonic() >= deadline:
+                break
+            continue
+        finally:
+            timer.cancel()
+        if rows is None:
+            checks.append(Check(name, False, f"{shown} is not a query; give a SELECT that returns the failing rows"))
             continue
         failing = rows.num_rows
         samples = [_fmt_row(r) for r in rows.slice(0, SAMPLES).to_pylist()]
-        detail = f"{sql!r}: 0 failing rows" if not failing else f"{sql!r}: {failing} failing row(s), e.g. {samples[0]}"
+        detail = f"{shown}: 0 failing rows" if not failing else f"{shown}: {failing} failing row(s), e.g. {samples[0]}"
         checks.append(Check(name, failing == 0, detail, samples=samples))
     return checks
 

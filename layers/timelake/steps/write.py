@@ -7,6 +7,7 @@ on main are dropped and counted.
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +18,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyiceberg.typedef import Record
 
+from timelake.model.commit import NAN_COUNTS
 from timelake.model.contract import Contract
 from timelake.model.layout import MainReader, read_range
 from timelake.model.spec import JobSpec
@@ -115,9 +117,7 @@ def _is_text(kind: pa.DataType) -> bool:
 
 def sort_keys(contract: Contract) -> list[tuple[str, str]]:
     """The table's sort order: series key, time, then any other dedup columns."""
-    names = [*contract.series_key, contract.time_column]
-    names += [c for c in contract.dedup_key if c not in names]
-    return [(c, "ascending") for c in names]
+    return [(c, "ascending") for c in contract.sort_columns]
 
 
 def sorted_order(rows: pa.Table, contract: Contract) -> tuple[np.ndarray, float, int, KeyCodes]:
@@ -271,13 +271,22 @@ def unit_path(table: Any, job_id: str, unit: UnitRecord, suffix: str = "") -> st
 
 def write_parquet(rows: pa.Table, path: str, properties: dict[str, str], order: np.ndarray | None = None) -> int:
     """Write one file with Iceberg field ids (from the table's Arrow schema); returns its size in bytes.
-    With ``order``, the rows numbered so are written in that order, taken one row group at a time."""
+    With ``order``, the rows numbered so are written in that order, taken one row group at a time.
+
+    Parquet statistics do not count NaNs, which Iceberg's ``nan_value_counts`` wants for float
+    columns (engines prune ``x = 'NaN'`` and ``isnan`` with them): they are counted here and kept in
+    the footer, where `timelake.model.commit.data_file` reads them with the other statistics."""
     fs, local = filesystem(path)
     fs.create_dir(local.rsplit("/", 1)[0], recursive=True)
     codec = properties.get("write.parquet.compression-codec", "zstd")
     count = rows.num_rows if order is None else len(order)
-    schema = pa.schema([f.with_type(f.type.value_type) if pa.types.is_dictionary(f.type) else f for f in rows.schema],
-                       metadata=rows.schema.metadata)
+    nans = {}
+    for f in rows.schema:
+        if pa.types.is_floating(f.type):
+            is_nan = pc.fill_null(pc.is_nan(rows.column(f.name)), False).to_numpy(zero_copy_only=False)
+            nans[f.name] = int(is_nan.sum() if order is None else is_nan[order].sum())
+    fields = [f.with_type(f.type.value_type) if pa.types.is_dictionary(f.type) else f for f in rows.schema]
+    schema = pa.schema(fields, metadata={**(rows.schema.metadata or {}), NAN_COUNTS: json.dumps(nans).encode()})
     with fs.open_output_stream(local) as out, pq.ParquetWriter(
             out, schema, compression=None if codec == "uncompressed" else codec) as writer:
         for start in range(0, count, ROW_GROUP_ROWS):
