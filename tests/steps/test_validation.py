@@ -66,3 +66,32 @@ def test_a_staged_key_already_on_main_at_the_plan_fails_merge_validation(lake, s
     assert set(failed) == {"no_overlap_with_main"}
     assert "1 staged key(s) already exist on main" in failed["no_overlap_with_main"]["detail"]
     assert failed["no_overlap_with_main"]["samples"] == [{"device_id": "d00", "ts": key.as_py().isoformat()}]
+
+
+@pytest.mark.parametrize("seam", ["duplicate", "unsorted", "main"])
+def test_a_fault_at_the_seam_of_two_batches_is_caught(lake, sensor, readings, monkeypatch, seam):
+    """A check holds one batch of a file at a time: a duplicate key, a row out of order or a key of main
+    that sits exactly where one batch ends and the next begins is caught like any other."""
+    import timelake.steps.validate as validate_module
+
+    monkeypatch.setattr(validate_module, "BATCH_ROWS", 10)
+    if seam == "main":
+        sensor.append(readings(recent(4), days=1, devices=1, step_minutes=60, seed=3).slice(10, 1))
+    job_id, path = _staged_job(lake, readings(recent(4), days=1, devices=3))
+    rows = pq.read_table(path)
+    ts = rows.column("ts").to_pylist()
+    if seam == "duplicate":
+        ts[10] = ts[9]
+    elif seam == "unsorted":
+        ts[9], ts[10] = ts[10], ts[9]
+    else:  # main's key (d00 at 10:00, which the unit dropped) in place of d00 at 11:00: still in order
+        ts[10] = sensor.to_arrow().column("ts")[0].as_py()
+        assert ts[9] < ts[10] < ts[11]
+    pq.write_table(rows.set_column(0, rows.schema.field("ts"), pa.array(ts, rows.schema.field("ts").type)), path)
+    expected = {"duplicate": "unique_keys_in_staged", "unsorted": "files_sorted", "main": "no_overlap_with_main"}[seam]
+    with pytest.raises(ValidationFailed, match=expected):
+        validate(lake.runtime, job_id)
+    failed = {c["name"]: c for c in lake.runtime.store.get_job(job_id).state["checks"] if not c["passed"]}
+    assert set(failed) == {expected}
+    if seam == "unsorted":
+        assert failed["files_sorted"]["samples"][0]["row"] == 10

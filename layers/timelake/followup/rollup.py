@@ -23,7 +23,7 @@ from pyiceberg.transforms import DayTransform, MonthTransform
 
 from timelake.model.commit import swap
 from timelake.model.contract import Contract
-from timelake.model.layout import fresh_schema, read_range, time_filter
+from timelake.model.layout import fresh_schema, stream_range, time_filter
 from timelake.model.timeutil import US_PER_DAY, US_PER_HOUR, floor_to, next_boundary, parse_instant, to_micros
 from timelake.ports.runtime import Runtime
 
@@ -31,6 +31,7 @@ ROLLUPS = "timelake.rollups"
 INTERVALS = {"1h": US_PER_HOUR, "1d": US_PER_DAY}
 CHUNK = {"1h": "day", "1d": "month"}  # one atomic swap per chunk
 AGGREGATES = ("min", "max", "sum", "avg")
+DUCKDB_MEMORY = "256MB"  # per chunk; up to 4 chunks at once. The groups (series x buckets) are what it holds
 
 
 @dataclass(frozen=True)
@@ -104,12 +105,13 @@ def refresh(rt: Runtime, base: str, start: str, end: str) -> dict[str, int]:
     return done
 
 
-def compute(rows: pa.Table, contract: Contract, r: Rollup, schema: pa.Schema) -> pa.Table:
-    """The rollup rows of ``rows`` (DuckDB group-by over Arrow)."""
+def compute(rows: pa.Table | pa.RecordBatchReader, contract: Contract, r: Rollup, schema: pa.Schema) -> pa.Table:
+    """The rollup rows of ``rows`` (DuckDB group-by over Arrow; a reader is consumed batch by batch, and
+    the group-by spills past ``DUCKDB_MEMORY``)."""
     keys = ", ".join(f'"{k}"' for k in contract.series_key)
     width = INTERVALS[r.interval]
     aggregates = ", ".join(f'{a}("{c}")::DOUBLE AS "{c}_{a}"' for c in r.columns for a in AGGREGATES)
-    con = duckdb.connect()
+    con = duckdb.connect(config={"memory_limit": DUCKDB_MEMORY})
     con.register("base", rows)
     sql = (f'SELECT {keys}, make_timestamptz(((epoch_us("{contract.time_column}") // {width}) * {width})::BIGINT) AS bucket_start, '
            f'count(*) AS rows{", " + aggregates if aggregates else ""} FROM base GROUP BY ALL ORDER BY ALL')
@@ -117,5 +119,5 @@ def compute(rows: pa.Table, contract: Contract, r: Rollup, schema: pa.Schema) ->
 
 
 def _compute_chunk(table: Any, contract: Contract, r: Rollup, schema: pa.Schema, lo: int, hi: int) -> pa.Table:
-    rows = read_range(table, contract.time_column, lo, hi, (*contract.series_key, contract.time_column, *r.columns))
+    rows = stream_range(table, contract.time_column, lo, hi, (*contract.series_key, contract.time_column, *r.columns))
     return compute(rows, contract, r, schema)

@@ -127,11 +127,20 @@ def read_range(
     ref: str | None = None, snapshot_id: int | None = None,
 ) -> pa.Table:
     """Rows of ``table`` (main, a branch, or a snapshot) in [start, end), pruned by partitions and file bounds."""
+    return _range_scan(table, column, start_us, end_us, columns, ref, snapshot_id).to_arrow()
+
+
+def stream_range(table: "IcebergTable", column: str, start_us: int | None, end_us: int | None,
+                 columns: tuple[str, ...] | None = None) -> pa.RecordBatchReader:
+    """`read_range` as batches, for a consumer that aggregates them: memory holds a batch, not the range."""
+    return _range_scan(table, column, start_us, end_us, columns).to_arrow_batch_reader()
+
+
+def _range_scan(table: "IcebergTable", column: str, start_us: int | None, end_us: int | None,
+                columns: tuple[str, ...] | None, ref: str | None = None, snapshot_id: int | None = None) -> Any:
     scan = table.scan(row_filter=time_filter(column, start_us, end_us), selected_fields=columns or ("*",),
                       snapshot_id=snapshot_id)
-    if ref:
-        scan = scan.use_ref(ref)
-    return scan.to_arrow()
+    return scan.use_ref(ref) if ref else scan
 
 
 class SnapshotRange:

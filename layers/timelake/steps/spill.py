@@ -25,6 +25,7 @@ import pyarrow as pa
 from timelake.ports.files import filesystem
 
 INDEX_SUFFIX = ".idx"
+MAX_READ = 32 << 20  # bytes of one read: touching runs are joined up to this, and a reader holds one read at a time
 WHOLE = -1  # the bucket of a batch written without series buckets (a table without a series key)
 
 
@@ -115,7 +116,7 @@ def _ints(handle: Any, offset: int, count: int, counter: SpillRead) -> np.ndarra
 
 
 def _ranges(index: Any, buckets: list[int] | None, counter: SpillRead) -> tuple[list[tuple[int, int]], int]:
-    """(offset, length) of the runs of ``buckets``, runs that touch joined into one; and the schema's bytes."""
+    """(offset, length) of the runs of ``buckets``, runs that touch joined up to MAX_READ; and the schema's bytes."""
     present_count, schema_bytes = _ints(index, 0, 2, counter).tolist()
     directory = _ints(index, 16, 3 * present_count, counter).reshape(-1, 3)
     if buckets is not None:
@@ -124,7 +125,7 @@ def _ranges(index: Any, buckets: list[int] | None, counter: SpillRead) -> tuple[
     rows = [_ints(index, runs_at + 24 * first, 3 * count, counter).reshape(-1, 3) for _, first, count in directory.tolist()]
     joined: list[list[int]] = []
     for offset, length, _ in sorted(r for block in rows for r in block.tolist()):
-        if joined and joined[-1][0] + joined[-1][1] == offset:
+        if joined and joined[-1][0] + joined[-1][1] == offset and joined[-1][1] + length <= MAX_READ:
             joined[-1][1] += length
         else:
             joined.append([offset, length])

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import duckdb
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
@@ -36,6 +37,7 @@ from timelake.ports.runtime import Runtime
 from timelake.steps.write import existing_mask, sort_key_codes
 
 SAMPLES = 5
+BATCH_ROWS = 1 << 20  # a check holds one batch of a file's key and value columns, whatever the file's size
 ASSERTION_MEMORY = "2GB"  # DuckDB memory_limit for user assertions: a runaway query fails instead of the process
 
 
@@ -207,40 +209,91 @@ def _scan_files(table: Any, contract: Contract, staged: list[DataFile], mode: st
             mains[name] = SnapshotRange(table, contract.time_column, state["range_start"], state["range_end"],
                                         contract.dedup_key, snapshot_id=snapshot_id)
     transforms = {t.spec_id: t.transform for t in contract.tiers}
-    columns = keys + ([state["check_column"]] if state.get("check_column") and state["check_column"] not in keys else [])
+    check = state.get("check_column")
+    columns = keys + ([check] if check and check not in keys else [])
 
     def one(f: DataFile) -> _FileFacts:
+        lo, hi = PartitionKey(f.spec_id, transforms[f.spec_id], f.partition[0]).range
+        facts = _FileFacts(path=f.file_path, partition=(f.spec_id, f.partition[0]), range=(lo, hi), unsorted_at=None,
+                           duplicates=[], duplicate_count=0, series=pa.array([]), check_sum=0.0,
+                           overlap={name: 0 for name in mains}, overlap_samples={name: [] for name in mains})
+        nears = {name: _Near(main.read(lo, hi), contract) for name, main in mains.items()}
+        series: list[pa.Array] = []
+        last: dict[str, Any] | None = None
+        offset = 0
         fs, path = filesystem(f.file_path)
         with fs.open_input_file(path) as handle:
-            rows = pq.read_table(handle, columns=columns)
-        lo, hi = PartitionKey(f.spec_id, transforms[f.spec_id], f.partition[0]).range
-        codes = sort_key_codes(rows, contract)
-        unsorted_at, dup_mask = _order(codes.columns)
-        dups = rows.filter(pa.array(dup_mask)) if dup_mask.any() else rows.slice(0, 0)
-        overlap, samples = {}, {}
-        for name, main in mains.items():
-            near = main.read(lo, hi)
-            hits = rows.select(keys).filter(pa.array(existing_mask(rows, near, contract, codes))) if near.num_rows \
-                else rows.slice(0, 0).select(keys)
-            overlap[name], samples[name] = hits.num_rows, [_fmt_row(r) for r in hits.slice(0, SAMPLES).to_pylist()]
-        check = state.get("check_column")
-        return _FileFacts(
-            path=f.file_path, partition=(f.spec_id, f.partition[0]), range=(lo, hi), unsorted_at=unsorted_at,
-            duplicates=[_fmt_row(r) for r in dups.select(keys).slice(0, SAMPLES).to_pylist()],
-            duplicate_count=dups.num_rows,
-            series=pc.unique(rows.column(contract.series_key[0])) if contract.series_key else pa.array([]),
-            check_sum=float(pc.sum(rows.column(check)).as_py() or 0) if check else 0.0,
-            overlap=overlap, overlap_samples=samples,
-        )
+            for batch in pq.ParquetFile(handle).iter_batches(batch_size=BATCH_ROWS, columns=columns):
+                rows = pa.Table.from_batches([batch])
+                codes = sort_key_codes(rows, contract)
+                unsorted_at, dup_mask = _order(codes.columns)
+                first = {k: rows.column(k)[0].as_py() for k in keys}
+                if last is not None:  # the batches' seam: the previous batch's last key against this one's first
+                    seam = tuple(last[k] for k in keys), tuple(first[k] for k in keys)
+                    if seam[0] > seam[1] and facts.unsorted_at is None:
+                        facts.unsorted_at = offset
+                    if seam[0] == seam[1]:
+                        facts.duplicate_count += 1
+                        facts.duplicates.append(_fmt_row(last))
+                if unsorted_at is not None and facts.unsorted_at is None:
+                    facts.unsorted_at = offset + unsorted_at
+                if dup_mask.any():
+                    dups = rows.select(keys).filter(pa.array(dup_mask))
+                    facts.duplicate_count += dups.num_rows
+                    facts.duplicates += [_fmt_row(r) for r in dups.slice(0, SAMPLES).to_pylist()]
+                for name, near in nears.items():
+                    hits = near.hits(rows, codes)
+                    facts.overlap[name] += hits.num_rows
+                    facts.overlap_samples[name] += [_fmt_row(r) for r in hits.slice(0, SAMPLES).to_pylist()]
+                if contract.series_key:
+                    series.append(pc.unique(rows.column(contract.series_key[0])))
+                if check:
+                    facts.check_sum += float(pc.sum(rows.column(check)).as_py() or 0)
+                last = {k: rows.column(k)[rows.num_rows - 1].as_py() for k in keys}
+                offset += rows.num_rows
+        facts.duplicates = facts.duplicates[:SAMPLES]
+        facts.overlap_samples = {name: s[:SAMPLES] for name, s in facts.overlap_samples.items()}
+        if series:
+            facts.series = pc.unique(pa.chunked_array(series))
+        return facts
 
     with ThreadPoolExecutor(max_workers=8) as pool:
         return list(pool.map(one, staged))
 
 
+class _Near:
+    """Main's keys in one staged file's partition, sorted by series, so each batch of the (sorted) file is
+    matched against the slice of them that holds its series only."""
+
+    def __init__(self, rows: pa.Table, contract: Contract) -> None:
+        self.contract = contract
+        self.series = contract.series_key[0] if len(contract.series_key) == 1 else None
+        if self.series is None or rows.num_rows == 0:
+            self.rows, self.distinct, self.ranks = rows, None, None
+            return
+        self.distinct = pc.unique(rows.column(self.series)).sort()
+        ranks = pc.index_in(rows.column(self.series), value_set=self.distinct).to_numpy(zero_copy_only=False)
+        order = np.argsort(ranks, kind="stable")
+        self.rows, self.ranks = rows.take(pa.array(order)), ranks[order]
+
+    def hits(self, rows: pa.Table, codes: Any) -> pa.Table:
+        """The keys of ``rows`` (a batch of a staged file) that main holds."""
+        keys = list(self.contract.dedup_key)
+        near = self.rows
+        if self.distinct is not None and near.num_rows:
+            mine = pc.index_in(pc.unique(rows.column(self.series)), value_set=self.distinct.cast(rows.schema.field(self.series).type))
+            present = mine.drop_null().to_numpy(zero_copy_only=False)
+            if not len(present):
+                return rows.slice(0, 0).select(keys)
+            lo, hi = np.searchsorted(self.ranks, present.min()), np.searchsorted(self.ranks, present.max(), side="right")
+            near = near.slice(int(lo), int(hi - lo))
+        if near.num_rows == 0:
+            return rows.slice(0, 0).select(keys)
+        return rows.select(keys).filter(pa.array(existing_mask(rows, near, self.contract, codes)))
+
+
 def _order(codes: list[Any]) -> tuple[int | None, Any]:
     """First row out of (series, time) order, and which rows repeat the key of the next row."""
-    import numpy as np
-
     n = len(codes[0]) if codes else 0
     less = np.zeros(max(n - 1, 0), dtype=bool)
     equal = np.ones(max(n - 1, 0), dtype=bool)
