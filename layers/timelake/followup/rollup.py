@@ -112,6 +112,7 @@ def compute(rows: pa.Table | pa.RecordBatchReader, contract: Contract, r: Rollup
     width = INTERVALS[r.interval]
     aggregates = ", ".join(f'{a}("{c}")::DOUBLE AS "{c}_{a}"' for c in r.columns for a in AGGREGATES)
     con = duckdb.connect(config={"memory_limit": DUCKDB_MEMORY})
+    con.execute("SET enable_progress_bar = false")
     con.register("base", rows)
     sql = (f'SELECT {keys}, make_timestamptz(((epoch_us("{contract.time_column}") // {width}) * {width})::BIGINT) AS bucket_start, '
            f'count(*) AS rows{", " + aggregates if aggregates else ""} FROM base GROUP BY ALL ORDER BY ALL')

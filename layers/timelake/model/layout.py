@@ -7,15 +7,18 @@ from __future__ import annotations
 
 import threading
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from timelake.model.contract import Contract
 from timelake.model.timeutil import transform_range, transform_values
+from timelake.ports.files import filesystem
 
 if TYPE_CHECKING:
     from pyiceberg.expressions import BooleanExpression
@@ -132,8 +135,42 @@ def read_range(
 
 def stream_range(table: "IcebergTable", column: str, start_us: int | None, end_us: int | None,
                  columns: tuple[str, ...] | None = None) -> pa.RecordBatchReader:
-    """`read_range` as batches, for a consumer that aggregates them: memory holds a batch, not the range."""
-    return _range_scan(table, column, start_us, end_us, columns).to_arrow_batch_reader()
+    """`read_range` as batches, for a consumer that aggregates them: memory holds a batch, not the range.
+
+    pyiceberg's own batch reader holds a whole data file at a time (a 128 MB file is 1 GB of Arrow), so a
+    file whose columns carry field ids and that has no delete files is read here row group by row group,
+    its columns picked by field id (a renamed column still matches). Any other file goes through pyiceberg.
+    ``columns`` must hold ``column``, which filters the rows."""
+    from pyiceberg.io.pyarrow import ArrowScan
+
+    scan = _range_scan(table, column, start_us, end_us, columns)
+    projection = scan.projection()
+    schema = projection.as_arrow()
+    ids = {f.field_id: f.name for f in projection.fields}
+    row_filter = time_filter(column, start_us, end_us)
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        for task in scan.plan_files():
+            fs, path = filesystem(task.file.file_path)
+            with fs.open_input_file(path) as handle:
+                parquet = pq.ParquetFile(handle)
+                by_id = {int(f.metadata[b"PARQUET:field_id"]): f.name for f in parquet.schema_arrow
+                         if f.metadata and b"PARQUET:field_id" in f.metadata}
+                if task.delete_files or not set(ids) <= set(by_id):
+                    yield from ArrowScan(scan.table_metadata, scan.io, projection, row_filter,
+                                         scan.case_sensitive).to_record_batches([task])
+                    continue
+                for batch in parquet.iter_batches(batch_size=1 << 20, columns=[by_id[i] for i in ids]):
+                    rows = pa.Table.from_batches([batch]).rename_columns(list(ids.values()))
+                    ts = micros(rows, column)
+                    keep = np.ones(len(ts), dtype=bool)
+                    if start_us is not None:
+                        keep &= ts >= start_us
+                    if end_us is not None:
+                        keep &= ts < end_us
+                    yield from (rows if keep.all() else rows.filter(pa.array(keep))).cast(schema).to_batches()
+
+    return pa.RecordBatchReader.from_batches(schema, batches())
 
 
 def _range_scan(table: "IcebergTable", column: str, start_us: int | None, end_us: int | None,
