@@ -34,7 +34,7 @@ from timelake.steps.plan import cut, pending_pieces, plan, scan
 from timelake.steps.publish import publish
 from timelake.steps.scan import open_job_source
 from timelake.steps.stage import stage
-from timelake.steps.validate import validate
+from timelake.steps.validate import check_file, check_items, plan_checks, validate
 from timelake.steps.write import write_unit
 
 Progress = Callable[[dict[str, Any]], None]
@@ -91,6 +91,7 @@ def run_job(
                 stage(rt, job_id)
                 checkpoint("stage.done")
             elif step == "validate":
+                _check_all(rt, job_id, cancel)
                 validate(rt, job_id)
             elif step == "publish":
                 publish(rt, job_id)
@@ -180,6 +181,16 @@ def _write_all(
         rt.store.update_job(job_id, "written", write_finished_at=time.time())
 
 
+def _check_all(rt: Runtime, job_id: str, cancel: threading.Event | None) -> None:
+    """The per-file checks of validation, on the writers' pool; `validate` then combines them. One file
+    is checked inside `validate` itself."""
+    if plan_checks(rt, job_id)["files"] > 1:
+        spec = JobSpec.model_validate(rt.store.get_job(job_id).spec)
+        items = check_items(rt, job_id)
+        _fan_out(rt, job_id, "check", items, min(spec.max_concurrency or os.cpu_count() or 1, len(items)),
+                 lambda: None, cancel, threads=True)
+
+
 def _check(cancel: threading.Event | None, job_id: str, doing: str, rt: Runtime | None = None) -> None:
     """Stop between steps or units when interrupted (Ctrl-C) or when an abort was requested."""
     if cancel is not None and cancel.is_set():
@@ -192,14 +203,14 @@ def _fan_out(
     rt: Runtime, job_id: str, step: str, items: list[Any], workers: int, tick: Callable[[], None],
     cancel: threading.Event | None, threads: bool = False, main: MainReader | None = None,
 ) -> None:
-    """Run ``step`` (scan or write) over ``items`` on a pool of processes, or of ``threads`` (which
+    """Run ``step`` (scan, write or check) over ``items`` on a pool of processes, or of ``threads`` (which
     share ``main``, merge mode's reader of main), recording progress as items finish."""
     config = rt.config.model_dump()
     if threads:
         pool: Executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"timelake-{step}")
     else:
         context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload(["timelake.write", "timelake.scan", "pyiceberg.catalog.sql"])
+        context.set_forkserver_preload(["timelake.steps.write", "timelake.steps.scan", "pyiceberg.catalog.sql"])
         pool = ProcessPoolExecutor(max_workers=workers, mp_context=context)
     with _workers_skip_main(), pool:
         queue = list(reversed(items))
@@ -208,12 +219,10 @@ def _fan_out(
             while queue or running:
                 while queue and len(running) < workers * 2:
                     item = queue.pop()
-                    if not threads:
-                        future = pool.submit(_in_worker, config, step, job_id, item)
-                    elif step == "scan":
-                        future = pool.submit(scan, rt, job_id, item)
+                    if threads:
+                        future = pool.submit(_run_item, rt, step, job_id, item, main)
                     else:
-                        future = pool.submit(write_unit, rt, job_id, item, main)
+                        future = pool.submit(_in_worker, config, step, job_id, item)
                     running[future] = item
                 done, _ = wait(running, timeout=0.5, return_when=FIRST_COMPLETED)
                 for future in done:
@@ -226,7 +235,7 @@ def _fan_out(
                         raise BackfillError(f"job {job_id}: {step} of {item} failed: {type(exc).__name__}: {exc}") from exc
                     tick()
                     checkpoint(f"{step}.unit")
-                _check(cancel, job_id, f"while {step}ning" if step == "scan" else "while writing", rt)
+                _check(cancel, job_id, {"scan": "while scanning", "write": "while writing"}.get(step, "while validating"), rt)
         except BaseException:
             pool.shutdown(wait=True, cancel_futures=True)
             raise
@@ -251,8 +260,15 @@ def _workers_skip_main() -> Iterator[None]:
 
 
 def _in_worker(config: dict[str, Any], step: str, job_id: str, item: Any) -> dict[str, Any]:
-    rt = runtime_for(config)
-    return scan(rt, job_id, item) if step == "scan" else write_unit(rt, job_id, item)
+    return _run_item(runtime_for(config), step, job_id, item)
+
+
+def _run_item(rt: Runtime, step: str, job_id: str, item: Any, main: MainReader | None = None) -> dict[str, Any]:
+    if step == "scan":
+        return scan(rt, job_id, item)
+    if step == "write":
+        return write_unit(rt, job_id, item, main)
+    return check_file(rt, job_id, item["file"], item["spec_id"], item["partition"])
 
 
 class _Ticker:

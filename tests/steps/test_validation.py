@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -95,3 +97,29 @@ def test_a_fault_at_the_seam_of_two_batches_is_caught(lake, sensor, readings, mo
     assert set(failed) == {expected}
     if seam == "unsorted":
         assert failed["files_sorted"]["samples"][0]["row"] == 10
+
+
+def test_checks_fanned_out_per_file_equal_the_checks_of_one_pass(lake, sensor, readings):
+    """Validation fans out one work item per staged file (`check_file`, each holding one file's columns)
+    and `validate` combines their stored facts: the same checks, passed or failed, as one pass over all."""
+    from timelake.steps.validate import check_file, check_items, plan_checks, run_checks
+
+    rt = lake.runtime
+    job_id = stage_job(lake, readings(recent(6), days=4, devices=3))
+    path = rt.store.units(job_id)[1].result["path"].removeprefix("file://")
+    rows = pq.read_table(path)
+    ts = rows.column("ts").to_pylist()
+    ts[3] = ts[2]
+    pq.write_table(rows.set_column(0, rows.schema.field("ts"), pa.array(ts, rows.schema.field("ts").type)), path)
+    job = rt.store.get_job(job_id)
+    one_pass = run_checks(rt, job.spec, rt.store.units(job_id), job.state)
+    assert plan_checks(rt, job_id)["files"] == 4
+    results = [check_file(rt, job_id, item["file"], item["spec_id"], item["partition"]) for item in check_items(rt, job_id)]
+    assert sorted(r["passed"] for r in results) == [False, True, True, True]
+    Path(rt.store.units(job_id)[0].result["path"].removeprefix("file://")).unlink()  # validate reads no data file now
+    with pytest.raises(ValidationFailed, match="unique_keys_in_staged"):
+        validate(rt, job_id)
+    assert [(c["name"], c["passed"], c["detail"]) for c in rt.store.get_job(job_id).state["checks"]] == \
+        [(c.name, c.passed, c.detail) for c in one_pass]
+    stored = list(Path(rt.staging_path(job_id, "validate").removeprefix("file://")).glob("*.json"))
+    assert len(stored) == 4 + 1  # one facts file per staged file, and the list of work items

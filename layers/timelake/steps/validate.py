@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import threading
 import time
+import hashlib
+import json
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -32,12 +34,14 @@ from timelake.model.contract import Contract
 from timelake.model.layout import PartitionKey, SnapshotRange
 from timelake.model.spec import JobSpec
 from timelake.model.timeutil import iso
-from timelake.ports.files import filesystem
+from timelake.ports.files import filesystem, make_parent
 from timelake.ports.runtime import Runtime
+from timelake.steps.plan import write_json
 from timelake.steps.write import existing_mask, sort_key_codes
 
 SAMPLES = 5
 BATCH_ROWS = 1 << 20  # a check holds one batch of a file's key and value columns, whatever the file's size
+CHECK_ITEMS = "validate/files.json"
 ASSERTION_MEMORY = "2GB"  # DuckDB memory_limit for user assertions: a runaway query fails instead of the process
 
 
@@ -53,13 +57,52 @@ class Check:
 def validate(rt: Runtime, job_id: str) -> dict[str, Any]:
     """Validate step. Input: job id. Output: the checks; raises ValidationFailed if a blocking one failed."""
     job = rt.store.get_job(job_id)
-    checks = run_checks(rt, job.spec, rt.store.units(job_id), job.state)
+    checks = run_checks(rt, job.spec, rt.store.units(job_id), job.state, job_id)
     return conclude(rt, job_id, checks, "validated", job.state["branch"])
 
 
-def run_checks(rt: Runtime, job_spec: dict[str, Any], units: list[Any], state: dict[str, Any]) -> list[Check]:
+def plan_checks(rt: Runtime, job_id: str) -> dict[str, Any]:
+    """Validation, first part: fixes the snapshots of main every staged file is compared with, and lists
+    the staged files as work items for `check_file` (the writer pool embedded, a Distributed Map on AWS)."""
+    job = rt.store.get_job(job_id)
+    spec = JobSpec.model_validate(job.spec)
+    table = rt.load_table(spec.table)
+    staged = added_files(table, job.state["staged_snapshot_id"]) if job.state.get("staged_snapshot_id") else []
+    snapshots = _main_snapshots(table, spec.mode, job.state, bool(staged))
+    rt.store.update_job(job_id, validation_snapshots=snapshots)
+    items = [{"job_id": job_id, "file": f.file_path, "spec_id": f.spec_id, "partition": f.partition[0]} for f in staged]
+    return {"job_id": job_id, "files": len(items), "manifest": write_json(rt, job_id, CHECK_ITEMS, items)}
+
+
+def check_items(rt: Runtime, job_id: str) -> list[dict[str, Any]]:
+    """The work items `plan_checks` listed."""
+    fs, path = filesystem(rt.staging_path(job_id, CHECK_ITEMS))
+    with fs.open_input_stream(path) as handle:
+        return json.loads(handle.read())
+
+
+def check_file(rt: Runtime, job_id: str, file: str, spec_id: int, partition: int) -> dict[str, Any]:
+    """Validation, per staged file: one pass over its key and value columns, a batch at a time (sortedness,
+    duplicates, overlap with main in its partition, its check sum), kept beside the job's scratch files
+    for `validate` to combine. A work item holds one file's columns, whatever the job's size."""
+    job = rt.store.get_job(job_id)
+    spec = JobSpec.model_validate(job.spec)
+    table = rt.load_table(spec.table)
+    contract = Contract.from_table(table)
+    snapshots = job.state["validation_snapshots"]
+    lo, hi = _partition_range(contract, spec_id, partition)
+    mains = {name: SnapshotRange(table, contract.time_column, lo, hi, contract.dedup_key, snapshot_id=snapshot_id)
+             for name, snapshot_id in snapshots.items()}
+    facts = _file_facts(contract, job.state, mains, file, spec_id, partition)
+    _store_facts(rt, job_id, snapshots, facts)
+    return {"file": file, "passed": facts.unsorted_at is None and not facts.duplicate_count and not facts.overlap.get("base")}
+
+
+def run_checks(rt: Runtime, job_spec: dict[str, Any], units: list[Any], state: dict[str, Any],
+               job_id: str | None = None) -> list[Check]:
     """Every check over the files ``state["staged_snapshot_id"]`` added, against ``units`` and the
-    counts in ``state``: the whole job, or (with a narrowed state) one canary day of it."""
+    counts in ``state``: the whole job, or (with a narrowed state) one canary day of it. With ``job_id``,
+    the per-file facts that `check_file` stored are used; a file without them is checked here."""
     spec = JobSpec.model_validate(job_spec)
     table = rt.load_table(spec.table)
     contract = Contract.from_table(table)
@@ -72,7 +115,7 @@ def run_checks(rt: Runtime, job_spec: dict[str, Any], units: list[Any], state: d
         _time_bounds(table, contract, staged, state["range_start"], state["range_end"]),
         _not_null(table, contract, staged),
     ]
-    facts = _scan_files(table, contract, staged, spec.mode, state)
+    facts = _scan_files(rt, job_id, table, contract, staged, spec.mode, state)
     checks += [_sorted(facts), _unique_keys(facts, contract)]
     checks += _overlap_with_main(facts, table, spec.mode, state)
     checks.append(_aggregate(units, facts, state))
@@ -196,69 +239,122 @@ class _FileFacts:
     overlap: dict[str, int]
     overlap_samples: dict[str, list[dict[str, Any]]]
 
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "series": pc.cast(self.series, pa.string()).to_pylist()}
 
-def _scan_files(table: Any, contract: Contract, staged: list[DataFile], mode: str, state: dict[str, Any]) -> list[_FileFacts]:
-    keys = list(contract.dedup_key)
-    mains: dict[str, SnapshotRange] = {}
-    if mode != "replace" and staged:
-        base, current = state.get("base_snapshot_id"), table.current_snapshot()
-        snapshots = {"base": base} if base is not None else {}  # main was empty at the plan: nothing to overlap
-        if mode == "merge" and current is not None and current.snapshot_id != base:
-            snapshots["live"] = current.snapshot_id
-        for name, snapshot_id in snapshots.items():
-            mains[name] = SnapshotRange(table, contract.time_column, state["range_start"], state["range_end"],
-                                        contract.dedup_key, snapshot_id=snapshot_id)
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "_FileFacts":
+        return cls(**{**data, "partition": tuple(data["partition"]), "range": tuple(data["range"]),
+                      "series": pa.array(data["series"], pa.string())})
+
+
+def _main_snapshots(table: Any, mode: str, state: dict[str, Any], any_staged: bool) -> dict[str, int]:
+    """The snapshots of main a staged key must not be on: main at the plan ("base"; a key there is a
+    failed check in merge mode) and, in merge mode, main now if live writers committed since ("live";
+    reported, the live rows win at publish). None in replace mode, which replaces the range."""
+    if mode == "replace" or not any_staged:
+        return {}
+    base, current = state.get("base_snapshot_id"), table.current_snapshot()
+    snapshots = {"base": base} if base is not None else {}  # main was empty at the plan: nothing to overlap
+    if mode == "merge" and current is not None and current.snapshot_id != base:
+        snapshots["live"] = current.snapshot_id
+    return snapshots
+
+
+def _partition_range(contract: Contract, spec_id: int, partition: int) -> tuple[int, int]:
     transforms = {t.spec_id: t.transform for t in contract.tiers}
+    return PartitionKey(spec_id, transforms[spec_id], partition).range
+
+
+def _facts_uri(rt: Runtime, job_id: str, snapshots: dict[str, int], path: str) -> str:
+    """Where `check_file` keeps a file's facts; the snapshots of main they were taken against are part of
+    the name, so facts taken before a live commit are not reused after it."""
+    digest = hashlib.sha256(json.dumps([path, sorted(snapshots.items())]).encode()).hexdigest()[:24]
+    return rt.staging_path(job_id, "validate", f"{digest}.json")
+
+
+def _store_facts(rt: Runtime, job_id: str, snapshots: dict[str, int], facts: "_FileFacts") -> None:
+    fs, path = filesystem(_facts_uri(rt, job_id, snapshots, facts.path))
+    make_parent(fs, path)
+    with fs.open_output_stream(path) as out:
+        out.write(json.dumps(facts.to_json()).encode())
+
+
+def _stored_facts(rt: Runtime, job_id: str, snapshots: dict[str, int], path: str) -> "_FileFacts | None":
+    fs, local = filesystem(_facts_uri(rt, job_id, snapshots, path))
+    try:
+        with fs.open_input_stream(local) as handle:
+            return _FileFacts.from_json(json.loads(handle.read()))
+    except FileNotFoundError:
+        return None
+
+
+def _scan_files(rt: Runtime, job_id: str | None, table: Any, contract: Contract, staged: list[DataFile], mode: str,
+                state: dict[str, Any]) -> list[_FileFacts]:
+    """The facts of every staged file: those `check_file` stored (against the same snapshots of main),
+    the others computed here, a few files at a time, main planned once over the job's range."""
+    planned = state.get("validation_snapshots") if job_id else None
+    snapshots = planned if planned is not None else _main_snapshots(table, mode, state, bool(staged))
+    found = {f.file_path: _stored_facts(rt, job_id, snapshots, f.file_path) for f in staged} if job_id else {}
+    missing = [f for f in staged if found.get(f.file_path) is None]
+    mains = {name: SnapshotRange(table, contract.time_column, state["range_start"], state["range_end"],
+                                 contract.dedup_key, snapshot_id=snapshot_id)
+             for name, snapshot_id in snapshots.items()} if missing else {}
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        computed = dict(zip([f.file_path for f in missing], pool.map(
+            lambda f: _file_facts(contract, state, mains, f.file_path, f.spec_id, f.partition[0]), missing)))
+    return [found.get(f.file_path) or computed[f.file_path] for f in staged]
+
+
+def _file_facts(contract: Contract, state: dict[str, Any], mains: dict[str, SnapshotRange], file: str, spec_id: int,
+                partition: int) -> _FileFacts:
+    """One pass over a staged file's key and value columns, one batch at a time."""
+    keys = list(contract.dedup_key)
     check = state.get("check_column")
     columns = keys + ([check] if check and check not in keys else [])
-
-    def one(f: DataFile) -> _FileFacts:
-        lo, hi = PartitionKey(f.spec_id, transforms[f.spec_id], f.partition[0]).range
-        facts = _FileFacts(path=f.file_path, partition=(f.spec_id, f.partition[0]), range=(lo, hi), unsorted_at=None,
-                           duplicates=[], duplicate_count=0, series=pa.array([]), check_sum=0.0,
-                           overlap={name: 0 for name in mains}, overlap_samples={name: [] for name in mains})
-        nears = {name: _Near(main.read(lo, hi), contract) for name, main in mains.items()}
-        series: list[pa.Array] = []
-        last: dict[str, Any] | None = None
-        offset = 0
-        fs, path = filesystem(f.file_path)
-        with fs.open_input_file(path) as handle:
-            for batch in pq.ParquetFile(handle).iter_batches(batch_size=BATCH_ROWS, columns=columns):
-                rows = pa.Table.from_batches([batch])
-                codes = sort_key_codes(rows, contract)
-                unsorted_at, dup_mask = _order(codes.columns)
-                first = {k: rows.column(k)[0].as_py() for k in keys}
-                if last is not None:  # the batches' seam: the previous batch's last key against this one's first
-                    seam = tuple(last[k] for k in keys), tuple(first[k] for k in keys)
-                    if seam[0] > seam[1] and facts.unsorted_at is None:
-                        facts.unsorted_at = offset
-                    if seam[0] == seam[1]:
-                        facts.duplicate_count += 1
-                        facts.duplicates.append(_fmt_row(last))
-                if unsorted_at is not None and facts.unsorted_at is None:
-                    facts.unsorted_at = offset + unsorted_at
-                if dup_mask.any():
-                    dups = rows.select(keys).filter(pa.array(dup_mask))
-                    facts.duplicate_count += dups.num_rows
-                    facts.duplicates += [_fmt_row(r) for r in dups.slice(0, SAMPLES).to_pylist()]
-                for name, near in nears.items():
-                    hits = near.hits(rows, codes)
-                    facts.overlap[name] += hits.num_rows
-                    facts.overlap_samples[name] += [_fmt_row(r) for r in hits.slice(0, SAMPLES).to_pylist()]
-                if contract.series_key:
-                    series.append(pc.unique(rows.column(contract.series_key[0])))
-                if check:
-                    facts.check_sum += float(pc.sum(rows.column(check)).as_py() or 0)
-                last = {k: rows.column(k)[rows.num_rows - 1].as_py() for k in keys}
-                offset += rows.num_rows
-        facts.duplicates = facts.duplicates[:SAMPLES]
-        facts.overlap_samples = {name: s[:SAMPLES] for name, s in facts.overlap_samples.items()}
-        if series:
-            facts.series = pc.unique(pa.chunked_array(series))
-        return facts
-
-    with ThreadPoolExecutor(max_workers=8) as pool:
-        return list(pool.map(one, staged))
+    lo, hi = _partition_range(contract, spec_id, partition)
+    facts = _FileFacts(path=file, partition=(spec_id, partition), range=(lo, hi), unsorted_at=None,
+                       duplicates=[], duplicate_count=0, series=pa.array([]), check_sum=0.0,
+                       overlap={name: 0 for name in mains}, overlap_samples={name: [] for name in mains})
+    nears = {name: _Near(main.read(lo, hi), contract) for name, main in mains.items()}
+    series: list[pa.Array] = []
+    last: dict[str, Any] | None = None
+    offset = 0
+    fs, path = filesystem(file)
+    with fs.open_input_file(path) as handle:
+        for batch in pq.ParquetFile(handle).iter_batches(batch_size=BATCH_ROWS, columns=columns):
+            rows = pa.Table.from_batches([batch])
+            codes = sort_key_codes(rows, contract)
+            unsorted_at, dup_mask = _order(codes.columns)
+            first = {k: rows.column(k)[0].as_py() for k in keys}
+            if last is not None:  # the batches' seam: the previous batch's last key against this one's first
+                seam = tuple(last[k] for k in keys), tuple(first[k] for k in keys)
+                if seam[0] > seam[1] and facts.unsorted_at is None:
+                    facts.unsorted_at = offset
+                if seam[0] == seam[1]:
+                    facts.duplicate_count += 1
+                    facts.duplicates.append(_fmt_row(last))
+            if unsorted_at is not None and facts.unsorted_at is None:
+                facts.unsorted_at = offset + unsorted_at
+            if dup_mask.any():
+                dups = rows.select(keys).filter(pa.array(dup_mask))
+                facts.duplicate_count += dups.num_rows
+                facts.duplicates += [_fmt_row(r) for r in dups.slice(0, SAMPLES).to_pylist()]
+            for name, near in nears.items():
+                hits = near.hits(rows, codes)
+                facts.overlap[name] += hits.num_rows
+                facts.overlap_samples[name] += [_fmt_row(r) for r in hits.slice(0, SAMPLES).to_pylist()]
+            if contract.series_key:
+                series.append(pc.unique(rows.column(contract.series_key[0])))
+            if check:
+                facts.check_sum += float(pc.sum(rows.column(check)).as_py() or 0)
+            last = {k: rows.column(k)[rows.num_rows - 1].as_py() for k in keys}
+            offset += rows.num_rows
+    facts.duplicates = facts.duplicates[:SAMPLES]
+    facts.overlap_samples = {name: s[:SAMPLES] for name, s in facts.overlap_samples.items()}
+    if series:
+        facts.series = pc.unique(pa.chunked_array(series))
+    return facts
 
 
 class _Near:
@@ -322,7 +418,7 @@ def _unique_keys(facts: list[_FileFacts], contract: Contract) -> Check:
     shared = []
     for partition, files in by_partition.items():
         if len(files) > 1:
-            series = pa.chunked_array([f.series for f in files])
+            series = pa.chunked_array([pc.cast(f.series, pa.string()) for f in files], pa.string())
             if len(pc.unique(series)) != len(series):
                 shared.append({"partition": partition, "files": [f.path for f in files]})
     spans = sorted(files[0].range for files in by_partition.values())
