@@ -220,3 +220,13 @@ def json_out(result: subprocess.CompletedProcess) -> Any:
 
 def day_of(ts_us: int) -> int:
     return ts_us // US_PER_DAY
+
+
+def seeded(tmp_path: Path, days: int) -> tuple[Lake, Path, pa.Table, list[pa.Table], str]:
+    """A lake whose table holds the original rows, and the export of the parts to backfill:
+    (lake, warehouse, original rows, parts, source glob)."""
+    lake, warehouse = make_lake(tmp_path)
+    original = original_rows(days)
+    create_table(lake).append(original)
+    parts = source_parts(days)
+    return lake, warehouse, original, parts, write_source(tmp_path / "export", parts)

@@ -15,9 +15,9 @@ import pyarrow as pa
 import pytest
 
 from tests.runner.scenario import (
-    BRANCH_PREFIX, CHUNK_PROPERTY, JOB_PROPERTY, RANGE_START, STEP_PROPERTY, TABLE, assert_same_rows, create_table,
-    json_out, key_counts, main_history, main_rows, main_snapshot_id, make_lake, merge_reference, original_rows,
-    publish_snapshots, refs, run_backfill, run_cli, source_parts, us, write_source,
+    BRANCH_PREFIX, CHUNK_PROPERTY, JOB_PROPERTY, RANGE_START, STEP_PROPERTY, TABLE, assert_same_rows, json_out,
+    key_counts, main_history, main_rows, main_snapshot_id, merge_reference, publish_snapshots, refs, run_backfill,
+    run_cli, seeded, us,
 )
 from timelake.interfaces.lake import Lake
 
@@ -49,12 +49,7 @@ class Scenario:
 
 @pytest.fixture
 def scenario(tmp_path: Path) -> Scenario:
-    lake, warehouse = make_lake(tmp_path)
-    table = create_table(lake)
-    original = original_rows(DAYS)
-    table.append(original)
-    parts = source_parts(DAYS)
-    source = write_source(tmp_path / "export", parts)
+    lake, warehouse, original, parts, source = seeded(tmp_path, DAYS)
     s = Scenario(lake, warehouse, source, original, merge_reference(original, parts), parts)
     # the data exercises every merge rule (new keys, later source rows win, existing rows win)
     assert s.new_rows > 0 and s.source_duplicates > 0 and s.source_keys_on_main > 0

@@ -23,9 +23,9 @@ from pyiceberg.expressions import And, GreaterThanOrEqual, LessThan
 
 import timelake.runner as runner
 from tests.runner.scenario import (
-    BRANCH_PREFIX, CHUNK_PROPERTY, DEVICES, RANGE_START, STEP, TABLE, Key, assert_same_rows, canonical, create_table,
-    day_of, json_out, key_counts, keyed, main_rows, make_lake, merge_reference, original_rows, publish_snapshots, refs,
-    run_backfill, run_cli, source_parts, table_of, us, write_source,
+    BRANCH_PREFIX, CHUNK_PROPERTY, DEVICES, RANGE_START, STEP, TABLE, Key, assert_same_rows, canonical, day_of,
+    json_out, key_counts, keyed, main_rows, merge_reference, publish_snapshots, refs, run_backfill, run_cli, seeded,
+    table_of, us,
 )
 from timelake import connect
 from timelake.interfaces.lake import Lake
@@ -127,12 +127,8 @@ class Live:
 
 @pytest.fixture
 def live(tmp_path: Path) -> Live:
-    lake, warehouse = make_lake(tmp_path)
-    table = create_table(lake)
-    original = original_rows(DAYS)
-    table.append(original)
-    parts = source_parts(DAYS)
-    return Live(lake, warehouse, write_source(tmp_path / "export", parts), original, parts)
+    lake, warehouse, original, parts, source = seeded(tmp_path, DAYS)
+    return Live(lake, warehouse, source, original, parts)
 
 
 def _wait_for(condition: Callable[[], bool], what: str, timeout: float = 30) -> None:
