@@ -2,6 +2,7 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
+RUNTIME := $(VENV)/.runtime
 STAMP := $(VENV)/.installed
 
 .PHONY: demo test test-deps docs bench bench-postgres clean install synth
@@ -10,9 +11,15 @@ NPM_LOCK := $(wildcard package-lock.json)
 
 PG_BIN := /usr/lib/postgresql/15/bin
 
-$(STAMP): pyproject.toml package.json $(NPM_LOCK)
+# The runtime alone (what `make demo` needs): no CDK, no moto, no npm.
+$(RUNTIME): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e .
+	touch $(RUNTIME)
+
+# Everything the tests and the AWS deployment need on top: the dev tools and the npm packages.
+$(STAMP): $(RUNTIME) pyproject.toml package.json $(NPM_LOCK)
 	$(PY) -m pip install --quiet -e '.[dev]'
 	npm $(if $(NPM_LOCK),ci,install) --no-audit --no-fund --loglevel=error
 	touch $(STAMP)
@@ -27,7 +34,7 @@ test-deps:
 	command -v chromium >/dev/null || missing="$$missing chromium"; \
 	if [ -n "$$missing" ]; then apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y $$missing; fi
 
-demo: $(STAMP)
+demo: $(RUNTIME)
 	$(VENV)/bin/timelake demo
 
 test: $(STAMP) test-deps docs

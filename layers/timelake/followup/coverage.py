@@ -143,7 +143,7 @@ def compute(
         hi = hi if hi is not None else _ceil(int(stats.hi.max()) + 1, grain_at)
     edges = bucket_edges(lo, hi, grain_at, by)
     buckets = [Bucket(a, b, grain_at(a)) for a, b in zip(edges, edges[1:])]
-    interval = _fixed_interval(table.properties[EXPECTED_INTERVAL]) if table.properties.get(EXPECTED_INTERVAL) else None
+    interval = fixed_interval(table.properties[EXPECTED_INTERVAL]) if table.properties.get(EXPECTED_INTERVAL) else None
     fractions = _assign(stats, np.array(edges, dtype=np.int64), buckets, interval)
     counts = _series_counts(stats, contract, fractions) if series else None
     series_count, source = _series_count(table, contract, interval, counts)
@@ -406,7 +406,8 @@ def _series_count(
     return None, None
 
 
-def _fixed_interval(text: str) -> int:
+def fixed_interval(text: str) -> int:
+    """The cadence ``text`` (an ISO-8601 duration of fixed length) in microseconds."""
     parts = parse_duration(text)
     if parts.get("years") or parts.get("months"):
         raise ValueError(f"table property {EXPECTED_INTERVAL} is '{text}': the cadence must be a fixed duration (e.g. PT1M, PT1H, P1D)")

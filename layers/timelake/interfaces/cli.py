@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
+import pyarrow as pa
 import typer
 from rich.markup import escape
 from rich.table import Table as RichTable
@@ -363,6 +364,104 @@ def coverage_refresh(table: str, as_json: JsonFlag = False, warehouse: Warehouse
         out.print_json(json.dumps(result))
     else:
         out.print(f"{result['coverage_table']}: {written} partition(s) written")
+
+
+COLUMN_TYPES = {
+    "timestamptz": pa.timestamp("us", tz="UTC"), "timestamp": pa.timestamp("us"), "date": pa.date32(), "string": pa.string(),
+    "double": pa.float64(), "float": pa.float32(), "int": pa.int32(), "long": pa.int64(), "bigint": pa.int64(),
+    "boolean": pa.bool_(),
+}
+
+
+def _columns(text: str) -> pa.Schema:
+    """``'ts timestamptz, device_id string, value double'`` as an Arrow schema."""
+    fields = []
+    for item in text.split(","):
+        name, _, kind = item.strip().partition(" ")
+        if not name or kind.strip().lower() not in COLUMN_TYPES:
+            raise typer.BadParameter(f"'{item.strip()}' is not 'NAME TYPE' with TYPE one of {', '.join(COLUMN_TYPES)}",
+                                     param_hint="--schema")
+        fields.append(pa.field(name, COLUMN_TYPES[kind.strip().lower()]))
+    return pa.schema(fields)
+
+
+def _sample_columns(path: str) -> pa.Schema:
+    """The columns of a sample file, with the types Arrow infers from it; its times become UTC, as the
+    table stores them."""
+    import pyarrow.csv as pacsv
+    import pyarrow.json as pajson
+    import pyarrow.parquet as pq
+
+    if not Path(path).is_file():
+        fail(f"--like {path}: no such file")
+    name = path.lower().removesuffix(".gz")
+    if name.endswith(".parquet"):
+        schema = pq.read_schema(path)
+    elif name.endswith((".json", ".jsonl", ".ndjson")):
+        schema = pajson.read_json(path).schema
+    else:
+        schema = pacsv.open_csv(path).schema
+    return pa.schema([f.with_type(pa.timestamp("us", tz="UTC")) if pa.types.is_timestamp(f.type) else f for f in schema])
+
+
+def _partition_by(text: str) -> str | dict[str | None, str]:
+    """``day``, or tiers by age: ``P90D:day,P2Y:month,year``."""
+    if ":" not in text and "," not in text:
+        return text.strip()
+    tiers: dict[str | None, str] = {}
+    for item in text.split(","):
+        age, sep, transform = item.strip().rpartition(":")
+        tiers[age.strip() if sep else None] = transform.strip()
+    return tiers
+
+
+@table_app.command("create")
+def create_table(
+    table: Annotated[str, typer.Argument(help="namespace.name")],
+    schema: Annotated[Optional[str], typer.Option("--schema", help="Columns as 'NAME TYPE, …', e.g. 'ts timestamptz, device_id string, value double'")] = None,
+    like: Annotated[Optional[str], typer.Option("--like", metavar="FILE", help="Take the columns from a sample file (Parquet, CSV, JSON)")] = None,
+    time: Annotated[Optional[str], typer.Option("--time", help="The time column (default: the only timestamp column)")] = None,
+    series: Annotated[Optional[str], typer.Option("--series", help="The series key columns, comma-separated, e.g. device_id")] = None,
+    partition_by: Annotated[str, typer.Option("--partition-by", help="day, hour, month, year, or tiers by age: 'P90D:day,P2Y:month,year'")] = "day",
+    retention: Annotated[Optional[str], typer.Option("--retention", help="How far back rows are kept, e.g. P3Y")] = None,
+    target_file_size: Annotated[str, typer.Option("--target-file-size", help="Size of the files the backfill writes")] = "128MB",
+    expected_interval: Annotated[Optional[str], typer.Option("--expected-interval", help="One row per series every …, e.g. PT1M: what coverage measures against")] = None,
+    as_json: JsonFlag = False,
+    warehouse: Warehouse = None,
+) -> None:
+    """Create TABLE with its contract: columns from --schema or a sample file (--like), time column, series key."""
+    if (schema is None) == (like is None):
+        fail("give the columns with --schema 'NAME TYPE, …' or --like FILE (one of them)")
+    columns = _columns(schema) if schema else _sample_columns(like)
+    if time is None:
+        times = [f.name for f in columns if pa.types.is_timestamp(f.type)]
+        if len(times) != 1:
+            fail(f"name the time column with --time (timestamp columns: {', '.join(times) or 'none'})")
+        time = times[0]
+    keys = [k.strip() for k in (series or "").split(",") if k.strip()]
+    handle = _lake(warehouse).create_table(table, columns, time_column=time, series_key=keys,
+                                           partition_by=_partition_by(partition_by), retention=retention,
+                                           target_file_size=target_file_size, expected_interval=expected_interval)
+    info = {"table": table, "columns": columns.names, "time_column": time, "series_key": keys,
+            "partition_tiers": [{"max_age": t.max_age, "transform": t.transform} for t in handle.contract.tiers]}
+    if as_json:
+        out.print_json(json.dumps(info))
+    else:
+        out.print(f"created {table}: columns {', '.join(columns.names)}; time {time}; series {', '.join(keys) or 'none'}")
+
+
+@table_app.command("set")
+def set_table(
+    table: str,
+    expected_interval: Annotated[Optional[str], typer.Option("--expected-interval", help="One row per series every …, e.g. PT1M")] = None,
+    expected_series: Annotated[Optional[int], typer.Option("--expected-series", help="How many series the table should hold")] = None,
+    warehouse: Warehouse = None,
+) -> None:
+    """Declare TABLE's cadence, which coverage measures days against (complete, partial, gap)."""
+    if expected_interval is None and expected_series is None:
+        fail("nothing to set: give --expected-interval and/or --expected-series")
+    _lake(warehouse).table(table).set_expected(expected_interval, expected_series)
+    out.print(f"{table}: expected interval {expected_interval or 'unchanged'}, expected series {expected_series or 'unchanged'}")
 
 
 @table_app.command("show")

@@ -21,7 +21,7 @@ from pyiceberg.transforms import IdentityTransform
 from timelake.adapters import compose
 from timelake.errors import BackfillError
 from timelake.followup import completion
-from timelake.followup.coverage import CoverageMap
+from timelake.followup.coverage import EXPECTED_INTERVAL, EXPECTED_SERIES, CoverageMap, fixed_interval
 from timelake.followup.coverage import compute as compute_coverage
 from timelake.followup.rollup import ROLLUPS, rollups_of
 from timelake.followup.rollup import create_tables as create_rollup_tables
@@ -44,6 +44,19 @@ from timelake.ports.store import JobRecord, Lease
 from timelake.runner import run_job
 from timelake.steps.abort import abort, request_abort
 from timelake.steps.canary import approve as approve_canary
+
+
+def expected_properties(interval: str | None, series: int | None) -> dict[str, str]:
+    """The table properties of a declared cadence, checked (a fixed duration, a positive count)."""
+    props = {}
+    if interval is not None:
+        fixed_interval(interval)
+        props[EXPECTED_INTERVAL] = interval.strip().upper()
+    if series is not None:
+        if isinstance(series, bool) or not isinstance(series, int) or series < 1:
+            raise ValueError(f"expected series must be a positive whole number, not {series!r}")
+        props[EXPECTED_SERIES] = str(series)
+    return props
 
 
 def connect(
@@ -77,14 +90,17 @@ class Lake:
         partition_by: str | dict[str | None, str] = "day", retention: str | None = None,
         target_file_size: str | int = "128MB", dedup_key: Iterable[str] | None = None,
         properties: dict[str, str] | None = None, rollups: list[dict[str, Any]] | None = None,
-        rules: list[dict[str, Any] | str] | None = None,
+        rules: list[dict[str, Any] | str] | None = None, expected_interval: str | None = None,
+        expected_series: int | None = None,
     ) -> "Table":
         """Create an Iceberg table that carries its timelake contract in its properties.
 
         ``partition_by`` may give coarser partitions for older data, e.g.
         ``{"P90D": "day", "P2Y": "month", None: "year"}``: each tier is a partition spec of the table
-        (the youngest is the default spec, used by live writes).
+        (the youngest is the default spec, used by live writes). ``expected_interval`` (e.g. ``PT1M``)
+        and ``expected_series`` are the cadence coverage needs to tell a complete day from a partial one.
         """
+        properties = {**(properties or {}), **expected_properties(expected_interval, expected_series)}
         series = list(series_key)
         tiers = c.normalize_tiers(partition_by)
         if retention:
@@ -244,6 +260,16 @@ class Table:
         bounds = time_bounds(self.iceberg, self.contract.time_column)
         if new and bounds is not None:
             refresh_rollups(self.lake.runtime, self.name, iso(bounds[0]), iso(bounds[1] + 1))
+        return self
+
+    def set_expected(self, interval: str | None = None, series: int | None = None) -> "Table":
+        """Declare the cadence coverage measures against: one row per series every ``interval`` (e.g.
+        ``PT1M``), for ``series`` series. Without it a bucket with any rows counts as complete."""
+        props = expected_properties(interval, series)
+        if props:
+            with self.iceberg.transaction() as tx:
+                tx.set_properties(props)
+            self.refresh()
         return self
 
     def events(self) -> pa.Table:

@@ -1,0 +1,55 @@
+"""Creating a table and declaring its cadence from the CLI, as a new user's first commands do."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+
+import pyarrow as pa
+import pyarrow.csv as pacsv
+
+import timelake
+from tests.conftest import cli, make_readings, recent
+
+
+def test_create_from_a_schema_then_declare_the_cadence_that_coverage_measures(warehouse):
+    created = cli("table", "create", "iot.sensor", "--schema", "ts timestamptz, device_id string, value double",
+                  "--series", "device_id", "--partition-by", "P90D:day,month", "--retention", "P3Y", "--json",
+                  warehouse=warehouse)
+    assert json.loads(created.stdout)["partition_tiers"] == [{"max_age": "P90D", "transform": "day"},
+                                                             {"max_age": None, "transform": "month"}]
+    table = timelake.connect(warehouse=warehouse).table("iot.sensor")
+    assert (table.contract.time_column, table.contract.series_key, table.contract.retention) == ("ts", ("device_id",), "P3Y")
+    day = datetime.fromisoformat(recent(5)).replace(tzinfo=timezone.utc)
+    table.append(make_readings(day, days=2 / 24, devices=3, step_minutes=1))  # two hours of one day
+    status = lambda: {b["bucket"]: b["status"] for b in json.loads(  # noqa: E731
+        cli("coverage", "iot.sensor", "--start", recent(5), "--end", recent(4), "--json", warehouse=warehouse).stdout)["buckets"]}
+    assert status() == {recent(5): "complete"}, "without a cadence any rows make a day complete"
+    cli("table", "set", "iot.sensor", "--expected-interval", "PT1M", "--expected-series", "3", warehouse=warehouse)
+    assert status() == {recent(5): "partial"}
+
+
+def test_create_like_a_sample_file_takes_its_columns_with_times_in_utc(warehouse, tmp_path):
+    sample = tmp_path / "sample.csv"
+    pacsv.write_csv(pa.table({"timestamp": ["2026-01-01 00:00:00"], "tag": ["a"], "val": [1.5]}), sample)
+    cli("table", "create", "plant.tags", "--like", str(sample), "--series", "tag", "--expected-interval", "PT10S",
+        warehouse=warehouse)
+    table = timelake.connect(warehouse=warehouse).table("plant.tags")
+    schema = table.iceberg.schema().as_arrow()
+    assert schema.names == ["timestamp", "tag", "val"] and schema.field("timestamp").type == pa.timestamp("us", tz="UTC")
+    assert table.iceberg.properties["timelake.expected-interval"] == "PT10S"
+
+
+def test_table_create_and_set_refuse_bad_input_in_one_line(warehouse, tmp_path):
+    cases = [
+        (["table", "create", "iot.a", "--series", "device_id"], "--schema 'NAME TYPE, …' or --like FILE"),
+        (["table", "create", "iot.a", "--schema", "ts timestamptz, a timestamptz"], "name the time column with --time"),
+        (["table", "create", "iot.a", "--schema", "ts timestamptz", "--expected-interval", "P1M"], "fixed duration"),
+        (["table", "set", "iot.missing", "--expected-interval", "PT1M"], "does not exist"),
+        (["table", "create", "iot.a", "--like", str(tmp_path / "nope.csv")], "nope.csv"),
+    ]
+    for args, message in cases:
+        result = cli(*args, warehouse=warehouse, check=False)
+        assert result.returncode == 1, (args, result.stderr)
+        assert message in result.stderr and "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert ("iot",) not in timelake.connect(warehouse=warehouse).catalog.list_namespaces()
