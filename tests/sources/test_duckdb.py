@@ -86,3 +86,25 @@ def test_a_duckdb_database_file_is_opened_read_only_by_every_reader(exports, lak
     assert sort_rows(lake.table("iot.from_sql").to_arrow()).equals(expected)
     with pytest.raises(SourceError, match="DuckDB database .*nope.db does not exist"):
         lake.submit(spec.model_copy(update={"source": "duckdb:nope.db", "job_id": "bf-nope"}), wait=True).wait()
+
+
+def test_call_takes_every_job_field_as_a_named_parameter(exports, lake):
+    """Naive local times under another column name, a range and a dry run first: tz, map, start, "end"
+    (quoted: END is an SQL keyword) and dry_run through the CALL, as through the job JSON."""
+    con = duckdb.connect()
+    register(con, lake)
+    local = ("SELECT strftime(timezone('Europe/Berlin', ts), '%Y-%m-%d %H:%M:%S')::TIMESTAMP AS t, device_id, value "
+             "FROM read_csv('exports/*.csv')")
+    start, end = recent(11), recent(10)
+    call = (f"CALL timelake_backfill('iot.from_call', '{local.replace(chr(39), chr(39) * 2)}', tz := 'Europe/Berlin', "
+            f"\"map\" := {{'ts': 't'}}, start := '{start}', \"end\" := '{end}', dry_run := {{dry}})")
+    day = duckdb.sql(f"SELECT * FROM exports WHERE ts >= timezone('Europe/Berlin', '{start}'::TIMESTAMP) "  # a naive bound is
+                     f"AND ts < timezone('Europe/Berlin', '{end}'::TIMESTAMP)").to_arrow_table().cast(SCHEMA)  # local too
+    dry = json.loads(con.sql(call.replace("{dry}", "true")).fetchall()[0][4])
+    assert dry["phase"] == "dry_run_complete" and lake.table("iot.from_call").to_arrow().num_rows == 0
+    assert dry["rows_outside_range"] == exports.num_rows - day.num_rows > 0
+    report = json.loads(con.sql(call.replace("{dry}", "false")).fetchall()[0][4])
+    assert report["phase"] == "published" and report["rows_written"] == day.num_rows
+    assert sort_rows(lake.table("iot.from_call").to_arrow()).equals(sort_rows(day))
+    with pytest.raises(duckdb.Error, match="unknown time zone"):
+        con.execute("CALL timelake_backfill('iot.from_call', 'SELECT 1', tz := 'Mars/Olympus')")
