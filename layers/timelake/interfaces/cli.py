@@ -17,14 +17,14 @@ from typing import Annotated, Any, Optional
 import pyarrow as pa
 import typer
 from rich.markup import escape
-from rich.table import Table as RichTable
 from typer.core import TyperGroup
 
 from timelake.errors import BackfillError
-from timelake.interfaces.console import console, drive, fail, one_line, out, safe, status_line
+from timelake.interfaces.console import console, drive, fail, one_line, out, print_table, safe, status_line
 from timelake.interfaces.lake import Lake, connect
 from timelake.model.report import progress
 from timelake.model.spec import JobSpec, external_job, parse_document
+from timelake.model.timeutil import iso_seconds
 from timelake.runner import TERMINAL, WAITING
 from timelake.steps.canary import approve as approve_canary
 
@@ -257,16 +257,16 @@ def list_jobs(
     """Jobs, oldest first."""
     lake = _lake(warehouse)
     store = lake.runtime.store
-    rows = [progress(j, store.units(j.job_id)) | {"mode": j.spec.get("mode"), "dry_run": j.spec.get("dry_run")}
-            for j in store.list_jobs(table)]
+    rows = [progress(j, store.units(j.job_id)) | {
+        "mode": j.spec.get("mode"), "dry_run": j.spec.get("dry_run"), "started": iso_seconds(j.created_at),
+        "ended": iso_seconds(j.updated_at) if j.phase in TERMINAL else None} for j in store.list_jobs(table)]
     if as_json:
         out.print_json(json.dumps(rows))
         return
-    grid = RichTable("job", "table", "mode", "phase", "units", "rows")
-    for r in rows:
-        grid.add_row(r["job_id"], safe(r["table"]), ("dry run " if r["dry_run"] else "") + str(r["mode"]), r["phase"],
-                     f"{r['units_done']}/{r['units_total']}", f"{r['rows_processed']:,}")
-    out.print(grid)
+    print_table(["job", "table", "mode", "phase", "started", "ended", "units", "rows"], [
+        [r["job_id"], r["table"], ("dry run " if r["dry_run"] else "") + str(r["mode"]), r["phase"], r["started"],
+         r["ended"] or "", f"{r['units_done']}/{r['units_total']}", f"{r['rows_processed']:,}"] for r in rows],
+        f"no jobs{' on ' + table if table else ''}")
 
 
 @backfill_app.command("abort")
@@ -297,10 +297,8 @@ def leases(table: str, as_json: JsonFlag = False, warehouse: Warehouse = None) -
     if as_json:
         out.print_json(json.dumps(held))
         return
-    grid = RichTable("job", "table", "start", "end")
-    for lease in held:
-        grid.add_row(lease["job_id"], lease["table"], lease["start"], lease["end"])
-    out.print(grid if held else f"no leases on {table}")
+    print_table(["job", "table", "start", "end"], [[h["job_id"], h["table"], h["start"], h["end"]] for h in held],
+                f"no leases on {table}")
 
 
 @backfill_app.command("history")
@@ -314,13 +312,11 @@ def history(table: str, as_json: JsonFlag = False, warehouse: Warehouse = None) 
     if as_json:
         out.print_json(json.dumps(rows, default=str))
         return
-    grid = RichTable("published", "job", "mode", "range", "source", "written", "dropped", "snapshots")
-    for r in rows:
-        dropped = r["rows_duplicate_in_source"] + r["rows_conflicting_existing"] + r["rows_rejected"]
-        grid.add_row(f"{r['published_at']:%Y-%m-%d %H:%M}", r["job_id"], r["mode"],
-                     f"{r['range_start']:%Y-%m-%d} … {r['range_end']:%Y-%m-%d}", safe(r["source_uri"]),
-                     f"{r['rows_written']:,}", f"{dropped:,}", ", ".join(map(str, r["snapshot_ids"])))
-    out.print(grid if rows else f"no published backfills on {table}")
+    print_table(["published", "job", "mode", "range", "source", "written", "dropped", "snapshots"], [
+        [f"{r['published_at']:%Y-%m-%d %H:%M}", r["job_id"], r["mode"], f"{r['range_start']:%Y-%m-%d} … {r['range_end']:%Y-%m-%d}",
+         r["source_uri"], f"{r['rows_written']:,}",
+         f"{r['rows_duplicate_in_source'] + r['rows_conflicting_existing'] + r['rows_rejected']:,}",
+         ", ".join(map(str, r["snapshot_ids"]))] for r in rows], f"no published backfills on {table}")
 
 
 @backfill_app.command("schema")
@@ -512,12 +508,10 @@ def table_events(
     if as_json:
         out.print_json(json.dumps(rows, default=str))
         return
-    grid = RichTable("fired", "rule", "severity", "series", "started", "value", "source", "job")
-    for r in rows:
-        series = ", ".join(str(v) for k, v in r.items() if k not in _EVENT_COLUMNS)
-        grid.add_row(f"{r['fired_at']:%Y-%m-%d %H:%M:%S}", r["rule"], r["severity"], series, f"{r['started_at']:%Y-%m-%d %H:%M:%S}",
-                     f"{r['value']:g}", r["source"], r["job_id"] or "")
-    out.print(grid if rows else f"no rule events on {table}")
+    print_table(["fired", "rule", "severity", "series", "started", "value", "source", "job"], [
+        [f"{r['fired_at']:%Y-%m-%d %H:%M:%S}", r["rule"], r["severity"],
+         ", ".join(str(v) for k, v in r.items() if k not in _EVENT_COLUMNS), f"{r['started_at']:%Y-%m-%d %H:%M:%S}",
+         f"{r['value']:g}", r["source"], r["job_id"] or ""] for r in rows], f"no rule events on {table}")
 
 
 _EVENT_COLUMNS = {"rule", "severity", "started_at", "fired_at", "value", "threshold", "source", "job_id", "recorded_at"}

@@ -158,3 +158,25 @@ def one_line(message: str) -> str:
 def safe(value: Any) -> str:
     """User text for a Rich console: no control characters, and no ``[...]`` taken for markup."""
     return escape(printable(str(value)))
+
+
+def print_table(headers: list[str], rows: list[list[Any]], empty: str) -> None:
+    """Rows as a table a person reads, or, when stdout is not a terminal, as plain tab-separated
+    columns a script reads. Either way no cell is cut: a job id is copied from here."""
+    if not rows:
+        out.print(empty)
+        return
+    if not out.is_terminal:
+        print("\t".join(headers))
+        for row in rows:
+            print("\t".join(safe(cell) for cell in row))
+        return
+    cells = [[safe(cell) for cell in row] for row in rows]
+    grid = RichTable(*headers)
+    for i, column in enumerate(grid.columns):
+        column.no_wrap = True
+        column.min_width = max(len(headers[i]), *(len(row[i]) for row in cells))
+    for row in cells:
+        grid.add_row(*row)
+    width = sum(column.min_width + 3 for column in grid.columns) + 1
+    out.print(grid, crop=False, width=max(width, out.width))
