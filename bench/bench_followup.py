@@ -1,0 +1,118 @@
+"""After publish, against DuckDB: the refreshing phase (hourly and daily rollups, rules evaluated in
+historical mode) beside DuckDB computing the same rollups and rule episodes in plain SQL over the same
+rows.
+
+Not a test: it prints times and the ratio beside its target (<= 1.5) and asserts nothing.
+
+    .venv/bin/python bench/bench_followup.py                 # 200 devices x 30 days at 1/min = 8.64M rows
+    .venv/bin/python bench/bench_followup.py --devices 50
+
+Ours: a backfill is published, then `followup.run` (what the embedded runner's refreshing phase runs)
+is timed alone: it reads the published range back from the table, recomputes both rollups per chunk
+and swaps them in, evaluates the rules and records their events. DuckDB: the same aggregates and the
+same rule episodes (a run of consecutive matching samples per series fires once, at its first sample
+at least the rule's duration after the run began) over the same rows, read from Parquet files, the
+results only computed (nothing written back).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "layers"))
+
+import timelake  # noqa: E402
+from timelake.followup import refresh  # noqa: E402
+from timelake.runner import run_job  # noqa: E402
+
+SCHEMA = pa.schema([("ts", pa.timestamp("us", tz="UTC")), ("device_id", pa.string()), ("value", pa.float64())])
+RULES = ["hot: value > 80 for PT20M severity critical", "cold: value < 4"]
+ROLLUPS = [{"interval": "1h", "columns": ["value"]}, {"interval": "1d", "columns": ["value"]}]
+
+DUCKDB_SQL = """
+WITH rollup_1h AS (
+    SELECT device_id, time_bucket(INTERVAL 1 HOUR, ts) AS bucket_start, count(*) AS rows,
+           min(value), max(value), sum(value), avg(value)
+    FROM base GROUP BY ALL),
+rollup_1d AS (
+    SELECT device_id, time_bucket(INTERVAL 1 DAY, ts) AS bucket_start, count(*) AS rows,
+           min(value), max(value), sum(value), avg(value)
+    FROM base GROUP BY ALL),
+marked AS (
+    SELECT device_id, ts, value, value > 80 AS hot, value < 4 AS cold FROM base),
+runs AS (
+    SELECT *, sum(CASE WHEN hot THEN 0 ELSE 1 END) OVER w AS hot_run, sum(CASE WHEN cold THEN 0 ELSE 1 END) OVER w AS cold_run
+    FROM marked WINDOW w AS (PARTITION BY device_id ORDER BY ts)),
+hot AS (
+    SELECT device_id, hot_run, min(ts) AS started FROM runs WHERE hot GROUP BY ALL),
+hot_events AS (
+    SELECT r.device_id, h.started, min(r.ts) AS fired FROM runs r JOIN hot h USING (device_id, hot_run)
+    WHERE r.hot AND r.ts - h.started >= INTERVAL 20 MINUTE GROUP BY ALL),
+cold_events AS (
+    SELECT device_id, min(ts) AS fired FROM runs WHERE cold GROUP BY device_id, cold_run)
+SELECT (SELECT count(*) FROM rollup_1h), (SELECT count(*) FROM rollup_1d), (SELECT count(*) FROM hot_events),
+       (SELECT count(*) FROM cold_events)
+"""
+
+
+def write_source(folder: Path, devices: int, days: int) -> tuple[str, str]:
+    """A file per day; values wander so that rules fire now and then. Returns the range [start, end)."""
+    first = datetime.now(timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0) - timedelta(days=days + 3)
+    names = np.repeat(np.array([f"dev-{i:04d}" for i in range(devices)]), 1440)
+    rng = np.random.default_rng(7)
+    for day in range(days):
+        start = np.datetime64((first + timedelta(days=day)).replace(tzinfo=None), "us")
+        ts = np.tile(start + np.arange(1440) * np.timedelta64(60, "s"), devices)
+        walk = np.cumsum(rng.normal(0, 3, (devices, 1440)), axis=1).ravel()
+        value = np.clip(40 + walk, 0, 100).round(2)
+        pq.write_table(pa.table({"ts": pa.array(ts).cast(SCHEMA.field("ts").type), "device_id": names, "value": value},
+                                schema=SCHEMA), folder / f"day-{day:03d}.parquet")
+    return first.isoformat(), (first + timedelta(days=days)).isoformat()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--devices", type=int, default=200)
+    parser.add_argument("--days", type=int, default=30)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="bench-followup-") as tmp:
+        source = Path(tmp) / "source"
+        source.mkdir()
+        write_source(source, args.devices, args.days)
+        lake = timelake.connect(warehouse=Path(tmp) / "lake")
+        lake.create_table("bench.sensor", schema=SCHEMA, time_column="ts", series_key=["device_id"],
+                          partition_by="day", rollups=ROLLUPS, rules=RULES)
+        job_id = lake.create_job(timelake.JobSpec(table="bench.sensor", source=f"{source}/*.parquet", evaluate_rules=True)).id
+        rt = lake.runtime
+        started = time.perf_counter()
+        run_job(rt, job_id)  # its refreshing phase builds the rollups and events once ...
+        total = time.perf_counter() - started
+        job = rt.store.get_job(job_id)
+        rt.store.update_job(job_id, "refreshing")  # ... and the timed run recomputes and replaces them all
+        started = time.perf_counter()
+        done = refresh.run(rt, job_id)
+        ours = time.perf_counter() - started
+        con = duckdb.connect()
+        con.execute(f"CREATE VIEW base AS SELECT * FROM read_parquet('{source}/*.parquet')")
+        started = time.perf_counter()
+        counts = con.sql(DUCKDB_SQL).fetchall()[0]
+        floor = time.perf_counter() - started
+    rows = job.state["rows_in_source"]
+    print(f"{rows:,} rows ({args.devices} devices x {args.days} days at 1/min); whole job {total:.1f} s")
+    print(f"ours   refreshing phase {ours:6.2f} s  rollup rows {sum(done['rollups'].values()):,}  events {done.get('events', 0):,}")
+    print(f"duckdb same SQL         {floor:6.2f} s  rollup rows {counts[0] + counts[1]:,}  events {counts[2] + counts[3]:,}")
+    print(f"ours / duckdb: {ours / floor:.2f} (target <= 1.5)")
+
+
+if __name__ == "__main__":
+    main()
