@@ -163,6 +163,14 @@ def run(
                                                     "'duckdb:' and the query field)")] = None,
     measurement: Annotated[Optional[str], typer.Option("--measurement", help=field_help("measurement"))] = None,
     precision: Annotated[Optional[str], typer.Option("--precision", help=field_help("precision"))] = None,
+    null_values: Annotated[Optional[list[str]], typer.Option("--null-values", help=field_help("null_values"))] = None,
+    on_bad_value: Annotated[Optional[str], typer.Option("--on-bad-value", help=field_help("on_bad_value"))] = None,
+    delimiter: Annotated[Optional[str], typer.Option("--delimiter", help=field_help("delimiter"))] = None,
+    decimal: Annotated[Optional[str], typer.Option("--decimal", help=field_help("decimal"))] = None,
+    timestamp_format: Annotated[Optional[str], typer.Option(
+        "--timestamp-format", help=field_help("timestamp_format"))] = None,
+    skip_rows: Annotated[Optional[int], typer.Option("--skip-rows", help=field_help("skip_rows"))] = None,
+    encoding: Annotated[Optional[str], typer.Option("--encoding", help=field_help("encoding"))] = None,
     as_json: JsonFlag = False,
     warehouse: Warehouse = None,
     on: On = "local",
@@ -176,6 +184,8 @@ def run(
         "approval_timeout_seconds": approval_timeout,
         "query": _one_query(query, from_sql), "source_max_connections": source_max_connections,
         "source_rows_per_second": source_rows_per_second, "measurement": measurement, "precision": precision,
+        "null_values": null_values, "on_bad_value": on_bad_value, "delimiter": delimiter, "decimal": decimal,
+        "timestamp_format": timestamp_format, "skip_rows": skip_rows, "encoding": encoding,
     }
     fields.update({k: v for k, v in given.items() if v is not None})
     fields["table"] = table

@@ -15,12 +15,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal, TypeVar
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from timelake.sources.base import SourceBatch
 
-DstPolicy = Literal["refuse", "earliest", "latest", "drop"]
+DstPolicy = Literal["refuse", "earliest", "latest", "drop", "infer"]
+BadValue = Literal["fail", "null", "reject"]
 """What to do with naive local times that a DST switch makes nonexistent or ambiguous.
 
 "earliest"/"latest" resolve them: an ambiguous time takes its first or second
@@ -39,7 +41,11 @@ _Where = Callable[[int], str]
 _UTC_US = pa.timestamp("us", tz="UTC")
 _UTC_NAMES = {"UTC", "Etc/UTC", "+00:00", "Z"}
 _TIME_UNITS = ("s", "ms", "us", "ns")
-_POLICIES = ("refuse", "earliest", "latest", "drop")
+_POLICIES = ("refuse", "earliest", "latest", "drop", "infer")
+_BAD_VALUE = ("fail", "null", "reject")
+MAX_EXAMPLES = 5
+# Day-first dotted dates (25.10.2026 02:30[:00]), as German and other European exports write them.
+_DOTTED = r"^(\d{2})\.(\d{2})\.(\d{4})([ T]|$)"
 # A clock time followed by Z or a numeric offset; a bare date never carries one.
 _OFFSET = r"\d{2}:\d{2}(?::\d{2}(?:[.,]\d+)?)?\s*(?:Z|[+-]\d{2}(?::?\d{2})?)$"
 
@@ -79,6 +85,9 @@ class Mapper:
         tz: str | None = None,
         time_unit: str | None = None,
         dst_policy: DstPolicy = "refuse",
+        on_bad_value: BadValue = "fail",
+        decimal: str = ".",
+        timestamp_format: str | None = None,
     ) -> None:
         self.target = target
         self.time_column = time_column
@@ -86,6 +95,9 @@ class Mapper:
         self.tz = tz
         self.time_unit = time_unit
         self.dst_policy = dst_policy
+        self.on_bad_value = on_bad_value
+        self.decimal = decimal
+        self.timestamp_format = timestamp_format
         column_map = dict(column_map or {})
         table_columns = ", ".join(target.names)
         for name in [*column_map, time_column, *self.series_key]:
@@ -117,12 +129,23 @@ class Mapper:
 
     def apply(self, batch: SourceBatch) -> MappedBatch:
         """Map one batch; raises MappingError on the first value that cannot be converted."""
-        raw_time = self._column(batch, self.time_column)
         where = _locator(batch)
+        raw = {f.name: self._prepared(batch, f) for f in self.target}
+        bad: dict[str, pa.Array] = {}
+        if self.on_bad_value != "fail":
+            for f in self.target:
+                convert = (lambda v: self._to_utc(v, where)) if f.name == self.time_column else (
+                    lambda v, t=f.type: pc.cast(v, t, safe=True))
+                if (mask := _bad_mask(raw[f.name], convert)) is not None:
+                    bad[f.name] = mask
+        raw_time = raw[self.time_column]
+        time_values = _without(raw_time, bad.get(self.time_column))
         when, nonexistent, ambiguous = self._convert(
-            self.time_column, raw_time, _UTC_US, lambda v: self._to_utc(v, where), where
+            self.time_column, time_values, _UTC_US, lambda v: self._to_utc(v, where), where
         )
+        rejecting = self.on_bad_value == "reject"
         checks = [
+            *(("bad_value", n, mask) for n, mask in bad.items() if rejecting),
             ("null_time", self.time_column, pc.is_null(when)),
             ("dst_nonexistent", self.time_column, nonexistent),
             ("dst_ambiguous", self.time_column, ambiguous),
@@ -140,16 +163,16 @@ class Mapper:
                 mask = pc.and_(mask, pc.invert(dropped))
             if count := pc.sum(mask).as_py():
                 rejected[reason] += count
-                i = pc.index(mask, True).as_py()
-                value = (raw_time if name == self.time_column else self._column(batch, name))[i].as_py()
-                value = "null" if value is None else value
-                examples.setdefault(reason, f"{_row(batch, i)}: {self.source_of[name]}={value}")
+                for i in pc.indices_nonzero(mask)[: MAX_EXAMPLES if reason == "bad_value" else 1].to_pylist():
+                    value = raw[name][i].as_py()
+                    value = "null" if value is None else value
+                    add_example(examples, reason, f"{_row(batch, i)}: {self.source_of[name]}={value}")
             dropped = mask if dropped is None else pc.or_(dropped, mask)
         keep = pc.invert(dropped) if rejected else None
         where = _locator(batch, keep)
         arrays = []
         for f in self.target:
-            values = when if f.name == self.time_column else self._column(batch, f.name)
+            values = when if f.name == self.time_column else _without(raw[f.name], bad.get(f.name))
             values = values if keep is None else values.filter(keep)
             arrays.append(self._convert(f.name, values, f.type, lambda v, t=f.type: pc.cast(v, t, safe=True), where))
         return MappedBatch(pa.Table.from_arrays(arrays, schema=self.target), rejected, examples)
@@ -160,6 +183,8 @@ class Mapper:
             raise MappingError(f"table time column '{self.time_column}' is {time_type}, expected {_UTC_US}")
         if self.dst_policy not in _POLICIES:
             raise MappingError(f"unknown dst_policy '{self.dst_policy}': use one of {', '.join(_POLICIES)}")
+        if self.on_bad_value not in _BAD_VALUE:
+            raise MappingError(f"unknown on_bad_value '{self.on_bad_value}': use one of {', '.join(_BAD_VALUE)}")
         if self.time_unit is not None and self.time_unit not in _TIME_UNITS:
             raise MappingError(f"unknown time_unit '{self.time_unit}': use one of {', '.join(_TIME_UNITS)}")
         if self.tz is not None:
@@ -192,6 +217,15 @@ class Mapper:
                  pa.types.is_large_string, pa.types.is_null)
         if not any(is_kind(source_type) for is_kind in kinds):
             raise MappingError(f"{where} is {source_type}: expected timestamps, ISO 8601 strings or epoch integers")
+
+    def _prepared(self, batch: SourceBatch, target: pa.Field) -> pa.Array:
+        """The source column, with a decimal comma turned into a point where the table wants numbers."""
+        values = self._column(batch, target.name)
+        text = pa.types.is_string(values.type) or pa.types.is_large_string(values.type)
+        numeric = pa.types.is_floating(target.type) or pa.types.is_decimal(target.type)
+        if text and numeric and self.decimal != ".":
+            values = pc.replace_substring(values, self.decimal, ".")
+        return values
 
     def _column(self, batch: SourceBatch, name: str) -> pa.Array:
         source = self.source_of[name]
@@ -264,7 +298,11 @@ class Mapper:
         zone are refused before any parsing, so that the error names them
         rather than a parse failure elsewhere.
         """
-        text = pc.replace_substring_regex(pc.utf8_trim_whitespace(text), r"(\.\d{6})\d+", r"\1")
+        text = pc.utf8_trim_whitespace(text)
+        if self.timestamp_format is not None:
+            return self._strptime(text, where)
+        text = pc.replace_substring_regex(text, _DOTTED, r"\3-\2-\1\4")
+        text = pc.replace_substring_regex(text, r"(\.\d{6})\d+", r"\1")
         absolute = pc.fill_null(pc.match_substring_regex(text, _OFFSET), False)
         nothing = pa.scalar(None, text.type)
         local = pc.if_else(absolute, nothing, text)
@@ -277,6 +315,20 @@ class Mapper:
             return aware, None, None
         when, nonexistent, ambiguous = self._localize(local.cast(pa.timestamp("us")))
         return pc.coalesce(aware, when), nonexistent, ambiguous
+
+    def _strptime(self, text: pa.Array, where: _Where) -> _Instants:
+        """Text in the job's strptime format; with %z it is absolute, otherwise local time in ``tz``."""
+        try:
+            parsed = pc.strptime(text, format=self.timestamp_format, unit="us", error_is_null=False)
+        except pa.ArrowInvalid as e:
+            raise pa.ArrowInvalid(f"does not match timestamp_format {self.timestamp_format!r}") from e
+        if parsed.type.tz is not None:
+            return parsed.cast(_UTC_US), None, None
+        if self.tz is None and parsed.null_count < len(parsed):
+            i = pc.index(pc.is_valid(parsed), True).as_py()
+            column = f"column '{self.time_column}' (source '{self.source_of[self.time_column]}')"
+            raise MappingError(_naive_message(column, f"{text[i].as_py()!r} at {where(i)}"))
+        return self._localize(parsed)
 
     def _localize(self, naive: pa.Array) -> _Instants:
         """Local wall-clock time to UTC, flagging times a DST switch skipped or repeated.
@@ -293,6 +345,53 @@ class Mapper:
         shifted = pc.not_equal(early, late)
         nonexistent = pc.and_(shifted, pc.not_equal(pc.local_timestamp(late), naive))
         return early.cast(_UTC_US), nonexistent, pc.and_(shifted, pc.invert(nonexistent))
+
+
+def add_example(examples: dict[str, str], reason: str, example: str) -> None:
+    """One example per reason, except bad values: up to MAX_EXAMPLES of them, so a user sees the pattern."""
+    if reason not in examples:
+        examples[reason] = example
+    elif reason == "bad_value" and examples[reason].count(" | ") < MAX_EXAMPLES - 1 and example not in examples[reason]:
+        examples[reason] += " | " + example
+
+
+def merge_examples(into: dict[str, str], other: dict[str, str]) -> None:
+    for reason, text in other.items():
+        for example in text.split(" | ") if reason == "bad_value" else [text]:
+            add_example(into, reason, example)
+
+
+def _bad_mask(values: pa.Array, convert: Callable[[pa.Array], object]) -> pa.Array | None:
+    """Where ``convert`` fails value by value, or None when the whole column converts.
+
+    Halves that convert are done with in one call; only failing halves are split further, so k bad
+    values cost about k*log(n) whole-slice conversions instead of a per-row loop.
+    """
+    bad: list[int] = []
+
+    def search(low: int, high: int) -> None:
+        try:
+            convert(values.slice(low, high - low))
+        except pa.ArrowInvalid:
+            if high - low == 1:
+                bad.append(low)
+            else:
+                middle = (low + high) // 2
+                search(low, middle)
+                search(middle, high)
+
+    if len(values) == 0:
+        return None
+    search(0, len(values))
+    if not bad:
+        return None
+    mask = np.zeros(len(values), dtype=bool)
+    mask[bad] = True
+    return pa.array(mask)
+
+
+def _without(values: pa.Array, mask: pa.Array | None) -> pa.Array:
+    return values if mask is None else pc.if_else(mask, pa.scalar(None, values.type), values)
 
 
 def _naive_message(where: str, example: str | None = None) -> str:

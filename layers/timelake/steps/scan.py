@@ -31,8 +31,8 @@ from timelake.model.timeutil import US_PER_DAY
 from timelake.ports.files import filesystem, make_parent
 from timelake.ports.runtime import Runtime
 from timelake.sources import throttle
-from timelake.sources.base import Source, open_source
-from timelake.sources.mapping import Mapper
+from timelake.sources.base import CsvOptions, Source, open_source
+from timelake.sources.mapping import Mapper, merge_examples
 from timelake.sources.resolve import open_spec_source
 from timelake.steps import spill
 
@@ -76,8 +76,7 @@ class ScanResult:
     def merge(self, other: "ScanResult") -> None:
         self.rows_in_source += other.rows_in_source
         self.rejected.update(other.rejected)
-        for reason, example in other.examples.items():
-            self.examples.setdefault(reason, example)
+        merge_examples(self.examples, other.examples)
         self.rows_outside_range += other.rows_outside_range
         self.rows_outside_retention += other.rows_outside_retention
         self.min_us = _min(self.min_us, other.min_us)
@@ -184,13 +183,16 @@ def open_job_source(spec: JobSpec, source: Any = None, table: Any = None, planne
         raise InvalidJob(f"job {spec.job_id}: the source was in-memory data ({spec.source}) and is gone; start a new job")
     if source is None and (named := open_spec_source(spec, table, planned)) is not None:
         return named
-    return open_source(source if source is not None else spec.source, format=spec.format)
+    csv = CsvOptions(delimiter=spec.delimiter, skip_rows=spec.skip_rows, encoding=spec.encoding,
+                     null_values=tuple(spec.null_values))
+    return open_source(source if source is not None else spec.source, format=spec.format, csv=csv)
 
 
 def mapper_for(ctx: ScanContext, src: Source) -> Mapper:
     return Mapper(
         ctx.target, src.schema(), time_column=ctx.contract.time_column, series_key=list(ctx.contract.series_key),
         column_map=ctx.spec.map, tz=ctx.spec.tz, time_unit=ctx.spec.time_unit, dst_policy=ctx.spec.dst_policy,
+        on_bad_value=ctx.spec.on_bad_value, decimal=ctx.spec.decimal, timestamp_format=ctx.spec.timestamp_format,
     )
 
 
@@ -223,8 +225,7 @@ def scan_task(rt: Runtime, ctx: ScanContext, job_id: str, task: int, pieces: ran
             mapped = mapper.apply(batch)
             result.rows_in_source += batch.data.num_rows
             result.rejected.update(mapped.rejected)
-            for reason, example in mapped.examples.items():
-                result.examples.setdefault(reason, example)
+            merge_examples(result.examples, mapped.examples)
             if not ctx.spec.dry_run and ctx.spec.dst_policy == "refuse":
                 refuse_dst(result)
             _scan_batch(result, mapped.table, ctx, spiller, overlap)
