@@ -322,3 +322,33 @@ def test_dotted_dates_and_strptime_formats_read_as_local_time() -> None:
     bad_time = _map({"ts": ["25.10.2026 01:30", "#ERR"], "sensor": ["a", "a"]}, tz="Europe/Berlin",
                     on_bad_value="reject")
     assert bad_time.rejected == {"bad_value": 1} and bad_time.table.num_rows == 1
+
+
+FALL_BACK = ["2024-10-27T01:30", "2024-10-27T02:00", "2024-10-27T02:30", "2024-10-27T02:00", "2024-10-27T02:30",
+             "2024-10-27T03:00"]
+
+
+def test_infer_takes_each_series_passes_in_source_order() -> None:
+    local = [*FALL_BACK, *FALL_BACK[:3]]
+    sensors = ["a"] * 6 + ["b"] * 3
+    batch = _batch({"ts": pa.array([datetime.fromisoformat(t) for t in local], pa.timestamp("us")),
+                    "sensor": sensors})
+    mapper = _mapper(batch.data.schema, tz="Europe/Berlin", dst_policy="infer")
+    first = mapper.apply(SourceBatch(batch.data.slice(0, 4), "a.csv", 0))
+    second = mapper.apply(SourceBatch(batch.data.slice(4), "a.csv", 4))  # a pass continues across batches
+    assert _times(first) + _times(second) == [
+        _utc(2024, 10, 26, 23, 30), _utc(2024, 10, 27, 0, 0), _utc(2024, 10, 27, 0, 30),
+        _utc(2024, 10, 27, 1, 0), _utc(2024, 10, 27, 1, 30), _utc(2024, 10, 27, 2, 0),
+        _utc(2024, 10, 26, 23, 30), _utc(2024, 10, 27, 0, 0), _utc(2024, 10, 27, 0, 30),
+    ]
+    assert not first.rejected and not second.rejected
+    assert mapper.undetermined() == ["series sensor=b at 2024-10-27 02:00 local in a.csv"]
+
+
+def test_earliest_and_latest_count_folded_rows_as_dst_collapsed() -> None:
+    for policy, kept in (("earliest", [(26, 23, 30), (27, 0, 0), (27, 0, 30), (27, 2, 0)]),
+                         ("latest", [(26, 23, 30), (27, 1, 0), (27, 1, 30), (27, 2, 0)])):
+        mapped = _map(_naive(FALL_BACK), tz="Europe/Berlin", dst_policy=policy)
+        assert mapped.rejected == {"dst_collapsed": 2}
+        assert _times(mapped) == [_utc(2024, 10, d, h, m) for d, h, m in kept]
+        assert mapped.examples["dst_collapsed"] == "row 3 of a.csv: ts=2024-10-27 02:00:00"

@@ -149,7 +149,7 @@ def run(
     override_retention: Annotated[bool, typer.Option("--override-retention", help=field_help("override_retention"))] = False,
     evaluate_rules: Annotated[bool, typer.Option("--evaluate-rules", help=field_help("evaluate_rules"))] = False,
     time_unit: Annotated[Optional[str], typer.Option("--time-unit", help=field_help("time_unit"))] = None,
-    dst_policy: Annotated[str, typer.Option("--dst-policy", help=field_help("dst_policy"))] = "refuse",
+    dst_policy: Annotated[str, typer.Option("--dst-policy", help=field_help("dst_policy"))] = "infer",
     fmt: Annotated[Optional[str], typer.Option("--format", help=field_help("format"))] = None,
     canary: Annotated[Optional[str], typer.Option("--canary", metavar="[DAY]", help=field_help("canary"))] = None,
     approval_timeout: Annotated[Optional[int], typer.Option(
@@ -191,7 +191,7 @@ def run(
     fields["table"] = table
     if from_sql and not source:
         fields["source"] = "duckdb:"
-    for flag, value, default in (("mode", mode, "merge"), ("dst_policy", dst_policy, "refuse")):
+    for flag, value, default in (("mode", mode, "merge"), ("dst_policy", dst_policy, "infer")):
         if value != default or flag not in fields:
             fields[flag] = value
     fields["dry_run"] = dry_run or fields.get("dry_run", False)

@@ -65,6 +65,9 @@ def drive(lake: Lake, job_id: str, as_json: bool) -> None:
         print_report(report)
         if report["phase"] == AWAITING and report.get("canary"):
             print_canary(report["canary"], job_id, report["approval_deadline"])
+    if report["dry_run"] and (error or report.get("would_fail")):
+        print(f"the run would fail: {one_line(error or report['would_fail'])}", file=sys.stderr)
+        raise typer.Exit(3)
     if error:
         fail(error)
 

@@ -56,9 +56,10 @@ class JobSpec(BaseModel):
     tz: str | None = Field(default=None, description="IANA zone of naive source timestamps (and of naive start/end)")
     time_unit: TimeUnit | None = Field(default=None, description="Unit of integer epoch timestamps")
     dst_policy: DstPolicy = Field(
-        default="refuse", description="Naive local times that a DST change makes ambiguous or missing: refuse the "
-        "job, take the earliest or latest instant (rows folded together count as dst_collapsed), drop the row, or "
-        "infer from each series' source order (first pass through a repeated hour is the earlier instant)")
+        default="infer", description="Naive local times that a DST change makes ambiguous or missing: infer the "
+        "instant from each series' source order (the first pass through a repeated hour is the earlier instant; fails "
+        "where the order cannot tell), refuse the job, take the earliest or latest instant (rows folded together count "
+        "as dst_collapsed), or drop the row")
     null_values: list[Annotated[str, Field(max_length=100)]] = Field(
         default_factory=lambda: list(DEFAULT_NULL_VALUES), max_length=100,
         description="Text cells that mean no value (default: empty, NA, N/A, n/a, null, NULL, NaN, #N/A)")

@@ -30,6 +30,13 @@ occurrence, a nonexistent one the last microsecond before the gap or the first
 instant after it (02:30 on a spring-forward night to 01:59:59.999999 or 03:00).
 "drop" and "refuse" both drop the rows and count them; the caller fails a real
 run on counted rows under "refuse" and only reports them in a dry run.
+"infer" (the default) reads the answer from the source order, as exports
+written in time order carry it: within each series of a piece, the first pass
+through a repeated hour is the earlier instant and the pass after the clock
+jumps back the later one; `Mapper.undetermined` lists the series and hours
+where the order cannot tell. Nonexistent times count as under "refuse".
+"earliest"/"latest" fold the two passes onto one instant: a repeated local
+time of a series is kept once and the rest count as "dst_collapsed".
 """
 
 _T = TypeVar("_T")
@@ -98,6 +105,10 @@ class Mapper:
         self.on_bad_value = on_bad_value
         self.decimal = decimal
         self.timestamp_format = timestamp_format
+        # (piece, series, local day) -> [latest local time of the first pass, of the second pass or None]
+        self._folds: dict[tuple, list] = {}
+        self._seen_local: set[tuple] = set()
+        self._undetermined: dict[tuple, str] = {}
         column_map = dict(column_map or {})
         table_columns = ", ".join(target.names)
         for name in [*column_map, time_column, *self.series_key]:
@@ -144,11 +155,21 @@ class Mapper:
             self.time_column, time_values, _UTC_US, lambda v: self._to_utc(v, where), where
         )
         rejecting = self.on_bad_value == "reject"
+        collapsed = None
+        if ambiguous is not None and self.dst_policy in ("infer", "earliest", "latest"):
+            ambiguous = pc.fill_null(ambiguous, False)
+            if pc.any(ambiguous).as_py():
+                if self.dst_policy == "infer":
+                    when = self._infer(batch, when, ambiguous)
+                else:
+                    collapsed = self._collapsed(batch, when, ambiguous)
+            ambiguous = None
         checks = [
             *(("bad_value", n, mask) for n, mask in bad.items() if rejecting),
             ("null_time", self.time_column, pc.is_null(when)),
             ("dst_nonexistent", self.time_column, nonexistent),
             ("dst_ambiguous", self.time_column, ambiguous),
+            ("dst_collapsed", self.time_column, collapsed),
             *(("null_series_key", n, pc.is_null(self._column(batch, n))) for n in self.series_key),
             *(("null_required", n, pc.is_null(self._column(batch, n))) for n in self._required),
         ]
@@ -176,6 +197,56 @@ class Mapper:
             values = values if keep is None else values.filter(keep)
             arrays.append(self._convert(f.name, values, f.type, lambda v, t=f.type: pc.cast(v, t, safe=True), where))
         return MappedBatch(pa.Table.from_arrays(arrays, schema=self.target), rejected, examples)
+
+    def undetermined(self) -> list[str]:
+        """Series and hours where "infer" could not tell the passes apart: a single pass through the
+        repeated hour, or a series not in time order there. Complete once every batch is mapped."""
+        for (piece, key, _day), (_first, second) in self._folds.items():
+            if second is None:
+                self._undetermined.setdefault((piece, key, _day), self._fold_name(piece, key, _first))
+        return list(self._undetermined.values())
+
+    def _fold_name(self, piece: str, key: tuple, local_us: int) -> str:
+        series = ", ".join(f"{n}={v}" for n, v in zip(self.series_key, key, strict=True))
+        hour = pa.scalar(local_us - local_us % 3_600_000_000, pa.timestamp("us")).as_py()
+        return f"series {series} at {hour:%Y-%m-%d %H:%M} local in {piece}"
+
+    def _ambiguous_rows(self, batch: SourceBatch, when: pa.Array, ambiguous: pa.Array) -> tuple:
+        """Positions, local wall-clock microseconds and series keys of the ambiguous rows, in source order."""
+        at = pc.indices_nonzero(ambiguous)
+        local = pc.local_timestamp(when.take(at).cast(pa.timestamp("us", self.tz))).cast(pa.int64()).to_pylist()
+        keys = list(zip(*(self._column(batch, n).take(at).to_pylist() for n in self.series_key), strict=True))
+        return at.to_numpy(), local, keys if self.series_key else [()] * len(local)
+
+    def _infer(self, batch: SourceBatch, when: pa.Array, ambiguous: pa.Array) -> pa.Array:
+        """The later instant for rows after the wall clock went back within a series' repeated hour."""
+        at, local, keys = self._ambiguous_rows(batch, when, ambiguous)
+        later = np.zeros(len(when), dtype=bool)
+        for position, value, key in zip(at, local, keys, strict=True):
+            fold = (batch.origin, key, value // 86_400_000_000)
+            state = self._folds.setdefault(fold, [value, None])
+            if state[1] is None and value < state[0]:
+                state[1] = value
+            elif state[1] is None:
+                state[0] = max(state[0], value)
+            elif value < state[1]:
+                self._undetermined.setdefault(fold, self._fold_name(batch.origin, key, value))
+            else:
+                state[1] = value
+            later[position] = state[1] is not None
+        local_all = pc.local_timestamp(when.cast(pa.timestamp("us", self.tz)))
+        late = pc.assume_timezone(local_all, self.tz, ambiguous="latest", nonexistent="latest").cast(_UTC_US)
+        return pc.if_else(pa.array(later), late, when)
+
+    def _collapsed(self, batch: SourceBatch, when: pa.Array, ambiguous: pa.Array) -> pa.Array:
+        """Rows whose local time a series already had in the repeated hour: folded onto the same instant."""
+        at, local, keys = self._ambiguous_rows(batch, when, ambiguous)
+        mask = np.zeros(len(when), dtype=bool)
+        for position, value, key in zip(at, local, keys, strict=True):
+            seen = (batch.origin, key, value)
+            mask[position] = seen in self._seen_local
+            self._seen_local.add(seen)
+        return pa.array(mask)
 
     def _check_options(self) -> None:
         time_type = self.target.field(self.time_column).type
@@ -268,7 +339,7 @@ class Mapper:
             reason = "not an ISO 8601 date and time" if text and pa.types.is_timestamp(to) else error
             raise MappingError(
                 f"column '{name}' (source '{self.source_of[name]}'): cannot convert {values[low].as_py()!r} "
-                f"at {where(low)} to {to}: {reason}"
+                f"at {where(low)} to {to}: {reason} (--on-bad-value null or reject loads the rest)"
             ) from e
 
     def _to_utc(self, values: pa.Array, where: _Where) -> _Instants:
@@ -337,14 +408,14 @@ class Mapper:
         exactly at such times, and only a skipped time fails to come back
         unchanged when the later answer is turned back into wall-clock time.
         """
-        if self.dst_policy in ("earliest", "latest"):
-            policy = self.dst_policy
-            return pc.assume_timezone(naive, self.tz, ambiguous=policy, nonexistent=policy).cast(_UTC_US), None, None
         early = pc.assume_timezone(naive, self.tz, ambiguous="earliest", nonexistent="earliest")
         late = pc.assume_timezone(naive, self.tz, ambiguous="latest", nonexistent="latest")
         shifted = pc.not_equal(early, late)
         nonexistent = pc.and_(shifted, pc.not_equal(pc.local_timestamp(late), naive))
-        return early.cast(_UTC_US), nonexistent, pc.and_(shifted, pc.invert(nonexistent))
+        ambiguous = pc.and_(shifted, pc.invert(nonexistent))
+        if self.dst_policy in ("earliest", "latest"):
+            return (early if self.dst_policy == "earliest" else late).cast(_UTC_US), None, ambiguous
+        return early.cast(_UTC_US), nonexistent, ambiguous
 
 
 def add_example(examples: dict[str, str], reason: str, example: str) -> None:

@@ -68,6 +68,8 @@ class ScanResult:
     sample_rows: int = 0
     sample_bytes: int = 0
     overlap_existing_rows: int = 0
+    dst_undetermined: list[str] = field(default_factory=list)
+    duplicates_in_source: int = 0
 
     @property
     def rows_in_scope(self) -> int:
@@ -93,6 +95,8 @@ class ScanResult:
         self.sample_rows += other.sample_rows
         self.sample_bytes += other.sample_bytes
         self.overlap_existing_rows += other.overlap_existing_rows
+        self.dst_undetermined.extend(other.dst_undetermined)
+        self.duplicates_in_source += other.duplicates_in_source
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -104,7 +108,8 @@ class ScanResult:
                             "buckets": {str(b): n for b, n in p.buckets.items()}, "spill_bytes": p.spill_bytes}
                            for p in self.partitions.values()],
             "sample_rows": self.sample_rows, "sample_bytes": self.sample_bytes,
-            "overlap_existing_rows": self.overlap_existing_rows,
+            "overlap_existing_rows": self.overlap_existing_rows, "dst_undetermined": self.dst_undetermined,
+            "duplicates_in_source": self.duplicates_in_source,
         }
 
     @classmethod
@@ -114,7 +119,8 @@ class ScanResult:
             rows_outside_range=data["rows_outside_range"], rows_outside_retention=data["rows_outside_retention"],
             min_us=data["min_us"], max_us=data["max_us"], days=Counter({int(k): v for k, v in data["days"].items()}),
             sample_rows=data["sample_rows"], sample_bytes=data["sample_bytes"],
-            overlap_existing_rows=data["overlap_existing_rows"],
+            overlap_existing_rows=data["overlap_existing_rows"], dst_undetermined=data.get("dst_undetermined", []),
+            duplicates_in_source=data.get("duplicates_in_source", 0),
         )
         for p in data["partitions"]:
             key = PartitionKey(p["spec_id"], p["transform"], p["value"])
@@ -226,13 +232,17 @@ def scan_task(rt: Runtime, ctx: ScanContext, job_id: str, task: int, pieces: ran
             result.rows_in_source += batch.data.num_rows
             result.rejected.update(mapped.rejected)
             merge_examples(result.examples, mapped.examples)
-            if not ctx.spec.dry_run and ctx.spec.dst_policy == "refuse":
-                refuse_dst(result)
+            if not ctx.spec.dry_run:
+                refuse_dst(result, ctx.spec.dst_policy)
             _scan_batch(result, mapped.table, ctx, spiller, overlap)
+        result.dst_undetermined = mapper.undetermined()
+        if not ctx.spec.dry_run:
+            refuse_dst(result, ctx.spec.dst_policy)
     finally:
         if spiller:
             spiller.close()
     if overlap is not None and result.min_us is not None:
+        result.duplicates_in_source = overlap.duplicates()
         result.overlap_existing_rows = overlap.finish(table, result.min_us, result.max_us + 1)
     fs, path = filesystem(result_uri(rt, job_id, task))
     make_parent(fs, path)
@@ -297,14 +307,26 @@ def _measure(sample: pa.Table, contract: Contract) -> tuple[int, int]:
     return sample.num_rows, buffer.tell()
 
 
-def refuse_dst(result: ScanResult) -> None:
-    bad = {r: n for r, n in result.rejected.items() if r.startswith("dst_") and n}
+def dst_failure(result: ScanResult, policy: str) -> str | None:
+    """Why a run under ``policy`` fails on what the scan found (None when it does not), naming the flag that
+    fixes it; a dry run reports it, a run raises it."""
+    if result.dst_undetermined:
+        shown = "; ".join(result.dst_undetermined[:3]) + (" ..." if len(result.dst_undetermined) > 3 else "")
+        return (f"cannot infer the clock change from the source order ({len(result.dst_undetermined)} series hours: "
+                f"{shown}): a single pass through the repeated hour or rows out of time order; "
+                "choose a policy with --dst-policy earliest|latest|drop")
+    refused = ("dst_nonexistent", "dst_ambiguous") if policy in ("refuse", "infer") else ()
+    bad = {r: n for r, n in result.rejected.items() if r in refused and n}
     if bad:
         detail = "; ".join(f"{n} {r} (e.g. {result.examples.get(r, '?')})" for r, n in bad.items())
-        raise DstRefused(
-            f"local times that do not exist or are ambiguous in the source time zone: {detail}; "
-            "choose a policy with --dst-policy earliest|latest|drop"
-        )
+        return (f"local times that do not exist or are ambiguous in the source time zone: {detail}; "
+                "choose a policy with --dst-policy earliest|latest|drop")
+    return None
+
+
+def refuse_dst(result: ScanResult, policy: str) -> None:
+    if (message := dst_failure(result, policy)) is not None:
+        raise DstRefused(message)
 
 
 class _OverlapCounter:
@@ -322,6 +344,14 @@ class _OverlapCounter:
         verb = "INSERT INTO src SELECT" if self.created else "CREATE TABLE src AS SELECT"
         self.con.execute(f"{verb} {self._cols()} FROM batch")
         self.created = True
+
+    def duplicates(self) -> int:
+        """Rows sharing a key with an earlier row: what the writers will count as duplicates in the source."""
+        if not self.created:
+            return 0
+        cols = self._cols()
+        return int(self.con.execute(f"SELECT count(*) - (SELECT count(*) FROM (SELECT DISTINCT {cols} FROM src)) "
+                                    "FROM src").fetchone()[0])
 
     def _cols(self) -> str:
         return ", ".join(f'"{k}"' for k in self.keys)
