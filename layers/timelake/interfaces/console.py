@@ -56,6 +56,10 @@ def drive(lake: Lake, job_id: str, as_json: bool) -> None:
         raise typer.Exit(130) from None
     except BackfillError as exc:
         error = str(exc)
+    except ValueError as exc:  # a source that cannot be read or mapped: a dry run reports that the run would fail
+        if not lake.runtime.store.get_job(job_id).spec.get("dry_run"):
+            raise
+        error = str(exc)
     finally:
         signal.signal(signal.SIGINT, previous)
     report = build_report(lake.runtime.store.get_job(job_id), lake.runtime.store.units(job_id))
