@@ -101,3 +101,17 @@ def test_dry_run_names_the_failure_and_the_flag_and_exits_3(warehouse, sensor, t
     assert "Traceback" not in failing.stderr
     passing = cli(*args, "--on-bad-value", "reject", warehouse=warehouse)
     assert passing.returncode == 0
+
+
+def test_one_pass_through_the_repeated_hour_cannot_be_inferred(sensor, tmp_path):
+    path = tmp_path / "one_pass.csv"
+    path.write_text("ts,device_id,value\n2026-10-25 01:59:00,a,1\n2026-10-25 02:30:00,a,2\n"
+                    "2026-10-25 03:00:00,a,3\n", encoding="utf-8")
+    dry = sensor.backfill(source=str(path), tz=ZONE, dry_run=True).wait().report()
+    assert "series device_id=a at 2026-10-25 02:00 local" in dry["would_fail"]
+    assert "--dst-policy earliest|latest|drop" in dry["would_fail"]
+    with pytest.raises(Exception, match="cannot infer the clock change .* series device_id=a at 2026-10-25 02:00"):
+        sensor.backfill(source=str(path), tz=ZONE).wait()
+    assert sensor.to_arrow().num_rows == 0
+    run = sensor.backfill(source=str(path), tz=ZONE, dst_policy="earliest").wait().report()
+    assert run["rows_written"] == 3 and run["dst_policy"] == "earliest"
