@@ -296,3 +296,59 @@ def test_each_batch_is_checked_against_its_own_columns() -> None:
         mapper.apply(_batch({"ts": [1.5], "sensor": ["s"]}, origin="c.jsonl"))
     later = _batch({"sensor": ["s"], "ts": ["2024-01-01T00:00:00Z"], "ok": ["true"]})
     assert mapper.apply(later).table.column("ok").to_pylist() == [True]
+
+
+def test_bad_values_null_or_reject_with_up_to_five_examples() -> None:
+    columns = {"ts": ["2026-01-01T00:00:00Z"] * 8, "sensor": ["a"] * 8,
+               "value": ["1,5", "#ERR", "2", "#ERR", "x", "y", "z", "3,25"]}
+    nulled = _map(columns, on_bad_value="null", decimal=",")
+    assert nulled.table.column("value").to_pylist() == [1.5, None, 2.0, None, None, None, None, 3.25]
+    rejected = _map(columns, on_bad_value="reject", decimal=",")
+    assert rejected.table.column("value").to_pylist() == [1.5, 2.0, 3.25]
+    assert rejected.rejected == {"bad_value": 5}
+    assert rejected.examples["bad_value"].split(" | ") == [
+        f"row {i} of a.csv: value={v}" for i, v in [(1, "#ERR"), (3, "#ERR"), (4, "x"), (5, "y"), (6, "z")]]
+    with pytest.raises(MappingError, match="'#ERR' at row 1 of a.csv"):
+        _map(columns, decimal=",")
+
+
+def test_dotted_dates_and_strptime_formats_read_as_local_time() -> None:
+    dotted = _map({"ts": ["25.10.2026 01:30:00", "01.02.2026 12:00"], "sensor": ["a", "a"]}, tz="Europe/Berlin")
+    assert dotted.table.column("ts").to_pylist() == [datetime(2026, 10, 24, 23, 30, tzinfo=UTC),
+                                                     datetime(2026, 2, 1, 11, 0, tzinfo=UTC)]
+    formatted = _map({"ts": ["10/25/2026 01:30"], "sensor": ["a"]}, tz="Europe/Berlin",
+                     timestamp_format="%m/%d/%Y %H:%M")
+    assert formatted.table.column("ts").to_pylist() == [datetime(2026, 10, 24, 23, 30, tzinfo=UTC)]
+    bad_time = _map({"ts": ["25.10.2026 01:30", "#ERR"], "sensor": ["a", "a"]}, tz="Europe/Berlin",
+                    on_bad_value="reject")
+    assert bad_time.rejected == {"bad_value": 1} and bad_time.table.num_rows == 1
+
+
+FALL_BACK = ["2024-10-27T01:30", "2024-10-27T02:00", "2024-10-27T02:30", "2024-10-27T02:00", "2024-10-27T02:30",
+             "2024-10-27T03:00"]
+
+
+def test_infer_takes_each_series_passes_in_source_order() -> None:
+    local = [*FALL_BACK, *FALL_BACK[:3]]
+    sensors = ["a"] * 6 + ["b"] * 3
+    batch = _batch({"ts": pa.array([datetime.fromisoformat(t) for t in local], pa.timestamp("us")),
+                    "sensor": sensors})
+    mapper = _mapper(batch.data.schema, tz="Europe/Berlin", dst_policy="infer")
+    first = mapper.apply(SourceBatch(batch.data.slice(0, 4), "a.csv", 0))
+    second = mapper.apply(SourceBatch(batch.data.slice(4), "a.csv", 4))  # a pass continues across batches
+    assert _times(first) + _times(second) == [
+        _utc(2024, 10, 26, 23, 30), _utc(2024, 10, 27, 0, 0), _utc(2024, 10, 27, 0, 30),
+        _utc(2024, 10, 27, 1, 0), _utc(2024, 10, 27, 1, 30), _utc(2024, 10, 27, 2, 0),
+        _utc(2024, 10, 26, 23, 30), _utc(2024, 10, 27, 0, 0), _utc(2024, 10, 27, 0, 30),
+    ]
+    assert not first.rejected and not second.rejected
+    assert mapper.undetermined() == ["series sensor=b at 2024-10-27 02:00 local in a.csv"]
+
+
+def test_earliest_and_latest_count_folded_rows_as_dst_collapsed() -> None:
+    for policy, kept in (("earliest", [(26, 23, 30), (27, 0, 0), (27, 0, 30), (27, 2, 0)]),
+                         ("latest", [(26, 23, 30), (27, 1, 0), (27, 1, 30), (27, 2, 0)])):
+        mapped = _map(_naive(FALL_BACK), tz="Europe/Berlin", dst_policy=policy)
+        assert mapped.rejected == {"dst_collapsed": 2}
+        assert _times(mapped) == [_utc(2024, 10, d, h, m) for d, h, m in kept]
+        assert mapped.examples["dst_collapsed"] == "row 3 of a.csv: ts=2024-10-27 02:00:00"

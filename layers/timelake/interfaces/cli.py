@@ -150,7 +150,7 @@ def run(
     override_retention: Annotated[bool, typer.Option("--override-retention", help=field_help("override_retention"))] = False,
     evaluate_rules: Annotated[bool, typer.Option("--evaluate-rules", help=field_help("evaluate_rules"))] = False,
     time_unit: Annotated[Optional[str], typer.Option("--time-unit", help=field_help("time_unit"))] = None,
-    dst_policy: Annotated[str, typer.Option("--dst-policy", help=field_help("dst_policy"))] = "refuse",
+    dst_policy: Annotated[str, typer.Option("--dst-policy", help=field_help("dst_policy"))] = "infer",
     fmt: Annotated[Optional[str], typer.Option("--format", help=field_help("format"))] = None,
     canary: Annotated[Optional[str], typer.Option("--canary", metavar="[DAY]", help=field_help("canary"))] = None,
     approval_timeout: Annotated[Optional[int], typer.Option(
@@ -164,6 +164,14 @@ def run(
                                                     "'duckdb:' and the query field)")] = None,
     measurement: Annotated[Optional[str], typer.Option("--measurement", help=field_help("measurement"))] = None,
     precision: Annotated[Optional[str], typer.Option("--precision", help=field_help("precision"))] = None,
+    null_values: Annotated[Optional[list[str]], typer.Option("--null-values", help=field_help("null_values"))] = None,
+    on_bad_value: Annotated[Optional[str], typer.Option("--on-bad-value", help=field_help("on_bad_value"))] = None,
+    delimiter: Annotated[Optional[str], typer.Option("--delimiter", help=field_help("delimiter"))] = None,
+    decimal: Annotated[Optional[str], typer.Option("--decimal", help=field_help("decimal"))] = None,
+    timestamp_format: Annotated[Optional[str], typer.Option(
+        "--timestamp-format", help=field_help("timestamp_format"))] = None,
+    skip_rows: Annotated[Optional[int], typer.Option("--skip-rows", help=field_help("skip_rows"))] = None,
+    encoding: Annotated[Optional[str], typer.Option("--encoding", help=field_help("encoding"))] = None,
     as_json: JsonFlag = False,
     warehouse: Warehouse = None,
     on: On = "local",
@@ -177,12 +185,14 @@ def run(
         "approval_timeout_seconds": approval_timeout,
         "query": _one_query(query, from_sql), "source_max_connections": source_max_connections,
         "source_rows_per_second": source_rows_per_second, "measurement": measurement, "precision": precision,
+        "null_values": null_values, "on_bad_value": on_bad_value, "delimiter": delimiter, "decimal": decimal,
+        "timestamp_format": timestamp_format, "skip_rows": skip_rows, "encoding": encoding,
     }
     fields.update({k: v for k, v in given.items() if v is not None})
     fields["table"] = table
     if from_sql and not source:
         fields["source"] = "duckdb:"
-    for flag, value, default in (("mode", mode, "merge"), ("dst_policy", dst_policy, "refuse")):
+    for flag, value, default in (("mode", mode, "merge"), ("dst_policy", dst_policy, "infer")):
         if value != default or flag not in fields:
             fields[flag] = value
     fields["dry_run"] = dry_run or fields.get("dry_run", False)

@@ -56,6 +56,10 @@ def drive(lake: Lake, job_id: str, as_json: bool) -> None:
         raise typer.Exit(130) from None
     except BackfillError as exc:
         error = str(exc)
+    except ValueError as exc:  # a source that cannot be read or mapped: a dry run reports that the run would fail
+        if not lake.runtime.store.get_job(job_id).spec.get("dry_run"):
+            raise
+        error = str(exc)
     finally:
         signal.signal(signal.SIGINT, previous)
     report = build_report(lake.runtime.store.get_job(job_id), lake.runtime.store.units(job_id))
@@ -65,6 +69,9 @@ def drive(lake: Lake, job_id: str, as_json: bool) -> None:
         print_report(report)
         if report["phase"] == AWAITING and report.get("canary"):
             print_canary(report["canary"], job_id, report["approval_deadline"])
+    if report["dry_run"] and (error or report.get("would_fail")):
+        print(f"the run would fail: {one_line(error or report['would_fail'])}", file=sys.stderr)
+        raise typer.Exit(3)
     if error:
         fail(error)
 

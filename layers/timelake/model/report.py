@@ -63,7 +63,8 @@ def build_report(job: JobRecord, units: list[UnitRecord]) -> dict[str, Any]:
         "rows_in_source": s.get("rows_in_source"),
         "rows_in_scope": s.get("rows_in_scope"),
         "rows_written": written if units else 0,
-        "rows_duplicate_in_source": sum(u.result.get("rows_duplicate_in_source", 0) for u in units),
+        "rows_duplicate_in_source": (sum(u.result.get("rows_duplicate_in_source", 0) for u in units) if units
+                                     else s.get("rows_duplicate_in_source", 0)),
         "rows_conflicting_existing": conflicts,
         "rows_conflicting_at_publish": late["rows"],
         "rows_outside_retention": s.get("rows_outside_retention", 0),
@@ -85,6 +86,8 @@ def build_report(job: JobRecord, units: list[UnitRecord]) -> dict[str, Any]:
         "columns_filled_with_null": s.get("columns_filled_with_null", []),
         "ignored_source_columns": s.get("ignored_source_columns", []),
         "error": s.get("error"),
+        "dst_policy": job.spec.get("dst_policy"),
+        "would_fail": s.get("would_fail"),  # dry run: why the run would fail, with the flag that fixes it
         "canary": s.get("canary_report"),
         "approval_deadline": _deadline(job),
         "source_limits": source_limits(job),

@@ -18,7 +18,9 @@ from timelake.model.timeutil import parse_instant
 
 Mode = Literal["merge", "replace", "append"]
 PublishBy = Literal["day", "week", "month"]
-DstPolicy = Literal["refuse", "earliest", "latest", "drop"]
+DstPolicy = Literal["refuse", "earliest", "latest", "drop", "infer"]
+BadValue = Literal["fail", "null", "reject"]
+DEFAULT_NULL_VALUES = ["", "NA", "N/A", "n/a", "null", "NULL", "NaN", "#N/A"]
 TimeUnit = Literal["s", "ms", "us", "ns"]
 _URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 _PASSWORD_PARAMS = {"password", "passwd", "pwd", "pass", "sslpassword"}
@@ -54,8 +56,25 @@ class JobSpec(BaseModel):
     tz: str | None = Field(default=None, description="IANA zone of naive source timestamps (and of naive start/end)")
     time_unit: TimeUnit | None = Field(default=None, description="Unit of integer epoch timestamps")
     dst_policy: DstPolicy = Field(
-        default="refuse", description="Naive local times that a DST change makes ambiguous or missing: refuse the "
-        "job, take the earliest or latest instant, or drop the row")
+        default="infer", description="Naive local times that a DST change makes ambiguous or missing: infer the "
+        "instant from each series' source order (the first pass through a repeated hour is the earlier instant; fails "
+        "where the order cannot tell), refuse the job, take the earliest or latest instant (rows folded together count "
+        "as dst_collapsed), or drop the row")
+    null_values: list[Annotated[str, Field(max_length=100)]] = Field(
+        default_factory=lambda: list(DEFAULT_NULL_VALUES), max_length=100,
+        description="Text cells that mean no value (default: empty, NA, N/A, n/a, null, NULL, NaN, #N/A)")
+    on_bad_value: BadValue = Field(
+        default="fail", description="A value that cannot be converted: fail the job naming it, store null instead, "
+        "or reject the row (counted as bad_value with up to 5 examples)")
+    delimiter: str = Field(default=",", min_length=1, max_length=1, description="CSV field delimiter (e.g. ';')")
+    decimal: Literal[".", ","] = Field(default=".", description="Decimal mark of numbers in CSV/text sources "
+                                      "(',' for a decimal comma)")
+    timestamp_format: str | None = Field(
+        default=None, max_length=200, description="strptime format of text timestamps, e.g. '%d.%m.%Y %H:%M:%S' "
+        "(default: ISO 8601, or DD.MM.YYYY HH:MM[:SS])")
+    skip_rows: StrictInt = Field(default=0, ge=0, le=1_000_000, description="CSV lines to skip before the header")
+    encoding: str = Field(default="utf-8", min_length=1, max_length=40,
+                          description="Text encoding of CSV files (e.g. latin-1, cp1252)")
     mode: Mode = Field(default="merge", description="How the job meets rows already on main: merge (existing rows "
                        "win), replace (the job's range is replaced) or append (no deduplication)")
     start: datetime | None = Field(default=None, description="Inclusive lower bound of the job range (ISO)")
@@ -101,6 +120,17 @@ class JobSpec(BaseModel):
             if not known_zone(tz):
                 raise ValueError(f"unknown time zone '{printable(tz)[:100]}' (use an IANA name such as Europe/Berlin)")
         return tz
+
+    @field_validator("encoding")
+    @classmethod
+    def _known_encoding(cls, encoding: str) -> str:
+        import codecs
+
+        try:
+            codecs.lookup(encoding)
+        except LookupError:
+            raise ValueError(f"unknown encoding '{printable(encoding)[:40]}' (examples: utf-8, latin-1, cp1252)") from None
+        return encoding
 
     @field_validator("source")
     @classmethod

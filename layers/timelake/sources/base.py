@@ -33,12 +33,24 @@ _FORMATS = {
 }
 _KNOWN_EXTENSIONS = ", ".join([*_FORMATS, *(f"{ext}.gz" for ext, fmt in _FORMATS.items() if fmt != "parquet")])
 _KIND = {"parquet": "Parquet", "csv": "CSV", "json": "newline-delimited JSON", "influx": "InfluxDB line-protocol"}
-# "NA" and friends are left alone: they are real values in series keys (country codes) more often than markers.
-_CSV_NULLS = ["", "NULL", "null"]
 # JSON is parsed a chunk of whole lines at a time; this bounds memory per chunk.
 _JSON_CHUNK_BYTES = 32 << 20
 _GLOB_TOKEN = re.compile(r"\*\*/|\*\*|\*|\?|[^*?]+")
 _URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+://")
+
+
+@dataclass(frozen=True)
+class CsvOptions:
+    """How a CSV export is written: real historian exports use ';', preambles, and non-UTF-8 text.
+
+    ``null_values`` are the cells read as no value; the default leaves "NA" alone, since it is a real
+    value in series keys (country codes) more often than a marker, and a job names its markers.
+    """
+
+    delimiter: str = ","
+    skip_rows: int = 0
+    encoding: str = "utf-8"
+    null_values: tuple[str, ...] = ("", "NULL", "null")
 
 
 class SourceError(ValueError):
@@ -104,7 +116,8 @@ class FileSource(Source):
     """Files on a local or remote filesystem, all of one known format each."""
 
     def __init__(
-        self, uri: str, fs: pafs.FileSystem, paths: dict[str, str], formats: dict[str, str], batch_rows: int
+        self, uri: str, fs: pafs.FileSystem, paths: dict[str, str], formats: dict[str, str], batch_rows: int,
+        csv: CsvOptions | None = None,
     ) -> None:
         """``paths`` maps piece names (as shown to users) to filesystem paths; ``formats`` maps them to formats."""
         self.uri = uri
@@ -112,6 +125,7 @@ class FileSource(Source):
         self._paths = paths
         self._formats = formats
         self._batch_rows = batch_rows
+        self._csv_options = csv or CsvOptions()
 
     def pieces(self) -> list[str]:
         return list(self._paths)
@@ -176,7 +190,12 @@ class FileSource(Source):
             if not f.read(1):
                 return []
         with self._open(path) as f:
-            return pcsv.open_csv(f).schema.names
+            return pcsv.open_csv(f, **self._csv_reading()).schema.names
+
+    def _csv_reading(self) -> dict:
+        o = self._csv_options
+        return {"read_options": pcsv.ReadOptions(skip_rows=o.skip_rows, encoding=o.encoding),
+                "parse_options": pcsv.ParseOptions(delimiter=o.delimiter)}
 
     def _csv(self, path: str) -> Iterator[pa.RecordBatch]:
         """Every column is read as text: inferring per block lets blocks disagree, and the mapping casts anyway."""
@@ -184,10 +203,11 @@ class FileSource(Source):
         if not names:
             return
         convert = pcsv.ConvertOptions(
-            column_types=dict.fromkeys(names, pa.string()), strings_can_be_null=True, null_values=_CSV_NULLS
+            column_types=dict.fromkeys(names, pa.string()), strings_can_be_null=True,
+            null_values=list(self._csv_options.null_values),
         )
         with self._open(path) as f:
-            yield from pcsv.open_csv(f, convert_options=convert)
+            yield from pcsv.open_csv(f, convert_options=convert, **self._csv_reading())
 
     def _json(self, path: str) -> Iterator[pa.RecordBatch]:
         """Parse chunks of whole lines rather than using the streaming reader.
@@ -257,6 +277,7 @@ def open_source(
     *,
     format: str | None = None,
     batch_rows: int = 262_144,
+    csv: CsvOptions | None = None,
 ) -> Source:
     """Open a path, directory, glob, URI or in-memory table as a :class:`Source`.
 
@@ -281,7 +302,7 @@ def open_source(
     if not paths:
         raise SourceError(f"no source files match '{source}'")
     pieces = {prefix + path: path for path in sorted(paths)}
-    return FileSource(source, fs, pieces, {p: forced or _format_of(p) for p in pieces}, batch_rows)
+    return FileSource(source, fs, pieces, {p: forced or _format_of(p) for p in pieces}, batch_rows, csv)
 
 
 def _format_named(format: str) -> str:

@@ -15,12 +15,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal, TypeVar
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from timelake.sources.base import SourceBatch
 
-DstPolicy = Literal["refuse", "earliest", "latest", "drop"]
+DstPolicy = Literal["refuse", "earliest", "latest", "drop", "infer"]
+BadValue = Literal["fail", "null", "reject"]
 """What to do with naive local times that a DST switch makes nonexistent or ambiguous.
 
 "earliest"/"latest" resolve them: an ambiguous time takes its first or second
@@ -28,6 +30,13 @@ occurrence, a nonexistent one the last microsecond before the gap or the first
 instant after it (02:30 on a spring-forward night to 01:59:59.999999 or 03:00).
 "drop" and "refuse" both drop the rows and count them; the caller fails a real
 run on counted rows under "refuse" and only reports them in a dry run.
+"infer" (the default) reads the answer from the source order, as exports
+written in time order carry it: within each series of a piece, the first pass
+through a repeated hour is the earlier instant and the pass after the clock
+jumps back the later one; `Mapper.undetermined` lists the series and hours
+where the order cannot tell. Nonexistent times count as under "refuse".
+"earliest"/"latest" fold the two passes onto one instant: a repeated local
+time of a series is kept once and the rest count as "dst_collapsed".
 """
 
 _T = TypeVar("_T")
@@ -39,7 +48,11 @@ _Where = Callable[[int], str]
 _UTC_US = pa.timestamp("us", tz="UTC")
 _UTC_NAMES = {"UTC", "Etc/UTC", "+00:00", "Z"}
 _TIME_UNITS = ("s", "ms", "us", "ns")
-_POLICIES = ("refuse", "earliest", "latest", "drop")
+_POLICIES = ("refuse", "earliest", "latest", "drop", "infer")
+_BAD_VALUE = ("fail", "null", "reject")
+MAX_EXAMPLES = 5
+# Day-first dotted dates (25.10.2026 02:30[:00]), as German and other European exports write them.
+_DOTTED = r"^(\d{2})\.(\d{2})\.(\d{4})([ T]|$)"
 # A clock time followed by Z or a numeric offset; a bare date never carries one.
 _OFFSET = r"\d{2}:\d{2}(?::\d{2}(?:[.,]\d+)?)?\s*(?:Z|[+-]\d{2}(?::?\d{2})?)$"
 
@@ -79,6 +92,9 @@ class Mapper:
         tz: str | None = None,
         time_unit: str | None = None,
         dst_policy: DstPolicy = "refuse",
+        on_bad_value: BadValue = "fail",
+        decimal: str = ".",
+        timestamp_format: str | None = None,
     ) -> None:
         self.target = target
         self.time_column = time_column
@@ -86,6 +102,13 @@ class Mapper:
         self.tz = tz
         self.time_unit = time_unit
         self.dst_policy = dst_policy
+        self.on_bad_value = on_bad_value
+        self.decimal = decimal
+        self.timestamp_format = timestamp_format
+        # (piece, series, local day) -> [latest local time of the first pass, of the second pass or None]
+        self._folds: dict[tuple, list] = {}
+        self._seen_local: set[tuple] = set()
+        self._undetermined: dict[tuple, str] = {}
         column_map = dict(column_map or {})
         table_columns = ", ".join(target.names)
         for name in [*column_map, time_column, *self.series_key]:
@@ -117,15 +140,36 @@ class Mapper:
 
     def apply(self, batch: SourceBatch) -> MappedBatch:
         """Map one batch; raises MappingError on the first value that cannot be converted."""
-        raw_time = self._column(batch, self.time_column)
         where = _locator(batch)
+        raw = {f.name: self._prepared(batch, f) for f in self.target}
+        bad: dict[str, pa.Array] = {}
+        if self.on_bad_value != "fail":
+            for f in self.target:
+                convert = (lambda v: self._to_utc(v, where)) if f.name == self.time_column else (
+                    lambda v, t=f.type: pc.cast(v, t, safe=True))
+                if (mask := _bad_mask(raw[f.name], convert)) is not None:
+                    bad[f.name] = mask
+        raw_time = raw[self.time_column]
+        time_values = _without(raw_time, bad.get(self.time_column))
         when, nonexistent, ambiguous = self._convert(
-            self.time_column, raw_time, _UTC_US, lambda v: self._to_utc(v, where), where
+            self.time_column, time_values, _UTC_US, lambda v: self._to_utc(v, where), where
         )
+        rejecting = self.on_bad_value == "reject"
+        collapsed = None
+        if ambiguous is not None and self.dst_policy in ("infer", "earliest", "latest"):
+            ambiguous = pc.fill_null(ambiguous, False)
+            if pc.any(ambiguous).as_py():
+                if self.dst_policy == "infer":
+                    when = self._infer(batch, when, ambiguous)
+                else:
+                    collapsed = self._collapsed(batch, when, ambiguous)
+            ambiguous = None
         checks = [
+            *(("bad_value", n, mask) for n, mask in bad.items() if rejecting),
             ("null_time", self.time_column, pc.is_null(when)),
             ("dst_nonexistent", self.time_column, nonexistent),
             ("dst_ambiguous", self.time_column, ambiguous),
+            ("dst_collapsed", self.time_column, collapsed),
             *(("null_series_key", n, pc.is_null(self._column(batch, n))) for n in self.series_key),
             *(("null_required", n, pc.is_null(self._column(batch, n))) for n in self._required),
         ]
@@ -140,19 +184,69 @@ class Mapper:
                 mask = pc.and_(mask, pc.invert(dropped))
             if count := pc.sum(mask).as_py():
                 rejected[reason] += count
-                i = pc.index(mask, True).as_py()
-                value = (raw_time if name == self.time_column else self._column(batch, name))[i].as_py()
-                value = "null" if value is None else value
-                examples.setdefault(reason, f"{_row(batch, i)}: {self.source_of[name]}={value}")
+                for i in pc.indices_nonzero(mask)[: MAX_EXAMPLES if reason == "bad_value" else 1].to_pylist():
+                    value = raw[name][i].as_py()
+                    value = "null" if value is None else value
+                    add_example(examples, reason, f"{_row(batch, i)}: {self.source_of[name]}={value}")
             dropped = mask if dropped is None else pc.or_(dropped, mask)
         keep = pc.invert(dropped) if rejected else None
         where = _locator(batch, keep)
         arrays = []
         for f in self.target:
-            values = when if f.name == self.time_column else self._column(batch, f.name)
+            values = when if f.name == self.time_column else _without(raw[f.name], bad.get(f.name))
             values = values if keep is None else values.filter(keep)
             arrays.append(self._convert(f.name, values, f.type, lambda v, t=f.type: pc.cast(v, t, safe=True), where))
         return MappedBatch(pa.Table.from_arrays(arrays, schema=self.target), rejected, examples)
+
+    def undetermined(self) -> list[str]:
+        """Series and hours where "infer" could not tell the passes apart: a single pass through the
+        repeated hour, or a series not in time order there. Complete once every batch is mapped."""
+        for (piece, key, _day), (_first, second) in self._folds.items():
+            if second is None:
+                self._undetermined.setdefault((piece, key, _day), self._fold_name(piece, key, _first))
+        return list(self._undetermined.values())
+
+    def _fold_name(self, piece: str, key: tuple, local_us: int) -> str:
+        series = ", ".join(f"{n}={v}" for n, v in zip(self.series_key, key, strict=True))
+        hour = pa.scalar(local_us - local_us % 3_600_000_000, pa.timestamp("us")).as_py()
+        return f"series {series} at {hour:%Y-%m-%d %H:%M} local in {piece}"
+
+    def _ambiguous_rows(self, batch: SourceBatch, when: pa.Array, ambiguous: pa.Array) -> tuple:
+        """Positions, local wall-clock microseconds and series keys of the ambiguous rows, in source order."""
+        at = pc.indices_nonzero(ambiguous)
+        local = pc.local_timestamp(when.take(at).cast(pa.timestamp("us", self.tz))).cast(pa.int64()).to_pylist()
+        keys = list(zip(*(self._column(batch, n).take(at).to_pylist() for n in self.series_key), strict=True))
+        return at.to_numpy(), local, keys if self.series_key else [()] * len(local)
+
+    def _infer(self, batch: SourceBatch, when: pa.Array, ambiguous: pa.Array) -> pa.Array:
+        """The later instant for rows after the wall clock went back within a series' repeated hour."""
+        at, local, keys = self._ambiguous_rows(batch, when, ambiguous)
+        later = np.zeros(len(when), dtype=bool)
+        for position, value, key in zip(at, local, keys, strict=True):
+            fold = (batch.origin, key, value // 86_400_000_000)
+            state = self._folds.setdefault(fold, [value, None])
+            if state[1] is None and value < state[0]:
+                state[1] = value
+            elif state[1] is None:
+                state[0] = max(state[0], value)
+            elif value < state[1]:
+                self._undetermined.setdefault(fold, self._fold_name(batch.origin, key, value))
+            else:
+                state[1] = value
+            later[position] = state[1] is not None
+        local_all = pc.local_timestamp(when.cast(pa.timestamp("us", self.tz)))
+        late = pc.assume_timezone(local_all, self.tz, ambiguous="latest", nonexistent="latest").cast(_UTC_US)
+        return pc.if_else(pa.array(later), late, when)
+
+    def _collapsed(self, batch: SourceBatch, when: pa.Array, ambiguous: pa.Array) -> pa.Array:
+        """Rows whose local time a series already had in the repeated hour: folded onto the same instant."""
+        at, local, keys = self._ambiguous_rows(batch, when, ambiguous)
+        mask = np.zeros(len(when), dtype=bool)
+        for position, value, key in zip(at, local, keys, strict=True):
+            seen = (batch.origin, key, value)
+            mask[position] = seen in self._seen_local
+            self._seen_local.add(seen)
+        return pa.array(mask)
 
     def _check_options(self) -> None:
         time_type = self.target.field(self.time_column).type
@@ -160,6 +254,8 @@ class Mapper:
             raise MappingError(f"table time column '{self.time_column}' is {time_type}, expected {_UTC_US}")
         if self.dst_policy not in _POLICIES:
             raise MappingError(f"unknown dst_policy '{self.dst_policy}': use one of {', '.join(_POLICIES)}")
+        if self.on_bad_value not in _BAD_VALUE:
+            raise MappingError(f"unknown on_bad_value '{self.on_bad_value}': use one of {', '.join(_BAD_VALUE)}")
         if self.time_unit is not None and self.time_unit not in _TIME_UNITS:
             raise MappingError(f"unknown time_unit '{self.time_unit}': use one of {', '.join(_TIME_UNITS)}")
         if self.tz is not None:
@@ -192,6 +288,15 @@ class Mapper:
                  pa.types.is_large_string, pa.types.is_null)
         if not any(is_kind(source_type) for is_kind in kinds):
             raise MappingError(f"{where} is {source_type}: expected timestamps, ISO 8601 strings or epoch integers")
+
+    def _prepared(self, batch: SourceBatch, target: pa.Field) -> pa.Array:
+        """The source column, with a decimal comma turned into a point where the table wants numbers."""
+        values = self._column(batch, target.name)
+        text = pa.types.is_string(values.type) or pa.types.is_large_string(values.type)
+        numeric = pa.types.is_floating(target.type) or pa.types.is_decimal(target.type)
+        if text and numeric and self.decimal != ".":
+            values = pc.replace_substring(values, self.decimal, ".")
+        return values
 
     def _column(self, batch: SourceBatch, name: str) -> pa.Array:
         source = self.source_of[name]
@@ -234,7 +339,7 @@ class Mapper:
             reason = "not an ISO 8601 date and time" if text and pa.types.is_timestamp(to) else error
             raise MappingError(
                 f"column '{name}' (source '{self.source_of[name]}'): cannot convert {values[low].as_py()!r} "
-                f"at {where(low)} to {to}: {reason}"
+                f"at {where(low)} to {to}: {reason} (--on-bad-value null or reject loads the rest)"
             ) from e
 
     def _to_utc(self, values: pa.Array, where: _Where) -> _Instants:
@@ -264,7 +369,11 @@ class Mapper:
         zone are refused before any parsing, so that the error names them
         rather than a parse failure elsewhere.
         """
-        text = pc.replace_substring_regex(pc.utf8_trim_whitespace(text), r"(\.\d{6})\d+", r"\1")
+        text = pc.utf8_trim_whitespace(text)
+        if self.timestamp_format is not None:
+            return self._strptime(text, where)
+        text = pc.replace_substring_regex(text, _DOTTED, r"\3-\2-\1\4")
+        text = pc.replace_substring_regex(text, r"(\.\d{6})\d+", r"\1")
         absolute = pc.fill_null(pc.match_substring_regex(text, _OFFSET), False)
         nothing = pa.scalar(None, text.type)
         local = pc.if_else(absolute, nothing, text)
@@ -278,6 +387,20 @@ class Mapper:
         when, nonexistent, ambiguous = self._localize(local.cast(pa.timestamp("us")))
         return pc.coalesce(aware, when), nonexistent, ambiguous
 
+    def _strptime(self, text: pa.Array, where: _Where) -> _Instants:
+        """Text in the job's strptime format; with %z it is absolute, otherwise local time in ``tz``."""
+        try:
+            parsed = pc.strptime(text, format=self.timestamp_format, unit="us", error_is_null=False)
+        except pa.ArrowInvalid as e:
+            raise pa.ArrowInvalid(f"does not match timestamp_format {self.timestamp_format!r}") from e
+        if parsed.type.tz is not None:
+            return parsed.cast(_UTC_US), None, None
+        if self.tz is None and parsed.null_count < len(parsed):
+            i = pc.index(pc.is_valid(parsed), True).as_py()
+            column = f"column '{self.time_column}' (source '{self.source_of[self.time_column]}')"
+            raise MappingError(_naive_message(column, f"{text[i].as_py()!r} at {where(i)}"))
+        return self._localize(parsed)
+
     def _localize(self, naive: pa.Array) -> _Instants:
         """Local wall-clock time to UTC, flagging times a DST switch skipped or repeated.
 
@@ -285,14 +408,61 @@ class Mapper:
         exactly at such times, and only a skipped time fails to come back
         unchanged when the later answer is turned back into wall-clock time.
         """
-        if self.dst_policy in ("earliest", "latest"):
-            policy = self.dst_policy
-            return pc.assume_timezone(naive, self.tz, ambiguous=policy, nonexistent=policy).cast(_UTC_US), None, None
         early = pc.assume_timezone(naive, self.tz, ambiguous="earliest", nonexistent="earliest")
         late = pc.assume_timezone(naive, self.tz, ambiguous="latest", nonexistent="latest")
         shifted = pc.not_equal(early, late)
         nonexistent = pc.and_(shifted, pc.not_equal(pc.local_timestamp(late), naive))
-        return early.cast(_UTC_US), nonexistent, pc.and_(shifted, pc.invert(nonexistent))
+        ambiguous = pc.and_(shifted, pc.invert(nonexistent))
+        if self.dst_policy in ("earliest", "latest"):
+            return (early if self.dst_policy == "earliest" else late).cast(_UTC_US), None, ambiguous
+        return early.cast(_UTC_US), nonexistent, ambiguous
+
+
+def add_example(examples: dict[str, str], reason: str, example: str) -> None:
+    """One example per reason, except bad values: up to MAX_EXAMPLES of them, so a user sees the pattern."""
+    if reason not in examples:
+        examples[reason] = example
+    elif reason == "bad_value" and examples[reason].count(" | ") < MAX_EXAMPLES - 1 and example not in examples[reason]:
+        examples[reason] += " | " + example
+
+
+def merge_examples(into: dict[str, str], other: dict[str, str]) -> None:
+    for reason, text in other.items():
+        for example in text.split(" | ") if reason == "bad_value" else [text]:
+            add_example(into, reason, example)
+
+
+def _bad_mask(values: pa.Array, convert: Callable[[pa.Array], object]) -> pa.Array | None:
+    """Where ``convert`` fails value by value, or None when the whole column converts.
+
+    Halves that convert are done with in one call; only failing halves are split further, so k bad
+    values cost about k*log(n) whole-slice conversions instead of a per-row loop.
+    """
+    bad: list[int] = []
+
+    def search(low: int, high: int) -> None:
+        try:
+            convert(values.slice(low, high - low))
+        except pa.ArrowInvalid:
+            if high - low == 1:
+                bad.append(low)
+            else:
+                middle = (low + high) // 2
+                search(low, middle)
+                search(middle, high)
+
+    if len(values) == 0:
+        return None
+    search(0, len(values))
+    if not bad:
+        return None
+    mask = np.zeros(len(values), dtype=bool)
+    mask[bad] = True
+    return pa.array(mask)
+
+
+def _without(values: pa.Array, mask: pa.Array | None) -> pa.Array:
+    return values if mask is None else pc.if_else(mask, pa.scalar(None, values.type), values)
 
 
 def _naive_message(where: str, example: str | None = None) -> str:

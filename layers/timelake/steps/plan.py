@@ -24,7 +24,9 @@ from timelake.ports.runtime import Runtime
 from timelake.ports.store import Lease, UnitRecord
 from timelake.sources.base import Source
 from timelake.steps import failures
-from timelake.steps.scan import ScanContext, ScanResult, mapper_for, open_job_source, read_result, refuse_dst, scan_task
+from timelake.steps.scan import (
+    ScanContext, ScanResult, dst_failure, mapper_for, open_job_source, read_result, refuse_dst, scan_task,
+)
 
 MIN_TASK_BYTES = 8 << 20  # a scan task has a fixed cost (a Lambda, a connection): none reads less than this
 
@@ -146,12 +148,13 @@ def cut(rt: Runtime, job_id: str) -> dict[str, Any]:
         "check_column": contract.check_column,
     }
     if spec.dry_run:
-        state.update(overlap_existing_rows=total.overlap_existing_rows)
+        state.update(overlap_existing_rows=total.overlap_existing_rows,
+                     rows_duplicate_in_source=total.duplicates_in_source,
+                     would_fail=dst_failure(total, spec.dst_policy))
         clear_staging(rt, job_id)
         rt.store.update_job(job_id, "dry_run_complete", **state)
         return {"job_id": job_id, "dry_run": True, "units": len(units)}
-    if spec.dst_policy == "refuse":
-        refuse_dst(total)
+    refuse_dst(total, spec.dst_policy)
     rt.store.acquire_lease(Lease(spec.table, range_start, range_end, job_id))
     branch = f"backfill/{job_id}"
     base = table.current_snapshot()

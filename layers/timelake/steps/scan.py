@@ -31,8 +31,8 @@ from timelake.model.timeutil import US_PER_DAY
 from timelake.ports.files import filesystem, make_parent
 from timelake.ports.runtime import Runtime
 from timelake.sources import throttle
-from timelake.sources.base import Source, open_source
-from timelake.sources.mapping import Mapper
+from timelake.sources.base import CsvOptions, Source, open_source
+from timelake.sources.mapping import Mapper, merge_examples
 from timelake.sources.resolve import open_spec_source
 from timelake.steps import spill
 
@@ -68,6 +68,8 @@ class ScanResult:
     sample_rows: int = 0
     sample_bytes: int = 0
     overlap_existing_rows: int = 0
+    dst_undetermined: list[str] = field(default_factory=list)
+    duplicates_in_source: int = 0
 
     @property
     def rows_in_scope(self) -> int:
@@ -76,8 +78,7 @@ class ScanResult:
     def merge(self, other: "ScanResult") -> None:
         self.rows_in_source += other.rows_in_source
         self.rejected.update(other.rejected)
-        for reason, example in other.examples.items():
-            self.examples.setdefault(reason, example)
+        merge_examples(self.examples, other.examples)
         self.rows_outside_range += other.rows_outside_range
         self.rows_outside_retention += other.rows_outside_retention
         self.min_us = _min(self.min_us, other.min_us)
@@ -94,6 +95,8 @@ class ScanResult:
         self.sample_rows += other.sample_rows
         self.sample_bytes += other.sample_bytes
         self.overlap_existing_rows += other.overlap_existing_rows
+        self.dst_undetermined.extend(other.dst_undetermined)
+        self.duplicates_in_source += other.duplicates_in_source
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -105,7 +108,8 @@ class ScanResult:
                             "buckets": {str(b): n for b, n in p.buckets.items()}, "spill_bytes": p.spill_bytes}
                            for p in self.partitions.values()],
             "sample_rows": self.sample_rows, "sample_bytes": self.sample_bytes,
-            "overlap_existing_rows": self.overlap_existing_rows,
+            "overlap_existing_rows": self.overlap_existing_rows, "dst_undetermined": self.dst_undetermined,
+            "duplicates_in_source": self.duplicates_in_source,
         }
 
     @classmethod
@@ -115,7 +119,8 @@ class ScanResult:
             rows_outside_range=data["rows_outside_range"], rows_outside_retention=data["rows_outside_retention"],
             min_us=data["min_us"], max_us=data["max_us"], days=Counter({int(k): v for k, v in data["days"].items()}),
             sample_rows=data["sample_rows"], sample_bytes=data["sample_bytes"],
-            overlap_existing_rows=data["overlap_existing_rows"],
+            overlap_existing_rows=data["overlap_existing_rows"], dst_undetermined=data.get("dst_undetermined", []),
+            duplicates_in_source=data.get("duplicates_in_source", 0),
         )
         for p in data["partitions"]:
             key = PartitionKey(p["spec_id"], p["transform"], p["value"])
@@ -184,13 +189,16 @@ def open_job_source(spec: JobSpec, source: Any = None, table: Any = None, planne
         raise InvalidJob(f"job {spec.job_id}: the source was in-memory data ({spec.source}) and is gone; start a new job")
     if source is None and (named := open_spec_source(spec, table, planned)) is not None:
         return named
-    return open_source(source if source is not None else spec.source, format=spec.format)
+    csv = CsvOptions(delimiter=spec.delimiter, skip_rows=spec.skip_rows, encoding=spec.encoding,
+                     null_values=tuple(spec.null_values))
+    return open_source(source if source is not None else spec.source, format=spec.format, csv=csv)
 
 
 def mapper_for(ctx: ScanContext, src: Source) -> Mapper:
     return Mapper(
         ctx.target, src.schema(), time_column=ctx.contract.time_column, series_key=list(ctx.contract.series_key),
         column_map=ctx.spec.map, tz=ctx.spec.tz, time_unit=ctx.spec.time_unit, dst_policy=ctx.spec.dst_policy,
+        on_bad_value=ctx.spec.on_bad_value, decimal=ctx.spec.decimal, timestamp_format=ctx.spec.timestamp_format,
     )
 
 
@@ -223,15 +231,18 @@ def scan_task(rt: Runtime, ctx: ScanContext, job_id: str, task: int, pieces: ran
             mapped = mapper.apply(batch)
             result.rows_in_source += batch.data.num_rows
             result.rejected.update(mapped.rejected)
-            for reason, example in mapped.examples.items():
-                result.examples.setdefault(reason, example)
-            if not ctx.spec.dry_run and ctx.spec.dst_policy == "refuse":
-                refuse_dst(result)
+            merge_examples(result.examples, mapped.examples)
+            if not ctx.spec.dry_run:
+                refuse_dst(result, ctx.spec.dst_policy)
             _scan_batch(result, mapped.table, ctx, spiller, overlap)
+        result.dst_undetermined = mapper.undetermined()
+        if not ctx.spec.dry_run:
+            refuse_dst(result, ctx.spec.dst_policy)
     finally:
         if spiller:
             spiller.close()
     if overlap is not None and result.min_us is not None:
+        result.duplicates_in_source = overlap.duplicates()
         result.overlap_existing_rows = overlap.finish(table, result.min_us, result.max_us + 1)
     fs, path = filesystem(result_uri(rt, job_id, task))
     make_parent(fs, path)
@@ -296,14 +307,26 @@ def _measure(sample: pa.Table, contract: Contract) -> tuple[int, int]:
     return sample.num_rows, buffer.tell()
 
 
-def refuse_dst(result: ScanResult) -> None:
-    bad = {r: n for r, n in result.rejected.items() if r.startswith("dst_") and n}
+def dst_failure(result: ScanResult, policy: str) -> str | None:
+    """Why a run under ``policy`` fails on what the scan found (None when it does not), naming the flag that
+    fixes it; a dry run reports it, a run raises it."""
+    if result.dst_undetermined:
+        shown = "; ".join(result.dst_undetermined[:3]) + (" ..." if len(result.dst_undetermined) > 3 else "")
+        return (f"cannot infer the clock change from the source order ({len(result.dst_undetermined)} series hours: "
+                f"{shown}): a single pass through the repeated hour or rows out of time order; "
+                "choose a policy with --dst-policy earliest|latest|drop")
+    refused = ("dst_nonexistent", "dst_ambiguous") if policy in ("refuse", "infer") else ()
+    bad = {r: n for r, n in result.rejected.items() if r in refused and n}
     if bad:
         detail = "; ".join(f"{n} {r} (e.g. {result.examples.get(r, '?')})" for r, n in bad.items())
-        raise DstRefused(
-            f"local times that do not exist or are ambiguous in the source time zone: {detail}; "
-            "choose a policy with --dst-policy earliest|latest|drop"
-        )
+        return (f"local times that do not exist or are ambiguous in the source time zone: {detail}; "
+                "choose a policy with --dst-policy earliest|latest|drop")
+    return None
+
+
+def refuse_dst(result: ScanResult, policy: str) -> None:
+    if (message := dst_failure(result, policy)) is not None:
+        raise DstRefused(message)
 
 
 class _OverlapCounter:
@@ -321,6 +344,14 @@ class _OverlapCounter:
         verb = "INSERT INTO src SELECT" if self.created else "CREATE TABLE src AS SELECT"
         self.con.execute(f"{verb} {self._cols()} FROM batch")
         self.created = True
+
+    def duplicates(self) -> int:
+        """Rows sharing a key with an earlier row: what the writers will count as duplicates in the source."""
+        if not self.created:
+            return 0
+        cols = self._cols()
+        return int(self.con.execute(f"SELECT count(*) - (SELECT count(*) FROM (SELECT DISTINCT {cols} FROM src)) "
+                                    "FROM src").fetchone()[0])
 
     def _cols(self) -> str:
         return ", ".join(f'"{k}"' for k in self.keys)
