@@ -296,3 +296,12 @@ def test_each_batch_is_checked_against_its_own_columns() -> None:
         mapper.apply(_batch({"ts": [1.5], "sensor": ["s"]}, origin="c.jsonl"))
     later = _batch({"sensor": ["s"], "ts": ["2024-01-01T00:00:00Z"], "ok": ["true"]})
     assert mapper.apply(later).table.column("ok").to_pylist() == [True]
+
+
+@pytest.mark.parametrize("values", [["yesterday"], ["2024-01-01 00:00:00", "2024-13-45 99:00"], ["2024-01-01T00:00:00Z", "noon"]])
+def test_an_unparseable_time_without_tz_says_so_rather_than_asking_for_tz(values: list[str]) -> None:
+    with pytest.raises(MappingError) as raised:
+        _map({"ts": values, "sensor": ["s"] * len(values)})
+    message = str(raised.value)
+    assert f"column 'ts' (source 'ts'): cannot convert {values[-1]!r} at row {len(values) - 1} of a.csv" in message
+    assert "not an ISO 8601 date and time" in message and "naive" not in message and "tz" not in message
