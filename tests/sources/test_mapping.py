@@ -304,4 +304,4 @@ def test_an_unparseable_time_without_tz_says_so_rather_than_asking_for_tz(values
         _map({"ts": values, "sensor": ["s"] * len(values)})
     message = str(raised.value)
     assert f"column 'ts' (source 'ts'): cannot convert {values[-1]!r} at row {len(values) - 1} of a.csv" in message
-    assert "not an ISO 8601 date and time" in message and "naive" not in message and "tz" not in message
+    assert "not an ISO 8601 date and time" in message and "naive" not in message and "--tz" not in message
