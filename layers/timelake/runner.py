@@ -6,6 +6,7 @@ failure or Ctrl-C) simply continues from there; every step is idempotent.
 
 from __future__ import annotations
 
+import errno
 import multiprocessing
 import os
 import sys
@@ -108,10 +109,22 @@ def run_job(
             record_failure(rt, job_id, str(exc))
             raise
         except Exception as exc:
-            record_failure(rt, job_id, f"{type(exc).__name__}: {exc}")
-            raise
+            if not _full_disk(exc):
+                record_failure(rt, job_id, f"{type(exc).__name__}: {exc}")
+                raise
+            # the job store may sit on a roomier disk than the staging and warehouse; if not, this
+            # write fails too and the job stays in its phase, which resume continues from all the same
+            filename = getattr(exc, "filename", None)
+            error = (f"job {job_id}: no space left on device{f' ({filename})' if filename else ''} in {step}: "
+                     f"make room, then timelake backfill resume {job_id}")
+            record_failure(rt, job_id, error)
+            raise BackfillError(error) from exc
         job = rt.store.get_job(job_id)
     return job.phase
+
+
+def _full_disk(exc: BaseException) -> bool:
+    return isinstance(exc, OSError) and exc.errno == errno.ENOSPC
 
 
 def reopen(rt: Runtime, job_id: str) -> JobRecord:
@@ -232,6 +245,8 @@ def _fan_out(
                     except BackfillError:
                         raise
                     except Exception as exc:
+                        if _full_disk(exc):
+                            raise  # run_job records it as a resumable full disk
                         raise BackfillError(f"job {job_id}: {step} of {item} failed: {type(exc).__name__}: {exc}") from exc
                     tick()
                     checkpoint(f"{step}.unit")

@@ -352,3 +352,12 @@ def test_earliest_and_latest_count_folded_rows_as_dst_collapsed() -> None:
         assert mapped.rejected == {"dst_collapsed": 2}
         assert _times(mapped) == [_utc(2024, 10, d, h, m) for d, h, m in kept]
         assert mapped.examples["dst_collapsed"] == "row 3 of a.csv: ts=2024-10-27 02:00:00"
+
+
+@pytest.mark.parametrize("values", [["yesterday"], ["2024-01-01 00:00:00", "2024-13-45 99:00"], ["2024-01-01T00:00:00Z", "noon"]])
+def test_an_unparseable_time_without_tz_says_so_rather_than_asking_for_tz(values: list[str]) -> None:
+    with pytest.raises(MappingError) as raised:
+        _map({"ts": values, "sensor": ["s"] * len(values)})
+    message = str(raised.value)
+    assert f"column 'ts' (source 'ts'): cannot convert {values[-1]!r} at row {len(values) - 1} of a.csv" in message
+    assert "not an ISO 8601 date and time" in message and "naive" not in message and "--tz" not in message

@@ -6,12 +6,14 @@ Every failure exits non-zero with one line naming what is wrong; `--json` prints
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import os
 import re
 import sys
 import time
 from pathlib import Path
+from collections.abc import Callable
 from typing import Annotated, Any, Optional
 
 import pyarrow as pa
@@ -557,12 +559,20 @@ def _print_json_or(result: dict[str, Any], as_json: bool, verb: str) -> None:
                   + (f" ({result['how']})" if "how" in result else ""))
 
 
+@functools.cache
+def _command() -> Callable[[], Any]:
+    """The click command behind ``app``. Typer builds it from every command's signature on each call
+    (~50 ms); built once, a caller that runs many commands in one process (the fuzz test, an embedding
+    program) does not pay that per command."""
+    return typer.main.get_command(app)
+
+
 def main() -> None:
     """Entry point: every failure prints one line and exits 1 instead of a traceback (TIMELAKE_DEBUG=1
     re-raises an unexpected one, with its traceback)."""
     os.umask(0o077)  # every file the command creates (data, staging, job records) is its owner's only
     try:
-        app()
+        _command()()
     except SystemExit:
         raise
     except Exception as exc:  # noqa: BLE001 - the promise is one line for any input, a bug included

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import stat
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 from contextlib import closing, contextmanager
@@ -334,6 +335,8 @@ def _list_files(source: str, *, known_only: bool) -> tuple[pafs.FileSystem, str,
     because remote stores list by prefix and know nothing of globs. Files whose
     name starts with "." or "_" are skipped when listing, as those are the
     markers and checksums (_SUCCESS, .crc) that distributed writers leave next to the data.
+    A special file (FIFO, socket, device) is refused, not skipped: reading one would hang or never
+    end, and skipping it would quietly load less than the folder seems to hold.
     """
     parts = source.split("/")
     wild = next((i for i, part in enumerate(parts) if "*" in part or "?" in part), len(parts))
@@ -347,6 +350,7 @@ def _list_files(source: str, *, known_only: bool) -> tuple[pafs.FileSystem, str,
         info = _file_info(fs, root, source)
         if info.type == pafs.FileType.File:
             return fs, prefix, [root]
+        _refuse_special(info, source)
         if info.type != pafs.FileType.Directory:
             return fs, prefix, []
     selector = pafs.FileSelector(root, recursive=not pattern or "/" in pattern or "**" in pattern, allow_not_found=True)
@@ -356,13 +360,29 @@ def _list_files(source: str, *, known_only: bool) -> tuple[pafs.FileSystem, str,
         raise SourceError(f"cannot list source '{source}': {e}") from e
     matches = _glob(pattern).match if pattern else None
     skip = len(root.rstrip("/")) + 1
+    listing = [info for info in listing if not info.base_name.startswith((".", "_"))
+               and (not matches or matches(info.path[skip:]))]
+    for info in listing:
+        _refuse_special(info, source)
     return fs, prefix, [
         info.path
         for info in listing
         if info.type == pafs.FileType.File
-        and not info.base_name.startswith((".", "_"))
-        and (matches(info.path[skip:]) if matches else not known_only or _guess_format(info.path) is not None)
+        and (matches or not known_only or _guess_format(info.path) is not None)
     ]
+
+
+def _refuse_special(info: pafs.FileInfo, source: str) -> None:
+    """A path that exists but is neither a file nor a folder: name it and what it is."""
+    if info.type != pafs.FileType.Unknown:
+        return
+    try:
+        mode = os.stat(info.path).st_mode
+    except OSError:
+        return  # gone meanwhile, or not local: nothing to read either way
+    kind = ("a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
+            else "a device" if stat.S_ISBLK(mode) or stat.S_ISCHR(mode) else "not a regular file")
+    raise SourceError(f"source '{source}': {info.path} is {kind}, not a data file; move it out of the source folder")
 
 
 def _file_info(fs: pafs.FileSystem, path: str, source: str) -> pafs.FileInfo:

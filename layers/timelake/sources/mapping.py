@@ -378,6 +378,8 @@ class Mapper:
         nothing = pa.scalar(None, text.type)
         local = pc.if_else(absolute, nothing, text)
         if self.tz is None and local.null_count < len(local):
+            # a value that is no time at all says so (column, file, value), not that it needs a zone
+            self._convert(self.time_column, local, _UTC_US, lambda v: v.cast(pa.timestamp("us")), where)
             i = pc.index(pc.is_valid(local), True).as_py()
             column = f"column '{self.time_column}' (source '{self.source_of[self.time_column]}')"
             raise MappingError(_naive_message(column, f"{local[i].as_py()!r} at {where(i)}"))

@@ -28,7 +28,7 @@ from timelake.model.contract import Contract
 from timelake.model.faults import checkpoint
 from timelake.model.layout import PartitionKey, file_bounds, micros, time_filter
 from timelake.model.spec import JobSpec
-from timelake.model.timeutil import iso, next_boundary
+from timelake.model.timeutil import floor_to, iso, next_boundary
 from timelake.ports.events import BACKFILL_PUBLISHED
 from timelake.ports.files import filesystem
 from timelake.ports.runtime import Runtime
@@ -63,7 +63,10 @@ def publish(rt: Runtime, job_id: str, max_chunks: int | None = None) -> dict[str
     start_publish(rt, job_id)
     checkpoint("publish.started")
     committed = 0
-    todo = [] if state.get(ALL_COMMITTED) else chunks(staged, contract, spec.publish_by, state["range_start"], state["range_end"])
+    occupied = _planned_spans(table, contract, state) if spec.mode == "replace" and spec.publish_by and not state.get(
+        ALL_COMMITTED) else []
+    todo = [] if state.get(ALL_COMMITTED) else chunks(staged, contract, spec.publish_by, state["range_start"],
+                                                      state["range_end"], occupied)
     for chunk in todo:
         if chunk.key in published:
             continue
@@ -107,17 +110,31 @@ def publish(rt: Runtime, job_id: str, max_chunks: int | None = None) -> dict[str
     return {"job_id": job_id, "done": True, "chunks_published": len(published)}
 
 
-def chunks(staged: list[DataFile], contract: Contract, publish_by: str | None, start: int, end: int) -> list[Chunk]:
-    """Cut [start, end) into publish chunks; a boundary never falls inside a staged file's partition."""
+def chunks(staged: list[DataFile], contract: Contract, publish_by: str | None, start: int, end: int,
+           occupied: list[tuple[int, int]] | None = None) -> list[Chunk]:
+    """Cut [start, end) into publish chunks; a boundary never falls inside a staged file's partition.
+
+    Only the ``publish_by`` periods that hold staged rows (or, replace mode, ``occupied`` spans of
+    main's rows to remove) get a chunk of their own; each stretch between them is one chunk, so a
+    day-by-day job over decades costs the days with data, not every calendar day. The cut depends
+    only on the staged files and the plan-time spans, so a resume cuts the same chunks."""
     transforms = {t.spec_id: t.transform for t in contract.tiers}
     spans = [PartitionKey(f.spec_id, transforms[f.spec_id], f.partition[0]).range for f in staged]
     bounds = [start]
     if publish_by:
-        edge = next_boundary(start, publish_by)
-        while edge < end:
-            if not any(lo < edge < hi for lo, hi in spans):
+        blocked = _merged(spans)
+        edges: set[int] = set()
+        for lo, hi in _merged([(max(lo, start), min(hi, end)) for lo, hi in spans + (occupied or []) if lo < end and hi > start]):
+            edge = floor_to(lo, publish_by)
+            while edge < hi:
+                edges.add(edge)
+                edge = next_boundary(edge, publish_by)
+            edges.add(edge)
+        starts = np.array([lo for lo, _ in blocked], dtype=np.int64)
+        for edge in sorted(edges):
+            at = int(np.searchsorted(starts, edge, side="left")) - 1  # the last blocked span starting before edge
+            if start < edge < end and not (at >= 0 and edge < blocked[at][1]):
                 bounds.append(edge)
-            edge = next_boundary(edge, publish_by)
     bounds.append(end)
     result = [Chunk(iso(lo) if publish_by else "all", lo, hi, []) for lo, hi in zip(bounds, bounds[1:])]
     starts = np.array(bounds[:-1])
@@ -125,6 +142,34 @@ def chunks(staged: list[DataFile], contract: Contract, publish_by: str | None, s
         index = max(0, int(np.searchsorted(starts, max(lo, start), side="right")) - 1)
         result[index].files.append(f)
     return result
+
+
+def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Overlapping [lo, hi) spans joined, sorted by start (touching ones stay apart: an edge between
+    them is a free boundary)."""
+    merged: list[tuple[int, int]] = []
+    for lo, hi in sorted(spans):
+        if merged and lo < merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], hi))
+        else:
+            merged.append((lo, hi))
+    return merged
+
+
+def _planned_spans(table: IcebergTable, contract: Contract, state: dict[str, Any]) -> list[tuple[int, int]]:
+    """[lo, hi) time spans of main's files at the plan that may hold rows of the job's range:
+    replace mode removes them chunk by chunk, so their periods need chunks of their own."""
+    base = state.get("base_snapshot_id")
+    if base is None or table.snapshot_by_id(base) is None:
+        return []
+    field = table.schema().find_field(contract.time_column)
+    planned = table.scan(snapshot_id=base, row_filter=time_filter(contract.time_column, state["range_start"],
+                                                                   state["range_end"])).plan_files()
+    spans = []
+    for task in planned:
+        lo, hi = file_bounds(task.file, field)
+        spans.append((state["range_start"] if lo is None else lo, state["range_end"] if hi is None else hi + 1))
+    return spans
 
 
 def _commit_chunk(
