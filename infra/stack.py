@@ -32,7 +32,7 @@ from constructs import Construct
 from timelake.aws.store import table_definition
 from timelake.model.spec import JobSpec
 
-from .layer import REPO, engine_layer_code
+from .layer import ENGINE_LAYER, REPO, engine_layer_code
 
 ASL = REPO / "statemachine" / "backfill.asl.json"
 FUNCTIONS_DIR = REPO / "functions"
@@ -118,23 +118,27 @@ class FunctionSpec:
     writes_data: bool = False  # puts new data files under a table's data/ folder
     deletes_data: bool = False  # deletes data files of a table (abort: unpublished files; rollup: replaced chunks)
     writes_records: bool = False  # appends to the provenance and coverage tables (`RECORD_DATA`)
-    duckdb: bool = True  # imports DuckDB (validation SQL, assertions, coverage); False: the slim layer
+    duckdb: bool = True  # may import DuckDB (validation SQL, rollups, DuckDB/line-protocol sources, dry run); False: no DuckDB layer
+
+    def layers(self) -> tuple[str, ...]:
+        """The layers (`infra.layer.LAYERS`) this function gets: only what its code can import."""
+        return (ENGINE_LAYER, *(["duckdb"] if self.duckdb else []), *(["postgres"] if self.reads_sources else []))
 
 
 FUNCTIONS: dict[str, FunctionSpec] = {
     "plan": FunctionSpec(3008, Duration.minutes(15), engine=True, reads_sources=True, scratch=True, clears_scratch=True),
     "scan": FunctionSpec(3008, Duration.minutes(15), engine=True, reads_sources=True, scratch=True),
-    "cut": FunctionSpec(3008, Duration.minutes(15), engine=True, commits=True, scratch=True),  # forks the job's branch
-    "write": FunctionSpec(3008, Duration.minutes(15), engine=True, scratch=True, writes_data=True),  # reads the scan spills
-    "stage": FunctionSpec(2048, Duration.minutes(15), engine=True, commits=True),
+    "cut": FunctionSpec(3008, Duration.minutes(15), engine=True, commits=True, scratch=True, duckdb=False),  # forks the job's branch
+    "write": FunctionSpec(3008, Duration.minutes(15), engine=True, scratch=True, writes_data=True, duckdb=False),  # reads the scan spills
+    "stage": FunctionSpec(2048, Duration.minutes(15), engine=True, commits=True, duckdb=False),
     "validate": FunctionSpec(2048, Duration.minutes(15), engine=True),
     "publish": FunctionSpec(2048, Duration.minutes(15), engine=True, commits=True, put_events=True, clears_scratch=True,
-                           writes_records=True),
+                           writes_records=True, duckdb=False),
     "record_failure": FunctionSpec(512, Duration.seconds(30), duckdb=False),
     "canary": FunctionSpec(2048, Duration.minutes(15), engine=True, commits=True, reads_sources=True, scratch=True),  # stages, resets; samples the source
     "abort": FunctionSpec(1024, Duration.minutes(5), engine=True, commits=True, clears_scratch=True, deletes_data=True,
-                         writes_records=True),  # removes branch, files, lease
-    "api": FunctionSpec(512, Duration.seconds(30), engine=True),  # read-only on the lake: its abort route invokes the abort Lambda
+                         writes_records=True, duckdb=False),  # removes branch, files, lease
+    "api": FunctionSpec(512, Duration.seconds(30), engine=True, duckdb=False),  # read-only on the lake: its abort route invokes the abort Lambda
     "rollup": FunctionSpec(2048, Duration.minutes(15), engine=True, commits=True, writes_data=True, deletes_data=True),  # swaps rollup chunks
 }
 WORKFLOW_FUNCTIONS = tuple(name for name in FUNCTIONS if name not in ("api", "rollup"))  # each is ${<Name>FunctionArn} in the ASL
@@ -144,6 +148,11 @@ API_ROUTES: tuple[tuple[str, str], ...] = (
     ("GET", "/backfills/{id}/report"), ("POST", "/backfills/{id}/resume"), ("POST", "/backfills/{id}/abort"),
     ("POST", "/backfills/{id}/approve"), ("POST", "/backfills/{id}/reject"), ("GET", "/tables/{table}/coverage"),
 )
+LAYER_DESCRIPTIONS = {
+    ENGINE_LAYER: "timelake engine with pyarrow, pyiceberg, numpy, pydantic and Powertools (aarch64, CPython 3.12)",
+    "duckdb": "DuckDB for the functions that run SQL (aarch64, CPython 3.12)",
+    "postgres": "ADBC PostgreSQL driver for the functions that read PostgreSQL sources (aarch64, CPython 3.12)",
+}
 GLUE_READ = ["glue:GetDatabase", "glue:GetDatabases", "glue:GetTable", "glue:GetTables"]
 GLUE_COMMIT = ["glue:UpdateTable", "glue:CreateTable"]  # CreateTable: companion tables made on first use (provenance, coverage)
 DYNAMODB_READ_WRITE = [
@@ -177,10 +186,10 @@ class BackfillStack(Stack):
             master_key=kms.Alias.from_alias_name(self, "SnsManagedKey", "alias/aws/sns"))
         self.bus = events.EventBus(self, "EventBus", event_bus_name=EVENT_BUS,
                                    description="Backfill lifecycle events (Backfill Published) for rollup refresh")
-        self.layer = lambda_.LayerVersion(
-            self, "EngineLayer", code=engine_layer_code(), compatible_runtimes=[lambda_.Runtime.PYTHON_3_12],
-            compatible_architectures=[lambda_.Architecture.ARM_64],
-            description="timelake engine with pyarrow, pyiceberg, duckdb, pydantic and Powertools (aarch64, CPython 3.12)")
+        self.layers = {name: lambda_.LayerVersion(
+            self, "EngineLayer" if name == ENGINE_LAYER else f"{_pascal(name)}Layer", code=engine_layer_code(name),
+            compatible_runtimes=[lambda_.Runtime.PYTHON_3_12], compatible_architectures=[lambda_.Architecture.ARM_64],
+            description=LAYER_DESCRIPTIONS[name]) for name in LAYER_DESCRIPTIONS}
         self.functions = {name: self._function(name, spec) for name, spec in FUNCTIONS.items()}
         self.state_machine = self._state_machine(asl_path)
         self._grant_api()
@@ -266,7 +275,7 @@ class BackfillStack(Stack):
         fn = lambda_.Function(
             self, f"{_pascal(name)}Function", runtime=lambda_.Runtime.PYTHON_3_12, architecture=lambda_.Architecture.ARM_64,
             handler="app.handler", code=lambda_.Code.from_asset(str(FUNCTIONS_DIR / name), exclude=["__pycache__", "*.pyc"]),
-            layers=[self.layer], memory_size=spec.memory, timeout=spec.timeout, role=role, log_group=log_group,
+            layers=[self.layers[layer] for layer in spec.layers()], memory_size=spec.memory, timeout=spec.timeout, role=role, log_group=log_group,
             reserved_concurrent_executions=getattr(self.settings, RESERVED[name]) if name in RESERVED else None,
             tracing=lambda_.Tracing.ACTIVE, description=f"timelake backfill: {name.replace('_', ' ')}",
             environment={

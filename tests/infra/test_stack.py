@@ -11,7 +11,8 @@ import pytest
 from aws_cdk.assertions import Match, Template
 
 from infra.app import STACK_NAME, build_app, feature_flags
-from infra.stack import ASL, DATABASE, EVENT_BUS, FUNCTIONS, FUNCTIONS_DIR, WORKFLOW_FUNCTIONS, Settings
+from infra.layer import LAYERS
+from infra.stack import ASL, DATABASE, EVENT_BUS, FUNCTIONS, FUNCTIONS_DIR, LAYER_DESCRIPTIONS, WORKFLOW_FUNCTIONS, Settings
 from timelake.aws.store import table_definition
 from timelake.ports.runtime import LakeConfig
 
@@ -113,11 +114,14 @@ def test_every_handler_directory_is_deployed() -> None:
 
 
 def test_functions_are_arm64_python312_traced_with_the_layer_and_log_retention(synthesized: Synthesized) -> None:
-    (layer, _), = synthesized.resources("AWS::Lambda::LayerVersion").items()
+    names = {description: name for name, description in LAYER_DESCRIPTIONS.items()}
+    layers = {names[r["Properties"]["Description"]]: logical for logical, r in synthesized.resources("AWS::Lambda::LayerVersion").items()}
+    assert set(layers) == set(LAYERS)
     for name, (_, props) in functions(synthesized).items():
         spec = FUNCTIONS[name]
         assert props["Runtime"] == "python3.12" and props["Architectures"] == ["arm64"] and props["Handler"] == "app.handler", name
-        assert props["Layers"] == [{"Ref": layer}], name
+        # CDK orders layers by its own rule; they hold disjoint files, so the order does not matter
+        assert sorted(ref["Ref"] for ref in props["Layers"]) == sorted(layers[layer] for layer in spec.layers()), name
         assert props["TracingConfig"] == {"Mode": "Active"}, name
         assert (props["MemorySize"], props["Timeout"]) == (spec.memory, int(spec.timeout.to_seconds())), name
         log_group = synthesized.template["Resources"][props["LoggingConfig"]["LogGroup"]["Ref"]]
@@ -125,8 +129,11 @@ def test_functions_are_arm64_python312_traced_with_the_layer_and_log_retention(s
     memory = {name: props["MemorySize"] for name, (_, props) in functions(synthesized).items()}
     assert memory == {"plan": 3008, "scan": 3008, "cut": 3008, "write": 3008, "stage": 2048, "validate": 2048, "publish": 2048,
                       "record_failure": 512, "canary": 2048, "abort": 1024, "api": 512, "rollup": 2048}
-    layer_props = synthesized.template["Resources"][layer]["Properties"]
-    assert layer_props["CompatibleArchitectures"] == ["arm64"] and layer_props["CompatibleRuntimes"] == ["python3.12"]
+    for layer in layers.values():
+        layer_props = synthesized.template["Resources"][layer]["Properties"]
+        assert layer_props["CompatibleArchitectures"] == ["arm64"] and layer_props["CompatibleRuntimes"] == ["python3.12"]
+    # only the functions that can reach DuckDB (SQL checks, rollups, DuckDB or line-protocol sources, dry run) carry it
+    assert {name for name, spec in FUNCTIONS.items() if "duckdb" in spec.layers()} == {"plan", "scan", "validate", "canary", "rollup"}
 
 
 def test_every_function_gets_a_lake_config_the_engine_parses(synthesized: Synthesized) -> None:
