@@ -21,15 +21,18 @@ from aws_cdk import aws_events_targets as targets
 from aws_cdk import aws_glue as glue
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
+from aws_cdk import aws_cloudwatch_actions as cw_actions
 from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_lambda_destinations as destinations
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_sns as sns
+from aws_cdk import aws_sns_subscriptions as subscriptions
 from aws_cdk import aws_sqs as sqs
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
-from timelake.aws.store import table_definition
+from timelake.aws.store import TTL_ATTRIBUTE, table_definition
 from timelake.model.spec import JobSpec
 
 from .layer import ENGINE_LAYER, REPO, engine_layer_code
@@ -184,6 +187,7 @@ class BackfillStack(Stack):
         self.alarm_topic = sns.Topic(
             self, "AlarmTopic", display_name="timelake real-time alarms", enforce_ssl=True,
             master_key=kms.Alias.from_alias_name(self, "SnsManagedKey", "alias/aws/sns"))
+        self.operators = self._operators_topic()
         self.bus = events.EventBus(self, "EventBus", event_bus_name=EVENT_BUS,
                                    description="Backfill lifecycle events (Backfill Published) for rollup refresh")
         self.layers = {name: lambda_.LayerVersion(
@@ -194,16 +198,16 @@ class BackfillStack(Stack):
         self.state_machine = self._state_machine(asl_path)
         self._grant_api()
         self.api = self._api()
-        self.failed_alarm = cw.Alarm(
-            self, "ExecutionsFailedAlarm", alarm_description="A backfill execution failed: see the job's failure and the execution history",
-            metric=self.state_machine.metric_failed(period=Duration.minutes(5), statistic=cw.Stats.SUM),
-            threshold=1, evaluation_periods=1, comparison_operator=cw.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
-            treat_missing_data=cw.TreatMissingData.NOT_BREACHING)
+        self.failed_alarm = self._alarm("ExecutionsFailedAlarm", "A backfill execution failed: see the job's failure and the execution history",
+                                        self.state_machine.metric_failed(period=Duration.minutes(5), statistic=cw.Stats.SUM))
+        self.rollup_failures = self._rollup_failures()
         self.rollup_rule = self._rollup_rule()
+        self._operations_alarms()
         self.dashboard = self._dashboard()
         for name, value in {
             "BucketName": self.bucket.bucket_name, "JobsTableName": self.jobs_table.table_name,
             "StateMachineArn": self.state_machine.state_machine_arn, "ApiUrl": self.api.url,
+            "OperatorsTopicArn": self.operators.topic_arn,
             "EventBusName": self.bus.event_bus_name, "GlueDatabase": DATABASE, "AlarmTopicArn": self.alarm_topic.topic_arn,
             "LakeConfig": self.lake_config(),  # read by `timelake ... --on aws`
         }.items():
@@ -215,7 +219,7 @@ class BackfillStack(Stack):
             "catalog_name": "glue",
             "catalog_props": {"type": "glue", "warehouse": self.bucket.s3_url_for_object(WAREHOUSE_PREFIX),
                               "glue.id": Aws.ACCOUNT_ID, "glue.region": Aws.REGION, "s3.region": Aws.REGION},
-            "store": f"dynamodb://{self.jobs_table.table_name}",
+            "store": f"dynamodb://{self.jobs_table.table_name}?unit_ttl_days={self.settings.unit_ttl_days}",
             "staging": self.bucket.s3_url_for_object(STAGING_PREFIX.rstrip("/")),
             "events": f"eventbridge://{self.bus.event_bus_name}",
             # The live path publishes here; no role of this stack may (historical data never pages anyone).
@@ -255,6 +259,7 @@ class BackfillStack(Stack):
 
         table = dynamodb.Table(
             self, "JobsTable", billing_mode=dynamodb.BillingMode.PAY_PER_REQUEST, removal_policy=RemovalPolicy.RETAIN,
+            deletion_protection=True, time_to_live_attribute=TTL_ATTRIBUTE,  # finished jobs' unit items expire (the store sets it)
             point_in_time_recovery_specification=dynamodb.PointInTimeRecoverySpecification(point_in_time_recovery_enabled=True),
             **keys(spec["KeySchema"]))
         for index in spec.get("GlobalSecondaryIndexes", []):
@@ -387,10 +392,57 @@ class BackfillStack(Stack):
             resource.add_method(method, integration, request_validator=validator, request_parameters=params or None, request_models=body)
         return api
 
+    def _operators_topic(self) -> sns.ITopic:
+        """Where every alarm goes: ``alarmTopicArn`` (an existing topic) or a new topic encrypted with
+        a customer-managed key (CloudWatch cannot publish to a topic under the AWS-managed
+        alias/aws/sns key: its key policy cannot name the CloudWatch service), with ``alarmEmail``
+        subscribed when given. Separate from the real-time data-alarm topic of the live path."""
+        if self.settings.alarm_topic_arn:
+            topic = sns.Topic.from_topic_arn(self, "OperatorsTopic", self.settings.alarm_topic_arn)
+        else:
+            key = kms.Key(self, "OperatorsTopicKey", enable_key_rotation=True, removal_policy=RemovalPolicy.RETAIN,
+                          description="Encrypts the timelake backfill operators' alarm topic; CloudWatch may use it to publish")
+            key.add_to_resource_policy(iam.PolicyStatement(
+                principals=[iam.ServicePrincipal("cloudwatch.amazonaws.com")], actions=["kms:Decrypt", "kms:GenerateDataKey*"],
+                resources=["*"], conditions={"StringEquals": {"aws:SourceAccount": Aws.ACCOUNT_ID}}))
+            topic = sns.Topic(self, "OperatorsTopic", display_name="timelake backfill operators", enforce_ssl=True, master_key=key)
+        if self.settings.alarm_email:
+            topic.add_subscription(subscriptions.EmailSubscription(self.settings.alarm_email))
+        return topic
+
+    def _alarm(self, construct_id: str, description: str, metric: cw.IMetric) -> cw.Alarm:
+        """Fires on one event in a 5-minute period and tells the operators."""
+        alarm = cw.Alarm(self, construct_id, alarm_description=description, metric=metric, threshold=1, evaluation_periods=1,
+                         comparison_operator=cw.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+                         treat_missing_data=cw.TreatMissingData.NOT_BREACHING)
+        alarm.add_alarm_action(cw_actions.SnsAction(self.operators))
+        return alarm
+
+    def _operations_alarms(self) -> None:
+        period = Duration.minutes(5)
+        for name, fn in self.functions.items():
+            label = name.replace("_", " ")
+            self._alarm(f"{_pascal(name)}ErrorsAlarm", f"The {label} Lambda failed (the workflow retries; see its logs)",
+                        fn.metric_errors(period=period, statistic=cw.Stats.SUM))
+            self._alarm(f"{_pascal(name)}ThrottlesAlarm", f"The {label} Lambda was throttled (reserved or account concurrency)",
+                        fn.metric_throttles(period=period, statistic=cw.Stats.SUM))
+        for construct_id, queue, what in (("RollupDeadLettersAlarm", self.rollup_dead_letters, "rollup events EventBridge could not deliver"),
+                                          ("RollupFailuresAlarm", self.rollup_failures, "rollups that failed after their retries")):
+            self._alarm(construct_id, f"{what}: the queue holds them for 14 days; replay or inspect",
+                        queue.metric_approximate_number_of_messages_visible(period=period, statistic=cw.Stats.MAXIMUM))
+
+    def _rollup_failures(self) -> sqs.Queue:
+        """The rollup Lambda's on-failure destination: an invocation that still fails after its two
+        asynchronous retries lands here (with the event and the error) instead of being dropped."""
+        queue = sqs.Queue(self, "RollupFailures", enforce_ssl=True, encryption=sqs.QueueEncryption.SQS_MANAGED,
+                          retention_period=Duration.days(14))
+        self.functions["rollup"].configure_async_invoke(on_failure=destinations.SqsDestination(queue), retry_attempts=2)
+        return queue
+
     def _rollup_rule(self) -> events.Rule:
         """"Backfill Published" → the rollup Lambda, retried for a day, then parked in a dead-letter queue."""
-        dead_letters = sqs.Queue(self, "RollupDeadLetters", enforce_ssl=True, encryption=sqs.QueueEncryption.SQS_MANAGED,
-                                 retention_period=Duration.days(14))
+        dead_letters = self.rollup_dead_letters = sqs.Queue(
+            self, "RollupDeadLetters", enforce_ssl=True, encryption=sqs.QueueEncryption.SQS_MANAGED, retention_period=Duration.days(14))
         rule = events.Rule(self, "BackfillPublished", event_bus=self.bus, description="Refresh rollups over published ranges",
                            event_pattern=events.EventPattern(source=["timelake.backfill"], detail_type=["Backfill Published"]))
         rule.add_target(targets.LambdaFunction(self.functions["rollup"], dead_letter_queue=dead_letters,
@@ -417,6 +469,17 @@ class BackfillStack(Stack):
                 machine.metric_failed(period=period, label="failed"), machine.metric_aborted(period=period, label="aborted"),
                 machine.metric_timed_out(period=period, label="timed out")]),
             cw.AlarmWidget(title="Failed executions", width=12, alarm=self.failed_alarm))
+        units = {name: self.functions[name] for name in ("scan", "write")}
+        dashboard.add_widgets(
+            cw.GraphWidget(title="Map-run progress: pieces scanned and units written (running total)", width=12, left=[
+                cw.MathExpression(expression=f"RUNNING_SUM({name}_ok - {name}_err)", label=f"{name}: done", period=period,
+                                  using_metrics={f"{name}_ok": fn.metric_invocations(period=period, statistic=cw.Stats.SUM),
+                                                 f"{name}_err": fn.metric_errors(period=period, statistic=cw.Stats.SUM)})
+                for name, fn in units.items()]),
+            cw.GraphWidget(title="Map-run progress: units in flight and failing", width=12, left=[
+                *(fn.metric("ConcurrentExecutions", statistic=cw.Stats.MAXIMUM, period=period, label=f"{name}: in flight")
+                  for name, fn in units.items()),
+                *(fn.metric_errors(period=period, statistic=cw.Stats.SUM, label=f"{name}: failed attempts") for name, fn in units.items())]))
         dashboard.add_widgets(
             cw.GraphWidget(title="Rows scanned and written", width=8, left=[
                 search("RowsScanned", "Sum", "SUM", "rows scanned"), search("RowsWritten", "Sum", "SUM", "rows written")]),
