@@ -107,6 +107,16 @@ PRUNED = (
     "adbc_driver_manager/arrow-adbc", "adbc_driver_manager/toml++",
 )
 
+# Dependencies only some functions import, each shipped as its own layer (globs over the top of
+# ``python/``): Lambda counts a function's code plus all its layers against 250 MB, and DuckDB alone
+# is 63 MB. `infra.stack.FunctionSpec` says which function gets which.
+OPTIONAL: dict[str, tuple[str, ...]] = {
+    "duckdb": ("duckdb", "_duckdb*", "duckdb-*.dist-info"),  # validation SQL, rollups, DuckDB/line-protocol sources, dry-run overlap
+    "postgres": ("adbc_driver_*",),  # the PostgreSQL source (ADBC driver manager + libpq driver)
+}
+ENGINE_LAYER = "engine"  # everything else, plus the timelake package
+LAYERS = (ENGINE_LAYER, *OPTIONAL)
+
 
 def requirements(pyproject: Path = REPO / "pyproject.toml") -> list[str]:
     """The project's runtime dependencies minus those in ``DROPPED``, plus those in ``EXTRA``."""
@@ -121,11 +131,13 @@ def deps_hash(target: Target = LAMBDA) -> str:
     return digest.hexdigest()[:16]
 
 
-def layer_hash() -> str:
-    """The asset hash: the dependencies plus every file of the engine package."""
-    digest = hashlib.sha256(deps_hash().encode())
-    for path in _engine_files():
-        digest.update(str(path.relative_to(ENGINE)).encode() + b"\0" + path.read_bytes())
+def layer_hash(layer: str = ENGINE_LAYER) -> str:
+    """The asset hash: the dependencies and the layer's name, plus every file of the engine package
+    for the engine layer."""
+    digest = hashlib.sha256(f"{deps_hash()}\0{layer}".encode())
+    if layer == ENGINE_LAYER:
+        for path in _engine_files():
+            digest.update(str(path.relative_to(ENGINE)).encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()[:32]
 
 
@@ -192,33 +204,54 @@ def strip_binaries(site: Path) -> str | None:
     return tool
 
 
-def bundle(output_dir: Path) -> None:
-    """Writes the layer into ``output_dir``: cached dependencies plus the engine package.
+def layer_entries(site: Path, layer: str) -> list[Path]:
+    """The top-level entries of the dependency tree ``site`` that belong to ``layer``."""
+    optional = {path for patterns in OPTIONAL.values() for pattern in patterns for path in site.glob(pattern)}
+    if layer == ENGINE_LAYER:
+        return sorted(path for path in site.iterdir() if path not in optional)
+    if layer not in OPTIONAL:
+        raise ValueError(f"unknown layer {layer!r}; layers are {', '.join(LAYERS)}")
+    return sorted(path for pattern in OPTIONAL[layer] for path in site.glob(pattern))
+
+
+def bundle(output_dir: Path, layer: str = ENGINE_LAYER, deps: Path | None = None) -> None:
+    """Writes ``layer`` into ``output_dir``: its part of the cached dependencies (plus, for the
+    engine layer, the engine package). ``deps`` is a built tree (`build_deps`), by default Lambda's.
 
     Files are hard-linked from the cache where the file system allows it (synth then costs no
     copy); CDK only reads the bundle, so sharing inodes with the cache is safe."""
+    source = (deps or build_deps()) / "python"
     site = output_dir / "python"
-    shutil.copytree(build_deps() / "python", site, copy_function=_link_or_copy, dirs_exist_ok=True)
-    shutil.copytree(ENGINE, site / "timelake", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"), dirs_exist_ok=True)
+    site.mkdir(parents=True, exist_ok=True)
+    for entry in layer_entries(source, layer):
+        if entry.is_dir():
+            shutil.copytree(entry, site / entry.name, copy_function=_link_or_copy, dirs_exist_ok=True)
+        else:
+            _link_or_copy(str(entry), str(site / entry.name))
+    if layer == ENGINE_LAYER:
+        shutil.copytree(ENGINE, site / "timelake", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"), dirs_exist_ok=True)
 
 
 @jsii.implements(ILocalBundling)
 class EngineBundler:
-    """CDK's local bundling hook: builds the layer on this machine instead of in Docker."""
+    """CDK's local bundling hook: builds a layer on this machine instead of in Docker."""
+
+    def __init__(self, layer: str = ENGINE_LAYER) -> None:
+        self.layer = layer
 
     def try_bundle(self, output_dir: str, options: BundlingOptions) -> bool:
-        bundle(Path(output_dir))
+        bundle(Path(output_dir), self.layer)
         return True
 
 
-def engine_layer_code() -> lambda_.Code:
-    """The layer's code asset. Its hash is `layer_hash`, so CDK neither fingerprints the source
+def engine_layer_code(layer: str = ENGINE_LAYER) -> lambda_.Code:
+    """A layer's code asset. Its hash is `layer_hash`, so CDK neither fingerprints the source
     folder nor re-bundles an asset it already has in its output folder."""
     return lambda_.Code.from_asset(
         str(ENGINE.parent),
-        asset_hash=layer_hash(),
+        asset_hash=layer_hash(layer),
         asset_hash_type=AssetHashType.CUSTOM,
-        bundling=BundlingOptions(image=DockerImage.from_registry("unused"), local=EngineBundler()),
+        bundling=BundlingOptions(image=DockerImage.from_registry("unused"), local=EngineBundler(layer)),
     )
 
 

@@ -76,6 +76,9 @@ def acknowledge(stack: BackfillStack) -> None:
          "this queue IS the dead-letter queue of the rollup rule's Lambda target (EventBridge, not SQS, sends to it, so "
          "SQS does not see it as a redrive target); a dead-letter queue of a dead-letter queue would only hide events")
 
+    _ack(stack.node.find_child("RollupFailures"), "AwsSolutions-SQS3",
+         "this queue IS the on-failure destination of the rollup Lambda (Lambda, not SQS, sends to it after the "
+         "asynchronous retries); it is a dead-letter store with its own depth alarm, and a queue behind it would only hide failures")
     api = stack.api
     _ack(api.node.find_child("CloudWatchRole"),
          "AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/AmazonAPIGatewayPushToCloudWatchLogs]",

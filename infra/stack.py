@@ -21,18 +21,21 @@ from aws_cdk import aws_events_targets as targets
 from aws_cdk import aws_glue as glue
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
+from aws_cdk import aws_cloudwatch_actions as cw_actions
 from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_lambda_destinations as destinations
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_sns as sns
+from aws_cdk import aws_sns_subscriptions as subscriptions
 from aws_cdk import aws_sqs as sqs
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
-from timelake.aws.store import table_definition
+from timelake.aws.store import TTL_ATTRIBUTE, table_definition
 from timelake.model.spec import JobSpec
 
-from .layer import REPO, engine_layer_code
+from .layer import ENGINE_LAYER, REPO, engine_layer_code
 
 ASL = REPO / "statemachine" / "backfill.asl.json"
 FUNCTIONS_DIR = REPO / "functions"
@@ -118,23 +121,27 @@ class FunctionSpec:
     writes_data: bool = False  # puts new data files under a table's data/ folder
     deletes_data: bool = False  # deletes data files of a table (abort: unpublished files; rollup: replaced chunks)
     writes_records: bool = False  # appends to the provenance and coverage tables (`RECORD_DATA`)
-    duckdb: bool = True  # imports DuckDB (validation SQL, assertions, coverage); False: the slim layer
+    duckdb: bool = True  # may import DuckDB (validation SQL, rollups, DuckDB/line-protocol sources, dry run); False: no DuckDB layer
+
+    def layers(self) -> tuple[str, ...]:
+        """The layers (`infra.layer.LAYERS`) this function gets: only what its code can import."""
+        return (ENGINE_LAYER, *(["duckdb"] if self.duckdb else []), *(["postgres"] if self.reads_sources else []))
 
 
 FUNCTIONS: dict[str, FunctionSpec] = {
     "plan": FunctionSpec(3008, Duration.minutes(15), engine=True, reads_sources=True, scratch=True, clears_scratch=True),
     "scan": FunctionSpec(3008, Duration.minutes(15), engine=True, reads_sources=True, scratch=True),
-    "cut": FunctionSpec(3008, Duration.minutes(15), engine=True, commits=True, scratch=True),  # forks the job's branch
-    "write": FunctionSpec(3008, Duration.minutes(15), engine=True, scratch=True, writes_data=True),  # reads the scan spills
-    "stage": FunctionSpec(2048, Duration.minutes(15), engine=True, commits=True),
+    "cut": FunctionSpec(3008, Duration.minutes(15), engine=True, commits=True, scratch=True, duckdb=False),  # forks the job's branch
+    "write": FunctionSpec(3008, Duration.minutes(15), engine=True, scratch=True, writes_data=True, duckdb=False),  # reads the scan spills
+    "stage": FunctionSpec(2048, Duration.minutes(15), engine=True, commits=True, duckdb=False),
     "validate": FunctionSpec(2048, Duration.minutes(15), engine=True),
     "publish": FunctionSpec(2048, Duration.minutes(15), engine=True, commits=True, put_events=True, clears_scratch=True,
-                           writes_records=True),
+                           writes_records=True, duckdb=False),
     "record_failure": FunctionSpec(512, Duration.seconds(30), duckdb=False),
     "canary": FunctionSpec(2048, Duration.minutes(15), engine=True, commits=True, reads_sources=True, scratch=True),  # stages, resets; samples the source
     "abort": FunctionSpec(1024, Duration.minutes(5), engine=True, commits=True, clears_scratch=True, deletes_data=True,
-                         writes_records=True),  # removes branch, files, lease
-    "api": FunctionSpec(512, Duration.seconds(30), engine=True),  # read-only on the lake: its abort route invokes the abort Lambda
+                         writes_records=True, duckdb=False),  # removes branch, files, lease
+    "api": FunctionSpec(512, Duration.seconds(30), engine=True, duckdb=False),  # read-only on the lake: its abort route invokes the abort Lambda
     "rollup": FunctionSpec(2048, Duration.minutes(15), engine=True, commits=True, writes_data=True, deletes_data=True),  # swaps rollup chunks
 }
 WORKFLOW_FUNCTIONS = tuple(name for name in FUNCTIONS if name not in ("api", "rollup"))  # each is ${<Name>FunctionArn} in the ASL
@@ -144,6 +151,11 @@ API_ROUTES: tuple[tuple[str, str], ...] = (
     ("GET", "/backfills/{id}/report"), ("POST", "/backfills/{id}/resume"), ("POST", "/backfills/{id}/abort"),
     ("POST", "/backfills/{id}/approve"), ("POST", "/backfills/{id}/reject"), ("GET", "/tables/{table}/coverage"),
 )
+LAYER_DESCRIPTIONS = {
+    ENGINE_LAYER: "timelake engine with pyarrow, pyiceberg, numpy, pydantic and Powertools (aarch64, CPython 3.12)",
+    "duckdb": "DuckDB for the functions that run SQL (aarch64, CPython 3.12)",
+    "postgres": "ADBC PostgreSQL driver for the functions that read PostgreSQL sources (aarch64, CPython 3.12)",
+}
 GLUE_READ = ["glue:GetDatabase", "glue:GetDatabases", "glue:GetTable", "glue:GetTables"]
 GLUE_COMMIT = ["glue:UpdateTable", "glue:CreateTable"]  # CreateTable: companion tables made on first use (provenance, coverage)
 DYNAMODB_READ_WRITE = [
@@ -175,26 +187,27 @@ class BackfillStack(Stack):
         self.alarm_topic = sns.Topic(
             self, "AlarmTopic", display_name="timelake real-time alarms", enforce_ssl=True,
             master_key=kms.Alias.from_alias_name(self, "SnsManagedKey", "alias/aws/sns"))
+        self.operators = self._operators_topic()
         self.bus = events.EventBus(self, "EventBus", event_bus_name=EVENT_BUS,
                                    description="Backfill lifecycle events (Backfill Published) for rollup refresh")
-        self.layer = lambda_.LayerVersion(
-            self, "EngineLayer", code=engine_layer_code(), compatible_runtimes=[lambda_.Runtime.PYTHON_3_12],
-            compatible_architectures=[lambda_.Architecture.ARM_64],
-            description="timelake engine with pyarrow, pyiceberg, duckdb, pydantic and Powertools (aarch64, CPython 3.12)")
+        self.layers = {name: lambda_.LayerVersion(
+            self, "EngineLayer" if name == ENGINE_LAYER else f"{_pascal(name)}Layer", code=engine_layer_code(name),
+            compatible_runtimes=[lambda_.Runtime.PYTHON_3_12], compatible_architectures=[lambda_.Architecture.ARM_64],
+            description=LAYER_DESCRIPTIONS[name]) for name in LAYER_DESCRIPTIONS}
         self.functions = {name: self._function(name, spec) for name, spec in FUNCTIONS.items()}
         self.state_machine = self._state_machine(asl_path)
         self._grant_api()
         self.api = self._api()
-        self.failed_alarm = cw.Alarm(
-            self, "ExecutionsFailedAlarm", alarm_description="A backfill execution failed: see the job's failure and the execution history",
-            metric=self.state_machine.metric_failed(period=Duration.minutes(5), statistic=cw.Stats.SUM),
-            threshold=1, evaluation_periods=1, comparison_operator=cw.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
-            treat_missing_data=cw.TreatMissingData.NOT_BREACHING)
+        self.failed_alarm = self._alarm("ExecutionsFailedAlarm", "A backfill execution failed: see the job's failure and the execution history",
+                                        self.state_machine.metric_failed(period=Duration.minutes(5), statistic=cw.Stats.SUM))
+        self.rollup_failures = self._rollup_failures()
         self.rollup_rule = self._rollup_rule()
+        self._operations_alarms()
         self.dashboard = self._dashboard()
         for name, value in {
             "BucketName": self.bucket.bucket_name, "JobsTableName": self.jobs_table.table_name,
             "StateMachineArn": self.state_machine.state_machine_arn, "ApiUrl": self.api.url,
+            "OperatorsTopicArn": self.operators.topic_arn,
             "EventBusName": self.bus.event_bus_name, "GlueDatabase": DATABASE, "AlarmTopicArn": self.alarm_topic.topic_arn,
             "LakeConfig": self.lake_config(),  # read by `timelake ... --on aws`
         }.items():
@@ -206,7 +219,7 @@ class BackfillStack(Stack):
             "catalog_name": "glue",
             "catalog_props": {"type": "glue", "warehouse": self.bucket.s3_url_for_object(WAREHOUSE_PREFIX),
                               "glue.id": Aws.ACCOUNT_ID, "glue.region": Aws.REGION, "s3.region": Aws.REGION},
-            "store": f"dynamodb://{self.jobs_table.table_name}",
+            "store": f"dynamodb://{self.jobs_table.table_name}?unit_ttl_days={self.settings.unit_ttl_days}",
             "staging": self.bucket.s3_url_for_object(STAGING_PREFIX.rstrip("/")),
             "events": f"eventbridge://{self.bus.event_bus_name}",
             # The live path publishes here; no role of this stack may (historical data never pages anyone).
@@ -246,6 +259,7 @@ class BackfillStack(Stack):
 
         table = dynamodb.Table(
             self, "JobsTable", billing_mode=dynamodb.BillingMode.PAY_PER_REQUEST, removal_policy=RemovalPolicy.RETAIN,
+            deletion_protection=True, time_to_live_attribute=TTL_ATTRIBUTE,  # finished jobs' unit items expire (the store sets it)
             point_in_time_recovery_specification=dynamodb.PointInTimeRecoverySpecification(point_in_time_recovery_enabled=True),
             **keys(spec["KeySchema"]))
         for index in spec.get("GlobalSecondaryIndexes", []):
@@ -266,7 +280,7 @@ class BackfillStack(Stack):
         fn = lambda_.Function(
             self, f"{_pascal(name)}Function", runtime=lambda_.Runtime.PYTHON_3_12, architecture=lambda_.Architecture.ARM_64,
             handler="app.handler", code=lambda_.Code.from_asset(str(FUNCTIONS_DIR / name), exclude=["__pycache__", "*.pyc"]),
-            layers=[self.layer], memory_size=spec.memory, timeout=spec.timeout, role=role, log_group=log_group,
+            layers=[self.layers[layer] for layer in spec.layers()], memory_size=spec.memory, timeout=spec.timeout, role=role, log_group=log_group,
             reserved_concurrent_executions=getattr(self.settings, RESERVED[name]) if name in RESERVED else None,
             tracing=lambda_.Tracing.ACTIVE, description=f"timelake backfill: {name.replace('_', ' ')}",
             environment={
@@ -378,10 +392,57 @@ class BackfillStack(Stack):
             resource.add_method(method, integration, request_validator=validator, request_parameters=params or None, request_models=body)
         return api
 
+    def _operators_topic(self) -> sns.ITopic:
+        """Where every alarm goes: ``alarmTopicArn`` (an existing topic) or a new topic encrypted with
+        a customer-managed key (CloudWatch cannot publish to a topic under the AWS-managed
+        alias/aws/sns key: its key policy cannot name the CloudWatch service), with ``alarmEmail``
+        subscribed when given. Separate from the real-time data-alarm topic of the live path."""
+        if self.settings.alarm_topic_arn:
+            topic = sns.Topic.from_topic_arn(self, "OperatorsTopic", self.settings.alarm_topic_arn)
+        else:
+            key = kms.Key(self, "OperatorsTopicKey", enable_key_rotation=True, removal_policy=RemovalPolicy.RETAIN,
+                          description="Encrypts the timelake backfill operators' alarm topic; CloudWatch may use it to publish")
+            key.add_to_resource_policy(iam.PolicyStatement(
+                principals=[iam.ServicePrincipal("cloudwatch.amazonaws.com")], actions=["kms:Decrypt", "kms:GenerateDataKey*"],
+                resources=["*"], conditions={"StringEquals": {"aws:SourceAccount": Aws.ACCOUNT_ID}}))
+            topic = sns.Topic(self, "OperatorsTopic", display_name="timelake backfill operators", enforce_ssl=True, master_key=key)
+        if self.settings.alarm_email:
+            topic.add_subscription(subscriptions.EmailSubscription(self.settings.alarm_email))
+        return topic
+
+    def _alarm(self, construct_id: str, description: str, metric: cw.IMetric) -> cw.Alarm:
+        """Fires on one event in a 5-minute period and tells the operators."""
+        alarm = cw.Alarm(self, construct_id, alarm_description=description, metric=metric, threshold=1, evaluation_periods=1,
+                         comparison_operator=cw.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+                         treat_missing_data=cw.TreatMissingData.NOT_BREACHING)
+        alarm.add_alarm_action(cw_actions.SnsAction(self.operators))
+        return alarm
+
+    def _operations_alarms(self) -> None:
+        period = Duration.minutes(5)
+        for name, fn in self.functions.items():
+            label = name.replace("_", " ")
+            self._alarm(f"{_pascal(name)}ErrorsAlarm", f"The {label} Lambda failed (the workflow retries; see its logs)",
+                        fn.metric_errors(period=period, statistic=cw.Stats.SUM))
+            self._alarm(f"{_pascal(name)}ThrottlesAlarm", f"The {label} Lambda was throttled (reserved or account concurrency)",
+                        fn.metric_throttles(period=period, statistic=cw.Stats.SUM))
+        for construct_id, queue, what in (("RollupDeadLettersAlarm", self.rollup_dead_letters, "rollup events EventBridge could not deliver"),
+                                          ("RollupFailuresAlarm", self.rollup_failures, "rollups that failed after their retries")):
+            self._alarm(construct_id, f"{what}: the queue holds them for 14 days; replay or inspect",
+                        queue.metric_approximate_number_of_messages_visible(period=period, statistic=cw.Stats.MAXIMUM))
+
+    def _rollup_failures(self) -> sqs.Queue:
+        """The rollup Lambda's on-failure destination: an invocation that still fails after its two
+        asynchronous retries lands here (with the event and the error) instead of being dropped."""
+        queue = sqs.Queue(self, "RollupFailures", enforce_ssl=True, encryption=sqs.QueueEncryption.SQS_MANAGED,
+                          retention_period=Duration.days(14))
+        self.functions["rollup"].configure_async_invoke(on_failure=destinations.SqsDestination(queue), retry_attempts=2)
+        return queue
+
     def _rollup_rule(self) -> events.Rule:
         """"Backfill Published" → the rollup Lambda, retried for a day, then parked in a dead-letter queue."""
-        dead_letters = sqs.Queue(self, "RollupDeadLetters", enforce_ssl=True, encryption=sqs.QueueEncryption.SQS_MANAGED,
-                                 retention_period=Duration.days(14))
+        dead_letters = self.rollup_dead_letters = sqs.Queue(
+            self, "RollupDeadLetters", enforce_ssl=True, encryption=sqs.QueueEncryption.SQS_MANAGED, retention_period=Duration.days(14))
         rule = events.Rule(self, "BackfillPublished", event_bus=self.bus, description="Refresh rollups over published ranges",
                            event_pattern=events.EventPattern(source=["timelake.backfill"], detail_type=["Backfill Published"]))
         rule.add_target(targets.LambdaFunction(self.functions["rollup"], dead_letter_queue=dead_letters,
@@ -408,6 +469,17 @@ class BackfillStack(Stack):
                 machine.metric_failed(period=period, label="failed"), machine.metric_aborted(period=period, label="aborted"),
                 machine.metric_timed_out(period=period, label="timed out")]),
             cw.AlarmWidget(title="Failed executions", width=12, alarm=self.failed_alarm))
+        units = {name: self.functions[name] for name in ("scan", "write")}
+        dashboard.add_widgets(
+            cw.GraphWidget(title="Map-run progress: pieces scanned and units written (running total)", width=12, left=[
+                cw.MathExpression(expression=f"RUNNING_SUM({name}_ok - {name}_err)", label=f"{name}: done", period=period,
+                                  using_metrics={f"{name}_ok": fn.metric_invocations(period=period, statistic=cw.Stats.SUM),
+                                                 f"{name}_err": fn.metric_errors(period=period, statistic=cw.Stats.SUM)})
+                for name, fn in units.items()]),
+            cw.GraphWidget(title="Map-run progress: units in flight and failing", width=12, left=[
+                *(fn.metric("ConcurrentExecutions", statistic=cw.Stats.MAXIMUM, period=period, label=f"{name}: in flight")
+                  for name, fn in units.items()),
+                *(fn.metric_errors(period=period, statistic=cw.Stats.SUM, label=f"{name}: failed attempts") for name, fn in units.items())]))
         dashboard.add_widgets(
             cw.GraphWidget(title="Rows scanned and written", width=8, left=[
                 search("RowsScanned", "Sum", "SUM", "rows scanned"), search("RowsWritten", "Sum", "SUM", "rows written")]),

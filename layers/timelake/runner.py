@@ -27,7 +27,7 @@ from timelake.model.layout import MainReader
 from timelake.model.limits import limits
 from timelake.model.spec import JobSpec
 from timelake.ports.runtime import Runtime
-from timelake.ports.store import JobRecord
+from timelake.ports.store import TERMINAL, JobRecord
 from timelake.sources.postgres import is_postgres
 from timelake.steps import canary
 from timelake.steps.abort import abort
@@ -50,7 +50,6 @@ NEXT_STEP = {
     "validated": "publish", "publishing": "publish",
     "refreshing": "refresh",
 }
-TERMINAL = {"published", "dry_run_complete", "failed_validation", "aborted"}
 WAITING = {canary.AWAITING}  # the job stops here until a person approves (continue) or aborts it
 # Below this many rows, units are written by threads of this process (a unit's sort, take and
 # Parquet encoding run outside the GIL): starting worker processes (about 1 s for the forkserver

@@ -11,8 +11,9 @@ import pytest
 from aws_cdk.assertions import Match, Template
 
 from infra.app import STACK_NAME, build_app, feature_flags
-from infra.stack import ASL, DATABASE, EVENT_BUS, FUNCTIONS, FUNCTIONS_DIR, WORKFLOW_FUNCTIONS, Settings
-from timelake.aws.store import table_definition
+from infra.layer import LAYERS
+from infra.stack import ASL, DATABASE, EVENT_BUS, FUNCTIONS, FUNCTIONS_DIR, LAYER_DESCRIPTIONS, WORKFLOW_FUNCTIONS, Settings
+from timelake.aws.store import TTL_ATTRIBUTE, table_definition
 from timelake.ports.runtime import LakeConfig
 
 from .conftest import NO_BUNDLING, Synthesized
@@ -113,11 +114,14 @@ def test_every_handler_directory_is_deployed() -> None:
 
 
 def test_functions_are_arm64_python312_traced_with_the_layer_and_log_retention(synthesized: Synthesized) -> None:
-    (layer, _), = synthesized.resources("AWS::Lambda::LayerVersion").items()
+    names = {description: name for name, description in LAYER_DESCRIPTIONS.items()}
+    layers = {names[r["Properties"]["Description"]]: logical for logical, r in synthesized.resources("AWS::Lambda::LayerVersion").items()}
+    assert set(layers) == set(LAYERS)
     for name, (_, props) in functions(synthesized).items():
         spec = FUNCTIONS[name]
         assert props["Runtime"] == "python3.12" and props["Architectures"] == ["arm64"] and props["Handler"] == "app.handler", name
-        assert props["Layers"] == [{"Ref": layer}], name
+        # CDK orders layers by its own rule; they hold disjoint files, so the order does not matter
+        assert sorted(ref["Ref"] for ref in props["Layers"]) == sorted(layers[layer] for layer in spec.layers()), name
         assert props["TracingConfig"] == {"Mode": "Active"}, name
         assert (props["MemorySize"], props["Timeout"]) == (spec.memory, int(spec.timeout.to_seconds())), name
         log_group = synthesized.template["Resources"][props["LoggingConfig"]["LogGroup"]["Ref"]]
@@ -125,14 +129,17 @@ def test_functions_are_arm64_python312_traced_with_the_layer_and_log_retention(s
     memory = {name: props["MemorySize"] for name, (_, props) in functions(synthesized).items()}
     assert memory == {"plan": 3008, "scan": 3008, "cut": 3008, "write": 3008, "stage": 2048, "validate": 2048, "publish": 2048,
                       "record_failure": 512, "canary": 2048, "abort": 1024, "api": 512, "rollup": 2048}
-    layer_props = synthesized.template["Resources"][layer]["Properties"]
-    assert layer_props["CompatibleArchitectures"] == ["arm64"] and layer_props["CompatibleRuntimes"] == ["python3.12"]
+    for layer in layers.values():
+        layer_props = synthesized.template["Resources"][layer]["Properties"]
+        assert layer_props["CompatibleArchitectures"] == ["arm64"] and layer_props["CompatibleRuntimes"] == ["python3.12"]
+    # only the functions that can reach DuckDB (SQL checks, rollups, DuckDB or line-protocol sources, dry run) carry it
+    assert {name for name, spec in FUNCTIONS.items() if "duckdb" in spec.layers()} == {"plan", "scan", "validate", "canary", "rollup"}
 
 
 def test_every_function_gets_a_lake_config_the_engine_parses(synthesized: Synthesized) -> None:
     names = {data_bucket(synthesized): "data-bucket", **{k: "jobs-table" for k in synthesized.resources("AWS::DynamoDB::Table")},
              **{k: EVENT_BUS for k in synthesized.resources("AWS::Events::EventBus")},
-             **{k: "alarm-topic" for k in synthesized.resources("AWS::SNS::Topic")}}
+             **{k: "alarm-topic" for k in synthesized.resources("AWS::SNS::Topic") if k.startswith("AlarmTopic")}}
     for name, (_, props) in functions(synthesized).items():
         env = props["Environment"]["Variables"]
         config = LakeConfig.model_validate_json(render(env["TIMELAKE_CONFIG"], names))
@@ -140,7 +147,7 @@ def test_every_function_gets_a_lake_config_the_engine_parses(synthesized: Synthe
         assert config.catalog_props == {"type": "glue", "warehouse": "s3://data-bucket/warehouse", "glue.id": "123456789012",
                                         "glue.region": "eu-central-1", "s3.region": "eu-central-1"}
         assert (config.store, config.staging, config.events, config.alarms) == (
-            "dynamodb://jobs-table", "s3://data-bucket/_backfill", f"eventbridge://{EVENT_BUS}", "sns://alarm-topic")
+            "dynamodb://jobs-table?unit_ttl_days=30", "s3://data-bucket/_backfill", f"eventbridge://{EVENT_BUS}", "sns://alarm-topic")
         assert {k: v for k, v in env.items() if k.startswith("POWERTOOLS_")} == {
             "POWERTOOLS_SERVICE_NAME": "timelake-backfill", "POWERTOOLS_METRICS_NAMESPACE": "Timelake", "POWERTOOLS_LOG_LEVEL": "INFO"}
         assert ("STATE_MACHINE_ARN" in env) == (name == "api"), name
@@ -276,7 +283,7 @@ def test_alarm_on_failed_executions(synthesized: Synthesized, template: Template
 
 def test_outputs(synthesized: Synthesized) -> None:
     assert set(synthesized.template["Outputs"]) == {"BucketName", "JobsTableName", "StateMachineArn", "ApiUrl", "EventBusName", "GlueDatabase",
-                                                       "LakeConfig", "AlarmTopicArn"}
+                                                       "LakeConfig", "AlarmTopicArn", "OperatorsTopicArn"}
     assert synthesized.template["Outputs"]["GlueDatabase"]["Value"] == DATABASE
 
 
@@ -331,15 +338,85 @@ def test_published_events_refresh_rollups_with_retries_and_a_dead_letter_queue(s
     (target,) = props["Targets"]
     assert functions(synthesized)["rollup"][0] in json.dumps(target["Arn"])
     assert target["RetryPolicy"] == {"MaximumEventAgeInSeconds": 86400, "MaximumRetryAttempts": 8}
-    queues = synthesized.resources("AWS::SQS::Queue")
-    assert list(queues) and json.dumps(target["DeadLetterConfig"]["Arn"]).count(next(iter(queues))) == 1
+    dead_letters = [q for q in synthesized.resources("AWS::SQS::Queue") if q.startswith("RollupDeadLetters")]
+    assert len(dead_letters) == 1 and json.dumps(target["DeadLetterConfig"]["Arn"]).count(dead_letters[0]) == 1
 
 
 def test_the_alarm_topic_is_encrypted_and_no_backfill_role_may_publish_to_it(synthesized: Synthesized, template: Template) -> None:
-    (topic, props), = synthesized.resources("AWS::SNS::Topic").items()
+    (topic, props), = ((k, v) for k, v in synthesized.resources("AWS::SNS::Topic").items() if k.startswith("AlarmTopic"))
     assert render(props["Properties"]["KmsMasterKeyId"], {}).endswith(":alias/aws/sns")
     policies = json.dumps(synthesized.resources("AWS::IAM::Policy"))
     assert "sns:Publish" not in policies and topic not in policies
-    (_, topic_policy), = synthesized.resources("AWS::SNS::TopicPolicy").items()
+    (topic_policy,) = (p for p in synthesized.resources("AWS::SNS::TopicPolicy").values() if p["Properties"]["Topics"] == [{"Ref": topic}])
     (deny,) = topic_policy["Properties"]["PolicyDocument"]["Statement"]
     assert deny["Effect"] == "Deny" and deny["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
+
+
+def alarms(synthesized: Synthesized) -> dict[str, dict[str, Any]]:
+    return {k: v["Properties"] for k, v in synthesized.resources("AWS::CloudWatch::Alarm").items()}
+
+
+def test_every_alarm_tells_the_operators_through_a_topic_under_a_customer_managed_key(synthesized: Synthesized) -> None:
+    """CloudWatch cannot publish to a topic under the AWS-managed alias/aws/sns key, so the operators'
+    topic has its own key, whose policy lets CloudWatch (of this account only) use it."""
+    (topic, props), = ((k, v["Properties"]) for k, v in synthesized.resources("AWS::SNS::Topic").items() if k.startswith("OperatorsTopic"))
+    (key, key_props), = synthesized.resources("AWS::KMS::Key").items()
+    assert props["KmsMasterKeyId"] == {"Fn::GetAtt": [key, "Arn"]} and key_props["Properties"]["EnableKeyRotation"] is True
+    cloudwatch = [s for s in key_props["Properties"]["KeyPolicy"]["Statement"] if s.get("Principal") == {"Service": "cloudwatch.amazonaws.com"}]
+    assert cloudwatch and set(cloudwatch[0]["Action"]) == {"kms:Decrypt", "kms:GenerateDataKey*"}
+    assert "aws:SourceAccount" in json.dumps(cloudwatch[0]["Condition"])
+    assert alarms(synthesized) and all(a["AlarmActions"] == [{"Ref": topic}] for a in alarms(synthesized).values())
+    assert synthesized.template["Outputs"]["OperatorsTopicArn"]["Value"] == {"Ref": topic}
+    assert not synthesized.resources("AWS::SNS::Subscription")  # no alarmEmail in the default context
+
+
+def test_alarms_on_lambda_errors_and_throttles_per_function_and_on_both_rollup_queues(synthesized: Synthesized) -> None:
+    found = {(a["Namespace"], a["MetricName"], json.dumps(a.get("Dimensions"))) for a in alarms(synthesized).values()}
+    for name, (logical_id, _) in functions(synthesized).items():
+        for metric in ("Errors", "Throttles"):
+            assert ("AWS/Lambda", metric, json.dumps([{"Name": "FunctionName", "Value": {"Ref": logical_id}}])) in found, (name, metric)
+    queues = synthesized.resources("AWS::SQS::Queue")
+    assert {q.rstrip("0123456789ABCDEF") for q in queues} == {"RollupDeadLetters", "RollupFailures"}
+    for queue in queues:
+        assert ("AWS/SQS", "ApproximateNumberOfMessagesVisible",
+                json.dumps([{"Name": "QueueName", "Value": {"Fn::GetAtt": [queue, "QueueName"]}}])) in found, queue
+    assert ("AWS/States", "ExecutionsFailed") in {f[:2] for f in found}
+    assert all(a["Threshold"] == 1 and a["ComparisonOperator"] == "GreaterThanOrEqualToThreshold" for a in alarms(synthesized).values())
+
+
+def test_the_rollup_lambda_sends_what_still_fails_after_two_retries_to_a_queue(synthesized: Synthesized) -> None:
+    (config,) = synthesized.resources("AWS::Lambda::EventInvokeConfig").values()
+    props = config["Properties"]
+    failures = next(q for q in synthesized.resources("AWS::SQS::Queue") if q.startswith("RollupFailures"))
+    assert props["FunctionName"] == {"Ref": functions(synthesized)["rollup"][0]} and props["MaximumRetryAttempts"] == 2
+    assert props["DestinationConfig"]["OnFailure"]["Destination"] == {"Fn::GetAtt": [failures, "Arn"]}
+    role = functions(synthesized)["rollup"][1]["Role"]["Fn::GetAtt"][0]
+    assert any("sqs:SendMessage" in json.dumps(s["Action"]) and failures in json.dumps(s["Resource"]) for s in statements(synthesized, role))
+
+
+def test_finished_jobs_units_expire_and_the_jobs_table_cannot_be_deleted(synthesized: Synthesized) -> None:
+    (table,) = synthesized.resources("AWS::DynamoDB::Table").values()
+    assert table["Properties"]["TimeToLiveSpecification"] == {"AttributeName": TTL_ATTRIBUTE, "Enabled": True}
+    assert table["Properties"]["DeletionProtectionEnabled"] is True
+
+
+def test_alarm_context_subscribes_an_email_or_uses_an_existing_topic() -> None:
+    app, _ = build_app({**feature_flags(), **NO_BUNDLING, "alarmEmail": "ops@example.com", "unitTtlDays": "7"})
+    with_email = Synthesized(app.synth().get_stack_by_name(STACK_NAME).template, {}, Path())
+    (subscription,) = with_email.resources("AWS::SNS::Subscription").values()
+    assert (subscription["Properties"]["Protocol"], subscription["Properties"]["Endpoint"]) == ("email", "ops@example.com")
+    env = next(iter(functions(with_email).values()))[1]["Environment"]["Variables"]
+    assert "?unit_ttl_days=7" in json.dumps(env["TIMELAKE_CONFIG"])
+    arn = "arn:aws:sns:eu-central-1:123456789012:platform-oncall"
+    app, _ = build_app({**feature_flags(), **NO_BUNDLING, "alarmTopicArn": arn})
+    existing = Synthesized(app.synth().get_stack_by_name(STACK_NAME).template, {}, Path())
+    assert not existing.resources("AWS::KMS::Key") and [k for k in existing.resources("AWS::SNS::Topic")] == [
+        k for k in existing.resources("AWS::SNS::Topic") if k.startswith("AlarmTopic")]
+    assert alarms(existing) and all(a["AlarmActions"] == [arn] for a in alarms(existing).values())
+
+
+def test_the_dashboard_shows_map_run_progress(synthesized: Synthesized) -> None:
+    (dashboard,) = synthesized.resources("AWS::CloudWatch::Dashboard").values()
+    body = json.dumps(dashboard["Properties"]["DashboardBody"])
+    assert "Map-run progress" in body and "RUNNING_SUM(write_ok - write_err)" in body and "RUNNING_SUM(scan_ok - scan_err)" in body
+    assert "ConcurrentExecutions" in body

@@ -40,7 +40,11 @@ def _store(config: LakeConfig) -> JobStore:
     if config.store.startswith("dynamodb://"):
         from timelake.aws.store import DynamoJobStore
 
-        return DynamoJobStore(config.store.removeprefix("dynamodb://"))
+        table, _, query = config.store.removeprefix("dynamodb://").partition("?")
+        options = dict(part.split("=", 1) for part in query.split("&") if part)
+        if set(options) - {"unit_ttl_days"}:
+            raise ValueError(f"unsupported job store option in '{config.store}': only unit_ttl_days is known")
+        return DynamoJobStore(table, **{"unit_ttl_days": int(options["unit_ttl_days"])} if options else {})
     raise ValueError(f"unsupported job store '{config.store}'")
 
 

@@ -8,7 +8,9 @@ pk                sk                  attributes
 ``JOB#<job_id>``  ``JOB``             job_id, tbl, phase, spec and state (JSON strings),
                                       created_at, updated_at, version; ``gsi1pk="JOBS"``,
                                       ``gsi1sk="<created_at, zero-padded>#<job_id>"``
-``JOB#<job_id>``  ``UNIT#<unit_id>``  unit_id, status, info and result (JSON strings)
+``JOB#<job_id>``  ``UNIT#<unit_id>``  unit_id, status, info and result (JSON strings);
+                                      ``expires_at`` (epoch seconds, the table's TTL) once the
+                                      job is finished
 ``LEASES``        ``LEASES``          leases (JSON: job_id → [table, start, end]), version
 ``JOB#<job_id>``  ``RATE``            empty_at (the source rate budget, see `timelake.throttle`), version
 ================  ==================  ===================================================
@@ -29,6 +31,10 @@ Why this shape:
 - The job and lease items are rewritten whole under a ``version`` condition (optimistic
   concurrency, re-read and retried on conflict): DynamoDB cannot merge into a JSON string, and
   the lease overlap check must see the same leases the write replaces.
+- A finished job's unit items expire (``expires_at``, `TTL_ATTRIBUTE`, ``unit_ttl_days`` after the
+  job reached a `TERMINAL` phase): they are one item per unit, thousands per job, and nothing reads
+  them once the job is over (its report lives in the job item, which stays). A failed job is not
+  finished (resume needs its units), so its units never expire.
 - ``state`` grows with checks and per-partition sums; keeping it a JSON string keeps types exact,
   but the whole job item must stay under DynamoDB's 400 KB item limit: spill bulky results to the
   staging area and keep references in the state.
@@ -47,8 +53,8 @@ import boto3
 from botocore.config import Config
 
 from timelake.ports.store import (
-    RATE_BURST_SECONDS, Guard, JobRecord, accept, Lease, UnitRecord, job_exists, job_not_found, lease_conflict, reserved_until,
-    unit_not_found,
+    RATE_BURST_SECONDS, TERMINAL, Guard, JobRecord, accept, Lease, UnitRecord, job_exists, job_not_found, lease_conflict,
+    reserved_until, unit_not_found,
 )
 
 Item = dict[str, dict[str, Any]]
@@ -56,6 +62,8 @@ Item = dict[str, dict[str, Any]]
 _LEASES: Item = {"pk": {"S": "LEASES"}, "sk": {"S": "LEASES"}}
 _WORKERS = 16
 _ATTEMPTS = 50
+TTL_ATTRIBUTE = "expires_at"  # the table's TimeToLiveSpecification (set by the CDK stack)
+DEFAULT_UNIT_TTL_DAYS = 30
 
 
 def table_definition() -> dict[str, Any]:
@@ -80,8 +88,9 @@ def table_definition() -> dict[str, Any]:
 class DynamoJobStore:
     """Job state in a DynamoDB table, shared by every Lambda and writer of a deployment."""
 
-    def __init__(self, table_name: str, client: Any = None) -> None:
+    def __init__(self, table_name: str, client: Any = None, unit_ttl_days: int = DEFAULT_UNIT_TTL_DAYS) -> None:
         self.table_name = table_name
+        self.unit_ttl_days = unit_ttl_days
         self._client = client or boto3.client(
             "dynamodb", config=Config(max_pool_connections=_WORKERS, retries={"mode": "standard"})
         )
@@ -108,17 +117,23 @@ class DynamoJobStore:
     def update_job_if(self, job_id: str, guard: Guard, phase: str | None = None, **state: Any) -> JobRecord:
         """The guard looks at the item as read; the write is conditional on its version, so a lost race
         re-reads and asks the guard again."""
+        finishing = []
+
         def change(item: Item | None) -> Item:
             if item is None:
                 raise job_not_found(job_id)
             job = _job(item)
             guard(job)
+            finishing[:] = [job.phase not in TERMINAL and (phase or job.phase) in TERMINAL]
             job.state.update(state)
             job.phase = phase or job.phase
             job.updated_at = time.time()
             return _job_item(job)
 
-        return _job(self._swap(_job_key(job_id), change))
+        job = _job(self._swap(_job_key(job_id), change))
+        if finishing[0]:
+            self._expire_units(job_id, job.updated_at + self.unit_ttl_days * 86_400)
+        return job
 
     def list_jobs(self, table: str | None = None) -> list[JobRecord]:
         query: dict[str, Any] = {
@@ -147,6 +162,21 @@ class DynamoJobStore:
             KeyConditionExpression="pk = :pk AND begins_with(sk, :unit)", ConsistentRead=True,
             ExpressionAttributeValues={":pk": {"S": f"JOB#{job_id}"}, ":unit": {"S": "UNIT#"}},
         )]
+
+    def _expire_units(self, job_id: str, at: float) -> None:
+        """Marks every unit of a finished job for DynamoDB's TTL deletion (one small write per unit,
+        the same count as writing them; DynamoDB deletes expired items for free)."""
+        keys = [{"pk": item["pk"], "sk": item["sk"]} for item in self._query(
+            KeyConditionExpression="pk = :pk AND begins_with(sk, :unit)", ProjectionExpression="pk, sk",
+            ExpressionAttributeValues={":pk": {"S": f"JOB#{job_id}"}, ":unit": {"S": "UNIT#"}})]
+
+        def expire(key: Item) -> None:
+            self._client.update_item(TableName=self.table_name, Key=key, UpdateExpression="SET #ttl = :at",
+                                     ExpressionAttributeNames={"#ttl": TTL_ATTRIBUTE},
+                                     ExpressionAttributeValues={":at": {"N": str(int(at))}})
+
+        with ThreadPoolExecutor(_WORKERS) as pool:
+            list(pool.map(expire, keys))
 
     def unit(self, job_id: str, unit_id: str) -> UnitRecord:
         item = self._get(_unit_key(job_id, unit_id))

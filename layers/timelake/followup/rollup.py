@@ -14,9 +14,8 @@ from __future__ import annotations
 import json
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import duckdb
 import pyarrow as pa
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.transforms import DayTransform, MonthTransform
@@ -26,6 +25,9 @@ from timelake.model.contract import Contract
 from timelake.model.layout import fresh_schema, stream_range, time_filter
 from timelake.model.timeutil import US_PER_DAY, US_PER_HOUR, floor_to, next_boundary, parse_instant, to_micros
 from timelake.ports.runtime import Runtime
+
+if TYPE_CHECKING:
+    import duckdb
 
 ROLLUPS = "timelake.rollups"
 INTERVALS = {"1h": US_PER_HOUR, "1d": US_PER_DAY}
@@ -108,6 +110,7 @@ def refresh(rt: Runtime, base: str, start: str, end: str) -> dict[str, int]:
 def compute(rows: pa.Table | pa.RecordBatchReader, contract: Contract, r: Rollup, schema: pa.Schema) -> pa.Table:
     """The rollup rows of ``rows`` (DuckDB group-by over Arrow; a reader is consumed batch by batch, and
     the group-by spills past ``DUCKDB_MEMORY``)."""
+    import duckdb  # lazily: functions that never reach this leave DuckDB out of their layers
     keys = ", ".join(f'"{k}"' for k in contract.series_key)
     width = INTERVALS[r.interval]
     aggregates = ", ".join(f'{a}("{c}")::DOUBLE AS "{c}_{a}"' for c in r.columns for a in AGGREGATES)

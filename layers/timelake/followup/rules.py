@@ -20,9 +20,8 @@ from __future__ import annotations
 import json
 import re
 import time
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import duckdb
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pyiceberg.exceptions import NoSuchTableError
@@ -33,6 +32,9 @@ from timelake.model.contract import Contract
 from timelake.model.layout import fresh_schema, micros, read_range, time_bounds
 from timelake.model.timeutil import US_PER_DAY, US_PER_SECOND, from_micros, parse_duration
 from timelake.ports.runtime import Runtime
+
+if TYPE_CHECKING:
+    import duckdb
 
 RULES = "timelake.rules"
 _TEXT = re.compile(r"^\s*(?P<name>[A-Za-z0-9_.-]+)\s*:\s*(?P<column>[A-Za-z_][A-Za-z0-9_]*)\s*(?P<op>>=|<=|>|<)\s*"
@@ -151,6 +153,7 @@ def evaluate(rows: pa.Table, contract: Contract, rules: list[Rule], start_us: in
     """Events of ``rules`` over ``rows`` that fire in [start, end), in the events schema minus the
     source/job/recorded columns. ``rows`` must reach back far enough for each run's first sample
     (`context_rows` reads that)."""
+    import duckdb  # lazily: functions that never reach this leave DuckDB out of their layers
     keys = [f'"{k}"' for k in contract.series_key]
     partition = f"PARTITION BY {', '.join(keys)}" if keys else ""
     con = duckdb.connect()
@@ -206,6 +209,7 @@ def context_rows(table: Any, contract: Contract, rules: list[Rule], start_us: in
 
 def _open_series(rows: pa.Table, contract: Contract, rules: list[Rule]) -> set[tuple[Any, ...]]:
     """The series whose earliest row read meets some rule's condition: their run may have begun earlier."""
+    import duckdb  # lazily: functions that never reach this leave DuckDB out of their layers
     if rows.num_rows == 0:
         return set()
     keys = [f'"{k}"' for k in contract.series_key]
@@ -276,6 +280,7 @@ def evaluate_live(rt: Runtime, base: str, new_rows: pa.Table) -> int:
 
 def _not_recorded(rt: Runtime, base: str, contract: Contract, events: pa.Table, lo: int, hi: int) -> pa.Table:
     """Drop events the live path already raised (same rule, series and firing time)."""
+    import duckdb  # lazily: functions that never reach this leave DuckDB out of their layers
     try:
         known = rt.catalog.load_table(events_table_name(base)).scan(row_filter=And(
             EqualTo("source", "live"), And(GreaterThanOrEqual("fired_at", from_micros(lo).isoformat()),

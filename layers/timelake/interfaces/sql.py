@@ -13,11 +13,10 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
-import duckdb
-
 from timelake.model.spec import JobSpec
 
 if TYPE_CHECKING:
+    import duckdb
     from timelake.interfaces.lake import Lake
 
 FIELDS = tuple(name for name in JobSpec.model_fields if name not in ("table", "source", "query"))

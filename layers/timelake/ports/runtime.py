@@ -28,7 +28,7 @@ DEFAULT_WAREHOUSE = "./.timelake"
 class LakeConfig(BaseModel):
     catalog_name: str = "timelake"
     catalog_props: dict[str, str] = Field(default_factory=dict)
-    store: str = Field(description="sqlite:///path/jobs.db (embedded) or dynamodb://table (AWS)")
+    store: str = Field(description="sqlite:///path/jobs.db (embedded) or dynamodb://table[?unit_ttl_days=N] (AWS; finished jobs' units expire after N days, default 30)")
     staging: str = Field(description="Root URI for job scratch files (spills, unit manifests)")
     events: str | None = Field(default=None, description="eventbridge://BUS on AWS; None: the in-process bus")
     alarms: str | None = Field(default=None, description="sns://TOPIC_ARN for the live path's real-time alarms; "

@@ -88,6 +88,8 @@ class JobStore(Protocol):
 
 
 RATE_BURST_SECONDS = 1.0
+# Phases a job never leaves: its units are history from then on (a store may let them expire).
+TERMINAL = frozenset({"published", "dry_run_complete", "failed_validation", "aborted"})
 
 
 def reserved_until(empty_at: float | None, now: float, rows: int, rows_per_second: float) -> float:

@@ -12,11 +12,14 @@ import hashlib
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
-import duckdb
 import pyarrow as pa
 
 from timelake.sources.base import Source, SourceBatch, SourceError
+
+if TYPE_CHECKING:
+    import duckdb
 
 SCHEME = "duckdb:"
 PIECE = "query"
@@ -63,6 +66,7 @@ class DuckDBSource(Source):
                 offset += batch.num_rows
 
     def _connect(self) -> duckdb.DuckDBPyConnection:
+        import duckdb  # lazily: functions that never reach this leave DuckDB out of their layers
         try:
             return duckdb.connect(self.database, read_only=self.database != ":memory:")
         except duckdb.Error as e:
@@ -71,6 +75,7 @@ class DuckDBSource(Source):
     @contextmanager
     def _failing(self) -> Iterator[None]:
         """A query fails when bound or while its rows stream; either way the user sees DuckDB's reason."""
+        import duckdb  # lazily: functions that never reach this leave DuckDB out of their layers
         try:
             yield
         except (duckdb.Error, pa.ArrowException) as e:

@@ -17,13 +17,16 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import closing
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from timelake.sources.base import SourceError, _line_chunks
+
+if TYPE_CHECKING:
+    import duckdb
 
 TIME = "time"
 LINE = "__line"
@@ -321,6 +324,7 @@ def points(parser: LineProtocol, lines: Iterator[pa.RecordBatch], batch_rows: in
     file, so the merge cannot be done chunk by chunk: the lines go to a DuckDB table that spills
     to a temporary folder beyond _MERGE_MEMORY, and come back one row per point.
     """
+    import duckdb  # lazily: functions that never reach this leave DuckDB out of their layers
     with tempfile.TemporaryDirectory(prefix="timelake-influx-") as tmp, \
             closing(duckdb.connect(config={"memory_limit": _MERGE_MEMORY, "temp_directory": tmp})) as con:
         columns: dict[str, pa.DataType] = {}

@@ -13,9 +13,8 @@ import json
 import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -35,6 +34,9 @@ from timelake.sources.base import CsvOptions, Source, open_source
 from timelake.sources.mapping import Mapper, merge_examples
 from timelake.sources.resolve import open_spec_source
 from timelake.steps import spill
+
+if TYPE_CHECKING:
+    import duckdb
 
 MAX_OPEN_SPILLS = 128
 SAMPLE_ROWS = 100_000
@@ -333,6 +335,7 @@ class _OverlapCounter:
     """Dry run only: how many in-scope source keys already exist on main (DuckDB spills, memory stays bounded)."""
 
     def __init__(self, contract: Contract) -> None:
+        import duckdb  # lazily: functions that never reach this leave DuckDB out of their layers
         self.keys = list(contract.dedup_key)
         self.tmp = tempfile.TemporaryDirectory(prefix="timelake-dry-run-")
         self.con = duckdb.connect(f"{self.tmp.name}/keys.db")

@@ -17,9 +17,8 @@ import json
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -38,6 +37,9 @@ from timelake.ports.files import filesystem, make_parent
 from timelake.ports.runtime import Runtime
 from timelake.steps.plan import write_json
 from timelake.steps.write import existing_mask, sort_key_codes
+
+if TYPE_CHECKING:
+    import duckdb
 
 SAMPLES = 5
 BATCH_ROWS = 1 << 20  # a check holds one batch of a file's key and value columns, whatever the file's size
@@ -213,6 +215,7 @@ def _not_null(table: Any, contract: Contract, staged: list[DataFile]) -> Check:
 
 def _staged_connection(staged: list[DataFile]) -> duckdb.DuckDBPyConnection:
     """DuckDB with a view ``staged`` over the staged files and no access to anything else."""
+    import duckdb  # lazily: functions that never reach this leave DuckDB out of their layers
     con = duckdb.connect()
     if staged:
         fs, _ = filesystem(staged[0].file_path)
@@ -483,6 +486,7 @@ def _assertions(con: duckdb.DuckDBPyConnection, assertions: list[str], schema: p
                 timeout: float) -> list[Check]:
     """The user's SQL, bounded: all of it together gets ``timeout`` seconds (then DuckDB is interrupted and
     the check fails, so a runaway recursive CTE cannot hold the job's lease) and ``ASSERTION_MEMORY``."""
+    import duckdb  # lazily: functions that never reach this leave DuckDB out of their layers
     if assertions and not any_staged:
         con.register("staged", schema.empty_table())
     checks = []
