@@ -22,6 +22,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.csv as pcsv
 
 from timelake.sources.base import SourceError, _line_chunks
 
@@ -38,6 +39,7 @@ _TRUE = ["t", "T", "true", "True", "TRUE"]
 _FALSE = ["f", "F", "false", "False", "FALSE"]
 ARROW_TYPES = {"float": pa.float64(), "integer": pa.int64(), "unsigned": pa.uint64(), "string": pa.string(),
                "boolean": pa.bool_()}
+_KINDS = ["float", "string", "integer", "unsigned", "boolean"]  # by the code _kind gives each spelling
 _DDL = ("CREATE DATABASE ", "CREATE RETENTION POLICY ")  # the DDL part of an export
 _KEY = r"(?:[^,=\s\\]|\\.)+"
 _MASK = {" ": "\x01", ",": "\x02", "=": "\x03"}
@@ -129,7 +131,10 @@ class LineProtocol:
             while pending:
                 yield pending.popleft().result()
 
-    def _parts(self, chunk: bytes, first_line: int) -> tuple[_Parsed, _Parsed]:
+    def _parts(self, chunk: bytes, first_line: int) -> tuple[_Parsed, ...]:
+        plain = _plain(chunk, first_line)
+        if plain is not None:
+            return (plain,)
         lines = pc.list_flatten(pc.split_pattern(pa.array([chunk], pa.binary()), b"\n"))
         try:
             lines = pc.utf8_trim(lines.cast(pa.string()), "\r")
@@ -241,12 +246,12 @@ class LineProtocol:
 
     def _kind(self, key: str, raw: pa.Array, lines: np.ndarray) -> str:
         """The field's type by the protocol spelling of its values; every point must spell the same type."""
-        kinds = np.select(
-            [_mask(m) for m in (pc.starts_with(raw, '"'), pc.ends_with(raw, "i"), pc.ends_with(raw, "u"),
-                                pc.is_in(raw, pa.array(_TRUE + _FALSE)))],
-            ["string", "integer", "unsigned", "boolean"], "float")
-        for kind in np.unique(kinds):
-            first = int(np.flatnonzero(kinds == kind)[0])
+        spelled = [_mask(m) for m in (pc.starts_with(raw, '"'), pc.ends_with(raw, "i"), pc.ends_with(raw, "u"),
+                                      pc.is_in(raw, pa.array(_TRUE + _FALSE)))]
+        codes = np.select(spelled, [1, 2, 3, 4], 0).astype(np.int8)  # integer codes: a unique of strings is slow
+        firsts = sorted(int(np.argmax(codes == code)) for code in np.flatnonzero(np.bincount(codes, minlength=5)))
+        for first in firsts:  # in file order: the message names the type seen first, then the other
+            kind = _KINDS[codes[first]]
             known = self.kinds.setdefault(key, (kind, int(lines[first])))
             if known[0] != kind:
                 raise InfluxError(
@@ -271,6 +276,56 @@ class LineProtocol:
 
     def _malformed(self, line: int, text: str) -> None:
         raise InfluxError(f"line {line} of {self.origin} is not line protocol: {text.translate(_UNMASK)[:80]!r}")
+
+
+_BOUNDARY = "\x01"
+_PLAIN_OPTIONS = (pcsv.ReadOptions(autogenerate_column_names=True, block_size=_CHUNK_BYTES * 4, use_threads=False),
+                  pcsv.ParseOptions(quote_char=False, escape_char=False, double_quote=False, newlines_in_values=False,
+                                    ignore_empty_lines=False))
+_NOT_PLAIN = (b'"', b"\\", b"\r", b"\n\n", b"\n#", b"CREATE ", _BOUNDARY.encode(), *(c.encode() for c in _MASK.values()))
+
+
+def _plain(chunk: bytes, first_line: int) -> _Parsed | None:
+    """A chunk of lines of one shape, split by Arrow's CSV reader in one pass; None if it is not that simple.
+
+    Lines without quotes, escapes or comments that all have the same number of tags, fields and
+    separators (the usual export: one series layout, one field per line) become rows of a CSV once
+    spaces are marked and equal signs are commas. Every separator is counted over the whole chunk,
+    so a line the reader would split differently from the line protocol sends the chunk to the
+    general path, which also names the bad line.
+    """
+    if chunk.startswith(b"#") or any(mark in chunk for mark in _NOT_PLAIN):
+        return None
+    text = chunk.replace(b" ", b",\x01,").replace(b"=", b",")
+    try:
+        table = pcsv.read_csv(pa.BufferReader(text), *_PLAIN_OPTIONS,
+                              convert_options=pcsv.ConvertOptions(column_types=dict.fromkeys(
+                                  (f"f{i}" for i in range(text.split(b"\n", 1)[0].count(b",") + 1)), pa.string())))
+    except pa.ArrowInvalid:  # lines of several shapes, or not UTF-8
+        return None
+    rows, width = table.num_rows, table.num_columns
+    boundaries = [i for i in range(width) if table.column(i)[0].as_py() == _BOUNDARY]
+    pairs = (width - 1 - len(boundaries) - 1) // 2
+    if (len(boundaries) != 2 or boundaries[1] != width - 2 or (boundaries[0] - 1) % 2
+            or (width - boundaries[0] - 3) % 2 or pairs < 1 or chunk.count(b" ") != 2 * rows
+            or chunk.count(b"=") != pairs * rows or chunk.count(b",") != (pairs - 1) * rows
+            or any(table.column(i).null_count or pc.any(pc.not_equal(table.column(i), _BOUNDARY)).as_py()
+                   for i in boundaries)):
+        return None
+    tags = range(1, boundaries[0], 2)
+    fields = range(boundaries[0] + 1, width - 2, 2)
+    if not len(fields):
+        return None
+
+    def triples(starts: range) -> tuple[pa.Array, pa.Array, pa.Array]:
+        at = pa.array(np.tile(np.arange(rows, dtype=np.int64), len(starts)))
+        return at, column(*starts), column(*(i + 1 for i in starts))
+
+    def column(*at: int) -> pa.Array:
+        return pa.concat_arrays([chunk for i in at for chunk in table.column(i).chunks])
+
+    return _Parsed(np.arange(first_line, first_line + rows), column(0), column(width - 1), *triples(tags),
+                   *triples(fields))
 
 
 def _mask_quoted(lines: pa.Array) -> pa.Array:
