@@ -72,6 +72,17 @@ class _Parsed:
     field_values: pa.Array
 
 
+@dataclass
+class _Named:
+    """One chunk's points as columns, when every line names the same tags and fields in the same places."""
+
+    lines: np.ndarray
+    measurement: pa.Array
+    time: pa.Array
+    tags: dict[str, pa.Array]
+    fields: dict[str, pa.Array]
+
+
 class LineProtocol:
     """Parses chunks of one stream; remembers field kinds so a type change across chunks is caught too."""
 
@@ -95,6 +106,13 @@ class LineProtocol:
         for parts in self._split(stream):
             for part in parts:
                 wanted = self._wanted(part.measurement)
+                if isinstance(part, _Named):
+                    if not wanted.any():
+                        continue
+                    self.tags.update(part.tags)
+                    for key, raw in part.fields.items():
+                        self._kind(key, raw.filter(pa.array(wanted)), part.lines[wanted])
+                    continue
                 tag_mine = pa.array(wanted[np.asarray(part.tag_rows, dtype=np.int64)])
                 self.tags.update(key for key, _ in _groups(part.tag_keys.filter(tag_mine)))
                 rows = np.asarray(part.field_rows, dtype=np.int64)
@@ -114,7 +132,7 @@ class LineProtocol:
         return pa.schema([(TIME, TIME_TYPE), *((t, pa.string()) for t in sorted(self.tags)),
                           *((f, ARROW_TYPES[k]) for f, (k, _) in sorted(self.kinds.items()))])
 
-    def _split(self, stream: pa.NativeFile) -> Iterator[tuple[_Parsed, _Parsed]]:
+    def _split(self, stream: pa.NativeFile) -> Iterator[tuple[_Parsed | _Named, ...]]:
         """Chunks split into triples on threads (Arrow kernels release the GIL), in file order.
 
         Only splitting runs ahead, at most _AHEAD chunks: typing the fields stays in order, so the
@@ -131,7 +149,7 @@ class LineProtocol:
             while pending:
                 yield pending.popleft().result()
 
-    def _parts(self, chunk: bytes, first_line: int) -> tuple[_Parsed, ...]:
+    def _parts(self, chunk: bytes, first_line: int) -> tuple[_Parsed, _Parsed] | tuple[_Parsed | _Named]:
         plain = _plain(chunk, first_line)
         if plain is not None:
             return (plain,)
@@ -199,8 +217,10 @@ class LineProtocol:
                      pa.array(fields[0], pa.int64()), pa.array(fields[1], pa.string()), pa.array(fields[2], pa.string())]
         return _Parsed(numbers, pa.array(measurements, pa.string()), pa.array(stamps, pa.string()), *as_arrays)
 
-    def _columns(self, *parts: _Parsed) -> pa.RecordBatch:
+    def _columns(self, *parts: _Parsed | _Named) -> pa.RecordBatch:
         """Rows of the wanted measurement, fast and slow lines together in file order."""
+        if isinstance(parts[0], _Named):
+            return self._named(parts[0])
         numbers = np.concatenate([p.lines for p in parts])
         measurement = pa.concat_arrays([p.measurement for p in parts])
         offsets = np.cumsum([0, *(len(p.lines) for p in parts)])
@@ -232,6 +252,23 @@ class LineProtocol:
             raw = values.filter(pa.array(pick))
             typed = self._typed(key, self._kind(key, raw, lines[at[pick]]), raw)
             columns[key] = _scatter(at[pick], typed, len(lines))
+        return pa.RecordBatch.from_pydict(columns)
+
+    def _named(self, part: _Named) -> pa.RecordBatch:
+        """A chunk whose every line has the same keys: its columns are already the table's columns."""
+        wanted = self._wanted(part.measurement)
+        if not wanted.any():
+            return pa.record_batch({TIME: pa.array([], TIME_TYPE)})
+        lines, pick = part.lines[wanted], pa.array(wanted)
+        columns = {TIME: self._time(part.time.filter(pick), lines), LINE: pa.array(lines, pa.int64())}
+        for key in sorted(part.tags):
+            self.tags.add(key)
+            columns[key] = part.tags[key].filter(pick)
+        for key in sorted(part.fields):
+            if key in columns:
+                raise InfluxError(f"{self.origin}: '{key}' of measurement '{self.measurement}' is both a tag and a field")
+            raw = part.fields[key].filter(pick)
+            columns[key] = self._typed(key, self._kind(key, raw, lines), raw)
         return pa.RecordBatch.from_pydict(columns)
 
     def _time(self, stamps: pa.Array, lines: np.ndarray) -> pa.Array:
@@ -285,7 +322,7 @@ _PLAIN_OPTIONS = (pcsv.ReadOptions(autogenerate_column_names=True, block_size=_C
 _NOT_PLAIN = (b'"', b"\\", b"\r", b"\n\n", b"\n#", b"CREATE ", _BOUNDARY.encode(), *(c.encode() for c in _MASK.values()))
 
 
-def _plain(chunk: bytes, first_line: int) -> _Parsed | None:
+def _plain(chunk: bytes, first_line: int) -> _Parsed | _Named | None:
     """A chunk of lines of one shape, split by Arrow's CSV reader in one pass; None if it is not that simple.
 
     Lines without quotes, escapes or comments that all have the same number of tags, fields and
@@ -317,15 +354,26 @@ def _plain(chunk: bytes, first_line: int) -> _Parsed | None:
     if not len(fields):
         return None
 
+    def column(*at: int) -> pa.Array:
+        return pa.concat_arrays([chunk for i in at for chunk in table.column(i).chunks])
+
+    numbers = np.arange(first_line, first_line + rows)
+    names = [table.column(i)[0].as_py() for i in (*tags, *fields)]
+    if len(set(names)) == len(names) and all(_same(table.column(i), name) for i, name in zip((*tags, *fields), names)):
+        return _Named(numbers, column(0), column(width - 1), {names[n]: column(i + 1) for n, i in enumerate(tags)},
+                      {names[len(tags) + n]: column(i + 1) for n, i in enumerate(fields)})
+
     def triples(starts: range) -> tuple[pa.Array, pa.Array, pa.Array]:
         at = pa.array(np.tile(np.arange(rows, dtype=np.int64), len(starts)))
         return at, column(*starts), column(*(i + 1 for i in starts))
 
-    def column(*at: int) -> pa.Array:
-        return pa.concat_arrays([chunk for i in at for chunk in table.column(i).chunks])
-
-    return _Parsed(np.arange(first_line, first_line + rows), column(0), column(width - 1), *triples(tags),
+    return _Parsed(numbers, column(0), column(width - 1), *triples(tags),
                    *triples(fields))
+
+
+def _same(column: pa.ChunkedArray, value: str) -> bool:
+    low_high = pc.min_max(column)
+    return low_high["min"].as_py() == value == low_high["max"].as_py()
 
 
 def _mask_quoted(lines: pa.Array) -> pa.Array:
