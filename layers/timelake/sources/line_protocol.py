@@ -319,7 +319,7 @@ _BOUNDARY = "\x01"
 _PLAIN_OPTIONS = (pcsv.ReadOptions(autogenerate_column_names=True, block_size=_CHUNK_BYTES * 4, use_threads=False),
                   pcsv.ParseOptions(quote_char=False, escape_char=False, double_quote=False, newlines_in_values=False,
                                     ignore_empty_lines=False))
-_NOT_PLAIN = (b'"', b"\\", b"\r", b"\n\n", b"\n#", b"CREATE ", _BOUNDARY.encode(), *(c.encode() for c in _MASK.values()))
+_NOT_PLAIN = (b'"', b"\\", b"\r", _BOUNDARY.encode(), *(c.encode() for c in _MASK.values()))  # one byte each: memchr
 
 
 def _plain(chunk: bytes, first_line: int) -> _Parsed | _Named | None:
@@ -331,14 +331,17 @@ def _plain(chunk: bytes, first_line: int) -> _Parsed | _Named | None:
     so a line the reader would split differently from the line protocol sends the chunk to the
     general path, which also names the bad line.
     """
-    if chunk.startswith(b"#") or any(mark in chunk for mark in _NOT_PLAIN):
+    if any(mark in chunk for mark in _NOT_PLAIN):
         return None
     text = chunk.replace(b" ", b",\x01,").replace(b"=", b",")
     try:
         table = pcsv.read_csv(pa.BufferReader(text), *_PLAIN_OPTIONS,
                               convert_options=pcsv.ConvertOptions(column_types=dict.fromkeys(
                                   (f"f{i}" for i in range(text.split(b"\n", 1)[0].count(b",") + 1)), pa.string())))
-    except pa.ArrowInvalid:  # lines of several shapes, or not UTF-8
+    except pa.ArrowInvalid:  # lines of several shapes (an empty line is one too), or not UTF-8
+        return None
+    skipped = pc.or_(pc.starts_with(table.column(0), "#"), pc.equal(table.column(0), "CREATE"))
+    if pc.any(skipped).as_py():  # comments and DDL, of a shape that passed for data
         return None
     rows, width = table.num_rows, table.num_columns
     boundaries = [i for i in range(width) if table.column(i)[0].as_py() == _BOUNDARY]
