@@ -43,6 +43,8 @@ _KINDS = ["float", "string", "integer", "unsigned", "boolean"]  # by the code _k
 _DDL = ("CREATE DATABASE ", "CREATE RETENTION POLICY ")  # the DDL part of an export
 _KEY = r"(?:[^,=\s\\]|\\.)+"
 _MASK = {" ": "\x01", ",": "\x02", "=": "\x03"}
+_MASK_BYTES = np.frombuffer(bytes.maketrans("".join(_MASK).encode(), "".join(_MASK.values()).encode()), np.uint8)
+_SEPARATOR = _MASK_BYTES != np.arange(256)
 _UNMASK = str.maketrans({code: char for char, code in _MASK.items()})
 _SLOW_LINE = re.compile(
     rf"(?P<m>(?:[^,\s\\]|\\.)+)(?P<tags>(?:,{_KEY}=(?:[^,=\s\\]|\\.)*)*)"
@@ -319,13 +321,13 @@ _BOUNDARY = "\x01"
 _PLAIN_OPTIONS = (pcsv.ReadOptions(autogenerate_column_names=True, block_size=_CHUNK_BYTES * 4, use_threads=False),
                   pcsv.ParseOptions(quote_char=False, escape_char=False, double_quote=False, newlines_in_values=False,
                                     ignore_empty_lines=False))
-_NOT_PLAIN = (b'"', b"\\", b"\r", _BOUNDARY.encode(), *(c.encode() for c in _MASK.values()))  # one byte each: memchr
+_NOT_PLAIN = (b"\\", b"\r", _BOUNDARY.encode(), *(c.encode() for c in _MASK.values()))  # one byte each: memchr
 
 
 def _plain(chunk: bytes, first_line: int) -> _Parsed | _Named | None:
     """A chunk of lines of one shape, split by Arrow's CSV reader in one pass; None if it is not that simple.
 
-    Lines without quotes, escapes or comments that all have the same number of tags, fields and
+    Lines without escapes or comments that all have the same number of tags, fields and
     separators (the usual export: one series layout, one field per line) become rows of a CSV once
     spaces are marked and equal signs are commas. Every separator is counted over the whole chunk,
     so a line the reader would split differently from the line protocol sends the chunk to the
@@ -333,6 +335,16 @@ def _plain(chunk: bytes, first_line: int) -> _Parsed | _Named | None:
     """
     if any(mark in chunk for mark in _NOT_PLAIN):
         return None
+    if b'"' in chunk:  # separators inside quotes masked; without backslashes the quotes of a line pair up
+        text = np.frombuffer(chunk, np.uint8).copy()
+        quotes = np.flatnonzero(text == ord('"'))
+        ends = np.flatnonzero(text == ord("\n"))
+        if len(quotes) % 2 or (np.searchsorted(ends, quotes[0::2]) != np.searchsorted(ends, quotes[1::2])).any():
+            return None  # a line with an odd number of quotes
+        separators = np.flatnonzero(_SEPARATOR[text])
+        masked = separators[np.searchsorted(quotes, separators) % 2 == 1]  # after an odd number of quotes
+        text[masked] = _MASK_BYTES[text[masked]]
+        chunk = text.tobytes()
     text = chunk.replace(b" ", b",\x01,").replace(b"=", b",")
     try:
         table = pcsv.read_csv(pa.BufferReader(text), *_PLAIN_OPTIONS,
