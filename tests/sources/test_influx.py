@@ -206,7 +206,7 @@ def test_plain_chunks_split_in_one_pass_read_as_the_general_path(tmp_path: Path,
     and a field that swap sides at the same width, quotes, escapes) through the general split."""
     ns = 1_700_000_000_000_000_000
     lines = [f"sensor,device_id=d{i % 3:02d},site=north value={i / 4},count={i}i {ns + i}" for i in range(30)]
-    lines += [f"sensor,device_id=d{i % 3:02d},site=north state=\"s {i}\" {ns + i}" for i in range(30)]  # same points
+    lines += [f"sensor,device_id=d{i % 3:02d},site=north state=\"s {i}, x=1\" {ns + i}" for i in range(30)]  # same points
     lines += [f"sensor,device_id=d{i % 3:02d},site=north {f'level={i}u' if i % 2 else 'ok=FALSE'} {ns + i}"
               for i in range(30)]  # one shape, two keys
     lines += ["sensor,device_id=d02 site=4i,value=9.5 1700000000000000999",  # same width, 'site' a field here
@@ -231,7 +231,7 @@ def test_plain_chunks_split_in_one_pass_read_as_the_general_path(tmp_path: Path,
     monkeypatch.setattr(line_protocol, "_plain", lambda chunk, first_line: None)
     assert fast.equals(read())
     assert fast.num_rows == 32 and sorted(fast["value"].to_pylist()[-2:]) == [1.25, 9.5]
-    assert fast["count"].to_pylist()[:3] == [0, 3, 6] and fast["state"].null_count == 2
+    assert fast["count"].to_pylist()[:3] == [0, 3, 6] and fast["state"].null_count == 2 and fast["state"][0].as_py() == "s 0, x=1"
     assert fast["ok"].null_count == 17 and fast["level"].type == pa.uint64() and fast["level"][1].as_py() == 3
 
     path.write_text("\n".join([*lines[:2], lines[0].replace("count=0i", "count=0.5")]) + "\n")
