@@ -199,3 +199,42 @@ def test_small_chunks_read_the_same_points_and_later_lines_win(tmp_path: Path, m
     with pytest.raises(line_protocol.InfluxError,
                        match=rf"field 'count' .* integer at line {first + 1} and float at line {len(export) + 1}"):
         _read(tmp_path / "mixed.lp")
+
+
+def test_plain_chunks_split_in_one_pass_read_as_the_general_path(tmp_path: Path, monkeypatch):
+    """Chunks of one line shape go through Arrow's CSV reader; every other chunk (shapes mixed, a tag
+    and a field that swap sides at the same width, quotes, escapes) through the general split."""
+    ns = 1_700_000_000_000_000_000
+    lines = [f"sensor,device_id=d{i % 3:02d},site=north value={i / 4},count={i}i {ns + i}" for i in range(30)]
+    lines += [f"sensor,device_id=d{i % 3:02d},site=north state=\"s {i}, x=1\" {ns + i}" for i in range(30)]  # same points
+    lines += [f"sensor,device_id=d{i % 3:02d},site=north {f'level={i}u' if i % 2 else 'ok=FALSE'} {ns + i}"
+              for i in range(30)]  # one shape, two keys
+    lines += ["sensor,device_id=d02 site=4i,value=9.5 1700000000000000999",  # same width, 'site' a field here
+              "sensor,device_id=d02,site=west value=1.25 1700000000000000999"]
+    path = tmp_path / "plain.lp"
+    path.write_text("\n".join(lines) + "\n")
+    monkeypatch.setattr(line_protocol, "_CHUNK_BYTES", 400)
+    order = [("device_id", "ascending"), ("time", "ascending")]
+
+    def read() -> pa.Table:
+        src = open_job_source(JobSpec(table="iot.sensor", source=str(path), map={"ts": "time"}, format="influx"))
+        return pa.Table.from_batches([b.data for b in src.batches()]).sort_by(order)
+
+    with pytest.raises(line_protocol.InfluxError, match="'site' of measurement 'sensor' is both a tag and a field"):
+        read()
+    lines[-2] = "sensor,device_id=d02 other=4i,value=9.5 1700000000000000999"
+    path.write_text("\n".join(lines) + "\n")
+    split, real = [], line_protocol._plain
+    monkeypatch.setattr(line_protocol, "_plain", lambda chunk, first_line: split.append(real(chunk, first_line)) or split[-1])
+    fast = read()
+    assert {type(part).__name__ for part in split} == {"NoneType", "_Named", "_Parsed"}  # every path ran
+    monkeypatch.setattr(line_protocol, "_plain", lambda chunk, first_line: None)
+    assert fast.equals(read())
+    assert fast.num_rows == 32 and sorted(fast["value"].to_pylist()[-2:]) == [1.25, 9.5]
+    assert fast["count"].to_pylist()[:3] == [0, 3, 6] and fast["state"].null_count == 2 and fast["state"][0].as_py() == "s 0, x=1"
+    assert fast["ok"].null_count == 17 and fast["level"].type == pa.uint64() and fast["level"][1].as_py() == 3
+
+    path.write_text("\n".join([*lines[:2], lines[0].replace("count=0i", "count=0.5")]) + "\n")
+    monkeypatch.undo()
+    with pytest.raises(line_protocol.InfluxError, match=r"field 'count' .* integer at line 1 and float at line 3"):
+        read()

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.csv as pcsv
 
 from timelake.sources.base import SourceError, _line_chunks
 
@@ -41,9 +42,12 @@ _TRUE = ["t", "T", "true", "True", "TRUE"]
 _FALSE = ["f", "F", "false", "False", "FALSE"]
 ARROW_TYPES = {"float": pa.float64(), "integer": pa.int64(), "unsigned": pa.uint64(), "string": pa.string(),
                "boolean": pa.bool_()}
+_KINDS = ["float", "string", "integer", "unsigned", "boolean"]  # by the code _kind gives each spelling
 _DDL = ("CREATE DATABASE ", "CREATE RETENTION POLICY ")  # the DDL part of an export
 _KEY = r"(?:[^,=\s\\]|\\.)+"
 _MASK = {" ": "\x01", ",": "\x02", "=": "\x03"}
+_MASK_BYTES = np.frombuffer(bytes.maketrans("".join(_MASK).encode(), "".join(_MASK.values()).encode()), np.uint8)
+_SEPARATOR = _MASK_BYTES != np.arange(256)
 _UNMASK = str.maketrans({code: char for char, code in _MASK.items()})
 _SLOW_LINE = re.compile(
     rf"(?P<m>(?:[^,\s\\]|\\.)+)(?P<tags>(?:,{_KEY}=(?:[^,=\s\\]|\\.)*)*)"
@@ -73,6 +77,17 @@ class _Parsed:
     field_values: pa.Array
 
 
+@dataclass
+class _Named:
+    """One chunk's points as columns, when every line names the same tags and fields in the same places."""
+
+    lines: np.ndarray
+    measurement: pa.Array
+    time: pa.Array
+    tags: dict[str, pa.Array]
+    fields: dict[str, pa.Array]
+
+
 class LineProtocol:
     """Parses chunks of one stream; remembers field kinds so a type change across chunks is caught too."""
 
@@ -96,6 +111,13 @@ class LineProtocol:
         for parts in self._split(stream):
             for part in parts:
                 wanted = self._wanted(part.measurement)
+                if isinstance(part, _Named):
+                    if not wanted.any():
+                        continue
+                    self.tags.update(part.tags)
+                    for key, raw in part.fields.items():
+                        self._kind(key, raw.filter(pa.array(wanted)), part.lines[wanted])
+                    continue
                 tag_mine = pa.array(wanted[np.asarray(part.tag_rows, dtype=np.int64)])
                 self.tags.update(key for key, _ in _groups(part.tag_keys.filter(tag_mine)))
                 rows = np.asarray(part.field_rows, dtype=np.int64)
@@ -115,7 +137,7 @@ class LineProtocol:
         return pa.schema([(TIME, TIME_TYPE), *((t, pa.string()) for t in sorted(self.tags)),
                           *((f, ARROW_TYPES[k]) for f, (k, _) in sorted(self.kinds.items()))])
 
-    def _split(self, stream: pa.NativeFile) -> Iterator[tuple[_Parsed, _Parsed]]:
+    def _split(self, stream: pa.NativeFile) -> Iterator[tuple[_Parsed | _Named, ...]]:
         """Chunks split into triples on threads (Arrow kernels release the GIL), in file order.
 
         Only splitting runs ahead, at most _AHEAD chunks: typing the fields stays in order, so the
@@ -132,7 +154,10 @@ class LineProtocol:
             while pending:
                 yield pending.popleft().result()
 
-    def _parts(self, chunk: bytes, first_line: int) -> tuple[_Parsed, _Parsed]:
+    def _parts(self, chunk: bytes, first_line: int) -> tuple[_Parsed, _Parsed] | tuple[_Parsed | _Named]:
+        plain = _plain(chunk, first_line)
+        if plain is not None:
+            return (plain,)
         lines = pc.list_flatten(pc.split_pattern(pa.array([chunk], pa.binary()), b"\n"))
         try:
             lines = pc.utf8_trim(lines.cast(pa.string()), "\r")
@@ -197,8 +222,10 @@ class LineProtocol:
                      pa.array(fields[0], pa.int64()), pa.array(fields[1], pa.string()), pa.array(fields[2], pa.string())]
         return _Parsed(numbers, pa.array(measurements, pa.string()), pa.array(stamps, pa.string()), *as_arrays)
 
-    def _columns(self, *parts: _Parsed) -> pa.RecordBatch:
+    def _columns(self, *parts: _Parsed | _Named) -> pa.RecordBatch:
         """Rows of the wanted measurement, fast and slow lines together in file order."""
+        if isinstance(parts[0], _Named):
+            return self._named(parts[0])
         numbers = np.concatenate([p.lines for p in parts])
         measurement = pa.concat_arrays([p.measurement for p in parts])
         offsets = np.cumsum([0, *(len(p.lines) for p in parts)])
@@ -232,6 +259,23 @@ class LineProtocol:
             columns[key] = _scatter(at[pick], typed, len(lines))
         return pa.RecordBatch.from_pydict(columns)
 
+    def _named(self, part: _Named) -> pa.RecordBatch:
+        """A chunk whose every line has the same keys: its columns are already the table's columns."""
+        wanted = self._wanted(part.measurement)
+        if not wanted.any():
+            return pa.record_batch({TIME: pa.array([], TIME_TYPE)})
+        lines, pick = part.lines[wanted], pa.array(wanted)
+        columns = {TIME: self._time(part.time.filter(pick), lines), LINE: pa.array(lines, pa.int64())}
+        for key in sorted(part.tags):
+            self.tags.add(key)
+            columns[key] = part.tags[key].filter(pick)
+        for key in sorted(part.fields):
+            if key in columns:
+                raise InfluxError(f"{self.origin}: '{key}' of measurement '{self.measurement}' is both a tag and a field")
+            raw = part.fields[key].filter(pick)
+            columns[key] = self._typed(key, self._kind(key, raw, lines), raw)
+        return pa.RecordBatch.from_pydict(columns)
+
     def _time(self, stamps: pa.Array, lines: np.ndarray) -> pa.Array:
         missing = np.flatnonzero(_mask(stamps.is_null()))
         if len(missing):
@@ -244,12 +288,12 @@ class LineProtocol:
 
     def _kind(self, key: str, raw: pa.Array, lines: np.ndarray) -> str:
         """The field's type by the protocol spelling of its values; every point must spell the same type."""
-        kinds = np.select(
-            [_mask(m) for m in (pc.starts_with(raw, '"'), pc.ends_with(raw, "i"), pc.ends_with(raw, "u"),
-                                pc.is_in(raw, pa.array(_TRUE + _FALSE)))],
-            ["string", "integer", "unsigned", "boolean"], "float")
-        for kind in np.unique(kinds):
-            first = int(np.flatnonzero(kinds == kind)[0])
+        spelled = [_mask(m) for m in (pc.starts_with(raw, '"'), pc.ends_with(raw, "i"), pc.ends_with(raw, "u"),
+                                      pc.is_in(raw, pa.array(_TRUE + _FALSE)))]
+        codes = np.select(spelled, [1, 2, 3, 4], 0).astype(np.int8)  # integer codes: a unique of strings is slow
+        firsts = sorted(int(np.argmax(codes == code)) for code in np.flatnonzero(np.bincount(codes, minlength=5)))
+        for first in firsts:  # in file order: the message names the type seen first, then the other
+            kind = _KINDS[codes[first]]
             known = self.kinds.setdefault(key, (kind, int(lines[first])))
             if known[0] != kind:
                 raise InfluxError(
@@ -274,6 +318,80 @@ class LineProtocol:
 
     def _malformed(self, line: int, text: str) -> None:
         raise InfluxError(f"line {line} of {self.origin} is not line protocol: {text.translate(_UNMASK)[:80]!r}")
+
+
+_BOUNDARY = "\x01"
+_PLAIN_OPTIONS = (pcsv.ReadOptions(autogenerate_column_names=True, block_size=_CHUNK_BYTES * 4, use_threads=False),
+                  pcsv.ParseOptions(quote_char=False, escape_char=False, double_quote=False, newlines_in_values=False,
+                                    ignore_empty_lines=False))
+_NOT_PLAIN = (b"\\", b"\r", _BOUNDARY.encode(), *(c.encode() for c in _MASK.values()))  # one byte each: memchr
+
+
+def _plain(chunk: bytes, first_line: int) -> _Parsed | _Named | None:
+    """A chunk of lines of one shape, split by Arrow's CSV reader in one pass; None if it is not that simple.
+
+    Lines without escapes or comments that all have the same number of tags, fields and
+    separators (the usual export: one series layout, one field per line) become rows of a CSV once
+    spaces are marked and equal signs are commas. Every separator is counted over the whole chunk,
+    so a line the reader would split differently from the line protocol sends the chunk to the
+    general path, which also names the bad line.
+    """
+    if any(mark in chunk for mark in _NOT_PLAIN):
+        return None
+    if b'"' in chunk:  # separators inside quotes masked; without backslashes the quotes of a line pair up
+        text = np.frombuffer(chunk, np.uint8).copy()
+        quotes = np.flatnonzero(text == ord('"'))
+        ends = np.flatnonzero(text == ord("\n"))
+        if len(quotes) % 2 or (np.searchsorted(ends, quotes[0::2]) != np.searchsorted(ends, quotes[1::2])).any():
+            return None  # a line with an odd number of quotes
+        separators = np.flatnonzero(_SEPARATOR[text])
+        masked = separators[np.searchsorted(quotes, separators) % 2 == 1]  # after an odd number of quotes
+        text[masked] = _MASK_BYTES[text[masked]]
+        chunk = text.tobytes()
+    text = chunk.replace(b" ", b",\x01,").replace(b"=", b",")
+    try:
+        table = pcsv.read_csv(pa.BufferReader(text), *_PLAIN_OPTIONS,
+                              convert_options=pcsv.ConvertOptions(column_types=dict.fromkeys(
+                                  (f"f{i}" for i in range(text.split(b"\n", 1)[0].count(b",") + 1)), pa.string())))
+    except pa.ArrowInvalid:  # lines of several shapes (an empty line is one too), or not UTF-8
+        return None
+    skipped = pc.or_(pc.starts_with(table.column(0), "#"), pc.equal(table.column(0), "CREATE"))
+    if pc.any(skipped).as_py():  # comments and DDL, of a shape that passed for data
+        return None
+    rows, width = table.num_rows, table.num_columns
+    boundaries = [i for i in range(width) if table.column(i)[0].as_py() == _BOUNDARY]
+    pairs = (width - 1 - len(boundaries) - 1) // 2
+    if (len(boundaries) != 2 or boundaries[1] != width - 2 or (boundaries[0] - 1) % 2
+            or (width - boundaries[0] - 3) % 2 or pairs < 1 or chunk.count(b" ") != 2 * rows
+            or chunk.count(b"=") != pairs * rows or chunk.count(b",") != (pairs - 1) * rows
+            or any(table.column(i).null_count or pc.any(pc.not_equal(table.column(i), _BOUNDARY)).as_py()
+                   for i in boundaries)):
+        return None
+    tags = range(1, boundaries[0], 2)
+    fields = range(boundaries[0] + 1, width - 2, 2)
+    if not len(fields):
+        return None
+
+    def column(*at: int) -> pa.Array:
+        return pa.concat_arrays([chunk for i in at for chunk in table.column(i).chunks])
+
+    numbers = np.arange(first_line, first_line + rows)
+    names = [table.column(i)[0].as_py() for i in (*tags, *fields)]
+    if len(set(names)) == len(names) and all(_same(table.column(i), name) for i, name in zip((*tags, *fields), names)):
+        return _Named(numbers, column(0), column(width - 1), {names[n]: column(i + 1) for n, i in enumerate(tags)},
+                      {names[len(tags) + n]: column(i + 1) for n, i in enumerate(fields)})
+
+    def triples(starts: range) -> tuple[pa.Array, pa.Array, pa.Array]:
+        at = pa.array(np.tile(np.arange(rows, dtype=np.int64), len(starts)))
+        return at, column(*starts), column(*(i + 1 for i in starts))
+
+    return _Parsed(numbers, column(0), column(width - 1), *triples(tags),
+                   *triples(fields))
+
+
+def _same(column: pa.ChunkedArray, value: str) -> bool:
+    low_high = pc.min_max(column)
+    return low_high["min"].as_py() == value == low_high["max"].as_py()
 
 
 def _mask_quoted(lines: pa.Array) -> pa.Array:
