@@ -54,3 +54,17 @@ def test_each_unit_holds_only_its_own_series_from_a_run_of_buckets(lake):
     for unit in units:
         for device in set(_rows([unit], ["device_id"]).column(0).to_pylist()):
             assert owner.setdefault((unit.info["partition"], device), unit.unit_id) == unit.unit_id
+
+
+def test_a_unit_never_holds_more_rows_than_a_writer_can(lake, monkeypatch):
+    """Rows that compress well would make a 128 MB file of far more rows than the write Lambda holds:
+    the cut splits by rows too, so no unit exceeds MAX_UNIT_ROWS."""
+    import timelake.steps.plan as plan_module
+
+    monkeypatch.setattr(plan_module, "MAX_UNIT_ROWS", 5_000)
+    _, read, units, source = _spill_and_write(lake, "128MB")
+    per_day = {}
+    for unit in units:
+        per_day.setdefault(unit.info["partition"], []).append(unit.result["rows_in"])
+    assert all(len(rows) >= 2 and max(rows) <= 5_000 for rows in per_day.values()), per_day
+    assert sum(sum(rows) for rows in per_day.values()) == source.num_rows and read > 0

@@ -9,6 +9,7 @@ and, unless it is a dry run, takes the lease and creates the branch. A dry run c
 from __future__ import annotations
 
 import json
+import math
 import os
 from datetime import datetime, timezone
 from typing import Any
@@ -28,6 +29,10 @@ from timelake.steps.scan import (
     ScanContext, ScanResult, dst_failure, mapper_for, open_job_source, read_result, refuse_dst, scan_task,
 )
 
+# A writer holds its unit's rows, so a unit never has more than this many, however well they compress
+# (a near-constant sensor makes a 128 MB file of hundreds of millions of rows): tests/functions/test_memory.py
+# proves a unit this size, of the benchmark's row shape, fits the write Lambda's memory.
+MAX_UNIT_ROWS = 1 << 25
 MIN_TASK_BYTES = 8 << 20  # a scan task has a fixed cost (a Lambda, a connection): none reads less than this
 
 
@@ -204,8 +209,11 @@ def _cut_units(total: ScanResult, contract: Contract) -> list[UnitRecord]:
     bytes_per_row = total.sample_bytes / total.sample_rows if total.sample_rows else 1.0
     units = []
     for part in sorted(total.partitions.values(), key=lambda p: p.key.range):
-        wanted = max(1, round(part.rows * bytes_per_row / contract.target_file_size)) if contract.series_key else 1
+        wanted = max(1, round(part.rows * bytes_per_row / contract.target_file_size), math.ceil(part.rows / MAX_UNIT_ROWS)) \
+            if contract.series_key else 1
         slices = _balance(part.buckets, min(wanted, len(part.buckets) or 1))
+        while len(slices) < len(part.buckets) and max(sum(part.buckets[b] for b in s) for s in slices) > MAX_UNIT_ROWS:
+            slices = _balance(part.buckets, len(slices) + 1)  # a run of buckets may overshoot: one slice more
         lo, hi = part.key.range
         for i, buckets in enumerate(slices):
             units.append(UnitRecord(
