@@ -49,6 +49,12 @@ class _BackfillGroup(TyperGroup):
             args = [self.default, *args]
         return super().parse_args(ctx, _canary_value(args))
 
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        """The group's help, then the main form's: ``TABLE --from SRC`` with every option described."""
+        super().format_help(ctx, formatter)
+        main = self.commands[self.default]
+        main.format_help(type(ctx)(main, info_name=ctx.info_name, parent=ctx.parent), formatter)
+
 
 def _canary_value(args: list[str]) -> list[str]:
     """``--canary`` takes an optional DAY: a bare ``--canary`` means the first day with source rows."""
