@@ -49,17 +49,26 @@ class Cloud:
 
     def run(self, job: dict[str, Any], name: str, timeout: float = 120) -> dict[str, Any]:
         """Start an execution named ``name`` and wait for its end."""
-        arn = self.sfn.start_execution(stateMachineArn=self.state_machine_arn, name=name, input=json.dumps(job))["executionArn"]
-        return self.wait(arn, timeout)
+        return run_execution(self.sfn, self.state_machine_arn, job, name, timeout)
 
     def wait(self, arn: str, timeout: float = 120) -> dict[str, Any]:
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            described = self.sfn.describe_execution(executionArn=arn)
-            if described["status"] != "RUNNING":
-                return described
-            time.sleep(0.1)
-        raise TimeoutError(f"execution {arn} still running after {timeout} s")
+        return wait_execution(self.sfn, arn, timeout)
+
+
+def run_execution(sfn: Any, state_machine_arn: str, job: dict[str, Any], name: str, timeout: float) -> dict[str, Any]:
+    """Start an execution of ``job`` named ``name`` and wait for its end."""
+    arn = sfn.start_execution(stateMachineArn=state_machine_arn, name=name, input=json.dumps(job))["executionArn"]
+    return wait_execution(sfn, arn, timeout)
+
+
+def wait_execution(sfn: Any, arn: str, timeout: float) -> dict[str, Any]:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        described = sfn.describe_execution(executionArn=arn)
+        if described["status"] != "RUNNING":
+            return described
+        time.sleep(0.1)
+    raise TimeoutError(f"execution {arn} still running after {timeout} s")
 
 
 @pytest.fixture

@@ -20,9 +20,7 @@ import io
 import json
 import multiprocessing
 import os
-import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
@@ -46,7 +44,7 @@ from moto.stepfunctions.parser.asl.component.state.exec.state_task import lambda
 
 from infra.stack import FUNCTIONS, WORKFLOW_FUNCTIONS
 from tests.aws_fixtures import aws, dynamo_table, moto_server  # noqa: F401
-from tests.cloud.conftest import BUCKET, BUS, JOBS, ROOT
+from tests.cloud.conftest import BUCKET, BUS, JOBS, ROOT, run_execution
 from tests.cloud.workers import run_handler, try_outside_role, worker_init
 from tests.infra.conftest import Synthesized, synthesized  # noqa: F401
 from timelake.adapters import compose
@@ -170,14 +168,7 @@ class Deployment:
         self.invocations: list[str] = []
 
     def run(self, job: dict[str, Any], name: str, timeout: float = 300) -> dict[str, Any]:
-        arn = self.sfn.start_execution(stateMachineArn=self.state_machine_arn, name=name, input=json.dumps(job))["executionArn"]
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            described = self.sfn.describe_execution(executionArn=arn)
-            if described["status"] != "RUNNING":
-                return described
-            time.sleep(0.2)
-        raise TimeoutError(f"execution {arn} still running after {timeout} s")
+        return run_execution(self.sfn, self.state_machine_arn, job, name, timeout)
 
     def as_role(self, function: str, kind: str) -> str:
         return self.pools[function].submit(try_outside_role, kind).result(timeout=120)
