@@ -54,6 +54,7 @@ LOG_RETENTION = logs.RetentionDays.THREE_MONTHS
 STAGING_EXPIRY = Duration.days(14)  # Step Functions redrives within 14 days: staging must outlive that
 TABLE_DATA = f"{WAREHOUSE_PREFIX}/*/data/*"  # <db>.db/<table>/data/...: data files, never metadata
 TABLE_METADATA = f"{WAREHOUSE_PREFIX}/*/metadata/*"
+FACTS = f"{STAGING_PREFIX}*/validate/*"  # <job>/validate/...: the check items and each staged file's facts
 # The record tables a publish appends to: provenance (timelake.backfills) and each table's coverage companion.
 RECORD_DATA = (f"{WAREHOUSE_PREFIX}/{DATABASE}.db/backfills/data/*", f"{WAREHOUSE_PREFIX}/*__coverage/data/*")
 
@@ -117,6 +118,7 @@ class FunctionSpec:
     reads_sources: bool = False  # reads the job's source files, which may live in ``source_buckets``
     put_events: bool = False
     scratch: bool = False  # writes the job's scratch files under staging (manifests, spills, failure notes)
+    writes_facts: bool = False  # writes only validation's files under staging (`FACTS`: check items, per-file facts)
     clears_scratch: bool = False  # deletes the job's scratch files (re-plan, end of publish, abort)
     writes_data: bool = False  # puts new data files under a table's data/ folder
     deletes_data: bool = False  # deletes data files of a table (abort: unpublished files; rollup: replaced chunks)
@@ -134,7 +136,10 @@ FUNCTIONS: dict[str, FunctionSpec] = {
     "cut": FunctionSpec(3008, Duration.minutes(15), engine=True, commits=True, scratch=True, duckdb=False),  # forks the job's branch
     "write": FunctionSpec(3008, Duration.minutes(15), engine=True, scratch=True, writes_data=True, duckdb=False),  # reads the scan spills
     "stage": FunctionSpec(2048, Duration.minutes(15), engine=True, commits=True, duckdb=False),
-    "validate": FunctionSpec(2048, Duration.minutes(15), engine=True),
+    "validate": FunctionSpec(2048, Duration.minutes(15), engine=True, writes_facts=True),  # lists the check items, combines the facts
+    # one staged file's checks, a batch at a time, on one thread: 1,769 MB is one full vCPU, and less
+    # memory would only slow it down at the same GB-seconds
+    "validate_item": FunctionSpec(1769, Duration.minutes(15), engine=True, writes_facts=True, duckdb=False),
     "publish": FunctionSpec(2048, Duration.minutes(15), engine=True, commits=True, put_events=True, clears_scratch=True,
                            writes_records=True, duckdb=False),
     "record_failure": FunctionSpec(512, Duration.seconds(30), duckdb=False),
@@ -309,7 +314,8 @@ class BackfillStack(Stack):
         role.add_to_policy(iam.PolicyStatement(actions=["s3:GetObject"], resources=[self.bucket.arn_for_objects("*")]))
         role.add_to_policy(iam.PolicyStatement(actions=["s3:ListBucket", "s3:GetBucketLocation"], resources=[self.bucket.bucket_arn]))
         # pyarrow's delete_dir re-creates the parent folder's marker object: clearing scratch puts too.
-        put = ([f"{STAGING_PREFIX}*"] if spec.scratch or spec.clears_scratch else []) + ([TABLE_DATA] if spec.writes_data else []) + \
+        put = ([f"{STAGING_PREFIX}*"] if spec.scratch or spec.clears_scratch else [FACTS] if spec.writes_facts else []) + \
+            ([TABLE_DATA] if spec.writes_data else []) + \
             ([TABLE_METADATA] if spec.commits else []) + (list(RECORD_DATA) if spec.writes_records and not spec.writes_data else [])
         if put:
             role.add_to_policy(iam.PolicyStatement(actions=["s3:PutObject", "s3:AbortMultipartUpload"],

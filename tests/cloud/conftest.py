@@ -25,7 +25,7 @@ from timelake.ports.runtime import LakeConfig
 from tests.cloud.workers import Context, load_function  # noqa: F401 (used by the tests)
 
 ROOT = Path(__file__).parents[2]
-FUNCTIONS = ("plan", "scan", "cut", "write", "stage", "validate", "publish", "record_failure", "canary", "abort")
+FUNCTIONS = ("plan", "scan", "cut", "write", "stage", "validate", "validate_item", "publish", "record_failure", "canary", "abort")
 BUCKET, JOBS, BUS = "timelake-lake", "timelake-jobs", "timelake-backfill"
 
 

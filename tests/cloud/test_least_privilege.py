@@ -321,7 +321,9 @@ def test_the_readme_example_runs_with_each_function_on_its_own_role(deployment: 
     assert result["status"] == "SUCCEEDED", result.get("cause")
     assert table.refresh().to_arrow().num_rows == 144
     assert deployment.lake.job("readme-example").report()["phase"] == "published"
-    assert {"plan", "scan", "cut", "write", "stage", "validate", "publish"} <= set(deployment.invocations)
+    assert {"plan", "scan", "cut", "write", "stage", "validate", "validate_item", "publish"} <= set(deployment.invocations)
+    files = deployment.lake.job("readme-example").report()["files"]
+    assert deployment.invocations.count("validate_item") == files > 1  # one per staged file
 
     # Positive controls: calls outside a role are denied, so the success above means something.
     assert _denied(deployment.as_role("validate", "put-data-file"))
@@ -329,6 +331,11 @@ def test_the_readme_example_runs_with_each_function_on_its_own_role(deployment: 
     assert _denied(deployment.as_role("write", "delete-data-file"))
     assert _denied(deployment.as_role("api", "delete-data-file"))
     assert _denied(deployment.as_role("validate", "glue-commit"))
+    assert _denied(deployment.as_role("validate_item", "put-data-file"))
+    assert _denied(deployment.as_role("validate_item", "put-scratch-file"))  # staging outside validate/
+    assert _denied(deployment.as_role("validate_item", "delete-data-file"))
+    assert _denied(deployment.as_role("validate_item", "glue-commit"))
+    assert deployment.as_role("validate_item", "put-facts-file") == "allowed"
     assert _denied(deployment.as_role("plan", "other-database"))
     assert deployment.as_role("write", "put-data-file") == "allowed"  # the writer may put data files
 
@@ -351,8 +358,10 @@ def test_only_publish_abort_and_rollup_delete_lake_files(synthesized: Synthesize
         assert ("warehouse/*/data/*" in deletes) == (name in ("abort", "rollup")), name
         assert bool(deletes) == (name in ("plan", "publish", "abort", "rollup")), name
         assert ("warehouse/*/data/*" in puts) == (name in ("write", "rollup")), name
-        if name in ("validate", "api", "record_failure"):
+        if name in ("api", "record_failure"):
             assert not puts and not deletes, name
+        if name in ("validate", "validate_item"):  # the check items and each file's facts, nothing else
+            assert puts == ["_backfill/*/validate/*"] and not deletes, name
         if name in ("plan", "scan"):
             assert puts == ["_backfill/*"], name
         assert ("warehouse/*/metadata/*" in puts) == FUNCTIONS[name].commits, name

@@ -43,6 +43,10 @@ def test_full_backfill_equals_the_embedded_runner(cloud: Cloud, readings, tmp_pa
     _upload(source.slice(0, 100), "src/part-0.parquet")
     _upload(source.slice(100), "src/part-1.parquet")
     queue = _subscribe_queue()
+    checked, facts_at_conclusion = [], []
+    cloud.before["timelake-validate_item"] = checked.append
+    cloud.before["timelake-validate"] = lambda event: facts_at_conclusion.extend(
+        _keys(f"_backfill/{event['job_id']}/validate/") if event["action"] == "conclude" else [])
     job = {"table": "iot.sensor", "source": f"s3://{BUCKET}/src/*.parquet", "publish_by": "day", "max_concurrency": 4}
     result = cloud.run(job, "bf-cloud-1")
     assert result["status"] == "SUCCEEDED", result
@@ -61,6 +65,19 @@ def test_full_backfill_equals_the_embedded_runner(cloud: Cloud, readings, tmp_pa
     assert len(report["published_snapshot_ids"]) == 2  # the first day held only existing keys: nothing to commit
     assert cloud.invocations.count("timelake-write") == report["units"] == 3
     assert cloud.invocations.count("timelake-publish") == 1  # chunk by chunk inside one call, while time is left
+
+    # Validation fanned out: the Map gave each staged file its own item invocation, each stored its facts in
+    # S3, and the validate Lambda concluded from them (the facts were all there when it was called).
+    staged = sorted(u.result["path"] for u in cloud.lake.runtime.store.units("bf-cloud-1") if u.result.get("path"))
+    assert sorted(item["file"] for item in checked) == staged and len(staged) == 2  # the first day wrote no file
+    assert len({item["partition"] for item in checked}) == 2
+    assert cloud.invocations.count("timelake-validate") == 2  # list the items, then conclude
+    facts = [key for key in facts_at_conclusion if not key.endswith("/files.json")]
+    assert len(facts) == 2 and len(facts_at_conclusion) == 3, facts_at_conclusion
+    check_run = next(run for run in cloud.sfn.list_map_runs(executionArn=result["executionArn"])["mapRuns"]
+                     if "CheckFiles" in run["mapRunArn"])
+    counts = cloud.sfn.describe_map_run(mapRunArn=check_run["mapRunArn"])["itemCounts"]
+    assert (counts["total"], counts["succeeded"]) == (2, 2)
     assert "backfill/bf-cloud-1" not in table.refresh().iceberg.metadata.refs
     events = _received(queue, 3)
     assert [e["detail-type"] for e in events] == ["Backfill Published"] * 3
@@ -69,6 +86,10 @@ def test_full_backfill_equals_the_embedded_runner(cloud: Cloud, readings, tmp_pa
     signal = table.coverage().to_pylist()  # the completion signal, written by the publish Lambda into Glue
     assert {r["partition"]: (r["last_writer"], r["rows"]) for r in signal} == {
         recent(7): ("live", 72), recent(6): ("bf-cloud-1", 72), recent(5): ("bf-cloud-1", 72)}
+
+
+def _keys(prefix: str) -> list[str]:
+    return [o["Key"] for o in boto3.client("s3").list_objects_v2(Bucket=BUCKET, Prefix=prefix).get("Contents", [])]
 
 
 def _subscribe_queue() -> str:

@@ -69,6 +69,11 @@ def try_outside_role(kind: str) -> str:
             fs, path = filesystem(f"s3://{os.environ['TIMELAKE_TEST_BUCKET']}/warehouse/iot.db/sensor/data/ts_day=2024-12-02/forged.parquet")
             with fs.open_output_stream(path) as out:
                 out.write(b"PAR1")
+        elif kind in ("put-scratch-file", "put-facts-file"):
+            folder = "validate/" if kind == "put-facts-file" else ""
+            fs, path = filesystem(f"s3://{os.environ['TIMELAKE_TEST_BUCKET']}/_backfill/forged/{folder}pending-units.json")
+            with fs.open_output_stream(path) as out:
+                out.write(b"[]")
         elif kind == "delete-data-file":
             key = boto3.client("s3").list_objects_v2(Bucket=os.environ['TIMELAKE_TEST_BUCKET'], Prefix="warehouse/iot.db/sensor/data/")["Contents"][0]["Key"]
             boto3.client("s3").delete_object(Bucket=os.environ['TIMELAKE_TEST_BUCKET'], Key=key)

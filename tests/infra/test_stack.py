@@ -127,8 +127,8 @@ def test_functions_are_arm64_python312_traced_with_the_layer_and_log_retention(s
         log_group = synthesized.template["Resources"][props["LoggingConfig"]["LogGroup"]["Ref"]]
         assert log_group["Properties"]["RetentionInDays"] == 90, name
     memory = {name: props["MemorySize"] for name, (_, props) in functions(synthesized).items()}
-    assert memory == {"plan": 3008, "scan": 3008, "cut": 3008, "write": 3008, "stage": 2048, "validate": 2048, "publish": 2048,
-                      "record_failure": 512, "canary": 2048, "abort": 1024, "api": 512, "rollup": 2048}
+    assert memory == {"plan": 3008, "scan": 3008, "cut": 3008, "write": 3008, "stage": 2048, "validate": 2048, "validate_item": 1769,
+                      "publish": 2048, "record_failure": 512, "canary": 2048, "abort": 1024, "api": 512, "rollup": 2048}
     for layer in layers.values():
         layer_props = synthesized.template["Resources"][layer]["Properties"]
         assert layer_props["CompatibleArchitectures"] == ["arm64"] and layer_props["CompatibleRuntimes"] == ["python3.12"]
@@ -205,7 +205,8 @@ def test_each_function_role_grants_only_what_it_needs(synthesized: Synthesized) 
         assert ("glue:UpdateTable" in granted) == spec.commits, name
         assert ("glue:CreateTable" in granted) == spec.commits, name  # the publish step creates <table>__coverage
         assert ("glue:GetTable" in granted) == spec.engine, name
-        assert ("s3:PutObject" in granted) == (spec.scratch or spec.clears_scratch or spec.writes_data or spec.commits), name
+        assert ("s3:PutObject" in granted) == (spec.scratch or spec.clears_scratch or spec.writes_facts or spec.writes_data
+                                               or spec.commits), name
         assert ("s3:DeleteObject" in granted) == (spec.clears_scratch or spec.deletes_data), name
         assert ("lambda:InvokeFunction" in granted) == (name == "api"), name  # the API runs aborts in the abort Lambda
         assert ("events:PutEvents" in granted) == (name == "publish"), name

@@ -22,6 +22,7 @@ from timelake.ports.store import JobRecord
 from timelake.runner import TERMINAL, record_failure, reopen
 from timelake.steps import canary
 from timelake.steps.plan import cut, pending_pieces, plan, write_json
+from timelake.steps.validate import plan_checks
 
 DEFAULT_MAP_CONCURRENCY = 100
 SUMMARY_KEYS = ("job_id", "table", "mode", "phase", "rows_in_source", "rows_written", "rows_duplicate_in_source",
@@ -58,6 +59,21 @@ class PieceEvent(JobEvent):
 
 class PublishEvent(JobEvent):
     max_chunks: int | None = None
+
+
+class ValidateEvent(JobEvent):
+    """The validate Lambda's two steps around the per-file checks: ``list`` them as the items of the
+    workflow's Distributed Map, then ``conclude`` from the facts each item stored."""
+
+    action: Literal["list", "conclude"] = "conclude"
+
+
+class CheckEvent(JobEvent):
+    """One item of the checks manifest (`timelake.steps.validate.plan_checks`): one staged file."""
+
+    file: str
+    spec_id: int
+    partition: int
 
 
 class CanaryEvent(JobEvent):
@@ -146,6 +162,14 @@ def cut_units(rt: Runtime, job_id: str) -> dict[str, Any]:
     return {"job_id": job_id, "dry_run": False, "finished": False, "report": None, "units_pending": len(pending),
             "manifest": manifest, "max_concurrency": spec.max_concurrency or DEFAULT_MAP_CONCURRENCY,
             "canary": only is not None, "approval_timeout_seconds": spec.approval_timeout_seconds}
+
+
+def list_checks(rt: Runtime, job_id: str) -> dict[str, Any]:
+    """First part of the workflow's validation: the staged files as check items in S3, where the
+    Distributed Map reads them, so the state holds their location and count, never the list."""
+    spec = JobSpec.model_validate(rt.store.get_job(job_id).spec)
+    listed = plan_checks(rt, job_id)
+    return {**listed, "max_concurrency": max(1, min(spec.max_concurrency or DEFAULT_MAP_CONCURRENCY, listed["files"]))}
 
 
 def finish_writes(rt: Runtime, job_id: str) -> None:

@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 SAMPLES = 5
 BATCH_ROWS = 1 << 20  # a check holds one batch of a file's key and value columns, whatever the file's size
 CHECK_ITEMS = "validate/files.json"
+FACT_READERS = 32  # stored facts read at once when combining them (thousands of small S3 objects in a large job)
 ASSERTION_MEMORY = "2GB"  # DuckDB memory_limit for user assertions: a runaway query fails instead of the process
 
 
@@ -298,7 +299,11 @@ def _scan_files(rt: Runtime, job_id: str | None, table: Any, contract: Contract,
     the others computed here, a few files at a time, main planned once over the job's range."""
     planned = state.get("validation_snapshots") if job_id else None
     snapshots = planned if planned is not None else _main_snapshots(table, mode, state, bool(staged))
-    found = {f.file_path: _stored_facts(rt, job_id, snapshots, f.file_path) for f in staged} if job_id else {}
+    found: dict[str, _FileFacts | None] = {}
+    if job_id:  # one small object per file: read many at once, their latency (not their size) is the cost
+        with ThreadPoolExecutor(max_workers=FACT_READERS) as pool:
+            found = dict(zip([f.file_path for f in staged],
+                             pool.map(lambda f: _stored_facts(rt, job_id, snapshots, f.file_path), staged)))
     missing = [f for f in staged if found.get(f.file_path) is None]
     mains = {name: SnapshotRange(table, contract.time_column, state["range_start"], state["range_end"],
                                  contract.dedup_key, snapshot_id=snapshot_id)

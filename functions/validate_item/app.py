@@ -1,0 +1,23 @@
+"""Validate-item Lambda: one staged file's checks (one item of the workflow's validation Distributed Map).
+
+It reads that file's key and value columns a batch at a time and stores what it found beside the job's
+scratch files, where the validate Lambda's ``conclude`` reads it; the answer is a few fields, since the
+Map keeps no child output."""
+
+from typing import Any
+
+from aws_lambda_powertools import Logger, Tracer
+from aws_lambda_powertools.utilities.typing import LambdaContext
+
+from timelake.interfaces.service import CheckEvent, lambda_runtime
+from timelake.steps.validate import check_file
+
+logger, tracer = Logger(), Tracer()
+
+
+@logger.inject_lambda_context
+@tracer.capture_lambda_handler
+def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+    item = CheckEvent.model_validate(event)
+    logger.append_keys(job_id=item.job_id, file=item.file)
+    return check_file(lambda_runtime(), item.job_id, item.file, item.spec_id, item.partition)
