@@ -4,8 +4,10 @@ Every handler runs in its own process inside a cgroup (v1 memory controller) who
 function's ``MemorySize`` in the synthesized template, as a Lambda would: above it the kernel kills
 the process. The input is one day of 23,000 devices at 1/min (33.1M rows of the benchmark's shape,
 one source file): the scan reads it as one piece, the cut makes it one unit at the 128 MB target,
-validate checks that one file, publish commits it and the rollup handler refreshes that day. Each
-handler must finish with a peak RSS of at most 80 % of its limit.
+validate_item checks that one file, validate combines its facts and runs a SQL assertion over it,
+publish commits it and the rollup handler refreshes that day. Then merge mode at its heaviest: the
+same day again, every key already on main, so the writer holds the whole unit and reads all of
+main's day against it. Each handler must finish with a peak RSS of at most 80 % of its limit.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -26,10 +29,12 @@ import pytest
 
 import timelake
 from tests.conftest import SCHEMA
+from timelake.interfaces.service import begin, list_checks
 from timelake.model.spec import JobSpec
 from timelake.model.timeutil import iso
-from timelake.steps.plan import cut
+from timelake.steps.plan import cut, scan
 from timelake.steps.stage import stage
+from timelake.steps.validate import check_items
 
 pytestmark = pytest.mark.slow
 
@@ -61,6 +66,7 @@ class Run:
     peak_mb: float
     status: int
     output: str
+    seconds: float
 
     @property
     def result(self) -> dict[str, Any]:
@@ -86,8 +92,9 @@ def memory_sizes(template: dict[str, Any]) -> dict[str, int]:
     return sizes
 
 
-def run_handler(name: str, event: dict[str, Any], limit_mb: int, env: dict[str, str]) -> Run:
-    """``functions/<name>/app.py`` on ``event`` in a child process held to ``limit_mb`` by a memory cgroup."""
+def run_handler(name: str, event: dict[str, Any], limit_mb: int, env: dict[str, str], label: str | None = None) -> Run:
+    """``functions/<name>/app.py`` on ``event`` in a child process held to ``limit_mb`` by a memory cgroup,
+    with the memory size in the environment as Lambda sets it."""
     group = CGROUPS / f"timelake-{name}-{os.getpid()}"
     group.mkdir()
     try:
@@ -100,13 +107,15 @@ def run_handler(name: str, event: dict[str, Any], limit_mb: int, env: dict[str, 
             with open(procs, "w") as handle:
                 handle.write(str(os.getpid()))
 
+        started = time.monotonic()
         child = subprocess.Popen(
             [sys.executable, "-c", CHILD, str(ROOT / "functions" / name / "app.py"), json.dumps(event), name, str(limit_mb)],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=enter)
+            env={**env, "AWS_LAMBDA_FUNCTION_MEMORY_SIZE": str(limit_mb)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True, preexec_fn=enter)
         output = child.stdout.read()
         _, status, usage = os.wait4(child.pid, 0)
         child.returncode = status
-        return Run(name, limit_mb, usage.ru_maxrss / 1024, status, output)
+        return Run(label or name, limit_mb, usage.ru_maxrss / 1024, status, output, time.monotonic() - started)
     finally:
         group.rmdir()
 
@@ -141,7 +150,8 @@ def test_every_handler_fits_its_memory_with_the_largest_input(tmp_path, limits):
     env = {**os.environ, "TIMELAKE_CONFIG": rt.config.model_dump_json(), "POWERTOOLS_TRACE_DISABLED": "true",
            "POWERTOOLS_SERVICE_NAME": "timelake-backfill", "POWERTOOLS_METRICS_NAMESPACE": "Timelake",
            "POWERTOOLS_METRICS_DISABLED": "true"}
-    job = JobSpec(table="iot.sensor", source=str(source))
+    every_device_every_minute = f"SELECT device_id, count(*) AS n FROM staged GROUP BY device_id HAVING n <> {MINUTES}"
+    job = JobSpec(table="iot.sensor", source=str(source), assertions=[every_device_every_minute])
     runs = [run_handler("plan", {"job": job.to_json(), "execution_name": job.job_id}, limits["plan"], env)]
     runs[-1].fits()
     runs += [run_handler("scan", {"job_id": job.job_id, "piece": 0}, limits["scan"], env)]
@@ -154,13 +164,31 @@ def test_every_handler_fits_its_memory_with_the_largest_input(tmp_path, limits):
     runs[-1].fits()
     assert runs[-1].result["rows_written"] == rows
     stage(rt, job.job_id)
-    for name, event in (("validate", {"job_id": job.job_id}), ("publish", {"job_id": job.job_id})):
+    assert list_checks(rt, job.job_id)["files"] == 1
+    (item,) = check_items(rt, job.job_id)
+    runs.append(run_handler("validate_item", item, limits["validate_item"], env))
+    runs[-1].fits()
+    assert runs[-1].result["passed"]
+    for name, event in (("validate", {"job_id": job.job_id, "action": "conclude"}), ("publish", {"job_id": job.job_id})):
         runs.append(run_handler(name, event, limits[name], env))
         runs[-1].fits()
+    checks = {c["name"]: c for c in rt.store.get_job(job.job_id).state["checks"]}
+    assert checks["assertion_1"]["passed"] and checks["files_sorted"]["passed"], checks
     published = rt.store.get_job(job.job_id)
     assert published.phase == "published" and rt.load_table("iot.sensor").scan().count() == rows
     detail = {"job_id": job.job_id, "table": "iot.sensor", "start": iso(published.state["range_start"]),
               "end": iso(published.state["range_end"])}
     runs.append(run_handler("rollup", {"detail": detail}, limits["rollup"], env))
     runs[-1].fits()
-    print("\n".join(f"{r.name:<9} {r.peak_mb:7.0f} MB of {r.limit_mb} MB ({r.peak_mb / r.limit_mb:.0%})" for r in runs))
+
+    again = JobSpec(table="iot.sensor", source=str(source), mode="merge")
+    begin(rt, again)
+    scan(rt, again.job_id, 0)
+    cut(rt, again.job_id)
+    (unit,) = rt.store.units(again.job_id)
+    runs.append(run_handler("write", {"job_id": again.job_id, "unit_id": unit.unit_id}, limits["write"], env, "write (merge)"))
+    runs[-1].fits()
+    written = rt.store.unit(again.job_id, unit.unit_id).result
+    assert (written["rows_written"], written["rows_conflicting_existing"]) == (0, rows)  # main already holds every key
+    print("\n".join(f"{r.name:<14} {r.peak_mb:7.0f} MB of {r.limit_mb} MB ({r.peak_mb / r.limit_mb:.0%}) in {r.seconds:.1f} s"
+                    for r in runs))

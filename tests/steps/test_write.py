@@ -42,6 +42,9 @@ def test_merge_match_with_a_two_column_series_key_takes_the_join():
     existing = existing.set_column(1, "site", pa.array(["a", "a", "a", "b", "b", "b", "b"]))
     kept, dropped, _ = drop_existing(rows, existing, _contract(("device_id", "site")))
     assert dropped == _reference_mask(rows, existing, ["device_id", "site", "ts"]).sum()
+    batches = iter(existing.to_batches(max_chunksize=3))
+    assert existing_mask(rows, batches, _contract(("device_id", "site"))).tolist() == \
+        _reference_mask(rows, existing, ["device_id", "site", "ts"]).tolist()
 
 
 def test_sort_and_dedup_keeps_the_last_row_of_each_key():
@@ -58,9 +61,11 @@ def test_sort_and_dedup_keeps_the_last_row_of_each_key():
 @pytest.mark.parametrize("rows_order", ["table_order", "shuffled", "with_repeats"])
 @pytest.mark.parametrize("existing_order", ["sorted", "shuffled"])
 @pytest.mark.parametrize("with_codes", [True, False], ids=["codes", "no_codes"])
-def test_existing_mask_equals_a_set_reference_for_any_row_order(rows_order, existing_order, with_codes):
-    """Rows in the table's sort order take the lookup of existing keys among the rows; shuffled rows, or
-    rows that repeat a key, take the lookup among the existing keys. Both must give the reference."""
+@pytest.mark.parametrize("existing_as", ["table", "batches"])
+def test_existing_mask_equals_a_set_reference_for_any_row_order(rows_order, existing_order, with_codes, existing_as):
+    """The rows' keys are packed and sorted once; the existing keys are looked up among them, as a table or
+    as batches read one at a time (main in merge mode). Rows in any order, or repeating a key (every
+    repeat matches), must give the reference."""
     rng = np.random.default_rng(3)
     rows = make_readings("2026-01-01", days=0.5, devices=6, step_minutes=10)
     sorted_rows, _, _, codes = _sort_and_dedup(rows, _contract())
@@ -75,7 +80,8 @@ def test_existing_mask_equals_a_set_reference_for_any_row_order(rows_order, exis
     else:
         repeated = np.sort(np.concatenate([np.arange(sorted_rows.num_rows), rng.choice(sorted_rows.num_rows, 40)]))
         probe, codes = sorted_rows.take(pa.array(repeated)), None  # still in order, but keys repeat
-    mask = existing_mask(probe, existing, _contract(), codes if with_codes else None)
+    given = existing if existing_as == "table" else iter(existing.to_batches(max_chunksize=7))
+    mask = existing_mask(probe, given, _contract(), codes if with_codes else None)
     expected = _reference_mask(probe, existing, ["device_id", "ts"])
     assert expected.sum() > 20 and (~expected).sum() > 20
     assert mask.tolist() == expected.tolist()

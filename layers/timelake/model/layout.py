@@ -141,16 +141,21 @@ def stream_range(table: "IcebergTable", column: str, start_us: int | None, end_u
     file whose columns carry field ids and that has no delete files is read here row group by row group,
     its columns picked by field id (a renamed column still matches). Any other file goes through pyiceberg.
     ``columns`` must hold ``column``, which filters the rows."""
+    scan = _range_scan(table, column, start_us, end_us, columns)
+    return _stream_tasks(scan, scan.plan_files(), column, start_us, end_us)
+
+
+def _stream_tasks(scan: Any, tasks: Any, column: str, start_us: int | None, end_us: int | None) -> pa.RecordBatchReader:
+    """The rows of ``scan``'s planned ``tasks`` in [start, end), a row group at a time where the file allows."""
     from pyiceberg.io.pyarrow import ArrowScan
 
-    scan = _range_scan(table, column, start_us, end_us, columns)
     projection = scan.projection()
     schema = projection.as_arrow()
     ids = {f.field_id: f.name for f in projection.fields}
     row_filter = time_filter(column, start_us, end_us)
 
     def batches() -> Iterator[pa.RecordBatch]:
-        for task in scan.plan_files():
+        for task in tasks:
             fs, path = filesystem(task.file.file_path)
             with fs.open_input_file(path) as handle:
                 parquet = pq.ParquetFile(handle)
@@ -181,11 +186,11 @@ def _range_scan(table: "IcebergTable", column: str, start_us: int | None, end_us
 
 
 class SnapshotRange:
-    """One snapshot's rows in [start, end), planned once and then read piece by piece.
+    """One snapshot's rows in [start, end), planned once and then read piece by piece, as batches.
 
-    Validation compares each staged file with main's rows in that file's partition. Planning once and
-    reading only the data files whose time bounds meet a piece keeps one partition of main in memory
-    per reader, where reading the job's whole range at once held all of it.
+    Validation compares each staged file with main's rows in that file's partition, and a writer in merge
+    mode its unit with main's rows in the unit's range. Planning once and reading only the data files whose
+    time bounds meet a piece, a row group at a time, holds a batch of main, not a partition of it.
     """
 
     def __init__(self, table: "IcebergTable", column: str, start_us: int | None, end_us: int | None,
@@ -196,20 +201,15 @@ class SnapshotRange:
         field = table.schema().find_field(column)
         self._tasks = [(*file_bounds(task.file, field), task) for task in self._scan.plan_files()]
 
-    def read(self, start_us: int, end_us: int) -> pa.Table:
+    def batches(self, start_us: int, end_us: int) -> pa.RecordBatchReader:
         """The snapshot's rows in [start, end), which must lie inside the planned range."""
-        from pyiceberg.expressions import And
-        from pyiceberg.io.pyarrow import ArrowScan
-
         tasks = [task for lo, hi, task in self._tasks if lo is None or hi is None or (lo < end_us and hi >= start_us)]
-        scan = self._scan
-        return ArrowScan(scan.table_metadata, scan.io, scan.projection(),
-                         And(scan.row_filter, time_filter(self._column, start_us, end_us)), scan.case_sensitive).to_table(tasks)
+        return _stream_tasks(self._scan, tasks, self._column, start_us, end_us)
 
 
 class MainReader:
     """Main's rows for the units that one process writes in merge mode: main is planned once per
-    snapshot over the job's range, then read unit by unit.
+    snapshot over the job's range, then read unit by unit, a batch at a time.
 
     Planning is pyiceberg Python that holds the GIL (about 7 ms a unit on a small table, more with many
     manifests), so writer threads planning a unit each slowed one another; one plan serves them all
@@ -221,16 +221,16 @@ class MainReader:
         self._plan: tuple[int, SnapshotRange] | None = None
         self._lock = threading.Lock()
 
-    def read(self, table: "IcebergTable", start_us: int, end_us: int) -> pa.Table:
+    def batches(self, table: "IcebergTable", start_us: int, end_us: int) -> pa.RecordBatchReader:
         snapshot = table.current_snapshot()
         if snapshot is None:
-            return read_range(table, self._range[0], start_us, end_us, self._range[3])
+            return stream_range(table, self._range[0], start_us, end_us, self._range[3])
         with self._lock:
             if self._plan is None or self._plan[0] != snapshot.snapshot_id:
                 column, lo, hi, columns = self._range
                 self._plan = (snapshot.snapshot_id, SnapshotRange(table, column, lo, hi, columns, snapshot.snapshot_id))
             plan = self._plan[1]
-        return plan.read(start_us, end_us)
+        return plan.batches(start_us, end_us)
 
 
 def file_bounds(file: Any, field: Any) -> tuple[int | None, int | None]:

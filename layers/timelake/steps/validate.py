@@ -10,10 +10,11 @@ check stops the job: main is untouched and the branch stays for inspection.
 
 from __future__ import annotations
 
-import threading
-import time
 import hashlib
 import json
+import os
+import threading
+import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -36,7 +37,7 @@ from timelake.model.timeutil import iso
 from timelake.ports.files import filesystem, make_parent
 from timelake.ports.runtime import Runtime
 from timelake.steps.plan import write_json
-from timelake.steps.write import existing_mask, sort_key_codes
+from timelake.steps.write import KeyPacker, existing_mask, packed_series, sort_key_codes
 
 if TYPE_CHECKING:
     import duckdb
@@ -46,6 +47,7 @@ BATCH_ROWS = 1 << 20  # a check holds one batch of a file's key and value column
 CHECK_ITEMS = "validate/files.json"
 FACT_READERS = 32  # stored facts read at once when combining them (thousands of small S3 objects in a large job)
 ASSERTION_MEMORY = "2GB"  # DuckDB memory_limit for user assertions: a runaway query fails instead of the process
+LAMBDA_MEMORY = "AWS_LAMBDA_FUNCTION_MEMORY_SIZE"  # MB, set by Lambda: there the assertions get half of it
 
 
 @dataclass
@@ -223,9 +225,16 @@ def _staged_connection(staged: list[DataFile]) -> duckdb.DuckDBPyConnection:
         dataset = ds.dataset([filesystem(f.file_path)[1] for f in staged], filesystem=fs, format="parquet")
         con.register("staged", dataset)
     con.execute("SET enable_external_access = false")
-    con.execute(f"SET memory_limit = '{ASSERTION_MEMORY}'")
+    con.execute(f"SET memory_limit = '{assertion_memory()}'")
     con.execute("SET lock_configuration = true")
     return con
+
+
+def assertion_memory() -> str:
+    """DuckDB's memory limit for the user's assertions: half a Lambda's memory, so that a query that
+    would need more fails the check instead of the function; ``ASSERTION_MEMORY`` elsewhere."""
+    lambda_mb = os.environ.get(LAMBDA_MEMORY)
+    return f"{int(lambda_mb) // 2}MB" if lambda_mb else ASSERTION_MEMORY
 
 
 @dataclass
@@ -316,21 +325,28 @@ def _scan_files(rt: Runtime, job_id: str | None, table: Any, contract: Contract,
 
 def _file_facts(contract: Contract, state: dict[str, Any], mains: dict[str, SnapshotRange], file: str, spec_id: int,
                 partition: int) -> _FileFacts:
-    """One pass over a staged file's key and value columns, one batch at a time."""
+    """One pass over a staged file's key and value columns, one batch at a time. With the usual key
+    (series, time), the file's keys are packed as it goes (8 bytes a row) and main's rows in the partition
+    are then matched against them a batch at a time; other keys hold main's partition (`_Near`)."""
     keys = list(contract.dedup_key)
     check = state.get("check_column")
     columns = keys + ([check] if check and check not in keys else [])
     lo, hi = _partition_range(contract, spec_id, partition)
     facts = _FileFacts(path=file, partition=(spec_id, partition), range=(lo, hi), unsorted_at=None,
-                       duplicates=[], duplicate_count=0, series=pa.array([]), check_sum=0.0,
+                       duplicates=[], duplicate_count=0, series=pa.array([], pa.string()), check_sum=0.0,
                        overlap={name: 0 for name in mains}, overlap_samples={name: [] for name in mains})
-    nears = {name: _Near(main.read(lo, hi), contract) for name, main in mains.items()}
-    series: list[pa.Array] = []
     last: dict[str, Any] | None = None
     offset = 0
     fs, path = filesystem(file)
     with fs.open_input_file(path) as handle:
-        for batch in pq.ParquetFile(handle).iter_batches(batch_size=BATCH_ROWS, columns=columns):
+        parquet = pq.ParquetFile(handle)
+        if contract.series_key:
+            facts.series = _distinct(parquet, contract.series_key[0])
+        series = packed_series(contract)
+        packer = KeyPacker.fit(series, contract.time_column, facts.series, lo, hi - 1) if mains and series else None
+        packed = np.full(parquet.metadata.num_rows, -1, dtype=np.int64) if packer is not None else None
+        nears = {name: _Near(main.batches(lo, hi).read_all(), contract) for name, main in mains.items()} if packer is None else {}
+        for batch in parquet.iter_batches(batch_size=BATCH_ROWS, columns=columns):
             rows = pa.Table.from_batches([batch])
             codes = sort_key_codes(rows, contract)
             unsorted_at, dup_mask = _order(codes.columns)
@@ -348,21 +364,34 @@ def _file_facts(contract: Contract, state: dict[str, Any], mains: dict[str, Snap
                 dups = rows.select(keys).filter(pa.array(dup_mask))
                 facts.duplicate_count += dups.num_rows
                 facts.duplicates += [_fmt_row(r) for r in dups.slice(0, SAMPLES).to_pylist()]
+            if packed is not None:
+                keyed, at = packer.pack_rows(rows)
+                packed[offset + at] = keyed  # a key outside the partition stays -1: it matches nothing
             for name, near in nears.items():
                 hits = near.hits(rows, codes)
                 facts.overlap[name] += hits.num_rows
                 facts.overlap_samples[name] += [_fmt_row(r) for r in hits.slice(0, SAMPLES).to_pylist()]
-            if contract.series_key:
-                series.append(pc.unique(rows.column(contract.series_key[0])))
             if check:
                 facts.check_sum += float(pc.sum(rows.column(check)).as_py() or 0)
             last = {k: rows.column(k)[rows.num_rows - 1].as_py() for k in keys}
             offset += rows.num_rows
+        time_type = parquet.schema_arrow.field(contract.time_column).type
+    if packed is not None:
+        for name, main in mains.items():
+            hits = np.flatnonzero(packer.mark(packed, main.batches(lo, hi)))
+            facts.overlap[name] = len(hits)
+            values, times = packer.unpack(packed[hits[:SAMPLES]])
+            sample = pa.table({series: values, contract.time_column: pa.array(times, pa.int64()).cast(time_type)})
+            facts.overlap_samples[name] = [_fmt_row(r) for r in sample.to_pylist()]
     facts.duplicates = facts.duplicates[:SAMPLES]
     facts.overlap_samples = {name: s[:SAMPLES] for name, s in facts.overlap_samples.items()}
-    if series:
-        facts.series = pc.unique(pa.chunked_array(series))
     return facts
+
+
+def _distinct(parquet: pq.ParquetFile, column: str) -> pa.Array:
+    """A file's distinct values of one column, sorted: one read of that column alone, a batch at a time."""
+    seen = [pc.unique(batch.column(0)) for batch in parquet.iter_batches(batch_size=BATCH_ROWS, columns=[column])]
+    return pc.unique(pa.chunked_array(seen)).sort() if seen else pa.array([], parquet.schema_arrow.field(column).type)
 
 
 class _Near:
@@ -490,7 +519,7 @@ def _aggregate(units: list[Any], facts: list[_FileFacts], state: dict[str, Any])
 def _assertions(con: duckdb.DuckDBPyConnection, assertions: list[str], schema: pa.Schema, any_staged: bool,
                 timeout: float) -> list[Check]:
     """The user's SQL, bounded: all of it together gets ``timeout`` seconds (then DuckDB is interrupted and
-    the check fails, so a runaway recursive CTE cannot hold the job's lease) and ``ASSERTION_MEMORY``."""
+    the check fails, so a runaway recursive CTE cannot hold the job's lease) and `assertion_memory`."""
     import duckdb  # lazily: functions that never reach this leave DuckDB out of their layers
     if assertions and not any_staged:
         con.register("staged", schema.empty_table())

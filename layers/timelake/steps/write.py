@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -20,7 +21,7 @@ from pyiceberg.typedef import Record
 
 from timelake.model.commit import NAN_COUNTS
 from timelake.model.contract import Contract
-from timelake.model.layout import MainReader, read_range
+from timelake.model.layout import MainReader, stream_range
 from timelake.model.spec import JobSpec
 from timelake.ports.files import filesystem, make_parent
 from timelake.ports.runtime import Runtime
@@ -56,11 +57,11 @@ def _write_unit(rt: Runtime, job_id: str, unit_id: str, main: MainReader | None)
     order, dup_sum, duplicates, codes = sorted_order(rows, contract)
     conflicts, conflict_sum = 0, 0.0
     if spec.mode == "merge" and len(order) and table.current_snapshot() is not None:
-        existing = (main.read(table, unit.info["start"], unit.info["end"]) if main is not None else
-                    read_range(table, contract.time_column, unit.info["start"], unit.info["end"], contract.dedup_key))
-        if existing.num_rows:
-            keyed = rows if codes.packs(contract) else rows.select(list(contract.dedup_key)).take(pa.array(order))
-            mask = existing_mask(keyed, existing, contract, codes)
+        existing = (main.batches(table, unit.info["start"], unit.info["end"]) if main is not None else
+                    stream_range(table, contract.time_column, unit.info["start"], unit.info["end"], contract.dedup_key))
+        keyed = rows if codes.packs(contract) else rows.select(list(contract.dedup_key)).take(pa.array(order))
+        mask = existing_mask(keyed, existing, contract, codes)  # main's rows a batch at a time, against the unit's keys
+        if mask.any():
             conflicts, conflict_sum = int(mask.sum()), _sum_at(rows, order[mask], contract)
             order = order[~mask]
     result: dict[str, Any] = {
@@ -162,8 +163,13 @@ class KeyCodes:
 
     def packs(self, contract: Contract) -> bool:
         """Whether `existing_mask` answers from these codes alone, without the rows."""
-        series = contract.series_key[0] if len(contract.series_key) == 1 else None
-        return series in self.distinct and list(contract.dedup_key) == [series, contract.time_column]
+        return packed_series(contract) in self.distinct
+
+
+def packed_series(contract: Contract) -> str | None:
+    """The series column when the dedup key is the usual (series, time), which `KeyPacker` packs."""
+    series = contract.series_key[0] if len(contract.series_key) == 1 else None
+    return series if list(contract.dedup_key) == [series, contract.time_column] else None
 
 
 def sort_key_codes(rows: pa.Table, contract: Contract) -> KeyCodes:
@@ -207,47 +213,108 @@ def drop_existing(rows: pa.Table, existing: pa.Table, contract: Contract, codes:
     return rows.filter(pa.array(~mask)), int(mask.sum()), conflict_sum
 
 
-def existing_mask(rows: pa.Table, existing: pa.Table, contract: Contract, codes: KeyCodes | None = None) -> np.ndarray:
-    """Which of ``rows`` have a key in ``existing``; ``codes`` are the rows' ``sort_key_codes`` if known.
+def existing_mask(rows: pa.Table, existing: pa.Table | Iterable[pa.RecordBatch], contract: Contract,
+                  codes: KeyCodes | None = None) -> np.ndarray:
+    """Which of ``rows`` have a key in ``existing`` (a table, or batches read one at a time); ``codes``
+    are the rows' ``sort_key_codes`` if known.
 
-    For the usual key (one series column + time) both sides become one int64 per row (the series'
-    rank among the rows' sorted series, then microseconds). Rows in the table's sort order (as units
-    and staged files are) then pack to an ascending array, and a binary search of each existing key
-    among them answers the membership; otherwise each row is looked up among the sorted existing
-    keys. Other keys take Arrow's join.
+    For the usual key (one series column + time) the rows' keys become one int64 each (`KeyPacker`) and
+    ``existing`` is matched a batch at a time by binary search among them, so memory holds the rows' keys
+    (8 bytes a row) and one batch of ``existing``, however much of it there is. Other keys take Arrow's
+    join over all of ``existing``.
     """
+    batches = existing.to_batches() if isinstance(existing, pa.Table) else existing
     keys = list(contract.dedup_key)
-    if len(contract.series_key) == 1 and keys == [contract.series_key[0], contract.time_column]:
-        series, time_column = contract.series_key[0], contract.time_column
+    series = packed_series(contract)
+    if rows.num_rows and series is not None:
         codes = codes if codes is not None and series in codes.distinct else None
         if codes is None:
             distinct = pc.unique(rows.column(series)).sort()
             ranks = _numpy(pc.fill_null(pc.index_in(rows.column(series), value_set=distinct), len(distinct)))
-            mine_times = pc.cast(rows.column(time_column), pa.int64()).to_numpy(zero_copy_only=False)
+            times = _numpy(pc.cast(rows.column(contract.time_column), pa.int64()))
         else:
-            distinct, ranks, mine_times = codes.distinct[series], codes.columns[0], codes.columns[1]
-        theirs_ranks = _numpy(pc.fill_null(pc.index_in(existing.column(series), value_set=distinct.cast(existing.schema.field(series).type)),
-                                          len(distinct)))  # a series the rows lack gets a rank no row has
-        theirs_times = pc.cast(existing.column(time_column), pa.int64()).to_numpy(zero_copy_only=False)
-        base = min(int(mine_times.min()), int(theirs_times.min()))
-        time_bits = max(max(int(mine_times.max()), int(theirs_times.max())) - base, 1).bit_length()
-        if time_bits + len(distinct).bit_length() + 1 <= 63:
-            mine = (ranks.astype(np.int64) << time_bits) | (mine_times - base)
-            theirs = (theirs_ranks.astype(np.int64) << time_bits) | (theirs_times - base)
-            if not bool(np.all(theirs[1:] >= theirs[:-1])):
-                theirs = np.sort(theirs)
-            if bool(np.all(mine[1:] > mine[:-1])):
-                at = np.minimum(np.searchsorted(mine, theirs), len(mine) - 1)
-                mask = np.zeros(len(mine), dtype=bool)
-                mask[at[mine[at] == theirs]] = True
-                return mask
-            at = np.minimum(np.searchsorted(theirs, mine), len(theirs) - 1)
-            return theirs[at] == mine
-    left = rows.select(keys).append_column("__row", pa.array(np.arange(rows.num_rows)))
-    hits = left.join(existing.select(keys).cast(left.select(keys).schema), keys=keys, join_type="left semi")
+            distinct, ranks, times = codes.distinct[series], codes.columns[0], codes.columns[1]
+        packer = KeyPacker.fit(series, contract.time_column, distinct, int(times.min()), int(times.max()))
+        if packer is not None:
+            return packer.mark(packer.pack(ranks, times), batches)
     mask = np.zeros(rows.num_rows, dtype=bool)
+    theirs = [batch.select(keys) for batch in batches if batch.num_rows]
+    if not rows.num_rows or not theirs:
+        return mask
+    left = rows.select(keys).append_column("__row", pa.array(np.arange(rows.num_rows)))
+    hits = left.join(pa.Table.from_batches(theirs).cast(left.select(keys).schema), keys=keys, join_type="left semi")
     mask[hits.column("__row").to_numpy()] = True
     return mask
+
+
+@dataclass(frozen=True)
+class KeyPacker:
+    """Keys of the usual shape (one series column + time) as one int64 each: the series' rank among
+    ``distinct`` (sorted values) in the high bits, microseconds since ``base`` in the low ``time_bits``.
+    Packed keys order like (series, time), so rows in the table's sort order pack to an ascending array.
+
+    Checking keys against them holds those 8 bytes a row, whatever the size of the other side, which is
+    packed a batch at a time; its keys whose series is not in ``distinct`` or whose time is outside
+    [base, base + 2^time_bits) cannot match and are left out."""
+
+    series: str
+    time_column: str
+    distinct: pa.Array
+    base: int
+    time_bits: int
+
+    CHUNK = 1 << 20  # rows packed at a time: the temporaries stay small beside the packed array
+
+    @classmethod
+    def fit(cls, series: str, time_column: str, distinct: pa.Array, first_us: int, last_us: int) -> "KeyPacker | None":
+        """A packer for series ``distinct`` and times in [first, last]; None when they need over 63 bits."""
+        time_bits = max(last_us - first_us, 1).bit_length()
+        if time_bits + len(distinct).bit_length() + 1 > 63:
+            return None
+        return cls(series, time_column, distinct, first_us, time_bits)
+
+    def pack(self, ranks: np.ndarray, times: np.ndarray) -> np.ndarray:
+        """Packed keys of series ranks and times (µs) that lie inside the packer's range."""
+        out = np.empty(len(ranks), dtype=np.int64)
+        for i in range(0, len(out), self.CHUNK):
+            part = out[i:i + self.CHUNK]
+            np.left_shift(ranks[i:i + self.CHUNK], self.time_bits, out=part, dtype=np.int64)
+            part |= times[i:i + self.CHUNK] - self.base
+        return out
+
+    def pack_rows(self, rows: pa.Table | pa.RecordBatch) -> tuple[np.ndarray, np.ndarray]:
+        """The packed keys of the ``rows`` that can match, and which rows those are."""
+        column = rows.column(self.series)
+        if pa.types.is_dictionary(column.type):
+            column = pc.cast(column, column.type.value_type)
+        ranks = pc.index_in(column, value_set=self.distinct.cast(column.type))
+        times = _numpy(pc.cast(rows.column(self.time_column), pa.int64()))
+        inside = _numpy(ranks.is_valid()) & (times >= self.base) & (times - self.base < 1 << self.time_bits)
+        at = np.flatnonzero(inside)
+        return self.pack(_numpy(pc.fill_null(ranks, 0))[at], times[at]), at
+
+    def unpack(self, packed: np.ndarray) -> tuple[pa.Array, np.ndarray]:
+        """Series values and times (µs) of packed keys."""
+        return self.distinct.take(pa.array(packed >> self.time_bits)), (packed & ((1 << self.time_bits) - 1)) + self.base
+
+    def mark(self, mine: np.ndarray, batches: Iterable[pa.RecordBatch]) -> np.ndarray:
+        """Which of the packed keys ``mine`` (any order, repeats allowed) occur in ``batches``."""
+        mask = np.zeros(len(mine), dtype=bool)
+        if not len(mine):
+            return mask
+        order = None if len(mine) < 2 or bool(np.all(mine[1:] > mine[:-1])) else np.argsort(mine, kind="stable")
+        ordered = mine if order is None else mine[order]
+        for batch in batches:
+            theirs, _ = self.pack_rows(batch)
+            at = np.minimum(np.searchsorted(ordered, theirs), len(ordered) - 1)
+            at = at[ordered[at] == theirs]
+            if order is not None:  # repeated keys: every row of an equal run matches
+                ends = np.searchsorted(ordered, ordered[at], side="right")
+                runs = ends - at > 1
+                at = np.concatenate([at[~runs], *(np.arange(a, b) for a, b in zip(at[runs], ends[runs]))]).astype(np.int64)
+                at = order[at]
+            mask[at] = True
+        return mask
 
 
 def _sum(rows: pa.Table, contract: Contract) -> float:
