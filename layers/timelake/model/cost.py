@@ -16,8 +16,9 @@ ASSUMPTIONS: dict[str, float] = {
     "lambda_memory_gb": 3.0,
     "lambda_usd_per_gb_second_arm64": 0.0000133334,
     "lambda_usd_per_million_requests": 0.20,
+    "lambda_invocations_per_unit": 2,  # its write and the check of its file
     "stepfunctions_usd_per_1000_transitions": 0.025,
-    "stepfunctions_transitions_per_unit": 4,
+    "stepfunctions_transitions_per_unit": 8,  # about 4 for each of its two Map items (write, check)
     "stepfunctions_transitions_per_job": 20,
     "s3_usd_per_1000_put": 0.005,
     "s3_usd_per_1000_get": 0.0004,
@@ -32,7 +33,7 @@ def estimate_cost(rows: int, units: int, max_concurrency: int | None) -> dict[st
     local_seconds = rows / (a["local_rows_per_second_per_core"] * cores)
     lambda_seconds = units * a["lambda_overhead_seconds_per_unit"] + rows / a["lambda_rows_per_second"]
     lambda_usd = lambda_seconds * a["lambda_memory_gb"] * a["lambda_usd_per_gb_second_arm64"]
-    lambda_usd += (units + 5) * a["lambda_usd_per_million_requests"] / 1e6
+    lambda_usd += (units * a["lambda_invocations_per_unit"] + 6) * a["lambda_usd_per_million_requests"] / 1e6
     sfn_usd = (units * a["stepfunctions_transitions_per_unit"] + a["stepfunctions_transitions_per_job"]) * a[
         "stepfunctions_usd_per_1000_transitions"
     ] / 1000
