@@ -26,12 +26,14 @@ $(STAMP): $(RUNTIME) pyproject.toml package.json $(NPM_LOCK)
 
 install: $(STAMP)
 
-# The servers and the browser that the tests run for real, from Debian's packages when missing.
+# The servers and the browser that the tests run for real, and llvm-strip, which strips the Lambda
+# layers' aarch64 objects (GNU strip reads only this machine's), from Debian's packages when missing.
 test-deps:
 	@missing=""; \
 	test -x $(PG_BIN)/postgres || missing="$$missing postgresql-15"; \
 	command -v influxd >/dev/null || missing="$$missing influxdb"; \
 	command -v chromium >/dev/null || missing="$$missing chromium"; \
+	command -v llvm-strip >/dev/null || missing="$$missing llvm"; \
 	if [ -n "$$missing" ]; then apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y $$missing; fi
 
 demo: $(RUNTIME)

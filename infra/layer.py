@@ -1,10 +1,13 @@
 """The engine layer, built without Docker.
 
-Lambda allows 250 MB unzipped for a function and all its layers, and pyarrow + duckdb + numpy
-alone come close to that, so the layer installs the engine's runtime dependencies as Linux
-aarch64 / CPython 3.12 wheels with pip (no compiler, no container) and then removes what a
-Lambda never loads. Every removal below names why it is safe; `tests/infra/test_lambda_size.py`
-measures the real result and checks that no kept binary lost a library it links against.
+Lambda allows 250 MB unzipped for a function and all its layers, and we keep each function under
+200 MiB to leave room to grow; pyarrow + duckdb + numpy alone come close to that. So
+the layers hold the engine's runtime dependencies as Linux aarch64 / CPython 3.12 wheels installed
+with pip (no compiler, no container), minus what a Lambda never loads or its runtime already has,
+with their shared objects stripped, split so each function gets only what it imports. Every removal
+below names why it is safe; `tests/infra/test_lambda_size.py` measures each function of the
+synthesized template, checks that no kept binary lost a library it links against, and runs each
+handler with nothing but its own layers.
 
 pip downloads take about half a minute, so the pruned dependencies are cached under
 ``build/layer-deps-lambda-<hash>`` (hash of the requirements and of this file) and the engine package,
@@ -19,6 +22,7 @@ import os
 import platform
 import re
 import shutil
+import struct
 import subprocess
 import sys
 import tomllib
@@ -60,6 +64,15 @@ DROPPED: dict[str, str] = {
     "boto3": "part of the Lambda Python runtime",
     "botocore": "part of the Lambda Python runtime",
     "s3transfer": "part of the Lambda Python runtime",
+    "urllib3": "part of the Lambda Python runtime (botocore's); a copy here would also shadow it for botocore",
+    "python-dateutil": "part of the Lambda Python runtime (botocore's); strictyaml imports it",
+    "jmespath": "part of the Lambda Python runtime (botocore's)",
+    "six": "part of the Lambda Python runtime (python-dateutil's)",
+    "requests": "only pyiceberg's REST catalog and fsspec file IO import it; Lambdas use Glue and pyarrow's S3",
+    "charset-normalizer": "pulled in by requests",
+    "idna": "pulled in by requests",
+    "certifi": "pulled in by requests (pyarrow's S3 client uses the system's CA bundle)",
+    "fsspec": "only pyiceberg's fsspec file IO imports it; pyiceberg picks pyarrow's for s3:// first",
     "typer": "CLI only",
     "rich": "CLI only (pyiceberg imports it only in pyiceberg.cli)",
     "click": "CLI only (pyiceberg imports it only in pyiceberg.cli)",
@@ -70,6 +83,8 @@ DROPPED: dict[str, str] = {
     "pandas": "only for DataFrame input, which the engine imports lazily; Lambdas read files",
     "sqlalchemy": "pyiceberg's SQL catalog is the embedded default; Lambdas use Glue",
     "greenlet": "pulled in by sqlalchemy",
+    "pyiceberg-core": "pyiceberg loads it only to partition rows when it writes a partitioned table itself; Lambda "
+                      "code writes through timelake.model.commit, which partitions them (31.8 MB)",
 }
 # Added to the layer unless the project lists them already.
 EXTRA: dict[str, str] = {
@@ -94,10 +109,22 @@ PRUNED = (
     "pyarrow/orc.py", "pyarrow/_orc.*.so", "pyarrow/_dataset_orc.*.so",
     "pyarrow/_azurefs.*.so", "pyarrow/_gcsfs.*.so", "pyarrow/_hdfs.*.so",
     "pyarrow/_pyarrow_cpp_tests.*.so",
+    # Parquet modular encryption and Feather files: pyarrow.dataset imports the encryption module
+    # inside try/except ImportError, and only pyarrow.feather imports _feather.
+    "pyarrow/_parquet_encryption.*.so", "pyarrow/_dataset_parquet_encryption.*.so",
+    "pyarrow/libarrow_python_parquet_encryption.so*", "pyarrow/parquet/encryption.py",
+    "pyarrow/_feather.*.so", "pyarrow/feather.py",
+    # numpy's submodules that `import numpy` loads only on first attribute access (numpy.__getattr__)
+    # and that nothing here uses, its SIMD self-test and C test extensions, and its PyInstaller hook.
+    "numpy/random", "numpy/fft", "numpy/polynomial", "numpy/f2py", "numpy/testing", "numpy/_pyinstaller",
+    "numpy/_core/_simd.*.so", "numpy/_core/_*_tests.*.so",
+    # Powertools serves these files only for a Swagger UI route (enable_swagger), which the API does not add.
+    "aws_lambda_powertools/event_handler/openapi/swagger_ui/*.js", "aws_lambda_powertools/event_handler/openapi/swagger_ui/*.css",
+    # DuckDB's PySpark-compatible API and query-plan viewer, and its ADBC entry point (DuckDB is used directly).
+    "duckdb/experimental", "duckdb/query_graph", "adbc_driver_duckdb",
     # Wheels cannot hold symlinks, so each versioned name is a full copy; the loader only asks
     # for the SONAME (``.so.2600``), the other two names serve C++ extension builds.
     "pyarrow/libarrow_python.so", "pyarrow/libarrow_python.so.*.*.*",
-    "pyarrow/libarrow_python_parquet_encryption.so", "pyarrow/libarrow_python_parquet_encryption.so.*.*.*",
     # zstandard ships a C extension and a cffi backend of the same code; it loads the C one.
     "zstandard/_cffi.*.so", "zstandard/backend_cffi.py",
     # pyiceberg's Hive catalog client (thrift stubs).
@@ -108,8 +135,8 @@ PRUNED = (
 )
 
 # Dependencies only some functions import, each shipped as its own layer (globs over the top of
-# ``python/``): Lambda counts a function's code plus all its layers against 250 MB, and DuckDB alone
-# is 63 MB. `infra.stack.FunctionSpec` says which function gets which.
+# ``python/``): DuckDB alone is 63 MB, the PostgreSQL driver 9.5 MB. `infra.stack.FunctionSpec`
+# says which function gets which.
 OPTIONAL: dict[str, tuple[str, ...]] = {
     "duckdb": ("duckdb", "_duckdb*", "duckdb-*.dist-info"),  # validation SQL, rollups, DuckDB/line-protocol sources, dry-run overlap
     "postgres": ("adbc_driver_*",),  # the PostgreSQL source (ADBC driver manager + libpq driver)
@@ -161,7 +188,11 @@ def build_deps(target: Target = LAMBDA, cache_root: Path = BUILD) -> Path:
             check=True,
         )
         prune(partial / "python")
-        (partial / "stripped-with.txt").write_text(f"{strip_binaries(partial / 'python') or 'nothing: no strip for this CPU'}\n")
+        tool = strip_binaries(partial / "python")
+        if tool is None and target == LAMBDA:
+            raise RuntimeError("no strip tool on this machine reads aarch64 objects: put llvm-strip on the PATH "
+                               "(Debian: apt-get install llvm); unstripped, the layers do not fit Lambda's 250 MB")
+        (partial / "stripped-with.txt").write_text(f"{tool or 'nothing: no strip for this CPU'}\n")
         partial.rename(final)
         for stale in cache_root.glob(f"layer-deps-{target.name}-*"):  # earlier requirements: ~250 MB each
             if stale != final:
@@ -191,17 +222,49 @@ def strip_binaries(site: Path) -> str | None:
     about 40 MB here, which the layer needs to fit. Returns the tool used, or None when no tool on
     this machine reads aarch64 objects (GNU strip for x86 does not), leaving the files as they are.
 
-    Packages repaired with grafted libraries (a ``<name>.libs`` folder beside them) are left
-    alone: auditwheel rewrote those objects with patchelf, stripping such objects is a known way
-    to break them, and they gain little."""
-    patched = {folder.name.removesuffix(".libs") for folder in site.glob("*.libs")}
-    objects = [path for path in sorted(site.rglob("*.so*"))
-               if path.is_file() and path.relative_to(site).parts[0].removesuffix(".libs") not in patched]
+    Each object is stripped into a copy that replaces it only if it is smaller and the loader maps
+    exactly the same memory from it (`same_image`). That check is what makes stripping the objects
+    of packages repaired with grafted libraries (numpy and its ``numpy.libs``, 2.4 MB) safe:
+    auditwheel rewrote them with patchelf, which appends a segment after the symbol tables, and
+    stripping such objects is a known way to break them; a strip that moved or changed a mapped
+    byte is refused here instead of failing at a Lambda's first import."""
+    objects = [path for path in sorted(site.rglob("*.so*")) if path.is_file()]
     tool = next((tool for tool in _strip_candidates() if objects and _strips(tool, objects[0])), None)
     if tool:
-        for start in range(0, len(objects), 200):
-            subprocess.run([tool, "--strip-unneeded", *map(str, objects[start:start + 200])], check=True)
+        for path in objects:
+            copy = path.with_name(path.name + ".stripped")
+            subprocess.run([tool, "--strip-unneeded", "-o", str(copy), str(path)], check=True)
+            if copy.stat().st_size < path.stat().st_size and same_image(path.read_bytes(), copy.read_bytes()):
+                copy.replace(path)
+            else:
+                copy.unlink()
     return tool
+
+
+def same_image(original: bytes, stripped: bytes) -> bool:
+    """Whether the dynamic loader maps the same memory from two ELF64 little-endian objects: the same
+    segments (type, flags, address, sizes, alignment) holding the same bytes, wherever in the file
+    each one lies, as long as its offset stays congruent to its address modulo the alignment (else
+    the loader cannot map it). The ELF header may differ only in where the section headers are
+    (``e_shoff``, ``e_shnum``...), which the loader never reads, and the program headers only in
+    the segments' file offsets."""
+    return (image := _image(original)) is not None and image == _image(stripped)
+
+
+def _image(data: bytes) -> tuple[bytes, list[tuple[int, int, int, int, int, int, bytes]]] | None:
+    if data[:4] != b"\x7fELF" or data[4:6] != b"\x02\x01":
+        return None
+    (table,), (entry_size, count) = struct.unpack_from("<Q", data, 0x20), struct.unpack_from("<HH", data, 0x36)
+    headers = [struct.unpack_from("<IIQQQQQQ", data, table + i * entry_size) for i in range(count)]
+    masked = bytearray(data)
+    for start, length in [(0x28, 8), (0x3A, 6), *((table + i * entry_size + 8, 8) for i in range(count))]:
+        masked[start:start + length] = bytes(length)
+    segments = []
+    for kind, flags, offset, address, _, file_size, memory_size, align in headers:
+        if align > 1 and offset % align != address % align:  # the loader could not map it
+            return None
+        segments.append((kind, flags, address, file_size, memory_size, align, bytes(masked[offset:offset + file_size])))
+    return bytes(masked[:64]), segments
 
 
 def layer_entries(site: Path, layer: str) -> list[Path]:

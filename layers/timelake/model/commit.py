@@ -9,31 +9,42 @@ tests/model/test_commit.py fails if that class changes shape.
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 import time
-import warnings
+import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyiceberg.exceptions import CommitFailedException, ValidationException
+from pyiceberg.expressions import AlwaysTrue
+from pyiceberg.expressions.visitors import _StrictMetricsEvaluator, bind
 from pyiceberg.io.pyarrow import (
-    compute_statistics_plan, data_file_statistics_from_parquet_metadata, parquet_path_to_id_mapping,
+    ArrowScan, _expression_to_complementary_pyarrow, bin_pack_arrow_table, compute_statistics_plan,
+    data_file_statistics_from_parquet_metadata, parquet_path_to_id_mapping, pyarrow_to_schema, write_file,
 )
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat, ManifestEntry, ManifestEntryStatus, ManifestFile
+from pyiceberg.partitioning import PartitionField, PartitionFieldValue, PartitionKey, PartitionSpec
+from pyiceberg.schema import Schema
 from pyiceberg.table import Table as IcebergTable
-from pyiceberg.table import Transaction
+from pyiceberg.table import TableProperties, Transaction, WriteTask
 from pyiceberg.table.snapshots import Operation, Snapshot, SnapshotSummaryCollector, Summary, update_snapshot_summaries
 from pyiceberg.table.update.snapshot import _FastAppendFiles, _OverwriteFiles
 from pyiceberg.typedef import Record
+from pyiceberg.utils.properties import property_as_int
 
+from timelake.model.layout import micros, split_by_code
+from timelake.model.timeutil import TRANSFORMS, transform_values
 from timelake.ports.files import filesystem
 
 if TYPE_CHECKING:
-    import pyarrow as pa
     from pyiceberg.expressions import BooleanExpression
 
 T = TypeVar("T")
@@ -288,14 +299,80 @@ def with_retry(table: IcebergTable, attempt: Callable[[IcebergTable], T], what: 
 def swap(table: IcebergTable, row_filter: "BooleanExpression | None", rows: "pa.Table", what: str) -> None:
     """Delete the rows matching ``row_filter`` and append ``rows`` in ONE commit, so a reader sees the
     old rows or the new ones, never a mix. A conflict rebuilds the whole swap on fresh metadata
-    rather than letting pyiceberg replay the append onto rows it never saw."""
+    rather than letting pyiceberg replay the append onto rows it never saw.
+
+    The files are written here (`write_rows`), not by pyiceberg's delete and append: those partition
+    rows with pyiceberg-core, a 32 MB native library that the rollup Lambda, which also needs DuckDB,
+    has no room for. A file whose rows all match is dropped unread; one where only some match is
+    rewritten without them, like pyiceberg's copy-on-write delete."""
     def attempt(current: IcebergTable) -> None:
-        with without_blind_retries(current).transaction() as tx:
-            if row_filter is not None:
-                with warnings.catch_warnings():  # an empty range to clear is normal here, not a mistake
-                    warnings.filterwarnings("ignore", "Delete operation did not match any records")
-                    tx.delete(row_filter)
-            if rows.num_rows:
-                tx.append(rows)
+        removed, kept = _matching_files(current, row_filter) if row_filter is not None else ([], [])
+        added = write_rows(current, pa.concat_tables([t.cast(rows.schema) for t in (*kept, rows)]))
+        if removed or added:
+            with without_blind_retries(current).transaction() as tx:
+                if removed:
+                    overwrite_files(tx, current, removed, added, "main", {})
+                else:
+                    append_files(tx, current, added, "main", {})
 
     with_retry(table, attempt, what)
+
+
+def _matching_files(table: IcebergTable, row_filter: "BooleanExpression") -> tuple[list[DataFile], list["pa.Table"]]:
+    """The files of main holding rows that match ``row_filter``, and the rows of theirs that do not."""
+    schema = table.schema()
+    all_match = _StrictMetricsEvaluator(schema, row_filter).eval
+    keep = _expression_to_complementary_pyarrow(bind(schema, row_filter, case_sensitive=True), schema)
+    removed, kept = [], []
+    for task in table.scan(row_filter=row_filter).plan_files():
+        if all_match(task.file) and not task.delete_files:
+            removed.append(task.file)
+            continue
+        old = ArrowScan(table.metadata, table.io, schema, AlwaysTrue()).to_table([task])
+        left = old.filter(keep)
+        if left.num_rows < old.num_rows:
+            removed.append(task.file)
+            kept.append(left)
+    return removed, kept
+
+
+def write_rows(table: IcebergTable, rows: "pa.Table") -> list[DataFile]:
+    """Data files of ``rows`` in the table's current spec, written by pyiceberg's writer (file names,
+    target size, field ids, statistics) with the partition values computed here: identity, or the
+    hour/day/month/year of a timestamp (`transform_values`, the transforms every table of ours uses)."""
+    if not rows.num_rows:
+        return []
+    metadata = table.metadata
+    spec, schema = metadata.spec(), metadata.schema()
+    task_schema = pyarrow_to_schema(rows.schema, name_mapping=schema.name_mapping, format_version=metadata.format_version)
+    target = property_as_int(metadata.properties, TableProperties.WRITE_TARGET_FILE_SIZE_BYTES,
+                             TableProperties.WRITE_TARGET_FILE_SIZE_BYTES_DEFAULT)
+    write_uuid, counter = uuid.uuid4(), itertools.count()
+    tasks = [WriteTask(write_uuid, next(counter), task_schema, batches, partition_key=key)
+             for key, part in _partitions(spec, schema, rows) for batches in bin_pack_arrow_table(part, target)]
+    files = list(write_file(table.io, metadata, iter(tasks)))
+    for f in files:
+        f.spec_id = metadata.default_spec_id  # as in `data_file`: from_args drops it
+    return files
+
+
+def _partitions(spec: PartitionSpec, schema: Schema, rows: "pa.Table") -> list[tuple[PartitionKey | None, "pa.Table"]]:
+    """``rows`` split by partition, each part in its input order."""
+    if spec.is_unpartitioned():
+        return [(None, rows)]
+    values = np.stack([_partition_values(field, schema, rows) for field in spec.fields], axis=1)
+    keys, codes = np.unique(values, axis=0, return_inverse=True)
+    return [(PartitionKey([PartitionFieldValue(field, int(v)) for field, v in zip(spec.fields, keys[code])], spec, schema), part)
+            for code, part in split_by_code(rows, codes.reshape(-1))]
+
+
+def _partition_values(field: PartitionField, schema: Schema, rows: "pa.Table") -> np.ndarray:
+    name = schema.find_column_name(field.source_id)
+    column, transform = rows.column(name), str(field.transform)
+    if transform not in TRANSFORMS or not pa.types.is_timestamp(column.type):
+        raise ValueError(f"cannot write rows partitioned by {transform}({name}): the engine partitions by the "
+                         f"{'/'.join(TRANSFORMS)} of a timestamp")
+    if column.null_count:
+        raise ValueError(f"column '{name}' has nulls, so some rows have no {transform} partition")
+    return transform_values(micros(rows.set_column(rows.schema.get_field_index(name), name,
+                                                   pc.cast(column, pa.timestamp("us", column.type.tz))), name), transform)
