@@ -25,6 +25,7 @@ from pyiceberg.io.pyarrow import (
 )
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat, ManifestEntry, ManifestEntryStatus, ManifestFile
 from pyiceberg.table import Table as IcebergTable
+from pyiceberg.table.refs import MAIN_BRANCH
 from pyiceberg.table import Transaction
 from pyiceberg.table.snapshots import Operation, Snapshot, SnapshotSummaryCollector, Summary, update_snapshot_summaries
 from pyiceberg.table.update.snapshot import _FastAppendFiles, _OverwriteFiles
@@ -285,17 +286,29 @@ def with_retry(table: IcebergTable, attempt: Callable[[IcebergTable], T], what: 
     raise AssertionError("unreachable")
 
 
-def swap(table: IcebergTable, row_filter: "BooleanExpression | None", rows: "pa.Table", what: str) -> None:
-    """Delete the rows matching ``row_filter`` and append ``rows`` in ONE commit, so a reader sees the
-    old rows or the new ones, never a mix. A conflict rebuilds the whole swap on fresh metadata
-    rather than letting pyiceberg replay the append onto rows it never saw."""
-    def attempt(current: IcebergTable) -> None:
-        with without_blind_retries(current).transaction() as tx:
+def swap(
+    table: IcebergTable, row_filter: "BooleanExpression | None", rows: "pa.Table | list[DataFile]", what: str,
+    properties: dict[str, str] | None = None, check: Callable[[IcebergTable], None] | None = None,
+) -> IcebergTable:
+    """Delete the rows matching ``row_filter`` and add ``rows`` (Arrow rows, or data files written
+    already) in ONE commit, so a reader sees the old rows or the new ones, never a mix. A conflict
+    rebuilds the whole swap on fresh metadata rather than letting pyiceberg replay the append onto rows
+    it never saw; ``check`` sees that fresh metadata first and raises to give up. Returns the table as
+    committed, for the caller's next commit (the handle it passed in is stale now)."""
+    def attempt(current: IcebergTable) -> IcebergTable:
+        if check is not None:
+            check(current)
+        handle = without_blind_retries(current)
+        with handle.transaction() as tx:
             if row_filter is not None:
                 with warnings.catch_warnings():  # an empty range to clear is normal here, not a mistake
                     warnings.filterwarnings("ignore", "Delete operation did not match any records")
-                    tx.delete(row_filter)
-            if rows.num_rows:
-                tx.append(rows)
+                    tx.delete(row_filter, snapshot_properties=properties or {})
+            if isinstance(rows, list):
+                if rows:
+                    append_files(tx, handle, rows, MAIN_BRANCH, properties or {})
+            elif rows.num_rows:
+                tx.append(rows, snapshot_properties=properties or {})
+        return handle  # a commit replaces the handle's metadata with the catalog's, retry settings included
 
-    with_retry(table, attempt, what)
+    return with_retry(table, attempt, what)
