@@ -164,10 +164,13 @@ def evaluate(rows: pa.Table, contract: Contract, rules: list[Rule], start_us: in
     ts, series = ts[order], series[order]
     new_series = np.ones(len(ts), dtype=bool)
     new_series[1:] = series[1:] != series[:-1]
+    columns = {}  # rules on the same column share its values in order
+    for column in dict.fromkeys(rule.column for rule in rules):
+        values, valid = _doubles(rows.column(column))
+        columns[column] = values[order], valid[order]
     parts = []
     for rule in rules:
-        values, valid = _doubles(rows.column(rule.column))
-        values, valid = values[order], valid[order]
+        values, valid = columns[rule.column]
         fired, started = _episodes(_meets(values, valid, rule), ts, new_series, rule.hold_us)
         inside = np.ones(len(fired), dtype=bool)
         if start_us is not None:

@@ -97,13 +97,16 @@ def series_hash(table: pa.Table, series_key: tuple[str, ...]) -> np.ndarray:
 def series_codes(table: pa.Table, series_key: tuple[str, ...]) -> np.ndarray:
     """Per row a dense int64 code of its series key: equal codes exactly when the keys are equal (a null
     is a value of its own). Unlike `series_hash` it is not stable across tables, and never collides."""
-    codes = np.zeros(table.num_rows, dtype=np.int64)
+    codes = None
     for column in series_key:
         encoded = pc.dictionary_encode(table.column(column), null_encoding="encode").combine_chunks()
-        codes = codes * len(encoded.dictionary) + encoded.indices.to_numpy(zero_copy_only=False)
-        if len(series_key) > 1:  # keep the product of the cardinalities from overflowing
-            codes = np.unique(codes, return_inverse=True)[1].astype(np.int64)
-    return codes
+        indices = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+        if codes is None:
+            codes = indices
+            continue
+        codes = codes * len(encoded.dictionary) + indices
+        codes = np.unique(codes, return_inverse=True)[1].astype(np.int64)  # dense again: the product never overflows
+    return np.zeros(table.num_rows, dtype=np.int64) if codes is None else codes
 
 
 def split_by_code(table: pa.Table, codes: np.ndarray) -> list[tuple[int, pa.Table]]:
