@@ -3,12 +3,17 @@ rows outside the backfilled range stay exactly as they were."""
 
 from __future__ import annotations
 
+import datetime as dt
+from pathlib import Path
+
 import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 from tests.conftest import SCHEMA, make_readings, recent
-from timelake.followup.rollup import refresh
+from timelake.followup.rollup import commit_range, prepare_range, refresh, refresh_range, rollups_of, widen
+from timelake.model.timeutil import parse_instant, to_micros
 
 
 @pytest.fixture
@@ -45,8 +50,6 @@ def _assert_equal(got: pa.Table, expected: pa.Table) -> None:
 
 
 def _outside(rollup: pa.Table, start: str, end: str) -> list[dict]:
-    import datetime as dt
-
     lo = dt.datetime.fromisoformat(start).replace(tzinfo=dt.timezone.utc)
     hi = dt.datetime.fromisoformat(end).replace(tzinfo=dt.timezone.utc)
     return [r for r in rollup.to_pylist() if not (lo - dt.timedelta(days=1) <= r["bucket_start"] < hi + dt.timedelta(days=1))]
@@ -67,8 +70,6 @@ def test_rollups_equal_a_recomputation_and_outside_rows_are_untouched(lake, roll
         assert _outside(after, recent(8), recent(6)) == _outside(before[interval], recent(8), recent(6))
     if mode == "replace":
         hours = _rollup(lake, "1h").to_pylist()
-        import datetime as dt
-
         lo = dt.datetime.fromisoformat(recent(8)).replace(tzinfo=dt.timezone.utc)
         assert not [r for r in hours if r["device_id"] == "d02" and lo <= r["bucket_start"] < lo + dt.timedelta(days=2)]
 
@@ -79,3 +80,37 @@ def test_rollup_definitions_are_checked(lake):
     with pytest.raises(ValueError, match="'device_id' is not a numeric column"):
         lake.create_table("iot.bad2", schema=SCHEMA, time_column="ts", series_key=["device_id"],
                           rollups=[{"interval": "1h", "columns": ["device_id"]}])
+
+
+def _span(r, start: str, end: str) -> tuple[int, int]:
+    return widen(r, to_micros(parse_instant(start)), to_micros(parse_instant(end)))
+
+
+def test_a_refresh_computed_from_an_older_base_never_replaces_a_newer_one(lake, rolled):
+    """Two refreshes of overlapping ranges race (two published chunks in one month, two Lambdas): the
+    one that read the base before a publish and commits last must not put its stale rows back."""
+    daily = next(r for r in rollups_of(rolled.iceberg) if r.interval == "1d")
+    lo, hi = _span(daily, recent(8), recent(6))
+    stale = prepare_range(lake.runtime, "iot.sensor", daily, lo, hi)  # reads the base before the append
+    rolled.append(make_readings(recent(8), days=2, devices=5, step_minutes=30, seed=9).filter(
+        pc.field("device_id") == "d04"))
+    assert refresh_range(lake.runtime, "iot.sensor", daily, lo, hi) > 0  # reads the base after it
+    assert commit_range(stale) is False
+    assert stale.files and not any(Path(f.file_path.removeprefix("file://")).exists() for f in stale.files)
+    base = rolled.to_arrow()  # noqa: F841 (read by DuckDB)
+    got = _rollup(lake, "1d")
+    assert "d04" in got.column("device_id").to_pylist()
+    _assert_equal(got, _reference(base, 86_400_000_000))
+
+
+def test_refreshes_of_ranges_that_do_not_overlap_both_go_in(lake, rolled):
+    hourly = next(r for r in rollups_of(rolled.iceberg) if r.interval == "1h")
+    first = prepare_range(lake.runtime, "iot.sensor", hourly, *_span(hourly, recent(8), recent(7)))
+    rolled.append(make_readings(recent(8), days=2, devices=5, step_minutes=30, seed=9).filter(
+        pc.field("device_id") == "d04"))
+    refresh_range(lake.runtime, "iot.sensor", hourly, *_span(hourly, recent(7), recent(6)))
+    assert commit_range(first) is True  # the other commit only moved main: retried on fresh metadata, not recomputed
+    got = _rollup(lake, "1h").to_pylist()
+    day8 = dt.datetime.fromisoformat(recent(8)).replace(tzinfo=dt.timezone.utc)
+    d04 = {r["bucket_start"] for r in got if r["device_id"] == "d04"}
+    assert d04 and min(d04) >= day8 + dt.timedelta(days=1), "day 8 was computed before d04 arrived, day 7 after"

@@ -107,3 +107,32 @@ def test_declare_adds_a_rollup_built_from_the_whole_table_and_rules(lake, readin
     rollup = lake.catalog.load_table("iot.sensor_1d").scan().to_arrow()  # noqa: F841
     assert duckdb.sql("SELECT device_id, sum(rows) FROM rollup GROUP BY ALL ORDER BY ALL").fetchall() == expected
     assert [r.name for r in rules_of(table.refresh().iceberg)] == ["hot"]
+
+
+def test_runs_end_at_a_series_boundary_and_at_a_null_and_nan_is_above_every_threshold(lake):
+    """Rows in no particular order, a two-column series key: a run at the end of one series does not go
+    on into the next, a null ends a run, and NaN meets ``>`` but not ``<`` (the order SQL engines use)."""
+    from timelake.followup.rules import evaluate, parse
+    from timelake.model.contract import Contract
+
+    schema = pa.schema([("ts", pa.timestamp("us", tz="UTC")), ("site", pa.string()), ("device_id", pa.string()),
+                        ("value", pa.float64())])
+    table = lake.create_table("iot.sites", schema=schema, time_column="ts", series_key=["site", "device_id"])
+    t = [datetime(2026, 3, 1, tzinfo=timezone.utc) + timedelta(minutes=m) for m in range(5)]
+    nan = float("nan")
+    series = {("s1", "a"): [90, 90, 90], ("s1", "b"): [90, None, 90, 90, 90], ("s2", "a"): [nan, nan, nan],
+              ("s2", "b"): [3, 2, 5, 1]}
+    rows = [(t[i], site, device, v) for (site, device), values in series.items() for i, v in enumerate(values)]
+    rows = [rows[i] for i in (7, 0, 12, 3, 9, 14, 1, 5, 10, 2, 13, 6, 8, 11, 4)]
+    arrow = pa.table(list(zip(*rows)), schema=schema)
+    rules = parse(["hot: value > 80 for PT2M", "cold: value < 4"], schema)
+    contract = Contract.from_table(table.iceberg)
+
+    def events(lo: datetime | None) -> list[tuple]:
+        got = evaluate(arrow, contract, rules, None if lo is None else int(lo.timestamp() * 1e6), None).to_pylist()
+        return [(e["rule"], e["site"], e["device_id"], t.index(e["started_at"]), t.index(e["fired_at"]),
+                 "nan" if e["value"] != e["value"] else e["value"]) for e in got]
+
+    assert events(None) == [("cold", "s2", "b", 0, 0, 3.0), ("cold", "s2", "b", 3, 3, 1.0),
+                            ("hot", "s1", "a", 0, 2, 90.0), ("hot", "s1", "b", 2, 4, 90.0), ("hot", "s2", "a", 0, 2, "nan")]
+    assert events(t[1]) == events(None)[1:]  # the range cuts on the firing time; a run may begin before it

@@ -27,15 +27,40 @@ from pyiceberg.exceptions import CommitFailedException, ValidationException
 from pyiceberg.expressions import AlwaysTrue
 from pyiceberg.expressions.visitors import _StrictMetricsEvaluator, bind
 from pyiceberg.io.pyarrow import (
-    ArrowScan, _expression_to_complementary_pyarrow, bin_pack_arrow_table, compute_statistics_plan,
-    data_file_statistics_from_parquet_metadata, parquet_path_to_id_mapping, pyarrow_to_schema, write_file,
+    ArrowScan,
+    _expression_to_complementary_pyarrow,
+    bin_pack_arrow_table,
+    compute_statistics_plan,
+    data_file_statistics_from_parquet_metadata,
+    parquet_path_to_id_mapping,
+    pyarrow_to_schema,
+    write_file,
 )
-from pyiceberg.manifest import DataFile, DataFileContent, FileFormat, ManifestEntry, ManifestEntryStatus, ManifestFile
-from pyiceberg.partitioning import PartitionField, PartitionFieldValue, PartitionKey, PartitionSpec
+from pyiceberg.manifest import (
+    DataFile,
+    DataFileContent,
+    FileFormat,
+    ManifestEntry,
+    ManifestEntryStatus,
+    ManifestFile,
+)
+from pyiceberg.partitioning import (
+    PartitionField,
+    PartitionFieldValue,
+    PartitionKey,
+    PartitionSpec,
+)
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table as IcebergTable
 from pyiceberg.table import TableProperties, Transaction, WriteTask
-from pyiceberg.table.snapshots import Operation, Snapshot, SnapshotSummaryCollector, Summary, update_snapshot_summaries
+from pyiceberg.table.refs import MAIN_BRANCH
+from pyiceberg.table.snapshots import (
+    Operation,
+    Snapshot,
+    SnapshotSummaryCollector,
+    Summary,
+    update_snapshot_summaries,
+)
 from pyiceberg.table.update.snapshot import _FastAppendFiles, _OverwriteFiles
 from pyiceberg.typedef import Record
 from pyiceberg.utils.properties import property_as_int
@@ -296,26 +321,38 @@ def with_retry(table: IcebergTable, attempt: Callable[[IcebergTable], T], what: 
     raise AssertionError("unreachable")
 
 
-def swap(table: IcebergTable, row_filter: "BooleanExpression | None", rows: "pa.Table", what: str) -> None:
-    """Delete the rows matching ``row_filter`` and append ``rows`` in ONE commit, so a reader sees the
-    old rows or the new ones, never a mix. A conflict rebuilds the whole swap on fresh metadata
-    rather than letting pyiceberg replay the append onto rows it never saw.
+def swap(
+    table: IcebergTable, row_filter: "BooleanExpression | None", rows: "pa.Table | list[DataFile]", what: str,
+    properties: dict[str, str] | None = None, check: Callable[[IcebergTable], None] | None = None,
+) -> IcebergTable:
+    """Delete the rows matching ``row_filter`` and add ``rows`` (Arrow rows, or data files written
+    already) in ONE commit, so a reader sees the old rows or the new ones, never a mix. A conflict
+    rebuilds the whole swap on fresh metadata rather than letting pyiceberg replay the append onto rows
+    it never saw; ``check`` sees that fresh metadata first and raises to give up. Returns the table as
+    committed, for the caller's next commit (the handle it passed in is stale now).
 
     The files are written here (`write_rows`), not by pyiceberg's delete and append: those partition
     rows with pyiceberg-core, a 32 MB native library that the rollup Lambda, which also needs DuckDB,
     has no room for. A file whose rows all match is dropped unread; one where only some match is
     rewritten without them, like pyiceberg's copy-on-write delete."""
-    def attempt(current: IcebergTable) -> None:
-        removed, kept = _matching_files(current, row_filter) if row_filter is not None else ([], [])
-        added = write_rows(current, pa.concat_tables([t.cast(rows.schema) for t in (*kept, rows)]))
+    def attempt(current: IcebergTable) -> IcebergTable:
+        if check is not None:
+            check(current)
+        handle = without_blind_retries(current)
+        removed, kept = _matching_files(handle, row_filter) if row_filter is not None else ([], [])
+        if isinstance(rows, list):
+            added = rows + (write_rows(handle, pa.concat_tables(kept)) if kept else [])
+        else:
+            added = write_rows(handle, pa.concat_tables([t.cast(rows.schema) for t in (*kept, rows)]))
         if removed or added:
-            with without_blind_retries(current).transaction() as tx:
+            with handle.transaction() as tx:
                 if removed:
-                    overwrite_files(tx, current, removed, added, "main", {})
+                    overwrite_files(tx, handle, removed, added, MAIN_BRANCH, properties or {})
                 else:
-                    append_files(tx, current, added, "main", {})
+                    append_files(tx, handle, added, MAIN_BRANCH, properties or {})
+        return handle  # a commit replaces the handle's metadata with the catalog's, retry settings included
 
-    with_retry(table, attempt, what)
+    return with_retry(table, attempt, what)
 
 
 def _matching_files(table: IcebergTable, row_filter: "BooleanExpression") -> tuple[list[DataFile], list["pa.Table"]]:

@@ -94,6 +94,21 @@ def series_hash(table: pa.Table, series_key: tuple[str, ...]) -> np.ndarray:
     return result
 
 
+def series_codes(table: pa.Table, series_key: tuple[str, ...]) -> np.ndarray:
+    """Per row a dense int64 code of its series key: equal codes exactly when the keys are equal (a null
+    is a value of its own). Unlike `series_hash` it is not stable across tables, and never collides."""
+    codes = None
+    for column in series_key:
+        encoded = pc.dictionary_encode(table.column(column), null_encoding="encode").combine_chunks()
+        indices = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+        if codes is None:
+            codes = indices
+            continue
+        codes = codes * len(encoded.dictionary) + indices
+        codes = np.unique(codes, return_inverse=True)[1].astype(np.int64)  # dense again: the product never overflows
+    return np.zeros(table.num_rows, dtype=np.int64) if codes is None else codes
+
+
 def split_by_code(table: pa.Table, codes: np.ndarray) -> list[tuple[int, pa.Table]]:
     """Group rows by code, keeping their order within each group (one sort, then slices)."""
     if table.num_rows == 0:
