@@ -12,6 +12,7 @@ mix. Buckets whose rows all disappeared (replace mode) simply get no new row.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -33,6 +34,7 @@ ROLLUPS = "timelake.rollups"
 INTERVALS = {"1h": US_PER_HOUR, "1d": US_PER_DAY}
 CHUNK = {"1h": "day", "1d": "month"}  # one atomic swap per chunk
 AGGREGATES = ("min", "max", "sum", "avg")
+Progress = Callable[[int, int, str], None]  # (chunks done, chunks in all, what is being refreshed)
 DUCKDB_MEMORY = "256MB"  # per chunk; up to 4 chunks at once. The groups (series x buckets) are what it holds
 
 
@@ -84,27 +86,41 @@ def rollup_schema(contract: Contract, schema: pa.Schema, r: Rollup) -> pa.Schema
     return pa.schema(fields)
 
 
-def refresh(rt: Runtime, base: str, start: str, end: str) -> dict[str, int]:
-    """Recompute every rollup of ``base`` over [start, end) widened to whole buckets; returns buckets per rollup."""
+def refresh(rt: Runtime, base: str, start: str, end: str, progress: Progress | None = None) -> dict[str, int]:
+    """Recompute every rollup of ``base`` over [start, end) widened to whole buckets; returns buckets per
+    rollup. ``progress(done, total, rollup)`` is told of each chunk swapped in, over all the rollups."""
     table = rt.load_table(base)
     contract = Contract.from_table(table)
     lo, hi = to_micros(parse_instant(start)), to_micros(parse_instant(end))
+    plan = [(r, _chunks(lo, hi, CHUNK[r.interval])) for r in rollups_of(table)]
+    total, swapped = sum(len(bounds) for _, bounds in plan), 0
     done = {}
-    for r in rollups_of(table):
+    for r, bounds in plan:
         target = rt.load_table(r.table_name(base))
-        chunk = CHUNK[r.interval]
-        bounds = []
-        edge = floor_to(lo, chunk)
-        while edge < hi:
-            bounds.append((edge, next_boundary(edge, chunk)))
-            edge = bounds[-1][1]
         schema = target.schema().as_arrow()
+        if progress:
+            progress(swapped, total, r.table_name(base))
+        buckets = 0
         with ThreadPoolExecutor(max_workers=4) as pool:  # chunks are computed in parallel ...
-            fresh = list(pool.map(lambda b: _compute_chunk(table, contract, r, schema, *b), bounds))
-        for (lo_, hi_), rows in zip(bounds, fresh):  # ... and swapped one transaction each
-            swap(target, time_filter("bucket_start", lo_, hi_), rows, f"rollup {r.interval}")
-        done[r.table_name(base)] = sum(t.num_rows for t in fresh)
+            fresh = pool.map(lambda b: _compute_chunk(table, contract, r, schema, *b), bounds)
+            for (lo_, hi_), rows in zip(bounds, fresh):  # ... and swapped in order, one transaction each
+                swap(target, time_filter("bucket_start", lo_, hi_), rows, f"rollup {r.interval}")
+                buckets += rows.num_rows
+                swapped += 1
+                if progress:
+                    progress(swapped, total, r.table_name(base))
+        done[r.table_name(base)] = buckets
     return done
+
+
+def _chunks(lo: int, hi: int, chunk: str) -> list[tuple[int, int]]:
+    """[lo, hi) as whole chunks (days or months), each swapped in one transaction."""
+    bounds = []
+    edge = floor_to(lo, chunk)
+    while edge < hi:
+        bounds.append((edge, next_boundary(edge, chunk)))
+        edge = bounds[-1][1]
+    return bounds
 
 
 def compute(rows: pa.Table | pa.RecordBatchReader, contract: Contract, r: Rollup, schema: pa.Schema) -> pa.Table:

@@ -15,7 +15,7 @@ from pydantic import BaseModel, model_validator
 from timelake.adapters import runtime_for
 from timelake.errors import JobNotFound, ValidationFailed
 from timelake.model.limits import limits
-from timelake.model.report import build_report
+from timelake.model.report import report_of
 from timelake.model.spec import JobSpec
 from timelake.ports.runtime import LakeConfig, Runtime
 from timelake.ports.store import JobRecord
@@ -179,6 +179,6 @@ def _cause_message(cause: str | None) -> str:
 
 def summary(rt: Runtime, job_id: str) -> dict[str, Any]:
     """The report without the bulky parts, small enough for a state's output."""
-    report = build_report(rt.store.get_job(job_id), rt.store.units(job_id))
+    report = report_of(rt.store, job_id)
     return {k: report[k] for k in SUMMARY_KEYS} | {"checks": [
         {k: c[k] for k in ("name", "passed", "detail")} for c in report["checks"]]}
