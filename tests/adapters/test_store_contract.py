@@ -262,3 +262,18 @@ def test_a_held_job_runs_until_its_process_dies(tmp_path):
     with store.hold("j"):
         assert store.running("j") is True  # another handle in this very process sees it held
     assert store.running("j") is False
+
+
+def test_a_job_store_from_before_the_phase_log_opens_and_logs(tmp_path):
+    import sqlite3
+
+    path = tmp_path / "jobs.db"
+    con = sqlite3.connect(path)
+    con.executescript("""CREATE TABLE jobs (job_id TEXT PRIMARY KEY, tbl TEXT NOT NULL, phase TEXT NOT NULL,
+        spec TEXT NOT NULL, state TEXT NOT NULL, created_at REAL NOT NULL, updated_at REAL NOT NULL);
+        INSERT INTO jobs VALUES ('j', 'iot.a', 'writing', '{}', '{"rows": 1}', 1.0, 2.0);""")
+    con.close()
+    store = SqliteJobStore(path)
+    assert (store.get_job("j").state, store.get_job("j").phase_log) == ({"rows": 1}, [])
+    assert [phase for phase, _ in store.update_job("j", "written").phase_log] == ["written"]
+    assert SqliteJobStore(path).get_job("j").phase == "written"  # opened again: nothing to add

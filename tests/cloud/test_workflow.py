@@ -61,6 +61,12 @@ def test_full_backfill_equals_the_embedded_runner(cloud: Cloud, readings, tmp_pa
     assert len(report["published_snapshot_ids"]) == 2  # the first day held only existing keys: nothing to commit
     assert cloud.invocations.count("timelake-write") == report["units"] == 3
     assert cloud.invocations.count("timelake-publish") == 1  # chunk by chunk inside one call, while time is left
+    steps = {s["name"]: s for s in report["steps"]}  # timed from the phases the Lambdas entered, in DynamoDB
+    assert list(steps) == ["plan", "scan", "write", "stage", "validate", "publish"]  # the cut runs in the scan's time
+    assert {s["state"] for s in steps.values()} == {"done"} and steps["scan"]["rows"] == 216
+    assert (steps["scan"]["done"], steps["write"]["done"], steps["publish"]["done"]) == (2, 3, 3)
+    assert report["elapsed_seconds"] > 0
+    assert report["elapsed_seconds"] == pytest.approx(sum(s["elapsed_seconds"] for s in steps.values()), abs=0.01)
     assert "backfill/bf-cloud-1" not in table.refresh().iceberg.metadata.refs
     events = _received(queue, 3)
     assert [e["detail-type"] for e in events] == ["Backfill Published"] * 3

@@ -44,7 +44,11 @@ class SqliteJobStore:
         con = self._con()
         con.executescript(_SCHEMA)
         if "phase_log" not in {row[1] for row in con.execute("PRAGMA table_info(jobs)")}:  # a job store from before the log
-            con.execute("ALTER TABLE jobs ADD COLUMN phase_log TEXT NOT NULL DEFAULT '[]'")
+            try:
+                con.execute("ALTER TABLE jobs ADD COLUMN phase_log TEXT NOT NULL DEFAULT '[]'")
+            except sqlite3.OperationalError as exc:  # another process opening the store added it first
+                if "duplicate column" not in str(exc):
+                    raise
         self._runs = Path(self.path).parent / "runs"
 
     def _con(self) -> sqlite3.Connection:
