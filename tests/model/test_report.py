@@ -43,3 +43,10 @@ def test_an_interrupted_job_shows_where_and_no_eta():
     assert (write["name"], write["state"], write["done"], write["total"], write["eta_seconds"]) == ("write", "interrupted", 1, 2, None)
     alive = progress(job("writing", LOG[:5], runs=[[100.0, 113.0]], rows_in_scope=20), units, running=True, now=114.0)
     assert alive["phase"] == "writing" and alive["steps"][-1]["eta_seconds"] == pytest.approx(3.0)  # half done in 3 s
+
+
+def test_a_failed_step_says_so():
+    failed = progress(job("failed", LOG[:3], failed_phase="scanning", error="boom"), [], running=False, now=120.0)
+    assert failed["phase"] == "failed" and [(s["name"], s["state"]) for s in failed["steps"]] == [("plan", "done"), ("scan", "failed")]
+    refused = progress(job("failed_validation", [*LOG[:7], ["failed_validation", 132.0]]), [], running=False, now=200.0)
+    assert refused["steps"][-1]["name"] == "validate" and refused["steps"][-1]["state"] == "failed"

@@ -127,10 +127,10 @@ def _steps(job: JobRecord, units: list[UnitRecord], notes: dict[str, dict[str, A
     """Every step that has started, in order: its state (done, running, interrupted, failed), its
     count of what it works through, its rows and rate, and an ETA for the running one."""
     s = job.state
-    phase = s.get("failed_phase", job.phase) if job.phase == "failed" else job.phase
+    phase = {"failed": s.get("failed_phase", job.phase), "failed_validation": "staged"}.get(job.phase, job.phase)
     current = NEXT_STEP.get(phase)
     order = STEPS.index(current) if current else len(STEPS)
-    state = "failed" if job.phase == "failed" else INTERRUPTED if stopped else "running"
+    state = "failed" if job.phase.startswith("failed") else INTERRUPTED if stopped else "running"
     counts = _counts(job, units, notes)
     steps = []
     for i, name in enumerate(STEPS):
