@@ -162,8 +162,6 @@ def _scan_all(rt: Runtime, job_id: str, source: Any, cancel: threading.Event | N
 def _write_all(rt: Runtime, job_id: str, cancel: threading.Event | None, only: list[str] | None = None) -> None:
     """Write every unit not done yet (or only those of ``only``, a canary, which leaves the phase at writing)."""
     job = rt.store.update_job(job_id, "writing")
-    if "write_started_at" not in job.state:
-        job = rt.store.update_job(job_id, write_started_at=time.time())
     spec = JobSpec.model_validate(job.spec)
     units = rt.store.units(job_id)
     pending = [u.unit_id for u in units if u.status != "done" and (only is None or u.unit_id in only)]
@@ -181,7 +179,7 @@ def _write_all(rt: Runtime, job_id: str, cancel: threading.Event | None, only: l
         threads = job.state.get("rows_in_scope", 0) < IN_PROCESS_ROWS
         _fan_out(rt, job_id, "write", pending, workers, lambda: None, cancel, threads=threads, main=main)
     if only is None:
-        rt.store.update_job(job_id, "written", write_finished_at=time.time())
+        rt.store.update_job(job_id, "written")
 
 
 def _check_all(rt: Runtime, job_id: str, cancel: threading.Event | None) -> None:

@@ -98,16 +98,27 @@ class StepDisplay:
             return
         self.stop.set()
         self.thread.join()
-        self.show(final=True)
+        self._show(final=True)
         self.bar.stop()
 
     def _poll(self) -> None:
         while not self.stop.wait(self.every):
-            self.show()
+            self._show()
+
+    def _show(self, final: bool = False) -> None:
+        """A display that cannot read the store (a full disk, a locked database) skips a beat: it must
+        neither stop the job nor hide the error the job itself then reports."""
+        try:
+            self.show(final)
+        except Exception:  # noqa: BLE001
+            pass
 
     def show(self, final: bool = False) -> None:
-        info = progress(self.store.get_job(self.job_id), self.store.units(self.job_id),
-                        self.store.progress_notes(self.job_id), running=not final)
+        """Update the bars, or print the lines of the steps that ended; ``final``: the run is over (here),
+        so a step left running was interrupted, unless another process runs the job."""
+        store = self.store
+        running = store.running(self.job_id) if final else True
+        info = progress(store.get_job(self.job_id), store.units(self.job_id), store.progress_notes(self.job_id), running)
         for step in info["steps"]:
             name = step["name"]
             if self.live:

@@ -140,7 +140,7 @@ def cut_units(rt: Runtime, job_id: str) -> dict[str, Any]:
     only = canary.select(rt, job_id) if canary.wanted(job) else None  # a canary writes its day's units first
     pending = [u.unit_id for u in rt.store.units(job_id) if u.status != "done" and (only is None or u.unit_id in only)]
     if job.phase == "planned":
-        rt.store.update_job(job_id, "writing", write_started_at=time.time())
+        rt.store.update_job(job_id, "writing")
     manifest = write_json(rt, job_id, f"pending-units-{time.time_ns()}.json",
                           [{"job_id": job_id, "unit_id": u} for u in pending])
     return {"job_id": job_id, "dry_run": False, "finished": False, "report": None, "units_pending": len(pending),
@@ -151,7 +151,7 @@ def cut_units(rt: Runtime, job_id: str) -> dict[str, Any]:
 def finish_writes(rt: Runtime, job_id: str) -> None:
     job = rt.store.get_job(job_id)
     if job.phase in ("planned", "writing"):
-        rt.store.update_job(job_id, "written", write_finished_at=time.time())
+        rt.store.update_job(job_id, "written")
 
 
 def fail(rt: Runtime, job_id: str, error: str, cause: str | None) -> dict[str, str]:
