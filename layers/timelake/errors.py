@@ -13,6 +13,10 @@ class JobNotFound(BackfillError):
     pass
 
 
+class JobBusy(BackfillError):
+    """Another process runs the job right now."""
+
+
 class LeaseConflict(BackfillError):
     """Another unpublished job holds an overlapping range of the same table."""
 

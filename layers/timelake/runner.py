@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import multiprocessing
 import os
+import socket
 import sys
 import threading
 import time
@@ -25,6 +26,7 @@ from timelake.model.contract import Contract
 from timelake.model.faults import checkpoint
 from timelake.model.layout import MainReader
 from timelake.model.limits import limits
+from timelake.model.report import NEXT_STEP
 from timelake.model.spec import JobSpec
 from timelake.ports.runtime import Runtime
 from timelake.ports.store import TERMINAL, JobRecord
@@ -38,18 +40,6 @@ from timelake.steps.stage import stage
 from timelake.steps.validate import check_file, check_items, plan_checks, validate
 from timelake.steps.write import write_unit
 
-Progress = Callable[[dict[str, Any]], None]
-
-NEXT_STEP = {
-    "created": "plan", "planning": "plan",
-    "scanning": "scan",
-    "scanned": "cut",
-    "planned": "write", "writing": "write",
-    "written": "stage",
-    "staged": "validate",
-    "validated": "publish", "publishing": "publish",
-    "refreshing": "refresh",
-}
 WAITING = {canary.AWAITING}  # the job stops here until a person approves (continue) or aborts it
 # Below this many rows, units are written by threads of this process (a unit's sort, take and
 # Parquet encoding run outside the GIL): starting worker processes (about 1 s for the forkserver
@@ -62,13 +52,19 @@ IN_PROCESS_ROWS = int(os.environ.get("TIMELAKE_IN_PROCESS_ROWS", 20_000_000))
 # Above it, processes, so that a long scan on many cores is not held back by the GIL. A PostgreSQL
 # source is always read by threads: its driver decodes outside the GIL (bench/bench_postgres.py).
 IN_PROCESS_SOURCE_BYTES = int(os.environ.get("TIMELAKE_IN_PROCESS_SOURCE_BYTES", 1 << 30))
+HEARTBEAT_SECONDS = 2.0  # how often a runner notes that it still runs the job: the time a crash loses from its clock
+MAX_RUNS = 100
 
 
-def run_job(
-    rt: Runtime, job_id: str, source: Any = None, on_progress: Progress | None = None,
-    cancel: threading.Event | None = None,
-) -> str:
-    """Run a job from its current phase to the end; returns the final phase."""
+def run_job(rt: Runtime, job_id: str, source: Any = None, cancel: threading.Event | None = None) -> str:
+    """Run a job from its current phase to the end; returns the final phase. One process at a time
+    runs a job (`JobBusy` otherwise); while it does, the job store shows it as running."""
+    rt.store.get_job(job_id)  # an unknown job is named as such, before anything is held
+    with rt.store.hold(job_id), _Heartbeat(rt, job_id):
+        return _run(rt, job_id, source, cancel)
+
+
+def _run(rt: Runtime, job_id: str, source: Any, cancel: threading.Event | None) -> str:
     job = reopen(rt, job_id)
     while job.phase not in TERMINAL | WAITING:
         step = NEXT_STEP[job.phase]
@@ -78,15 +74,15 @@ def run_job(
                 rt.store.update_job(job_id, "planning")
                 plan(rt, job_id, source)
             elif step == "scan":
-                _scan_all(rt, job_id, source, on_progress, cancel)
+                _scan_all(rt, job_id, source, cancel)
             elif step == "cut":
                 cut(rt, job_id)
                 checkpoint("plan.done")
             elif step == "write" and canary.wanted(job):
-                _write_all(rt, job_id, on_progress, cancel, only=canary.select(rt, job_id))
+                _write_all(rt, job_id, cancel, only=canary.select(rt, job_id))
                 canary.check(rt, job_id, source)
             elif step == "write":
-                _write_all(rt, job_id, on_progress, cancel)
+                _write_all(rt, job_id, cancel)
             elif step == "stage":
                 stage(rt, job_id)
                 checkpoint("stage.done")
@@ -142,7 +138,7 @@ def record_failure(rt: Runtime, job_id: str, error: str) -> JobRecord:
     return rt.store.update_job(job_id, "failed", failed_phase=job.phase, error=error)
 
 
-def _scan_all(rt: Runtime, job_id: str, source: Any, on_progress: Progress | None, cancel: threading.Event | None) -> None:
+def _scan_all(rt: Runtime, job_id: str, source: Any, cancel: threading.Event | None) -> None:
     """Scan every source piece not scanned yet: in-process for in-memory data or a single piece."""
     job = rt.store.get_job(job_id)
     spec = JobSpec.model_validate(job.spec)
@@ -163,19 +159,13 @@ def _scan_all(rt: Runtime, job_id: str, source: Any, on_progress: Progress | Non
     rt.store.update_job(job_id, "scanned")
 
 
-def _write_all(
-    rt: Runtime, job_id: str, on_progress: Progress | None, cancel: threading.Event | None, only: list[str] | None = None,
-) -> None:
+def _write_all(rt: Runtime, job_id: str, cancel: threading.Event | None, only: list[str] | None = None) -> None:
     """Write every unit not done yet (or only those of ``only``, a canary, which leaves the phase at writing)."""
     job = rt.store.update_job(job_id, "writing")
-    if "write_started_at" not in job.state:
-        job = rt.store.update_job(job_id, write_started_at=time.time())
     spec = JobSpec.model_validate(job.spec)
     units = rt.store.units(job_id)
     pending = [u.unit_id for u in units if u.status != "done" and (only is None or u.unit_id in only)]
     workers = min(spec.max_concurrency or os.cpu_count() or 1, len(pending)) if pending else 0
-    tick = _Ticker(rt, job_id, on_progress)
-    tick()
     main = None
     if spec.mode == "merge" and pending:
         contract = Contract.from_table(rt.load_table(spec.table))
@@ -184,13 +174,12 @@ def _write_all(
         for unit_id in pending:
             _check(cancel, job_id, "while writing", rt)
             write_unit(rt, job_id, unit_id, main)
-            tick()
             checkpoint("write.unit")
     else:
         threads = job.state.get("rows_in_scope", 0) < IN_PROCESS_ROWS
-        _fan_out(rt, job_id, "write", pending, workers, tick, cancel, threads=threads, main=main)
+        _fan_out(rt, job_id, "write", pending, workers, lambda: None, cancel, threads=threads, main=main)
     if only is None:
-        rt.store.update_job(job_id, "written", write_finished_at=time.time())
+        rt.store.update_job(job_id, "written")
 
 
 def _check_all(rt: Runtime, job_id: str, cancel: threading.Event | None) -> None:
@@ -199,8 +188,15 @@ def _check_all(rt: Runtime, job_id: str, cancel: threading.Event | None) -> None
     if plan_checks(rt, job_id)["files"] > 1:
         spec = JobSpec.model_validate(rt.store.get_job(job_id).spec)
         items = check_items(rt, job_id)
+        checked = [0]
+
+        def tick() -> None:
+            checked[0] += 1
+            rt.store.note_progress(job_id, "validate", {"done": checked[0], "total": len(items), "of": "files"})
+
+        rt.store.note_progress(job_id, "validate", {"done": 0, "total": len(items), "of": "files"})
         _fan_out(rt, job_id, "check", items, min(spec.max_concurrency or os.cpu_count() or 1, len(items)),
-                 lambda: None, cancel, threads=True)
+                 tick, cancel, threads=True)
 
 
 def _check(cancel: threading.Event | None, job_id: str, doing: str, rt: Runtime | None = None) -> None:
@@ -285,12 +281,37 @@ def _run_item(rt: Runtime, step: str, job_id: str, item: Any, main: MainReader |
     return check_file(rt, job_id, item["file"], item["spec_id"], item["partition"])
 
 
-class _Ticker:
-    def __init__(self, rt: Runtime, job_id: str, on_progress: Progress | None) -> None:
-        self.rt, self.job_id, self.on_progress = rt, job_id, on_progress
+class _Heartbeat:
+    """The runs of a job in its state (``runs``: [start, last heartbeat] per process that ran it), kept
+    current every `HEARTBEAT_SECONDS` by a thread: a crashed runner's time then ends at its last
+    heartbeat, and the hours before a resume count for no step (`model.report.step_seconds`)."""
 
-    def __call__(self) -> None:
-        if self.on_progress is not None:
-            from timelake.model.report import progress
+    def __init__(self, rt: Runtime, job_id: str) -> None:
+        self.rt, self.job_id = rt, job_id
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._beat, name=f"timelake-heartbeat-{job_id}", daemon=True)
 
-            self.on_progress(progress(self.rt.store.get_job(self.job_id), self.rt.store.units(self.job_id)))
+    def __enter__(self) -> "_Heartbeat":
+        now = time.time()
+        self.runs = [*self.rt.store.get_job(self.job_id).state.get("runs", []), [now, now]][-MAX_RUNS:]
+        self.rt.store.update_job(self.job_id, runs=self.runs, runner={"pid": os.getpid(), "host": socket.gethostname()})
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join()
+        self._note()
+
+    def _beat(self) -> None:
+        while not self.stop.wait(HEARTBEAT_SECONDS):
+            self._note()
+
+    def _note(self) -> None:
+        """Only this process writes ``runs`` while it holds the job, so writing its own copy loses nothing.
+        A heartbeat that cannot be written (a full disk) costs the job's clock, never the job."""
+        self.runs[-1][1] = time.time()
+        try:
+            self.rt.store.update_job(self.job_id, runs=self.runs)
+        except Exception:  # noqa: BLE001
+            pass

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing
+import os
 import threading
 import time
 
@@ -203,3 +204,76 @@ def test_a_guarded_update_writes_only_what_its_guard_accepts(store):
         store.update_job_if("nope", lambda j: None, flag=True)
     won = _racers(store, _claim, "p")
     assert sum(won) == 1 and store.get_job("j").state["holder"] == f"p{won.index(True)}"
+
+
+def test_the_phases_a_job_enters_are_logged_with_their_time(store):
+    before = time.time()
+    store.create_job(JobRecord("j", "iot.a", "created", {}))
+    store.update_job("j", "scanning", rows=1)
+    store.update_job("j", rows=2)  # no phase: nothing entered
+    store.update_job("j", "scanning")  # entered again (a resumed step): a new stretch
+    job = store.update_job("j", "planned")
+    assert [phase for phase, _ in job.phase_log] == ["created", "scanning", "scanning", "planned"]
+    times = [at for _, at in store.get_job("j").phase_log]
+    assert times == sorted(times) and before - 0.01 <= times[0] and times[-1] <= time.time() + 0.01
+    assert store.get_job("j").state == {"rows": 2}  # the log is the store's, not the job's state
+
+
+def test_progress_notes_are_one_record_per_item(store):
+    store.create_job(JobRecord("j", "iot.a", "scanning", {}))
+    assert store.progress_notes("j") == {}
+    store.note_progress("j", "scan/0", {"rows": 10, "pieces": 0})
+    store.note_progress("j", "scan/1", {"rows": 5})
+    store.note_progress("j", "scan/0", {"rows": 20, "pieces": 1})  # replaces, never adds up
+    store.note_progress("other", "scan/0", {"rows": 99})
+    assert store.progress_notes("j") == {"scan/0": {"rows": 20, "pieces": 1}, "scan/1": {"rows": 5}}
+    assert store.units("j") == []  # notes are not units
+
+
+def _hold_until_killed(location: str, held) -> None:
+    store = SqliteJobStore(location)
+    with store.hold("j"):
+        held.set()
+        time.sleep(600)
+
+
+def test_a_held_job_runs_until_its_process_dies(tmp_path):
+    """The embedded store tells a running job from one whose runner died, SIGKILL included; a second
+    holder is refused while the first lives."""
+    import signal
+
+    from timelake.errors import JobBusy
+
+    store = SqliteJobStore(tmp_path / "jobs.db")
+    store.create_job(JobRecord("j", "iot.a", "writing", {}))
+    assert store.running("j") is False
+    ctx = multiprocessing.get_context("fork")
+    held = ctx.Event()
+    child = ctx.Process(target=_hold_until_killed, args=(store.path, held))
+    child.start()
+    assert held.wait(30)
+    assert store.running("j") is True
+    with pytest.raises(JobBusy, match="job j is running in another process"):
+        with store.hold("j"):
+            pass
+    os.kill(child.pid, signal.SIGKILL)
+    child.join(30)
+    assert store.running("j") is False
+    with store.hold("j"):
+        assert store.running("j") is True  # another handle in this very process sees it held
+    assert store.running("j") is False
+
+
+def test_a_job_store_from_before_the_phase_log_opens_and_logs(tmp_path):
+    import sqlite3
+
+    path = tmp_path / "jobs.db"
+    con = sqlite3.connect(path)
+    con.executescript("""CREATE TABLE jobs (job_id TEXT PRIMARY KEY, tbl TEXT NOT NULL, phase TEXT NOT NULL,
+        spec TEXT NOT NULL, state TEXT NOT NULL, created_at REAL NOT NULL, updated_at REAL NOT NULL);
+        INSERT INTO jobs VALUES ('j', 'iot.a', 'writing', '{}', '{"rows": 1}', 1.0, 2.0);""")
+    con.close()
+    store = SqliteJobStore(path)
+    assert (store.get_job("j").state, store.get_job("j").phase_log) == ({"rows": 1}, [])
+    assert [phase for phase, _ in store.update_job("j", "written").phase_log] == ["written"]
+    assert SqliteJobStore(path).get_job("j").phase == "written"  # opened again: nothing to add

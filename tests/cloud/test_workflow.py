@@ -78,6 +78,12 @@ def test_full_backfill_equals_the_embedded_runner(cloud: Cloud, readings, tmp_pa
                      if "CheckFiles" in run["mapRunArn"])
     counts = cloud.sfn.describe_map_run(mapRunArn=check_run["mapRunArn"])["itemCounts"]
     assert (counts["total"], counts["succeeded"]) == (2, 2)
+    steps = {s["name"]: s for s in report["steps"]}  # timed from the phases the Lambdas entered, in DynamoDB
+    assert list(steps) == ["plan", "scan", "write", "stage", "validate", "publish"]  # the cut runs in the scan's time
+    assert {s["state"] for s in steps.values()} == {"done"} and steps["scan"]["rows"] == 216
+    assert (steps["scan"]["done"], steps["write"]["done"], steps["publish"]["done"]) == (2, 3, 3)
+    assert report["elapsed_seconds"] > 0
+    assert report["elapsed_seconds"] == pytest.approx(sum(s["elapsed_seconds"] for s in steps.values()), abs=0.01)
     assert "backfill/bf-cloud-1" not in table.refresh().iceberg.metadata.refs
     events = _received(queue, 3)
     assert [e["detail-type"] for e in events] == ["Backfill Published"] * 3

@@ -2,27 +2,34 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import sqlite3
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from timelake.ports.runtime import private_file, private_folder
 from timelake.ports.store import (
-    RATE_BURST_SECONDS, Guard, JobRecord, accept, Lease, UnitRecord, job_exists, job_not_found, lease_conflict, reserved_until,
-    unit_not_found,
+    RATE_BURST_SECONDS, Guard, JobRecord, accept, Lease, UnitRecord, job_busy, job_exists, job_not_found, lease_conflict,
+    log_phase, reserved_until, unit_not_found,
 )
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (job_id TEXT PRIMARY KEY, tbl TEXT NOT NULL, phase TEXT NOT NULL,
-    spec TEXT NOT NULL, state TEXT NOT NULL, created_at REAL NOT NULL, updated_at REAL NOT NULL);
+    spec TEXT NOT NULL, state TEXT NOT NULL, created_at REAL NOT NULL, updated_at REAL NOT NULL,
+    phase_log TEXT NOT NULL DEFAULT '[]');
 CREATE TABLE IF NOT EXISTS units (job_id TEXT NOT NULL, unit_id TEXT NOT NULL, status TEXT NOT NULL,
     info TEXT NOT NULL, result TEXT NOT NULL, PRIMARY KEY (job_id, unit_id));
 CREATE TABLE IF NOT EXISTS leases (job_id TEXT PRIMARY KEY, tbl TEXT NOT NULL, start_us INTEGER NOT NULL,
     end_us INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS rates (job_id TEXT PRIMARY KEY, empty_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS progress (job_id TEXT NOT NULL, item TEXT NOT NULL, counts TEXT NOT NULL,
+    PRIMARY KEY (job_id, item));
 """
 
 
@@ -34,7 +41,15 @@ class SqliteJobStore:
         private_folder(Path(self.path).parent)
         private_file(Path(self.path))
         self._local = threading.local()
-        self._con().executescript(_SCHEMA)
+        con = self._con()
+        con.executescript(_SCHEMA)
+        if "phase_log" not in {row[1] for row in con.execute("PRAGMA table_info(jobs)")}:  # a job store from before the log
+            try:
+                con.execute("ALTER TABLE jobs ADD COLUMN phase_log TEXT NOT NULL DEFAULT '[]'")
+            except sqlite3.OperationalError as exc:  # another process opening the store added it first
+                if "duplicate column" not in str(exc):
+                    raise
+        self._runs = Path(self.path).parent / "runs"
 
     def _con(self) -> sqlite3.Connection:
         con = getattr(self._local, "con", None)
@@ -50,11 +65,12 @@ class SqliteJobStore:
 
     def create_job(self, job: JobRecord) -> None:
         now = time.time()
+        log = [[job.phase, round(now, 3)]]
         with self._tx() as con:
             try:
                 con.execute(
-                    "INSERT INTO jobs VALUES (?,?,?,?,?,?,?)",
-                    (job.job_id, job.table, job.phase, json.dumps(job.spec), json.dumps(job.state), now, now),
+                    "INSERT INTO jobs VALUES (?,?,?,?,?,?,?,?)",
+                    (job.job_id, job.table, job.phase, json.dumps(job.spec), json.dumps(job.state), now, now, json.dumps(log)),
                 )
             except sqlite3.IntegrityError as exc:
                 raise job_exists(job.job_id) from exc
@@ -78,9 +94,10 @@ class SqliteJobStore:
             job.state.update(state)
             job.phase = phase or job.phase
             job.updated_at = time.time()
+            log_phase(job, phase, job.updated_at)
             con.execute(
-                "UPDATE jobs SET phase=?, state=?, updated_at=? WHERE job_id=?",
-                (job.phase, json.dumps(job.state), job.updated_at, job_id),
+                "UPDATE jobs SET phase=?, state=?, updated_at=?, phase_log=? WHERE job_id=?",
+                (job.phase, json.dumps(job.state), job.updated_at, json.dumps(job.phase_log), job_id),
             )
         return job
 
@@ -147,6 +164,45 @@ class SqliteJobStore:
             con.execute("INSERT OR REPLACE INTO rates VALUES (?,?)", (job_id, empty_at))
         return empty_at - now - RATE_BURST_SECONDS
 
+    def note_progress(self, job_id: str, item: str, counts: dict[str, Any]) -> None:
+        with self._tx() as con:
+            con.execute("INSERT OR REPLACE INTO progress VALUES (?,?,?)", (job_id, item, json.dumps(counts)))
+
+    def progress_notes(self, job_id: str) -> dict[str, dict[str, Any]]:
+        rows = self._con().execute("SELECT item, counts FROM progress WHERE job_id=?", (job_id,))
+        return {item: json.loads(counts) for item, counts in rows}
+
+    @contextmanager
+    def hold(self, job_id: str) -> Iterator[None]:
+        """An exclusive ``flock`` on ``runs/<job_id>.lock`` beside the database: the kernel drops it
+        with the process, so a job whose runner was killed is never shown as running."""
+        fd = self._lock_file(job_id)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise job_busy(job_id) from None
+        try:
+            yield
+        finally:
+            os.close(fd)
+
+    def running(self, job_id: str) -> bool:
+        if not (self._runs / f"{job_id}.lock").exists():
+            return False
+        fd = self._lock_file(job_id)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)  # closing drops a lock taken just now
+        return False
+
+    def _lock_file(self, job_id: str) -> int:
+        private_folder(self._runs)
+        return os.open(self._runs / f"{job_id}.lock", os.O_CREAT | os.O_RDWR, 0o600)
+
 
 class _Tx:
     """BEGIN IMMEDIATE … COMMIT, so check-then-write (leases, unit completion) is atomic across processes."""
@@ -163,4 +219,4 @@ class _Tx:
 
 
 def _job(row: tuple) -> JobRecord:
-    return JobRecord(row[0], row[1], row[2], json.loads(row[3]), json.loads(row[4]), row[5], row[6])
+    return JobRecord(row[0], row[1], row[2], json.loads(row[3]), json.loads(row[4]), row[5], row[6], json.loads(row[7]))

@@ -2,18 +2,20 @@
 
 One table (`table_definition()`, mirrored by the CDK stack), string keys ``pk``/``sk``:
 
-================  ==================  ===================================================
-pk                sk                  attributes
-================  ==================  ===================================================
-``JOB#<job_id>``  ``JOB``             job_id, tbl, phase, spec and state (JSON strings),
-                                      created_at, updated_at, version; ``gsi1pk="JOBS"``,
-                                      ``gsi1sk="<created_at, zero-padded>#<job_id>"``
-``JOB#<job_id>``  ``UNIT#<unit_id>``  unit_id, status, info and result (JSON strings);
-                                      ``expires_at`` (epoch seconds, the table's TTL) once the
-                                      job is finished
-``LEASES``        ``LEASES``          leases (JSON: job_id → [table, start, end]), version
-``JOB#<job_id>``  ``RATE``            empty_at (the source rate budget, see `timelake.throttle`), version
-================  ==================  ===================================================
+================  ===================  ===================================================
+pk                sk                   attributes
+================  ===================  ===================================================
+``JOB#<job_id>``  ``JOB``              job_id, tbl, phase, spec, state and phase_log (JSON
+                                       strings), created_at, updated_at, version; ``gsi1pk="JOBS"``,
+                                       ``gsi1sk="<created_at, zero-padded>#<job_id>"``
+``JOB#<job_id>``  ``UNIT#<unit_id>``   unit_id, status, info and result (JSON strings);
+                                       ``expires_at`` (epoch seconds, the table's TTL) once the
+                                       job is finished
+``LEASES``        ``LEASES``           leases (JSON: job_id → [table, start, end]), version
+``JOB#<job_id>``  ``RATE``             empty_at (the source rate budget, see `timelake.throttle`), version
+``JOB#<job_id>``  ``PROGRESS#<item>``  counts (JSON): how far a scan task or a step has got;
+                                       ``expires_at`` once the job is finished
+================  ===================  ===================================================
 
 Why this shape:
 
@@ -31,6 +33,8 @@ Why this shape:
 - The job and lease items are rewritten whole under a ``version`` condition (optimistic
   concurrency, re-read and retried on conflict): DynamoDB cannot merge into a JSON string, and
   the lease overlap check must see the same leases the write replaces.
+- Progress counts live in their own items, one per scan task or step, each written by one worker:
+  a hundred scan Lambdas noting their rows every second would otherwise all rewrite the job item.
 - A finished job's unit items expire (``expires_at``, `TTL_ATTRIBUTE`, ``unit_ttl_days`` after the
   job reached a `TERMINAL` phase): they are one item per unit, thousands per job, and nothing reads
   them once the job is over (its report lives in the job item, which stays). A failed job is not
@@ -47,6 +51,7 @@ import random
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import boto3
@@ -54,7 +59,7 @@ from botocore.config import Config
 
 from timelake.ports.store import (
     RATE_BURST_SECONDS, TERMINAL, Guard, JobRecord, accept, Lease, UnitRecord, job_exists, job_not_found, lease_conflict,
-    reserved_until, unit_not_found,
+    log_phase, reserved_until, unit_not_found,
 )
 
 Item = dict[str, dict[str, Any]]
@@ -101,7 +106,8 @@ class DynamoJobStore:
             if item is not None:
                 raise job_exists(job.job_id)
             now = time.time()
-            return _job_item(JobRecord(job.job_id, job.table, job.phase, job.spec, job.state, now, now))
+            return _job_item(JobRecord(job.job_id, job.table, job.phase, job.spec, job.state, now, now,
+                                       [[job.phase, round(now, 3)]]))
 
         self._swap(_job_key(job.job_id), change)
 
@@ -128,6 +134,7 @@ class DynamoJobStore:
             job.state.update(state)
             job.phase = phase or job.phase
             job.updated_at = time.time()
+            log_phase(job, phase, job.updated_at)
             return _job_item(job)
 
         job = _job(self._swap(_job_key(job_id), change))
@@ -164,11 +171,11 @@ class DynamoJobStore:
         )]
 
     def _expire_units(self, job_id: str, at: float) -> None:
-        """Marks every unit of a finished job for DynamoDB's TTL deletion (one small write per unit,
-        the same count as writing them; DynamoDB deletes expired items for free)."""
-        keys = [{"pk": item["pk"], "sk": item["sk"]} for item in self._query(
-            KeyConditionExpression="pk = :pk AND begins_with(sk, :unit)", ProjectionExpression="pk, sk",
-            ExpressionAttributeValues={":pk": {"S": f"JOB#{job_id}"}, ":unit": {"S": "UNIT#"}})]
+        """Marks every unit (and progress note) of a finished job for DynamoDB's TTL deletion (one small
+        write per unit, the same count as writing them; DynamoDB deletes expired items for free)."""
+        keys = [{"pk": item["pk"], "sk": item["sk"]} for prefix in ("UNIT#", "PROGRESS#") for item in self._query(
+            KeyConditionExpression="pk = :pk AND begins_with(sk, :prefix)", ProjectionExpression="pk, sk",
+            ExpressionAttributeValues={":pk": {"S": f"JOB#{job_id}"}, ":prefix": {"S": prefix}})]
 
         def expire(key: Item) -> None:
             self._client.update_item(TableName=self.table_name, Key=key, UpdateExpression="SET #ttl = :at",
@@ -222,6 +229,23 @@ class DynamoJobStore:
 
         return float(self._swap(_rate_key(job_id), change)["empty_at"]["N"]) - time.time() - RATE_BURST_SECONDS
 
+    def note_progress(self, job_id: str, item: str, counts: dict[str, Any]) -> None:
+        self._client.put_item(TableName=self.table_name, Item=_progress_key(job_id, item) | {
+            "counts": {"S": json.dumps(counts)}})
+
+    def progress_notes(self, job_id: str) -> dict[str, dict[str, Any]]:
+        return {item["sk"]["S"].removeprefix("PROGRESS#"): json.loads(item["counts"]["S"]) for item in self._query(
+            KeyConditionExpression="pk = :pk AND begins_with(sk, :progress)", ConsistentRead=True,
+            ExpressionAttributeValues={":pk": {"S": f"JOB#{job_id}"}, ":progress": {"S": "PROGRESS#"}})}
+
+    def hold(self, job_id: str) -> AbstractContextManager[None]:
+        """Nothing to hold: on AWS only the workflow's execution runs a job, and Step Functions
+        refuses a second execution of the same name."""
+        return nullcontext()
+
+    def running(self, job_id: str) -> None:
+        return None
+
     def _get(self, key: Item) -> Item | None:
         return self._client.get_item(TableName=self.table_name, Key=key, ConsistentRead=True).get("Item")
 
@@ -266,6 +290,10 @@ def _rate_key(job_id: str) -> Item:
     return {"pk": {"S": f"JOB#{job_id}"}, "sk": {"S": "RATE"}}
 
 
+def _progress_key(job_id: str, item: str) -> Item:
+    return {"pk": {"S": f"JOB#{job_id}"}, "sk": {"S": f"PROGRESS#{item}"}}
+
+
 def _unit_key(job_id: str, unit_id: str) -> Item:
     return {"pk": {"S": f"JOB#{job_id}"}, "sk": {"S": f"UNIT#{unit_id}"}}
 
@@ -275,7 +303,7 @@ def _job_item(job: JobRecord) -> Item:
         "job_id": {"S": job.job_id}, "tbl": {"S": job.table}, "phase": {"S": job.phase},
         "spec": {"S": json.dumps(job.spec)}, "state": {"S": json.dumps(job.state)},
         "created_at": {"N": repr(job.created_at)}, "updated_at": {"N": repr(job.updated_at)},
-        "gsi1pk": {"S": "JOBS"}, "gsi1sk": {"S": f"{job.created_at:020.6f}#{job.job_id}"},
+        "phase_log": {"S": json.dumps(job.phase_log)}, "gsi1pk": {"S": "JOBS"}, "gsi1sk": {"S": f"{job.created_at:020.6f}#{job.job_id}"},
     }
 
 
@@ -283,6 +311,7 @@ def _job(item: Item) -> JobRecord:
     return JobRecord(
         item["job_id"]["S"], item["tbl"]["S"], item["phase"]["S"], json.loads(item["spec"]["S"]),
         json.loads(item["state"]["S"]), float(item["created_at"]["N"]), float(item["updated_at"]["N"]),
+        json.loads(item["phase_log"]["S"]) if "phase_log" in item else [],
     )
 
 

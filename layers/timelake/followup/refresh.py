@@ -9,6 +9,7 @@ are replaced, never appended twice), so a retried event or a resumed job is harm
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import BaseModel
@@ -35,12 +36,24 @@ def needed(table: Any, spec: JobSpec) -> bool:
     return bool(rollups_of(table)) or (spec.evaluate_rules and bool(rules_of(table)))
 
 
-def on_published(rt: Runtime, event: PublishedEvent) -> dict[str, Any]:
-    """Refresh the rollups over the event's range; evaluate the rules there if the job asked."""
-    done: dict[str, Any] = {"rollups": refresh(rt, event.table, event.start, event.end)}
+def on_published(rt: Runtime, event: PublishedEvent, progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Refresh the rollups over the event's range; evaluate the rules there if the job asked.
+    ``progress(counts)`` hears how far it has got: rollup chunks swapped in, then the rules as one more."""
+    rules = int(event.evaluate_rules)
+    chunks = [0]
+
+    def tell(done: int, total: int, doing: str) -> None:
+        chunks[0] = total
+        if progress:
+            progress({"done": done, "total": total + rules, "of": "rollup chunks" + (" and rules" if rules else ""),
+                      "doing": doing})
+
+    done: dict[str, Any] = {"rollups": refresh(rt, event.table, event.start, event.end, tell)}
     if event.evaluate_rules:
+        tell(chunks[0], chunks[0], "rules")
         lo, hi = to_micros(parse_instant(event.start)), to_micros(parse_instant(event.end))
         done["events"] = evaluate_published(rt, event.table, event.job_id, lo, hi)
+        tell(chunks[0] + 1, chunks[0], "rules")
     return done
 
 
@@ -50,7 +63,7 @@ def run(rt: Runtime, job_id: str) -> dict[str, Any]:
     spec = JobSpec.model_validate(job.spec)
     event = PublishedEvent(job_id=job_id, table=job.table, start=iso(job.state["range_start"]),
                            end=iso(job.state["range_end"]), evaluate_rules=spec.evaluate_rules)
-    done = on_published(rt, event)
+    done = on_published(rt, event, lambda counts: rt.store.note_progress(job_id, "refresh", counts))
     rt.store.update_job(job_id, "published", rollups_refreshed=done["rollups"],
                         **({"rule_events": done["events"]} if "events" in done else {}))
     return done

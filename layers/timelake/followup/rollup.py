@@ -12,6 +12,7 @@ mix. Buckets whose rows all disappeared (replace mode) simply get no new row.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -45,6 +46,7 @@ RANGE = "timelake.rollup-range"  # snapshot summary: the [start, end) in UTC µs
 AGGREGATES = ("min", "max", "sum", "avg")
 WORKERS = 4  # chunks computed at once
 DUCKDB_MEMORY = "1GB"  # for those chunks together. The groups (series x buckets) are what it holds
+Progress = Callable[[int, int, str], None]  # (chunks done, chunks in all, what is being refreshed)
 
 
 @dataclass(frozen=True)
@@ -95,12 +97,24 @@ def rollup_schema(contract: Contract, schema: pa.Schema, r: Rollup) -> pa.Schema
     return pa.schema(fields)
 
 
-def refresh(rt: Runtime, base: str, start: str, end: str) -> dict[str, int]:
+def refresh(rt: Runtime, base: str, start: str, end: str, progress: Progress | None = None) -> dict[str, int]:
     """Recompute every rollup of ``base`` over [start, end) widened to whole chunks, one commit per
-    rollup; returns the rollup rows written per rollup table."""
+    rollup; returns the rollup rows written per rollup table. ``progress(done, total, rollup)`` is
+    told of each chunk computed, over all the rollups."""
     table = rt.load_table(base)
     lo, hi = to_micros(parse_instant(start)), to_micros(parse_instant(end))
-    return {r.table_name(base): refresh_range(rt, base, r, *widen(r, lo, hi)) for r in rollups_of(table)}
+    plan = [(r, widen(r, lo, hi)) for r in rollups_of(table)]
+    total, done = sum(len(chunks(r, *span)) for r, span in plan), 0
+
+    def tick(name: str) -> None:
+        nonlocal done
+        done += 1
+        if progress:
+            progress(done, total, name)
+
+    if progress:
+        progress(0, total, base)
+    return {r.table_name(base): refresh_range(rt, base, r, *span, lambda: tick(r.table_name(base))) for r, span in plan}
 
 
 def widen(r: Rollup, lo: int, hi: int) -> tuple[int, int]:
@@ -133,7 +147,8 @@ class Prepared:
     rows: int
 
 
-def refresh_range(rt: Runtime, base: str, r: Rollup, lo: int, hi: int) -> int:
+def refresh_range(rt: Runtime, base: str, r: Rollup, lo: int, hi: int,
+                  chunk_done: Callable[[], None] | None = None) -> int:
     """The unit of work: rollup ``r`` over [lo, hi), whole chunks (see `widen`), recomputed from the
     base table and swapped in with ONE commit, so a reader sees the old range or the new one. Returns
     the rollup rows written. Work fanned out over several workers calls this once per range.
@@ -142,20 +157,21 @@ def refresh_range(rt: Runtime, base: str, r: Rollup, lo: int, hi: int) -> int:
     few chunks whatever the range's length. (A commit per chunk made a month's refresh 30 commits,
     each planning a table that had grown with the one before.)"""
     for _ in range(COMMIT_ATTEMPTS):
-        prepared = prepare_range(rt, base, r, lo, hi)
+        prepared = prepare_range(rt, base, r, lo, hi, chunk_done)
         if commit_range(prepared):
             return prepared.rows
     raise RuntimeError(f"rollup {r.interval} of {base}: other refreshes of [{iso(lo)}, {iso(hi)}) kept committing "
                        "first; run the refresh again")
 
 
-def prepare_range(rt: Runtime, base: str, r: Rollup, lo: int, hi: int) -> Prepared:
+def prepare_range(rt: Runtime, base: str, r: Rollup, lo: int, hi: int,
+                  chunk_done: Callable[[], None] | None = None) -> Prepared:
     """`refresh_range`'s first half: the range's rollup rows, computed and written, not committed."""
     if widen(r, lo, hi) != (lo, hi):
         raise ValueError(f"rollup {r.interval}: [{iso(lo)}, {iso(hi)}) is not whole {CHUNK[r.interval]}s")
     target = rt.load_table(r.table_name(base))  # before the base: a refresh that commits after this is seen
     snapshot = target.current_snapshot()
-    files, rows = _write(rt.load_table(base), target, r, lo, hi)
+    files, rows = _write(rt.load_table(base), target, r, lo, hi, chunk_done)
     return Prepared(r, target, snapshot.snapshot_id if snapshot else None, lo, hi, files, rows)
 
 
@@ -191,7 +207,8 @@ def _not_overlapped(current: Any, seen: int | None, lo: int, hi: int) -> None:
             raise _Overlapped
 
 
-def _write(table: Any, target: Any, r: Rollup, lo: int, hi: int) -> tuple[list[DataFile], int]:
+def _write(table: Any, target: Any, r: Rollup, lo: int, hi: int,
+           chunk_done: Callable[[], None] | None = None) -> tuple[list[DataFile], int]:
     """Each chunk's rollup rows computed (on threads) and written as data files of ``target``, not committed."""
     import duckdb  # lazily: functions that never reach this leave DuckDB out of their layers
     contract = Contract.from_table(table)
@@ -205,7 +222,11 @@ def _write(table: Any, target: Any, r: Rollup, lo: int, hi: int) -> tuple[list[D
         return write_rows(target, rows), rows.num_rows
 
     with db, ThreadPoolExecutor(max_workers=WORKERS) as pool:
-        written = list(pool.map(one, chunks(r, lo, hi)))
+        written = []
+        for result in pool.map(one, chunks(r, lo, hi)):  # told here, in order, not from the threads
+            written.append(result)
+            if chunk_done:
+                chunk_done()
     return [f for files, _ in written for f in files], sum(n for _, n in written)
 
 

@@ -22,9 +22,11 @@ from rich.markup import escape
 from typer.core import TyperGroup
 
 from timelake.errors import BackfillError
-from timelake.interfaces.console import console, drive, fail, one_line, out, print_table, safe, status_line
+from timelake.interfaces.console import (
+    ChunkDisplay, console, drive, fail, one_line, out, print_table, safe, status_line,
+)
 from timelake.interfaces.lake import Lake, connect
-from timelake.model.report import progress
+from timelake.model.report import INTERRUPTED, progress_of
 from timelake.model.spec import JobSpec, external_job, parse_document
 from timelake.model.timeutil import iso_seconds
 from timelake.runner import TERMINAL, WAITING
@@ -227,6 +229,8 @@ def resume(job_id: str, as_json: JsonFlag = False, warehouse: Warehouse = None, 
         return
     lake = _lake(warehouse)
     phase = lake.job(job_id).record().phase
+    if lake.runtime.store.running(job_id):
+        fail(f"job {job_id} is running in another process; follow it with: timelake backfill status {job_id} --watch")
     if phase == "failed_validation":
         fail(f"job {job_id} failed validation; nothing was published. Fix the source and start a new job")
     if phase == "aborted":
@@ -256,14 +260,14 @@ def status(
         current = lambda: orchestrator.status(job_id)  # noqa: E731
     else:
         store = _lake(warehouse).runtime.store
-        current = lambda: progress(store.get_job(job_id), store.units(job_id))  # noqa: E731
+        current = lambda: progress_of(store, job_id)  # noqa: E731
     while True:
         info = current()
         if as_json:
             out.print_json(json.dumps(info))
         else:
-            out.print(status_line(info), markup=False)
-        if not watch or info["phase"] in TERMINAL | WAITING or info["phase"] == "failed":
+            out.print(status_line(info), markup=False, soft_wrap=True)
+        if not watch or info["phase"] in TERMINAL | WAITING | {"failed", INTERRUPTED}:
             break
         time.sleep(1.0)
 
@@ -275,7 +279,7 @@ def list_jobs(
     """Jobs, oldest first."""
     lake = _lake(warehouse)
     store = lake.runtime.store
-    rows = [progress(j, store.units(j.job_id)) | {
+    rows = [progress_of(store, j.job_id) | {
         "mode": j.spec.get("mode"), "dry_run": j.spec.get("dry_run"), "started": iso_seconds(j.created_at),
         "ended": iso_seconds(j.updated_at) if j.phase in TERMINAL else None} for j in store.list_jobs(table)]
     if as_json:
@@ -512,7 +516,8 @@ def declare(
         if not sep:
             raise typer.BadParameter(f"'{item}' is not INTERVAL:COLUMN[,COLUMN…]", param_hint="--rollup")
         rollups.append({"interval": interval.strip(), "columns": [c.strip() for c in columns.split(",") if c.strip()]})
-    _lake(warehouse).table(table).declare(rollups=rollups or None, rules=rule or None)
+    with ChunkDisplay() as progress:
+        _lake(warehouse).table(table).declare(rollups=rollups or None, rules=rule or None, progress=progress)
     out.print(f"{table}: declared {len(rollups)} rollup(s) and {len(rule or [])} rule(s)")
 
 
@@ -589,7 +594,38 @@ def main() -> None:
 
 
 def _expected(exc: Exception) -> bool:
-    return isinstance(exc, BackfillError | ValueError | OSError | OverflowError | RecursionError)
+    return isinstance(exc, BackfillError | ValueError | OSError | OverflowError | RecursionError) or _aws_text(exc) is not None
+
+
+#: AWS error codes that mean the credentials, not the request, are wrong
+CREDENTIAL_CODES = {"ExpiredToken", "ExpiredTokenException", "InvalidClientTokenId", "UnrecognizedClientException",
+                    "InvalidAccessKeyId", "SignatureDoesNotMatch", "AuthFailure", "RequestExpired"}
+
+
+def _aws_text(exc: BaseException) -> str | None:
+    """An AWS SDK failure as what to fix: no region, no or refused credentials, or AWS's own one-line
+    reason; None for any other error. botocore is only looked at if it was loaded, which it is
+    whenever one of its errors was raised."""
+    errors = sys.modules.get("botocore.exceptions")
+    if errors is None:
+        return None
+    if isinstance(exc, errors.NoRegionError):
+        return "no AWS region: set AWS_DEFAULT_REGION, or a region in the AWS profile (AWS_PROFILE)"
+    if isinstance(exc, errors.NoCredentialsError):
+        return ("no AWS credentials: set AWS_PROFILE (after `aws configure` or `aws sso login`), or AWS_ACCESS_KEY_ID "
+                "and AWS_SECRET_ACCESS_KEY")
+    credentials = (errors.PartialCredentialsError, errors.ProfileNotFound, errors.CredentialRetrievalError,
+                   errors.TokenRetrievalError, errors.SSOError)
+    if isinstance(exc, credentials):
+        return f"AWS credentials: {exc}"
+    if isinstance(exc, errors.ClientError):
+        code = exc.response.get("Error", {}).get("Code", "")
+        if code in CREDENTIAL_CODES:
+            return f"AWS refused the credentials ({code}): {exc.response['Error'].get('Message', '')}; renew them or set AWS_PROFILE"
+        return f"AWS: {exc}"
+    if isinstance(exc, errors.BotoCoreError):
+        return f"AWS: {exc}"
+    return None
 
 
 def error_text(exc: BaseException) -> str:
@@ -601,6 +637,9 @@ def error_text(exc: BaseException) -> str:
         return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'job'}: {e['msg']}" for e in exc.errors())
     if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
         return f"no space left on device{f' ({exc.filename})' if exc.filename else ''}"
+    aws = _aws_text(exc)
+    if aws is not None:
+        return aws
     if _expected(exc):
         return str(exc) or type(exc).__name__
     return f"unexpected {type(exc).__name__}: {exc}"

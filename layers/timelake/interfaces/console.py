@@ -7,18 +7,21 @@ import json
 import signal
 import sys
 import threading
+import time
 from typing import Any
 
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+from rich.table import Column
 from rich.table import Table as RichTable
 
 from timelake.errors import BackfillError, Interrupted
 from timelake.interfaces.lake import Lake
-from timelake.model.report import build_report
+from timelake.model.report import INTERRUPTED, progress, report_of
 from timelake.model.spec import printable
+from timelake.ports.store import JobStore
 from timelake.runner import run_job
 from timelake.steps.canary import AWAITING
 
@@ -27,16 +30,7 @@ out = Console()
 
 
 def drive(lake: Lake, job_id: str, as_json: bool) -> None:
-    """Run the job in this process with a progress bar; print the report; exit non-zero on failure."""
-    bar = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[rate]}"),
-                   TimeRemainingColumn(), console=console, disable=as_json or not console.is_terminal)
-    task = bar.add_task("writing", total=None, rate="")
-
-    def on_progress(info: dict[str, Any]) -> None:
-        rate = f"{info['rows_per_second']:,} rows/s" if info["rows_per_second"] else ""
-        bar.update(task, total=info["rows_total"] or None, completed=info["rows_processed"],
-                   description=f"writing {info['units_done']}/{info['units_total']} units", rate=rate)
-
+    """Run the job in this process with a display of its steps; print the report; exit non-zero on failure."""
     cancel = threading.Event()
 
     def on_sigint(signum: int, frame: Any) -> None:
@@ -49,8 +43,8 @@ def drive(lake: Lake, job_id: str, as_json: bool) -> None:
     error: str | None = None
     previous = signal.signal(signal.SIGINT, on_sigint)
     try:
-        with bar:
-            run_job(lake.runtime, job_id, on_progress=on_progress, cancel=cancel)
+        with StepDisplay(lake.runtime.store, job_id, enabled=not as_json):
+            run_job(lake.runtime, job_id, cancel=cancel)
     except (Interrupted, KeyboardInterrupt):
         print(f"interrupted: job {job_id} can be resumed with: timelake backfill resume {job_id}", file=sys.stderr)
         raise typer.Exit(130) from None
@@ -62,7 +56,7 @@ def drive(lake: Lake, job_id: str, as_json: bool) -> None:
         error = str(exc)
     finally:
         signal.signal(signal.SIGINT, previous)
-    report = build_report(lake.runtime.store.get_job(job_id), lake.runtime.store.units(job_id))
+    report = report_of(lake.runtime.store, job_id)
     if as_json:
         out.print_json(json.dumps(report, default=str))
     else:
@@ -76,24 +70,177 @@ def drive(lake: Lake, job_id: str, as_json: bool) -> None:
         fail(error)
 
 
+class StepDisplay:
+    """A job's steps as it runs, read from the job store twice a second: on a terminal one bar per step
+    (count, rows, rows/s, elapsed, then ETA while it runs), elsewhere (a log, a pipe) one line per step
+    as it ends. Either way every step shows, however quickly it went."""
+
+    def __init__(self, store: JobStore, job_id: str, enabled: bool = True, every: float = 0.5) -> None:
+        self.store, self.job_id, self.enabled, self.every = store, job_id, enabled, every
+        self.live = enabled and console.is_terminal
+        self.bar = Progress(TextColumn("{task.description}", table_column=Column(width=8, min_width=8, no_wrap=True)),
+                            BarColumn(bar_width=16, table_column=Column(width=16, no_wrap=True)),
+                            TextColumn("{task.fields[text]}", table_column=Column(no_wrap=True)),
+                            console=console, disable=not self.live)
+        self.tasks: dict[str, TaskID] = {}
+        self.printed: set[str] = set()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._poll, name=f"timelake-display-{job_id}", daemon=True)
+
+    def __enter__(self) -> "StepDisplay":
+        if self.enabled:
+            self.bar.start()
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if not self.enabled:
+            return
+        self.stop.set()
+        self.thread.join()
+        self._show(final=True)
+        self.bar.stop()
+
+    def _poll(self) -> None:
+        while not self.stop.wait(self.every):
+            self._show()
+
+    def _show(self, final: bool = False) -> None:
+        """A display that cannot read the store (a full disk, a locked database) skips a beat: it must
+        neither stop the job nor hide the error the job itself then reports."""
+        try:
+            self.show(final)
+        except Exception:  # noqa: BLE001
+            pass
+
+    def show(self, final: bool = False) -> None:
+        """Update the bars, or print the lines of the steps that ended; ``final``: the run is over (here),
+        so a step left running was interrupted, unless another process runs the job."""
+        store = self.store
+        running = store.running(self.job_id) if final else True
+        info = progress(store.get_job(self.job_id), store.units(self.job_id), store.progress_notes(self.job_id), running)
+        for step in info["steps"]:
+            name = step["name"]
+            if self.live:
+                if name not in self.tasks:
+                    self.tasks[name] = self.bar.add_task(name, total=None, text="")
+                finished = step["state"] == "done"
+                total = step["total"] or (1 if finished else None)
+                text = step_text(step | {"state": "done"} if step["state"] == "running" else step, name=False, compact=True)
+                room = max(console.width - 28, 20)  # the name and the bar keep their width; the text gives way
+                self.bar.update(self.tasks[name], total=total, completed=total if finished else (step["done"] or 0),
+                                text=safe(text if len(text) <= room else text[:room - 1] + "…"))
+            elif name not in self.printed and (step["state"] != "running" or final):
+                self.printed.add(name)
+                console.print(safe(step_text(step)), soft_wrap=True)
+
+
+class ChunkDisplay:
+    """Rollup chunks as a table's rollups are built (`timelake table declare`): a bar on a terminal,
+    elsewhere one line per rollup table as it is done. Call it as ``progress(done, total, doing)``."""
+
+    def __init__(self) -> None:
+        self.bar = Progress(TextColumn("{task.description}"), BarColumn(bar_width=16), MofNCompleteColumn(),
+                            TextColumn("chunks"), TimeElapsedColumn(), console=console, disable=not console.is_terminal)
+        self.task: TaskID | None = None
+        self.doing: str | None = None
+        self.started = time.monotonic()
+
+    def __enter__(self) -> "ChunkDisplay":
+        self.bar.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.bar.stop()
+
+    def __call__(self, done: int, total: int, doing: str) -> None:
+        if self.task is None:
+            self.task = self.bar.add_task(doing, total=total)
+        self.bar.update(self.task, completed=done, description=safe(f"building {doing}"))
+        if not console.is_terminal:  # a log gets a line as each rollup table is done
+            if self.doing is not None and doing != self.doing:
+                self._line(self.doing, done, total)
+            if done == total:
+                self._line(doing, done, total)
+        self.doing = doing
+
+    def _line(self, doing: str, done: int, total: int) -> None:
+        console.print(safe(f"built {doing}: {done}/{total} chunks, {duration(time.monotonic() - self.started)}"),
+                      soft_wrap=True)
+
+
+def step_text(step: dict[str, Any], name: bool = True, compact: bool = False) -> str:
+    """One step as a line: ``write (running): 3/10 units, 1,200/4,000 rows, 8,000 rows/s, 0.2 s, ETA 0.4 s``;
+    a step that is done says only its numbers. ``compact`` (beside a bar): times first, rows shortened."""
+    number = _short if compact else (lambda n: f"{n:,}")
+    count = rows = rate = None
+    if step["total"] is not None or step["done"] is not None:
+        count = f"{step['done'] or 0:,}" + (f"/{step['total']:,}" if step["total"] is not None else "")
+        count += f" {step['of']}" + (f" ({step['doing']})" if step.get("doing") else "")
+    if step["rows"] is not None:
+        rows = number(step["rows"]) + (f"/{number(step['rows_total'])}" if step["rows_total"] else "") + " rows"
+    if step["rows_per_second"]:
+        rate = f"{number(step['rows_per_second'])} rows/s"
+    clock = duration(step["elapsed_seconds"])
+    eta = f"ETA {duration(step['eta_seconds'])}" if step["eta_seconds"] is not None else None
+    parts = [count, clock, eta, rows, rate] if compact else [count, rows, rate, clock, eta]
+    text = ", ".join(p for p in parts if p)
+    state = "" if step["state"] == "done" else step["state"]
+    head = f"{step['name']} ({state})" if name and state else step["name"] if name else state
+    return f"{head}: {text}" if head else text
+
+
+def _short(n: int) -> str:
+    """``950``, ``12.3k``, ``4.5M``: a row count beside a bar."""
+    for size, suffix in ((1_000_000_000, "G"), (1_000_000, "M"), (1_000, "k")):
+        if n >= size:
+            return f"{n / size:.1f}{suffix}"
+    return str(n)
+
+
+def duration(seconds: float) -> str:
+    """``0.4 s``, ``16 s``, ``3 min 05 s``, ``1 h 02 min``."""
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    whole = round(seconds)
+    if whole < 60:
+        return f"{whole} s"
+    if whole < 3600:
+        return f"{whole // 60} min {whole % 60:02d} s"
+    return f"{whole // 3600} h {whole % 3600 // 60:02d} min"
+
+
 def status_line(info: dict[str, Any]) -> str:
-    rate = f", {info['rows_per_second']:,} rows/s" if info["rows_per_second"] else ""
-    eta = f", ETA {info['eta_seconds']:.0f} s" if info["eta_seconds"] else ""
-    err = f" — {one_line(info['error'])}" if info.get("error") else ""
+    """A job in one line: its phase, the running step's count, rate and ETA, and what to do next."""
+    current = next((s for s in info["steps"] if s["name"] == info["step"]), None)
+    if current is not None and info["phase"] != AWAITING:
+        where = step_text(current)
+    else:
+        where = f"{info['units_done']}/{info['units_total']} units, {info['rows_processed']:,}/{info['rows_total']:,} rows"
+        where += f", {duration(info['elapsed_seconds'])}"
+    phase = f"interrupted in {info['stopped_in']}" if info["phase"] == INTERRUPTED else info["phase"]
+    tail = f" — resume with: {info['resume']}" if info.get("resume") else ""
+    if info["phase"] == AWAITING:
+        tail = f" — approve with: timelake backfill continue {info['job_id']}"
+    if info.get("error"):
+        tail += f" — {one_line(info['error'])}"
     if "execution" in info:
-        err += f" [execution {info['execution']['status']}]"
-    return (f"{info['job_id']} {info['phase']}: {info['units_done']}/{info['units_total']} units, "
-            f"{info['rows_processed']:,}/{info['rows_total']:,} rows{rate}{eta}{err}")
+        tail += f" [execution {info['execution']['status']}]"
+    return f"{info['job_id']} {phase}; {where}{tail}"
 
 
 def print_report(r: dict[str, Any]) -> None:
+    """The report as a table a person reads. A value the job never learned (a job that failed before
+    reading its source has no time range) is left out rather than shown as ``None``."""
     grid = RichTable(title=safe(f"{r['job_id']} — {r['table']} — {r['phase']}"), show_header=False)
     grid.add_column(style="bold")
     grid.add_column()
+    span = r["time_range"] or {}
     rows = [
         ("mode", r["mode"]), ("source", r["source"]),
-        ("time range", f"{(r['time_range'] or {}).get('min')} … {(r['time_range'] or {}).get('max')}"),
+        ("time range", f"{span['min']} … {span['max']}" if span.get("min") else None),
         ("rows in source", r["rows_in_source"]), ("rows written", r["rows_written"]),
+        ("rows replaced", r["rows_replaced"] if r["mode"] == "replace" else None),
         ("duplicates in source", r["rows_duplicate_in_source"]), ("conflicting existing", r["rows_conflicting_existing"]),
         ("overlap with existing", r["overlap_existing_rows"]), ("outside retention", r["rows_outside_retention"]),
         ("outside range", r["rows_outside_range"]), ("rejected", json.dumps(r["rows_rejected"]["reasons"])),
@@ -102,9 +249,13 @@ def print_report(r: dict[str, Any]) -> None:
         ("estimated cost", _cost(r["estimated_cost"])),
         ("source limits", _source_limits(r["source_limits"])),
         ("published snapshots", ", ".join(map(str, r["published_snapshot_ids"])) or "none"),
+        ("elapsed", duration(r["elapsed_seconds"])),
     ]
     for key, value in rows:
-        grid.add_row(key, safe(value))
+        if value is not None:
+            grid.add_row(key, safe(value))
+    for step in r["steps"]:
+        grid.add_row(f"  {step['name']}", safe(step_text(step, name=False)))
     for check in r["checks"]:
         mark = "[green]pass[/]" if check["passed"] else ("[red]FAIL[/]" if check["blocking"] else "[yellow]warn[/]")
         grid.add_row(f"check {check['name']}", f"{mark} {safe(check['detail'])}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import datetime, timezone
 from typing import Any
 
@@ -34,7 +34,7 @@ from timelake.followup.rules import to_property as rules_property
 from timelake.model import contract as c
 from timelake.model.commit import with_retry
 from timelake.model.layout import read_range, time_bounds
-from timelake.model.report import build_report, progress
+from timelake.model.report import progress_of, report_of
 from timelake.model.spec import JobSpec
 from timelake.model.timeutil import iso, parse_duration, parse_instant, parse_size, subtract_duration, to_micros
 from timelake.ports.alarms import AlarmSink
@@ -240,10 +240,12 @@ class Table:
         """Coverage computed now from the table's metadata, per hour/day/month bucket (see `coverage`)."""
         return compute_coverage(self.lake.runtime, self.name, start, end, by=by, series=series)
 
-    def declare(self, rollups: list[dict[str, Any]] | None = None, rules: list[dict[str, Any] | str] | None = None) -> "Table":
+    def declare(self, rollups: list[dict[str, Any]] | None = None, rules: list[dict[str, Any] | str] | None = None,
+                progress: Callable[[int, int, str], None] | None = None) -> "Table":
         """Add rollups and rules to the contract of an existing table (a rule of the same name is
         replaced). A new rollup's table is created and built from the whole base table at once, so it
-        is complete from the start rather than only over ranges backfilled later."""
+        is complete from the start rather than only over ranges backfilled later; on a long table that
+        takes a while, and ``progress(chunks done, chunks in all, rollup table)`` hears of each chunk."""
         self.refresh()
         schema = self.iceberg.schema().as_arrow()
         known = rollups_of(self.iceberg)
@@ -259,7 +261,7 @@ class Table:
             self.refresh()
         bounds = time_bounds(self.iceberg, self.contract.time_column)
         if new and bounds is not None:
-            refresh_rollups(self.lake.runtime, self.name, iso(bounds[0]), iso(bounds[1] + 1))
+            refresh_rollups(self.lake.runtime, self.name, iso(bounds[0]), iso(bounds[1] + 1), progress)
         return self
 
     def set_expected(self, interval: str | None = None, series: int | None = None) -> "Table":
@@ -361,11 +363,11 @@ class Job:
 
     def status(self) -> dict[str, Any]:
         store = self.lake.runtime.store
-        return progress(store.get_job(self.id), store.units(self.id))
+        return progress_of(store, self.id)
 
     def report(self) -> dict[str, Any]:
         store = self.lake.runtime.store
-        return build_report(store.get_job(self.id), store.units(self.id))
+        return report_of(store, self.id)
 
     def abort(self) -> dict[str, Any]:
         """Stop the job and remove every trace of it that is not on main (branch, files, lease)."""

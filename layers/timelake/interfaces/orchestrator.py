@@ -13,7 +13,7 @@ import boto3
 from botocore.exceptions import ClientError
 
 from timelake.interfaces.service import ensure_job
-from timelake.model.report import build_report, progress
+from timelake.model.report import progress_of, report_of
 from timelake.model.spec import JobSpec
 from timelake.ports.runtime import Runtime
 from timelake.steps.abort import abort
@@ -44,9 +44,8 @@ class StepFunctionsOrchestrator:
         return {"job_id": spec.job_id, "execution_arn": arn}
 
     def status(self, job_id: str) -> dict[str, Any]:
-        job = self.rt.store.get_job(job_id)
-        info = progress(job, self.rt.store.units(job_id))
-        arn = job.state.get("execution_arn")
+        info = progress_of(self.rt.store, job_id)
+        arn = self.rt.store.get_job(job_id).state.get("execution_arn")
         if arn:
             described = self.sfn.describe_execution(executionArn=arn)
             info["execution"] = {"arn": arn, "status": described["status"],
@@ -54,10 +53,10 @@ class StepFunctionsOrchestrator:
         return info
 
     def report(self, job_id: str) -> dict[str, Any]:
-        return build_report(self.rt.store.get_job(job_id), self.rt.store.units(job_id))
+        return report_of(self.rt.store, job_id)
 
     def list(self, table: str | None = None) -> list[dict[str, Any]]:
-        return [progress(j, self.rt.store.units(j.job_id)) for j in self.rt.store.list_jobs(table)]
+        return [progress_of(self.rt.store, j.job_id) for j in self.rt.store.list_jobs(table)]
 
     def resume(self, job_id: str) -> dict[str, Any]:
         """Start a new execution of the same job, which skips every unit already done, unless a redrive

@@ -15,7 +15,7 @@ from pydantic import BaseModel, model_validator
 from timelake.adapters import runtime_for
 from timelake.errors import JobNotFound, ValidationFailed
 from timelake.model.limits import limits
-from timelake.model.report import build_report
+from timelake.model.report import report_of
 from timelake.model.spec import JobSpec
 from timelake.ports.runtime import LakeConfig, Runtime
 from timelake.ports.store import JobRecord
@@ -156,7 +156,7 @@ def cut_units(rt: Runtime, job_id: str) -> dict[str, Any]:
     only = canary.select(rt, job_id) if canary.wanted(job) else None  # a canary writes its day's units first
     pending = [u.unit_id for u in rt.store.units(job_id) if u.status != "done" and (only is None or u.unit_id in only)]
     if job.phase == "planned":
-        rt.store.update_job(job_id, "writing", write_started_at=time.time())
+        rt.store.update_job(job_id, "writing")
     manifest = write_json(rt, job_id, f"pending-units-{time.time_ns()}.json",
                           [{"job_id": job_id, "unit_id": u} for u in pending])
     return {"job_id": job_id, "dry_run": False, "finished": False, "report": None, "units_pending": len(pending),
@@ -175,7 +175,7 @@ def list_checks(rt: Runtime, job_id: str) -> dict[str, Any]:
 def finish_writes(rt: Runtime, job_id: str) -> None:
     job = rt.store.get_job(job_id)
     if job.phase in ("planned", "writing"):
-        rt.store.update_job(job_id, "written", write_finished_at=time.time())
+        rt.store.update_job(job_id, "written")
 
 
 def fail(rt: Runtime, job_id: str, error: str, cause: str | None) -> dict[str, str]:
@@ -203,6 +203,6 @@ def _cause_message(cause: str | None) -> str:
 
 def summary(rt: Runtime, job_id: str) -> dict[str, Any]:
     """The report without the bulky parts, small enough for a state's output."""
-    report = build_report(rt.store.get_job(job_id), rt.store.units(job_id))
+    report = report_of(rt.store, job_id)
     return {k: report[k] for k in SUMMARY_KEYS} | {"checks": [
         {k: c[k] for k in ("name", "passed", "detail")} for c in report["checks"]]}

@@ -9,34 +9,181 @@ from typing import Any
 from timelake.model.limits import limits
 from timelake.model.spec import JobSpec
 from timelake.model.timeutil import iso, iso_seconds
-from timelake.ports.store import JobRecord, UnitRecord
+from timelake.ports.store import JobRecord, JobStore, UnitRecord
 
 AWAITING = "awaiting-approval"  # the phase of a job whose canary waits for a decision
 
 
-def progress(job: JobRecord, units: list[UnitRecord]) -> dict[str, Any]:
-    """Units done/total, rows, throughput and ETA, from unit records alone (cheap enough to poll)."""
+#: The step that runs while a job is in each phase: a phase names the step done last, so this is what
+#: `resume` runs next, and whose clock runs while the job sits in the phase.
+NEXT_STEP = {
+    "created": "plan", "planning": "plan",
+    "scanning": "scan",
+    "scanned": "cut",
+    "planned": "write", "writing": "write",
+    "written": "stage",
+    "staged": "validate",
+    "validated": "publish", "publishing": "publish",
+    "refreshing": "refresh",
+}
+STEPS = ("plan", "scan", "cut", "write", "stage", "validate", "publish", "refresh")
+INTERRUPTED = "interrupted"  # what status shows for a job whose runner died or was stopped
+NOTE_SECONDS = 1.0  # a worker notes its counts in the job store at most this often
+
+
+def progress_of(store: JobStore, job_id: str) -> dict[str, Any]:
+    """`progress` with all the store knows: the steps' notes, and whether a process runs the job."""
+    return progress(store.get_job(job_id), store.units(job_id), store.progress_notes(job_id), store.running(job_id))
+
+
+def report_of(store: JobStore, job_id: str) -> dict[str, Any]:
+    return build_report(store.get_job(job_id), store.units(job_id), store.progress_notes(job_id), store.running(job_id))
+
+
+def progress(job: JobRecord, units: list[UnitRecord], notes: dict[str, dict[str, Any]] | None = None,
+             running: bool | None = None, now: float | None = None) -> dict[str, Any]:
+    """Where a job is, from the store alone (cheap enough to poll): units and rows written, and each step
+    so far with its own count, rows/s, elapsed time and, for the running step, an ETA.
+
+    ``notes``: the store's progress notes (`JobStore.progress_notes`). ``running``: whether a process
+    runs the job (`JobStore.running`); False for a job in a working phase means its runner died or was
+    stopped, shown as phase ``interrupted`` with no ETA. None: unknown (AWS, where the execution says)."""
+    now = time.time() if now is None else now
+    notes = notes or {}
     done = [u for u in units if u.status == "done"]
     rows = sum(u.result.get("rows_in", 0) for u in done)
     total_rows = job.state.get("rows_in_scope", 0)
-    started = job.state.get("write_started_at")
-    elapsed = (time.time() - started) if started else 0.0
-    if job.state.get("write_finished_at") and started:
-        elapsed = job.state["write_finished_at"] - started
-    throughput = rows / elapsed if elapsed > 0 else None
+    stopped = running is False and job.phase in NEXT_STEP
+    elapsed = step_seconds(job, now, live=running is not False)
+    steps = _steps(job, units, notes, elapsed, stopped)
+    current = next((s for s in steps if s["state"] in ("running", INTERRUPTED)), None)
+    write = elapsed.get("write", 0.0)
+    throughput = rows / write if write > 0 else None
     remaining = max(total_rows - rows, 0)
-    return {
+    eta = round(remaining / throughput, 1) if throughput and remaining else (0.0 if units and len(done) == len(units) else None)
+    info = {
         "job_id": job.job_id,
         "table": job.table,
-        "phase": job.phase,
+        "phase": INTERRUPTED if stopped else job.phase,
         "units_done": len(done),
         "units_total": len(units) or job.state.get("units_total", 0),
         "rows_processed": rows,
         "rows_total": total_rows,
         "rows_per_second": round(throughput) if throughput else None,
-        "eta_seconds": round(remaining / throughput, 1) if throughput and remaining else (0.0 if units and len(done) == len(units) else None),
+        "eta_seconds": None if stopped or job.phase == AWAITING else eta,
         "error": job.state.get("error"),
+        "step": current["name"] if current else None,
+        "steps": steps,
+        "elapsed_seconds": round(sum(elapsed.values()), 3),
     }
+    if stopped:
+        info["stopped_in"] = job.phase
+        info["resume"] = f"timelake backfill resume {job.job_id}"
+    return info
+
+
+class Tally:
+    """One worker's counts for one progress item (a scan task), noted in the job store at most every
+    `NOTE_SECONDS` while it runs and once at its end; a reader sums the items of a step."""
+
+    def __init__(self, store: Any, job_id: str, item: str) -> None:
+        self.store, self.job_id, self.item = store, job_id, item
+        self.counts: dict[str, Any] = {}
+        self._noted = time.monotonic()
+
+    def set(self, **counts: Any) -> None:
+        self.counts.update(counts)
+        if time.monotonic() - self._noted >= NOTE_SECONDS:
+            self.close()
+
+    def close(self, **counts: Any) -> None:
+        self.counts.update(counts)
+        self.store.note_progress(self.job_id, self.item, self.counts)
+        self._noted = time.monotonic()
+
+
+def step_seconds(job: JobRecord, now: float, live: bool = True) -> dict[str, float]:
+    """Seconds each step has run, from the phases the store logged: the time a job spends in a phase
+    is its next step's. A job run here also keeps its runs (``state["runs"]``: [start, last heartbeat]
+    of each process that ran it); time outside them (after a crash, before the resume) counts for no
+    step. Waiting for approval, failed or finished time is no step's either."""
+    runs = job.state.get("runs")
+    if runs and live:
+        runs = [*runs[:-1], [runs[-1][0], now]]
+    log = job.phase_log
+    seconds: dict[str, float] = {}
+    for i, (phase, start) in enumerate(log):
+        step = NEXT_STEP.get(phase)
+        if step is None:
+            continue
+        end = log[i + 1][1] if i + 1 < len(log) else now
+        spent = sum(max(0.0, min(end, hi) - max(start, lo)) for lo, hi in runs) if runs else max(0.0, end - start)
+        seconds[step] = seconds.get(step, 0.0) + spent
+    return seconds
+
+
+def _steps(job: JobRecord, units: list[UnitRecord], notes: dict[str, dict[str, Any]], elapsed: dict[str, float],
+           stopped: bool) -> list[dict[str, Any]]:
+    """Every step that has started, in order: its state (done, running, interrupted, failed), its
+    count of what it works through, its rows and rate, and an ETA for the running one."""
+    s = job.state
+    phase = {"failed": s.get("failed_phase", job.phase), "failed_validation": "staged"}.get(job.phase, job.phase)
+    current = NEXT_STEP.get(phase)
+    order = STEPS.index(current) if current else len(STEPS)
+    state = "failed" if job.phase.startswith("failed") else INTERRUPTED if stopped else "running"
+    counts = _counts(job, units, notes)
+    steps = []
+    for i, name in enumerate(STEPS):
+        if i > order or (name not in elapsed and i != order):
+            continue
+        seconds = elapsed.get(name, 0.0)
+        step = {"name": name, "state": state if i == order else "done", "elapsed_seconds": round(seconds, 3),
+                "done": None, "total": None, "of": None, "rows": None, "rows_total": None, "rows_per_second": None,
+                "eta_seconds": None}
+        step.update(counts.get(name, {}))
+        if step["rows"] and seconds > 0:
+            step["rows_per_second"] = round(step["rows"] / seconds)
+        if step["state"] == "running":
+            step["eta_seconds"] = _eta(step, seconds)
+        steps.append(step)
+    return steps
+
+
+def _counts(job: JobRecord, units: list[UnitRecord], notes: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """What each step counts: source files (pieces) and rows read, units and rows written, files
+    staged, files checked, chunks published, rollup chunks and rule sets refreshed."""
+    s = job.state
+    tasks = [n for item, n in notes.items() if item.startswith("scan/")]
+    pieces = s["scan_tasks"][-1][1] if s.get("scan_tasks") else None
+    scanned = sum(n.get("pieces", 0) for n in tasks)
+    counts: dict[str, dict[str, Any]] = {
+        "scan": {"done": pieces if "rows_in_source" in s else scanned, "total": pieces, "of": "source pieces",
+                 "rows": s.get("rows_in_source", sum(n.get("rows", 0) for n in tasks))},
+        "write": {"done": sum(1 for u in units if u.status == "done"), "total": len(units) or s.get("units_total"),
+                  "of": "units", "rows": sum(u.result.get("rows_in", 0) for u in units if u.status == "done"),
+                  "rows_total": s.get("rows_in_scope")},
+    }
+    if units:
+        files = sum(1 for u in units if u.result.get("path"))
+        counts["stage"] = {"done": files if "staged_snapshot_id" in s else 0, "total": files, "of": "files"}
+    for name, of in (("validate", "files"), ("publish", "chunks"), ("refresh", "steps")):
+        note = notes.get(name)
+        if note:
+            counts[name] = {"done": note.get("done", 0), "total": note.get("total"), "of": note.get("of", of)}
+            if "doing" in note:
+                counts[name]["doing"] = note["doing"]
+    if "publish" in counts:
+        counts["publish"]["done"] = len(s.get("published_chunks", {}))
+    return counts
+
+
+def _eta(step: dict[str, Any], seconds: float) -> float | None:
+    """Seconds left at the pace so far, from the share of the step's rows (else of its count) done;
+    None before any is done."""
+    done, total = (step["rows"], step["rows_total"]) if step["rows_total"] else (step["done"], step["total"])
+    if not total or not done or seconds <= 0:
+        return None
+    return round(seconds * max(total - done, 0) / done, 1)
 
 
 def approval_deadline(job: JobRecord) -> float | None:
@@ -46,7 +193,8 @@ def approval_deadline(job: JobRecord) -> float | None:
     return job.state["awaiting_since"] + JobSpec.model_validate(job.spec).approval_timeout_seconds
 
 
-def build_report(job: JobRecord, units: list[UnitRecord]) -> dict[str, Any]:
+def build_report(job: JobRecord, units: list[UnitRecord], notes: dict[str, dict[str, Any]] | None = None,
+                 running: bool | None = None) -> dict[str, Any]:
     s = job.state
     late = s.get("publish_conflicts", {"rows": 0})
     written = sum(u.result.get("rows_written", 0) for u in units) - late["rows"]
@@ -91,8 +239,10 @@ def build_report(job: JobRecord, units: list[UnitRecord]) -> dict[str, Any]:
         "canary": s.get("canary_report"),
         "approval_deadline": _deadline(job),
         "source_limits": source_limits(job),
-        "progress": progress(job, units),
+        "progress": progress(job, units, notes, running),
     }
+    report["elapsed_seconds"] = report["progress"]["elapsed_seconds"]
+    report["steps"] = report["progress"]["steps"]
     return report
 
 

@@ -8,10 +8,11 @@ once, a lease is taken once.
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from timelake.errors import JobNotFound, LeaseConflict
+from timelake.errors import JobBusy, JobNotFound, LeaseConflict
 
 
 @dataclass
@@ -23,6 +24,9 @@ class JobRecord:
     state: dict[str, Any] = field(default_factory=dict)
     created_at: float = 0.0
     updated_at: float = 0.0
+    #: ``[phase, epoch seconds]`` each time the job entered a phase, oldest first; the store appends it
+    #: (`log_phase`), so the time of every step is known wherever the step ran (a Lambda, the runner)
+    phase_log: list[list[Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -49,6 +53,10 @@ def job_not_found(job_id: str) -> JobNotFound:
     return JobNotFound(f"no backfill job '{job_id}' (see `timelake backfill list`)")
 
 
+def job_busy(job_id: str) -> JobBusy:
+    return JobBusy(f"job {job_id} is running in another process; follow it with: timelake backfill status {job_id} --watch")
+
+
 def unit_not_found(job_id: str, unit_id: str) -> JobNotFound:
     return JobNotFound(f"job {job_id} has no unit '{unit_id}'")
 
@@ -64,6 +72,16 @@ Guard = Callable[[JobRecord], None]
 
 def accept(job: JobRecord) -> None:
     """The guard of an unconditional update."""
+
+
+MAX_PHASE_LOG = 500  # a job resumed over and over keeps its latest entries
+
+
+def log_phase(job: JobRecord, phase: str | None, now: float) -> None:
+    """Note that ``job`` enters ``phase`` at ``now``. Entering the phase it is in appends too: a step
+    resumed after a crash starts a new stretch of its phase."""
+    if phase is not None:
+        job.phase_log = [*job.phase_log, [phase, round(now, 3)]][-MAX_PHASE_LOG:]
 
 
 class JobStore(Protocol):
@@ -85,6 +103,19 @@ class JobStore(Protocol):
     def release_lease(self, job_id: str) -> None: ...
     def leases(self, table: str | None = None) -> list[Lease]: ...
     def reserve_rows(self, job_id: str, rows: int, rows_per_second: float) -> float: ...
+    def note_progress(self, job_id: str, item: str, counts: dict[str, Any]) -> None:
+        """Replace the progress counts of one piece of a running step (a scan task, the checks,
+        the publish): one record per item, so parallel workers never contend for the job record."""
+        ...
+    def progress_notes(self, job_id: str) -> dict[str, dict[str, Any]]: ...
+    def hold(self, job_id: str) -> AbstractContextManager[None]:
+        """Mark the job as run by this process while the block runs; `JobBusy` if another process
+        runs it. The mark goes when the process does, however it ends (SIGKILL included)."""
+        ...
+    def running(self, job_id: str) -> bool | None:
+        """Whether a process holds the job now; None where the store cannot tell (on AWS the
+        workflow's execution runs a job, and its status says whether it still does)."""
+        ...
 
 
 RATE_BURST_SECONDS = 1.0

@@ -74,9 +74,16 @@ class DuckDBSource(Source):
 
     @contextmanager
     def _failing(self) -> Iterator[None]:
-        """A query fails when bound or while its rows stream; either way the user sees DuckDB's reason."""
+        """A query fails when bound or while its rows stream; either way the user sees DuckDB's reason.
+        Mid-stream, the failure reaches Python through Arrow's C stream as a plain ``OSError``."""
         import duckdb  # lazily: functions that never reach this leave DuckDB out of their layers
         try:
             yield
-        except (duckdb.Error, pa.ArrowException) as e:
-            raise SourceError(f"the source query failed: {' '.join(str(e).split())}") from e
+        except (duckdb.Error, pa.ArrowException, OSError) as e:
+            raise SourceError(f"the source query failed: {reason(e)}") from e
+
+
+def reason(error: BaseException) -> str:
+    """DuckDB's reason in one line: its first paragraph. What follows a blank line (the reader's
+    options, "Possible solutions" for a CSV it sniffed) runs to thirty lines."""
+    return " ".join(str(error).strip().split("\n\n", 1)[0].split())

@@ -124,7 +124,7 @@ def approve(rt: Runtime, job_id: str, in_time: bool = False) -> dict[str, Any]:
     with_retry(table, reset, "reset branch")
     if base is not None:
         fork_branch(table.refresh(), branch, base)
-    rt.store.update_job(job_id, "writing", canary_approved=True, approved_at=time.time(), write_started_at=time.time(),
+    rt.store.update_job(job_id, "writing", canary_approved=True, approved_at=time.time(),
                         approval_token=None)
     return {"job_id": job_id, "phase": "writing", "approved": True}
 

@@ -67,6 +67,8 @@ def publish(rt: Runtime, job_id: str, max_chunks: int | None = None) -> dict[str
         ALL_COMMITTED) else []
     todo = [] if state.get(ALL_COMMITTED) else chunks(staged, contract, spec.publish_by, state["range_start"],
                                                       state["range_end"], occupied)
+    if todo:
+        rt.store.note_progress(job_id, "publish", {"total": len(todo), "of": "chunks"})  # status counts chunks against it
     for chunk in todo:
         if chunk.key in published:
             continue

@@ -25,6 +25,7 @@ from timelake.model.contract import Contract
 from timelake.model.layout import (
     PartitionKey, dense_unique, micros, partition_codes, read_range, series_hash, split_by_code,
 )
+from timelake.model.report import Tally
 from timelake.model.spec import JobSpec
 from timelake.model.timeutil import US_PER_DAY
 from timelake.ports.files import filesystem, make_parent
@@ -228,10 +229,14 @@ def scan_task(rt: Runtime, ctx: ScanContext, job_id: str, task: int, pieces: ran
     overlap = _OverlapCounter(ctx.contract) if ctx.spec.dry_run else None
     result = ScanResult()
     batches = throttle.read(src, [names[p] for p in pieces], throttle.budget(rt.store, ctx.spec, job_id))
+    tally = Tally(rt.store, job_id, f"scan/{task}")  # what status shows while the task runs
+    origins: set[str] = set()
     try:
         for batch in batches:
             mapped = mapper.apply(batch)
             result.rows_in_source += batch.data.num_rows
+            origins.add(batch.origin)
+            tally.set(rows=result.rows_in_source, pieces=len(origins) - 1)
             result.rejected.update(mapped.rejected)
             merge_examples(result.examples, mapped.examples)
             if not ctx.spec.dry_run:
@@ -250,6 +255,7 @@ def scan_task(rt: Runtime, ctx: ScanContext, job_id: str, task: int, pieces: ran
     make_parent(fs, path)
     with fs.open_output_stream(path) as out:
         out.write(json.dumps(result.to_json()).encode())
+    tally.close(rows=result.rows_in_source, pieces=len(pieces))
     return result
 
 
