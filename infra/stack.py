@@ -24,6 +24,7 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_cloudwatch_actions as cw_actions
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_lambda_destinations as destinations
+from aws_cdk import aws_lambda_event_sources as event_sources
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_sns as sns
@@ -150,7 +151,9 @@ FUNCTIONS: dict[str, FunctionSpec] = {
     "rollup": FunctionSpec(2048, Duration.minutes(15), engine=True, commits=True, writes_data=True, deletes_data=True),  # swaps rollup chunks
 }
 WORKFLOW_FUNCTIONS = tuple(name for name in FUNCTIONS if name not in ("api", "rollup"))  # each is ${<Name>FunctionArn} in the ASL
-RESERVED = {"scan": "scan_concurrency", "write": "write_concurrency"}  # Settings field holding each one's reserved concurrency
+RESERVED = {"scan": "scan_concurrency", "write": "write_concurrency"}
+ROLLUP_CONCURRENCY = 4  # pieces of follow-up work at once: they commit to the same rollup tables, more would mostly retry
+ROLLUP_VISIBILITY = Duration.minutes(90)  # 6 x the rollup Lambda's timeout, as AWS advises for a queue a Lambda consumes  # Settings field holding each one's reserved concurrency
 API_ROUTES: tuple[tuple[str, str], ...] = (
     ("POST", "/backfills"), ("GET", "/backfills"), ("GET", "/backfills/{id}"),
     ("GET", "/backfills/{id}/report"), ("POST", "/backfills/{id}/resume"), ("POST", "/backfills/{id}/abort"),
@@ -206,6 +209,7 @@ class BackfillStack(Stack):
         self.failed_alarm = self._alarm("ExecutionsFailedAlarm", "A backfill execution failed: see the job's failure and the execution history",
                                         self.state_machine.metric_failed(period=Duration.minutes(5), statistic=cw.Stats.SUM))
         self.rollup_failures = self._rollup_failures()
+        self.rollup_work = self._rollup_work()
         self.rollup_rule = self._rollup_rule()
         self._operations_alarms()
         self.dashboard = self._dashboard()
@@ -443,6 +447,19 @@ class BackfillStack(Stack):
         queue = sqs.Queue(self, "RollupFailures", enforce_ssl=True, encryption=sqs.QueueEncryption.SQS_MANAGED,
                           retention_period=Duration.days(14))
         self.functions["rollup"].configure_async_invoke(on_failure=destinations.SqsDestination(queue), retry_attempts=2)
+        return queue
+
+    def _rollup_work(self) -> sqs.Queue:
+        """The pieces of a published chunk longer than one piece of follow-up work (a day, or a month with
+        daily rollups): the rollup Lambda puts them here on the event and takes them back one a message,
+        ``ROLLUP_CONCURRENCY`` at once. A piece that fails three times moves to the failures queue."""
+        fn = self.functions["rollup"]
+        queue = sqs.Queue(self, "RollupWork", enforce_ssl=True, encryption=sqs.QueueEncryption.SQS_MANAGED,
+                          retention_period=Duration.days(14), visibility_timeout=ROLLUP_VISIBILITY,
+                          dead_letter_queue=sqs.DeadLetterQueue(max_receive_count=3, queue=self.rollup_failures))
+        queue.grant_send_messages(fn)
+        fn.add_environment("ROLLUP_QUEUE_URL", queue.queue_url)
+        fn.add_event_source(event_sources.SqsEventSource(queue, batch_size=1, max_concurrency=ROLLUP_CONCURRENCY))
         return queue
 
     def _rollup_rule(self) -> events.Rule:

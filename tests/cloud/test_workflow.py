@@ -150,7 +150,9 @@ def test_a_new_execution_of_a_published_job_changes_nothing(cloud: Cloud, readin
     assert cloud.lake.job("bf-once").report()["phase"] == "published"
 
 
-def test_the_published_event_drives_the_rollup_handler(cloud: Cloud, readings):
+def test_the_published_event_drives_the_rollup_handler(cloud: Cloud, readings, monkeypatch):
+    """One event for the job's two days: the rollup Lambda cuts it into a piece a day on its work queue,
+    and each piece is refreshed by its own invocation from that queue; without a queue it does both."""
     from tests.cloud.conftest import _Context, load_function
     from tests.conftest import SCHEMA
 
@@ -160,8 +162,17 @@ def test_the_published_event_drives_the_rollup_handler(cloud: Cloud, readings):
     _upload(readings(recent(6), days=2, devices=2, step_minutes=20), "src/a.parquet")
     assert cloud.run({"table": "iot.sensor", "source": f"s3://{BUCKET}/src/*.parquet"}, "bf-rollup")["status"] == "SUCCEEDED"
     (event,) = _received(queue, 1)  # what the EventBridge rule hands the rollup Lambda
-    result = load_function("rollup").handler(event, _Context("timelake-rollup"))
-    assert result == {"job_id": "bf-rollup", "rollups": {"iot.sensor_1h": 96}}
+    rollup = load_function("rollup").handler
+    assert rollup(event, _Context("timelake-rollup")) == {"job_id": "bf-rollup", "rollups": {"iot.sensor_1h": 96}}
+
+    work = boto3.client("sqs").create_queue(QueueName="rollup-work")["QueueUrl"]
+    monkeypatch.setenv("ROLLUP_QUEUE_URL", work)
+    assert rollup(event, _Context("timelake-rollup")) == {"job_id": "bf-rollup", "pieces_queued": 2}
+    messages = boto3.client("sqs").receive_message(QueueUrl=work, MaxNumberOfMessages=10).get("Messages", [])
+    done = [rollup({"Records": [{"messageId": m["MessageId"], "body": m["Body"]}]}, _Context("timelake-rollup"))["pieces"]
+            for m in messages]
+    assert sorted((p["start"], p["rollups"]["iot.sensor_1h"]) for (p,) in done) == [
+        (f"{recent(6)}T00:00:00Z", 48), (f"{recent(5)}T00:00:00Z", 48)]
     base = table.to_arrow()  # noqa: F841 (read by DuckDB)
     expected = duckdb.sql("""SELECT device_id, count(*) AS n, sum(value) AS s FROM base
                              GROUP BY device_id, date_trunc('hour', ts) ORDER BY ALL""").fetchall()

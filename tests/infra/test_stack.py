@@ -12,7 +12,8 @@ from aws_cdk.assertions import Match, Template
 
 from infra.app import STACK_NAME, build_app, feature_flags
 from infra.layer import LAYERS
-from infra.stack import ASL, DATABASE, EVENT_BUS, FUNCTIONS, FUNCTIONS_DIR, LAYER_DESCRIPTIONS, WORKFLOW_FUNCTIONS, Settings
+from infra.stack import (ASL, DATABASE, EVENT_BUS, FUNCTIONS, FUNCTIONS_DIR, LAYER_DESCRIPTIONS, ROLLUP_CONCURRENCY,
+                         WORKFLOW_FUNCTIONS, Settings)
 from timelake.aws.store import TTL_ATTRIBUTE, table_definition
 from timelake.ports.runtime import LakeConfig
 
@@ -377,8 +378,8 @@ def test_alarms_on_lambda_errors_and_throttles_per_function_and_on_both_rollup_q
         for metric in ("Errors", "Throttles"):
             assert ("AWS/Lambda", metric, json.dumps([{"Name": "FunctionName", "Value": {"Ref": logical_id}}])) in found, (name, metric)
     queues = synthesized.resources("AWS::SQS::Queue")
-    assert {q.rstrip("0123456789ABCDEF") for q in queues} == {"RollupDeadLetters", "RollupFailures"}
-    for queue in queues:
+    assert {q.rstrip("0123456789ABCDEF") for q in queues} == {"RollupDeadLetters", "RollupFailures", "RollupWork"}
+    for queue in (q for q in queues if not q.startswith("RollupWork")):  # the work queue holds work, not failures
         assert ("AWS/SQS", "ApproximateNumberOfMessagesVisible",
                 json.dumps([{"Name": "QueueName", "Value": {"Fn::GetAtt": [queue, "QueueName"]}}])) in found, queue
     assert ("AWS/States", "ExecutionsFailed") in {f[:2] for f in found}
@@ -421,3 +422,22 @@ def test_the_dashboard_shows_map_run_progress(synthesized: Synthesized) -> None:
     body = json.dumps(dashboard["Properties"]["DashboardBody"])
     assert "Map-run progress" in body and "RUNNING_SUM(write_ok - write_err)" in body and "RUNNING_SUM(scan_ok - scan_err)" in body
     assert "ConcurrentExecutions" in body
+
+
+def test_a_published_chunk_longer_than_a_piece_is_refreshed_piece_by_piece_from_a_queue(synthesized: Synthesized) -> None:
+    """The rollup Lambda puts the pieces of a long chunk on its work queue and takes them back one a
+    message, at most ROLLUP_CONCURRENCY at once; a piece that fails three times goes to RollupFailures."""
+    (work, props), = ((k, v["Properties"]) for k, v in synthesized.resources("AWS::SQS::Queue").items() if k.startswith("RollupWork"))
+    failures = next(q for q in synthesized.resources("AWS::SQS::Queue") if q.startswith("RollupFailures"))
+    assert props["RedrivePolicy"] == {"deadLetterTargetArn": {"Fn::GetAtt": [failures, "Arn"]}, "maxReceiveCount": 3}
+    assert props["VisibilityTimeout"] >= 6 * int(FUNCTIONS["rollup"].timeout.to_seconds()) and props["SqsManagedSseEnabled"] is True
+    logical, fn = functions(synthesized)["rollup"]
+    (mapping,) = synthesized.resources("AWS::Lambda::EventSourceMapping").values()
+    assert mapping["Properties"] == {"BatchSize": 1, "EventSourceArn": {"Fn::GetAtt": [work, "Arn"]}, "FunctionName": {"Ref": logical},
+                                     "ScalingConfig": {"MaximumConcurrency": ROLLUP_CONCURRENCY}}
+    assert fn["Environment"]["Variables"]["ROLLUP_QUEUE_URL"] == {"Ref": work}
+    granted = [s for s in statements(synthesized, fn["Role"]["Fn::GetAtt"][0]) if work in json.dumps(s["Resource"])]
+    assert {"sqs:SendMessage", "sqs:ReceiveMessage", "sqs:DeleteMessage"} <= set().union(*(actions(s) for s in granted))
+    others = [name for name, (_, props) in functions(synthesized).items() if name != "rollup"
+              and any(work in json.dumps(s["Resource"]) for s in statements(synthesized, props["Role"]["Fn::GetAtt"][0]))]
+    assert not others

@@ -2,8 +2,9 @@
 the table's rules evaluated there in historical mode.
 
 One entry per orchestrator: the embedded runner calls `run` as the job's ``refreshing`` phase; on
-AWS the EventBridge rule on "Backfill Published" invokes the rollup Lambda, which calls
-`on_published` once per published chunk. Both are idempotent (rollup chunks and backfill events
+AWS the EventBridge rule on "Backfill Published" invokes the rollup Lambda once per published chunk,
+which cuts the chunk into `pieces` and calls `on_published` for each, one Lambda per piece (through a
+work queue) when there are several. Both are idempotent (rollup chunks and backfill events
 are replaced, never appended twice), so a retried event or a resumed job is harmless.
 """
 
@@ -14,11 +15,14 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from timelake.followup.rollup import refresh, rollups_of
+from timelake.followup.rollup import CHUNK, refresh, rollups_of
 from timelake.followup.rules import evaluate_published, rules_of
 from timelake.model.spec import JobSpec
-from timelake.model.timeutil import iso, parse_instant, to_micros
+from timelake.model.timeutil import iso, next_boundary, parse_instant, to_micros
 from timelake.ports.runtime import Runtime
+
+
+GRAINS = ("day", "month")  # the rollup chunks, finest first
 
 
 class PublishedEvent(BaseModel):
@@ -34,6 +38,20 @@ class PublishedEvent(BaseModel):
 def needed(table: Any, spec: JobSpec) -> bool:
     """Whether a published job has follow-up work (the runner skips the phase otherwise)."""
     return bool(rollups_of(table)) or (spec.evaluate_rules and bool(rules_of(table)))
+
+
+def pieces(rt: Runtime, event: PublishedEvent) -> list[PublishedEvent]:
+    """The event's range cut at the boundaries of its table's largest rollup chunk (a day; a month when
+    the table has daily rollups), so each piece refreshes its own chunks and no other piece's: on AWS
+    each is one work item, and a published year is 365 pieces of a day's work, not one Lambda's year."""
+    grain = max((CHUNK[r.interval] for r in rollups_of(rt.load_table(event.table))), key=GRAINS.index, default="day")
+    lo, hi = to_micros(parse_instant(event.start)), to_micros(parse_instant(event.end))
+    cuts = [lo]
+    while cuts[-1] < hi:
+        cuts.append(min(next_boundary(cuts[-1], grain), hi))
+    if len(cuts) <= 2:
+        return [event]
+    return [event.model_copy(update={"start": iso(a), "end": iso(b)}) for a, b in zip(cuts, cuts[1:])]
 
 
 def on_published(rt: Runtime, event: PublishedEvent, progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:

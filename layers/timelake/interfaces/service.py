@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, model_validator
 
 from timelake.adapters import runtime_for
 from timelake.errors import JobNotFound, ValidationFailed
+from timelake.followup.refresh import PublishedEvent, on_published, pieces
 from timelake.model.limits import limits
 from timelake.model.report import report_of
 from timelake.model.spec import JobSpec
@@ -23,6 +24,9 @@ from timelake.runner import TERMINAL, record_failure, reopen
 from timelake.steps import canary
 from timelake.steps.plan import cut, pending_pieces, plan, write_json
 from timelake.steps.validate import plan_checks
+
+if TYPE_CHECKING:
+    from timelake.aws.queue import WorkQueue
 
 DEFAULT_MAP_CONCURRENCY = 100
 SUMMARY_KEYS = ("job_id", "table", "mode", "phase", "rows_in_source", "rows_written", "rows_duplicate_in_source",
@@ -170,6 +174,27 @@ def list_checks(rt: Runtime, job_id: str) -> dict[str, Any]:
     spec = JobSpec.model_validate(rt.store.get_job(job_id).spec)
     listed = plan_checks(rt, job_id)
     return {**listed, "max_concurrency": max(1, min(spec.max_concurrency or DEFAULT_MAP_CONCURRENCY, listed["files"]))}
+
+
+def after_publish(rt: Runtime, detail: dict[str, Any], queue: WorkQueue | None) -> dict[str, Any]:
+    """The rollup Lambda on a "Backfill Published" event: the follow-up work of a chunk that is one
+    piece (a day, or a month with daily rollups) is done here; a longer chunk is cut into its pieces,
+    one work item each on ``queue``, whose consumers (`on_published`) run as many at once as the queue
+    lets them. Without a queue every piece is done here, one after the other."""
+    event = PublishedEvent.model_validate(detail)
+    work = pieces(rt, event)
+    if len(work) == 1 or queue is None:
+        done = [on_published(rt, piece) for piece in work]
+        return {"job_id": event.job_id, **{key: _merged([d[key] for d in done]) for key in done[0]}}
+    queue.send([piece.model_dump() for piece in work])
+    return {"job_id": event.job_id, "pieces_queued": len(work)}
+
+
+def _merged(parts: list[Any]) -> Any:
+    """Per-piece results added up: counts, or counts per rollup table."""
+    if isinstance(parts[0], dict):
+        return {k: sum(p.get(k, 0) for p in parts) for k in parts[0]}
+    return sum(parts)
 
 
 def finish_writes(rt: Runtime, job_id: str) -> None:
