@@ -443,10 +443,13 @@ def _line_chunks(stream: pa.NativeFile, size: int) -> Iterator[bytes]:
     """Blocks of roughly ``size`` bytes that end on a line boundary, so that no JSON record is split."""
     rest = b""
     while data := stream.read(size):
-        buffer = rest + data
-        cut = buffer.rfind(b"\n") + 1
-        chunk, rest = buffer[:cut], buffer[cut:]
-        if chunk.strip():
+        cut = data.rfind(b"\n") + 1
+        if not cut:
+            rest += data
+            continue
+        chunk = b"".join((rest, memoryview(data)[:cut])) if rest or cut < len(data) else data  # one copy at most
+        rest = data[cut:]
+        if not chunk.isspace():  # stops at the first byte that is not whitespace: no copy, unlike strip()
             yield chunk
-    if rest.strip():
+    if rest and not rest.isspace():
         yield rest
