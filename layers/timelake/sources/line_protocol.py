@@ -207,7 +207,7 @@ class LineProtocol:
 
     def _from_split(self, split: _Split, chunk: bytes) -> list[_Part]:
         """Rows of the split whose series and fields read exactly; every other line goes to the general split."""
-        encoded = split.series.dictionary_encode()
+        encoded = split.series  # read dictionary-encoded: each series once
         codes = encoded.indices.to_numpy(zero_copy_only=False)
         measurement, tags, readable = _series(encoded.dictionary)
         ok = readable[codes] & _mask(split.time.is_valid())
@@ -439,7 +439,7 @@ def _plain(chunk: bytes, first_line: int) -> _Split | None:
             pcsv.ReadOptions(column_names=["s", "f", "t"], block_size=len(chunk) + 1, use_threads=False),
             pcsv.ParseOptions(delimiter=" ", quote_char=False, escape_char=False, double_quote=False,
                               newlines_in_values=False, ignore_empty_lines=True, invalid_row_handler=set_aside),
-            pcsv.ConvertOptions(column_types={"s": pa.string(), "f": pa.string(), "t": pa.int64()},
+            pcsv.ConvertOptions(column_types={"s": pa.dictionary(pa.int32(), pa.string()), "f": pa.string(), "t": pa.int64()},
                                 strings_can_be_null=False))
     except pa.ArrowInvalid:  # too many odd lines, a timestamp that is no integer, or not UTF-8
         return None
