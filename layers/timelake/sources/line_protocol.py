@@ -42,13 +42,15 @@ _TRUE = ["t", "T", "true", "True", "TRUE"]
 _FALSE = ["f", "F", "false", "False", "FALSE"]
 ARROW_TYPES = {"float": pa.float64(), "integer": pa.int64(), "unsigned": pa.uint64(), "string": pa.string(),
                "boolean": pa.bool_()}
-_KINDS = ["float", "string", "integer", "unsigned", "boolean"]  # by the code _spelled gives each spelling
+_KINDS = ["float", "string", "integer", "unsigned", "boolean"]  # by the code _spellings gives each spelling
 _DDL = ("CREATE DATABASE ", "CREATE RETENTION POLICY ")  # the DDL part of an export
 _KEY = r"(?:[^,=\s\\]|\\.)+"
 _MASK = {" ": "\x01", ",": "\x02", "=": "\x03"}
 _MASK_BYTES = np.frombuffer(bytes.maketrans("".join(_MASK).encode(), "".join(_MASK.values()).encode()), np.uint8)
 _SEPARATOR = _MASK_BYTES != np.arange(256)
 _UNMASK = str.maketrans({code: char for char, code in _MASK.items()})
+_UNMASK_BYTES = np.arange(256, dtype=np.uint8)
+_UNMASK_BYTES[[ord(code) for code in _MASK.values()]] = [ord(char) for char in _MASK]
 _SLOW_LINE = re.compile(
     rf"(?P<m>(?:[^,\s\\]|\\.)+)(?P<tags>(?:,{_KEY}=(?:[^,=\s\\]|\\.)*)*)"
     rf" (?P<fields>{_KEY}=(?:\"(?:[^\"\\]|\\.)*\"|[^,\s\"]+)(?:,{_KEY}=(?:\"(?:[^\"\\]|\\.)*\"|[^,\s\"]+))*)"
@@ -57,8 +59,6 @@ _SLOW_LINE = re.compile(
 _SLOW_PAIR = re.compile(rf"({_KEY})=(\"(?:[^\"\\]|\\.)*\"|(?:[^,\s\\]|\\.)*)")
 _UNESCAPE = re.compile(r"\\([,= \"\\])")
 _NOT_PLAIN = (b"\r", *(c.encode() for c in _MASK.values()))  # one byte each: memchr
-_CELLS = pcsv.ParseOptions(quote_char=False, escape_char=False, double_quote=False, newlines_in_values=False,
-                           ignore_empty_lines=False)
 
 
 class InfluxError(SourceError):
@@ -394,7 +394,7 @@ class LineProtocol:
         if kind == "string":
             inner = pc.utf8_slice_codeunits(raw, 1, -1)
             inner = _unmask(inner) if masked else inner
-            if pc.any(pc.match_substring(inner, "\\")).as_py():
+            if _has_byte(inner, ord("\\")):
                 inner = pc.replace_substring(pc.replace_substring(inner, '\\"', '"'), "\\\\", "\\")
             return inner, None
         if kind == "boolean":
@@ -459,12 +459,12 @@ def _mask_quotes(chunk: bytes) -> bytearray | None:
     if len(quotes) % 2:
         return None
     opens, closes = quotes[0::2], quotes[1::2]
-    ends = np.flatnonzero(view == ord("\n"))
-    if (np.searchsorted(ends, opens) != np.searchsorted(ends, closes)).any():
-        return None  # a pair of quotes across lines: some line has an odd number
     sizes = closes - opens - 1
     inside = np.arange(int(sizes.sum())) + np.repeat(opens + 1 - np.concatenate([[0], np.cumsum(sizes)[:-1]]), sizes)
-    found = inside[_SEPARATOR[view[inside]]]
+    quoted = view[inside]
+    if (quoted == ord("\n")).any():
+        return None  # a pair of quotes across lines: some line has an odd number
+    found = inside[_SEPARATOR[quoted]]
     view[found] = _MASK_BYTES[view[found]]
     return text
 
@@ -582,8 +582,7 @@ def _lines_of(split: _Split, numbers: np.ndarray) -> pa.Array:
     at = numbers - split.first_line
     lines = [bytes(split.text[starts[i]:ends[i]]) for i in at]
     if split.masked:
-        lines = [line.decode("utf-8", "surrogateescape").translate(_UNMASK).encode("utf-8", "surrogateescape")
-                 for line in lines]
+        lines = [line.translate(_UNMASK_BYTES.tobytes()) for line in lines]
     return pa.array(lines, pa.binary())
 
 
@@ -639,9 +638,12 @@ def _mask_quoted(lines: pa.Array) -> pa.Array:
 
 
 def _unmask(values: pa.Array) -> pa.Array:
-    for char, code in _MASK.items():
-        values = pc.replace_substring(values, code, char)
-    return values
+    """Masked separators back to themselves: one table lookup over the values' bytes (offsets kept)."""
+    validity, offsets, data = values.buffers()
+    if data is None or not any(_has_byte(values, ord(code)) for code in _MASK.values()):
+        return values
+    plain = pa.py_buffer(_UNMASK_BYTES[np.frombuffer(data, np.uint8)])
+    return pa.StringArray.from_buffers(len(values), offsets, plain, validity, values.null_count, values.offset)
 
 
 def _mask(values: pa.Array) -> np.ndarray:
