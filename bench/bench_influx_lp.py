@@ -2,17 +2,26 @@
 
 An InfluxDB export is text like a CSV but with the column names repeated on every line, so pyarrow
 reading the same points as CSV (typed C++, multi-threaded and on one thread) is the floor; a scan
-task reads one file on one core, several files run in parallel tasks. Prints rows/s and ratios,
-also for a file whose every line quotes a string field (split by Arrow kernels, not the one-pass CSV
-path), and the rate of the parse alone (lines typed into batches, before the lines of each point are
-merged), so the two halves of the time are visible.
+task reads one file, several files run in parallel tasks. Prints rows/s and ratios, also for a
+file whose every line quotes a string field, for an export as ``influx_inspect`` writes it (one
+line per field, in runs per series and field, so every point is merged from its lines), and the
+rate of the parse alone (lines typed into batches, before the lines of each point are merged).
+
+The sides run alternately, ``--repeat`` times; the best run of each is compared (the machine is
+shared, so the load average is printed with them).
+
+    .venv/bin/python bench/bench_influx_lp.py                # 2M points, 5 rounds
+    .venv/bin/python bench/bench_influx_lp.py 1000000 --repeat 9
 """
 
 from __future__ import annotations
 
-import sys
+import argparse
+import os
+import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -22,49 +31,75 @@ import pyarrow.csv as pcsv
 from timelake.sources.influx import open_influx_files
 from timelake.sources.line_protocol import LineProtocol
 
-ROWS = int(sys.argv[1]) if len(sys.argv) > 1 else 2_000_000
+FILES = {"plain": "plain fields", "quoted": "every line quotes a string", "tsm": "one line per field (TSM export)"}
 
 
-def _files(folder: Path, quoted: bool) -> tuple[Path, Path]:
+def _files(folder: Path, rows: int, kind: str) -> tuple[Path, Path]:
     rng = np.random.default_rng(0)
-    ts = 1_700_000_000_000_000_000 + np.arange(ROWS, dtype=np.int64) * 1_000_000_000
-    device = np.char.add("d", (np.arange(ROWS) % 500).astype(str))
-    value = np.round(rng.uniform(0, 100, ROWS), 3).astype(str)
-    count = (np.arange(ROWS) % 1000).astype(str)
-    extra = ',state="a b, c"' if quoted else ""
-    lines = np.char.add(np.char.add(np.char.add(np.char.add(np.char.add(np.char.add(
-        "sensor,device_id=", device), ",site=north value="), value), ",count="), np.char.add(count, "i" + extra + " ")),
-        ts.astype(str))
-    lp = folder / f"export-{quoted}.lp"
+    ts = 1_700_000_000_000_000_000 + np.arange(rows, dtype=np.int64) * 1_000_000_000
+    device = np.char.add("d", (np.arange(rows) % 500).astype(str))
+    value = np.round(rng.uniform(0, 100, rows), 3).astype(str)
+    count = (np.arange(rows) % 1000).astype(str)
+    series = np.char.add(np.char.add("sensor,device_id=", device), ",site=north ")
+    stamp = np.char.add(" ", ts.astype(str))
+    if kind == "tsm":  # per series, a run of lines per field, each in time order: a point's lines are a run apart
+        order = np.argsort(np.arange(rows) % 500, kind="stable")
+        runs = [np.char.add(np.char.add(np.char.add(series, f"{name}="), text), stamp)[order].reshape(500, -1)
+                for name, text in (("value", value), ("count", np.char.add(count, "i")))]
+        lines = np.stack(runs, axis=1).reshape(-1)
+    else:
+        extra = ',state="a b, c"' if kind == "quoted" else ""
+        lines = np.char.add(np.char.add(np.char.add(np.char.add(series, "value="), value),
+                                        np.char.add(np.char.add(",count=", count), "i" + extra)), stamp)
+    lp = folder / f"export-{kind}.lp"
     lp.write_text("\n".join(lines.tolist()) + "\n")
-    table = pa.table({"time": ts, "device_id": device, "site": ["north"] * ROWS, "value": value.astype(float),
-                      "count": count.astype(np.int64), **({"state": ["a b, c"] * ROWS} if quoted else {})})
-    csv = folder / f"export-{quoted}.csv"
+    table = pa.table({"time": ts, "device_id": device, "site": ["north"] * rows, "value": value.astype(float),
+                      "count": count.astype(np.int64), **({"state": ["a b, c"] * rows} if kind == "quoted" else {})})
+    csv = folder / f"export-{kind}.csv"
     pcsv.write_csv(table, csv)
     return lp, csv
 
 
-def _rate(fn: callable) -> float:
+def _seconds(fn: Callable[[], int], rows: int) -> float:
     start = time.perf_counter()
-    rows = fn()
-    assert rows == ROWS, rows
-    return ROWS / (time.perf_counter() - start)
+    got = fn()
+    assert got == rows, got
+    return time.perf_counter() - start
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("rows", type=int, nargs="?", default=2_000_000)
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--only", nargs="+", choices=list(FILES), default=list(FILES))
+    args = parser.parse_args()
+    rows = args.rows - args.rows % 500
+    print(f"{os.cpu_count()} CPUs, pyarrow {pa.__version__}, {rows:,} points, best of {args.repeat} alternating runs")
     with tempfile.TemporaryDirectory() as tmp:
-        for quoted in (False, True):
-            lp, csv = _files(Path(tmp), quoted)
-            source = open_influx_files(str(lp), "sensor", "ns", 262_144)
-            ours = _rate(lambda s=source: sum(b.data.num_rows for b in s.batches()))
-            parser = LineProtocol("sensor", "ns", str(lp))
-            parse = _rate(lambda p=parser, f=lp: sum(b.num_rows for b in p.batches(pa.OSFile(str(f)))))
-            floor = _rate(lambda c=csv: pcsv.read_csv(c).num_rows)
-            one = _rate(lambda c=csv: pcsv.read_csv(c, read_options=pcsv.ReadOptions(use_threads=False)).num_rows)
-            kind = "every line quotes a string" if quoted else "plain fields"
-            print(f"{ROWS:,} points, {kind}: line protocol {ours:,.0f} rows/s; pyarrow CSV {floor:,.0f} rows/s "
-                  f"(ratio {ours / floor:.2f}), single-threaded {one:,.0f} rows/s (ratio {ours / one:.2f}); "
-                  f"the parse alone {parse:,.0f} rows/s (ratio {parse / floor:.2f} / {parse / one:.2f})")
+        for kind in args.only:
+            lp, csv = _files(Path(tmp), rows, kind)
+            sides: dict[str, Callable[[], int]] = {
+                "ours": lambda f=lp: sum(b.data.num_rows for b in open_influx_files(str(f), "sensor", "ns", 262_144).batches()),
+                "csv": lambda c=csv: pcsv.read_csv(c).num_rows,
+                "csv 1 thread": lambda c=csv: pcsv.read_csv(c, read_options=pcsv.ReadOptions(use_threads=False)).num_rows,
+            }
+            if kind != "tsm":  # the parse alone: one line per point, so as many rows as points
+                sides["parse"] = lambda f=lp: sum(b.num_rows for b in LineProtocol("sensor", "ns", str(f)).batches(
+                    pa.OSFile(str(f))))
+            times: dict[str, list[float]] = {side: [] for side in sides}
+            load = os.getloadavg()[0]
+            for _ in range(args.repeat):
+                for side, fn in sides.items():
+                    times[side].append(_seconds(fn, rows))
+            load = (load + os.getloadavg()[0]) / 2
+            best = {side: rows / min(t) for side, t in times.items()}
+            median = {side: rows / statistics.median(t) for side, t in times.items()}
+            print(f"{FILES[kind]} (load average {load:.1f}): line protocol {best['ours']:,.0f} rows/s; pyarrow CSV "
+                  f"{best['csv']:,.0f} rows/s (ratio {best['ours'] / best['csv']:.2f}, medians "
+                  f"{median['ours'] / median['csv']:.2f}), one thread {best['csv 1 thread']:,.0f} rows/s "
+                  f"(ratio {best['ours'] / best['csv 1 thread']:.2f})"
+                  + (f"; the parse alone {best['parse']:,.0f} rows/s (ratio {best['parse'] / best['csv']:.2f})"
+                     if "parse" in best else ""), flush=True)
 
 
 if __name__ == "__main__":

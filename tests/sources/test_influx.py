@@ -178,10 +178,13 @@ def test_server_errors_are_one_clear_line_and_nothing_is_staged(lake, warehouse,
     assert_nothing_staged(lake, "iot.sensor", main)
 
 
+def _read_any(path: Path) -> pa.Table:
+    src = open_job_source(JobSpec(table="iot.sensor", source=str(path), map={"ts": "time"}, format="influx"))
+    return pa.Table.from_batches([b.data for b in src.batches()])
+
+
 def _read(path: Path) -> pa.Table:
-    src = open_job_source(JobSpec(table="iot.sensor", source=str(path), map={"ts": "time"}))
-    return pa.Table.from_batches([b.data for b in src.batches()]).select(["time", "device_id", "site", "value", "count",
-                                                                          "state", "ok"])
+    return _read_any(path).select(["time", "device_id", "site", "value", "count", "state", "ok"])
 
 
 def test_small_chunks_read_the_same_points_and_later_lines_win(tmp_path: Path, monkeypatch):
@@ -193,6 +196,8 @@ def test_small_chunks_read_the_same_points_and_later_lines_win(tmp_path: Path, m
     whole = _read(tmp_path / "e.lp").sort_by([("device_id", "ascending"), ("time", "ascending")])
     monkeypatch.setattr(line_protocol, "_CHUNK_BYTES", 300)  # many chunks: runs of one field span several
     assert _read(tmp_path / "e.lp").sort_by([("device_id", "ascending"), ("time", "ascending")]).equals(whole)
+    monkeypatch.setattr(line_protocol, "_HOLD_BYTES", 2_000)  # lines spilled to disk by time, merged part by part
+    assert _read(tmp_path / "e.lp").sort_by([("device_id", "ascending"), ("time", "ascending")]).equals(whole)
     assert whole.num_rows == 72 and whole["count"].to_pylist().count(999) == 1
 
     (tmp_path / "mixed.lp").write_text("\n".join([*export, f"{series} count=1.5 {stamp}"]) + "\n")
@@ -202,39 +207,71 @@ def test_small_chunks_read_the_same_points_and_later_lines_win(tmp_path: Path, m
 
 
 def test_plain_chunks_split_in_one_pass_read_as_the_general_path(tmp_path: Path, monkeypatch):
-    """Chunks of one line shape go through Arrow's CSV reader; every other chunk (shapes mixed, a tag
-    and a field that swap sides at the same width, quotes, escapes) through the general split."""
+    """Chunks go through Arrow's CSV reader, cut at their spaces; lines it cannot read exactly (escapes,
+    another number of spaces) go through the general split, and so do whole chunks with a carriage
+    return. The result is the same as the general split's alone, whatever the keys and their sides."""
     ns = 1_700_000_000_000_000_000
     lines = [f"sensor,device_id=d{i % 3:02d},site=north value={i / 4},count={i}i {ns + i}" for i in range(30)]
     lines += [f"sensor,device_id=d{i % 3:02d},site=north state=\"s {i}, x=1\" {ns + i}" for i in range(30)]  # same points
     lines += [f"sensor,device_id=d{i % 3:02d},site=north {f'level={i}u' if i % 2 else 'ok=FALSE'} {ns + i}"
               for i in range(30)]  # one shape, two keys
     lines += ["sensor,device_id=d02 site=4i,value=9.5 1700000000000000999",  # same width, 'site' a field here
-              "sensor,device_id=d02,site=west value=1.25 1700000000000000999"]
+              "sensor,device_id=d02,site=west value=1.25 1700000000000000999",
+              f"sensor,device_id=d01,site=north value=0.25 {ns + 1}\r"]  # a Windows line end: the whole chunk
+    lines.insert(30, f'sensor,site=north,device_id=d00 note="say \\"hi\\"" {ns}')  # an escape; tags in another order
     path = tmp_path / "plain.lp"
     path.write_text("\n".join(lines) + "\n")
     monkeypatch.setattr(line_protocol, "_CHUNK_BYTES", 400)
     order = [("device_id", "ascending"), ("time", "ascending")]
 
     def read() -> pa.Table:
-        src = open_job_source(JobSpec(table="iot.sensor", source=str(path), map={"ts": "time"}, format="influx"))
-        return pa.Table.from_batches([b.data for b in src.batches()]).sort_by(order)
+        return _read_any(path).sort_by(order)
 
     with pytest.raises(line_protocol.InfluxError, match="'site' of measurement 'sensor' is both a tag and a field"):
         read()
-    lines[-2] = "sensor,device_id=d02 other=4i,value=9.5 1700000000000000999"
+    lines[-3] = "sensor,device_id=d02 other=4i,value=9.5 1700000000000000999"
     path.write_text("\n".join(lines) + "\n")
-    split, real = [], line_protocol._plain
+    split, aside, real, lines_of = [], [], line_protocol._plain, line_protocol._lines_of
     monkeypatch.setattr(line_protocol, "_plain", lambda chunk, first_line: split.append(real(chunk, first_line)) or split[-1])
+    monkeypatch.setattr(line_protocol, "_lines_of", lambda chunk, numbers: aside.extend(numbers) or lines_of(chunk, numbers))
     fast = read()
-    assert {type(part).__name__ for part in split} == {"NoneType", "_Named", "_Parsed"}  # every path ran
+    assert None in split and len(split) > split.count(None) and aside == [31]  # every path ran
     monkeypatch.setattr(line_protocol, "_plain", lambda chunk, first_line: None)
     assert fast.equals(read())
     assert fast.num_rows == 32 and sorted(fast["value"].to_pylist()[-2:]) == [1.25, 9.5]
     assert fast["count"].to_pylist()[:3] == [0, 3, 6] and fast["state"].null_count == 2 and fast["state"][0].as_py() == "s 0, x=1"
     assert fast["ok"].null_count == 17 and fast["level"].type == pa.uint64() and fast["level"][1].as_py() == 3
+    assert fast["note"].to_pylist()[0] == 'say "hi"' and fast["note"].null_count == 31
 
     path.write_text("\n".join([*lines[:2], lines[0].replace("count=0i", "count=0.5")]) + "\n")
     monkeypatch.undo()
     with pytest.raises(line_protocol.InfluxError, match=r"field 'count' .* integer at line 1 and float at line 3"):
         read()
+
+
+def test_lines_set_aside_keep_their_numbers_and_a_key_cannot_change_sides(tmp_path: Path, monkeypatch):
+    """A comment, an escaped space or a bad line amid thousands of plain ones is read (or named) by the
+    general split with its own line number; a key that is a tag in one chunk and a field in a later
+    one is an error, not a column of two meanings."""
+    ns = 1_700_000_000_000_000_000
+    lines = [f"sensor,device_id=d{i % 7},site=north value={i}.5 {ns + i}" for i in range(3_000)]
+    lines[1_000] = "# a comment in the middle"
+    lines[1_001] = rf"sensor,device_id=d0,site=north\ wing value=2.5 {ns + 1_001}"
+    path = tmp_path / "e.lp"
+
+    def read(body: list[str]) -> pa.Table:
+        path.write_text("\n".join(body) + "\n")
+        return _read_any(path)
+
+    table = read(lines)
+    assert table.num_rows == 2_999 and set(table["site"].to_pylist()) == {"north", "north wing"}
+    bad = lines.copy()
+    bad[2_000] = f"sensor,device_id=d1 {ns}"
+    with pytest.raises(line_protocol.InfluxError, match=r"line 2001 of .* is not line protocol"):
+        read(bad)
+    bad[2_000] = "sensor,device_id=d1,site=north value=1.5"
+    with pytest.raises(line_protocol.InfluxError, match="line 2001 of .* has no timestamp"):
+        read(bad)
+    monkeypatch.setattr(line_protocol, "_CHUNK_BYTES", 1_000)
+    with pytest.raises(line_protocol.InfluxError, match="'site' of measurement 'sensor' is both a tag and a field"):
+        read([*lines, f"sensor,device_id=d1 site=1.5 {ns}"])

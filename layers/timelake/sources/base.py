@@ -439,14 +439,26 @@ def _join(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
     return batches[0] if len(batches) == 1 else pa.concat_batches(batches)
 
 
-def _line_chunks(stream: pa.NativeFile, size: int) -> Iterator[bytes]:
-    """Blocks of roughly ``size`` bytes that end on a line boundary, so that no JSON record is split."""
+def _line_chunks(stream: pa.NativeFile, size: int) -> Iterator[bytearray]:
+    """Blocks of roughly ``size`` bytes that end on a line boundary, so that no JSON record is split.
+
+    Each block is read straight into its own buffer behind the previous block's unfinished line and
+    cut at its last newline: a block is copied once, by the read, and never joined or sliced."""
     rest = b""
-    while data := stream.read(size):
-        buffer = rest + data
-        cut = buffer.rfind(b"\n") + 1
-        chunk, rest = buffer[:cut], buffer[cut:]
-        if chunk.strip():
-            yield chunk
-    if rest.strip():
-        yield rest
+    while True:
+        block = bytearray(len(rest) + size)
+        block[:len(rest)] = rest
+        got = stream.readinto(memoryview(block)[len(rest):])
+        if not got:
+            break
+        end = len(rest) + got
+        cut = block.rfind(b"\n", 0, end) + 1
+        rest = bytes(block[cut:end]) if cut else bytes(block[:end])
+        if not cut:
+            continue
+        del block[cut:]
+        if not block.isspace():  # stops at the first byte that is not whitespace: no copy, unlike strip()
+            yield block
+    if rest and not rest.isspace():
+        yield bytearray(rest)
+

@@ -1,11 +1,15 @@
 """InfluxDB line protocol: export files parsed into Arrow a chunk of whole lines at a time.
 
-Splitting on spaces, commas and equal signs is done with Arrow compute kernels over the whole
-chunk; quoted strings are first masked so those separators inside them do not split, and only
-lines with backslash escapes go through a per-line tokenizer. Types come from each value's
-spelling (``1i``, ``1u``, ``t``, ``"…"``, else float), and a field spelled two ways is an error that
-names both lines. Exports write one line per field of a point, so the lines of a point are merged
-into one row (``points``) before the rows leave this module.
+A chunk is first cut at its spaces by Arrow's CSV reader (space as the delimiter, three columns:
+series, field set, timestamp). The distinct series of a chunk, a few hundred in a typical export,
+are split into measurement and tags with Arrow kernels, and the field sets are cut at their commas
+by a second CSV pass; separators inside quoted strings are masked first. Lines this cannot read
+exactly (escapes, comments, blank lines, another number of spaces, a field without ``=``) go, with
+their line numbers, through the general split: Arrow kernels over the lines, and a per-line
+tokenizer for lines with backslash escapes. Types come from each value's spelling (``1i``, ``1u``,
+``t``, ``"…"``, else float), and a field spelled two ways is an error that names both lines.
+Exports write one line per field of a point, so the lines of a point are merged into one row
+(``points``) before the rows leave this module.
 """
 
 from __future__ import annotations
@@ -15,9 +19,8 @@ import tempfile
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import closing
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -26,29 +29,28 @@ import pyarrow.csv as pcsv
 
 from timelake.sources.base import SourceError, _line_chunks
 
-if TYPE_CHECKING:
-    import duckdb
-
 TIME = "time"
 LINE = "__line"
-_DUCK = {pa.int64(): "BIGINT", pa.uint64(): "UBIGINT", pa.float64(): "DOUBLE", pa.string(): "VARCHAR",
-         pa.bool_(): "BOOLEAN"}
-_MERGE_MEMORY = "512MB"
 TIME_TYPE = pa.timestamp("ns", tz="UTC")
 _NS_PER = {"ns": 1, "us": 1_000, "ms": 1_000_000, "s": 1_000_000_000}
 _CHUNK_BYTES = 8 << 20
-_AHEAD = 2  # chunks split ahead of the one being typed
+_AHEAD = 2  # chunks split ahead of the one being checked
+_ODD_LINES = 1_000  # lines of a chunk the general split takes beside the CSV reader before it takes the whole chunk
+_HOLD_BYTES = 256 << 20  # lines held in memory for the merge; beyond, they are spilled to disk by time
+_SPILL_PARTS = 16  # files a spill is cut into (by a hash of the time), and again for any still above _HOLD_BYTES
 _TRUE = ["t", "T", "true", "True", "TRUE"]
 _FALSE = ["f", "F", "false", "False", "FALSE"]
 ARROW_TYPES = {"float": pa.float64(), "integer": pa.int64(), "unsigned": pa.uint64(), "string": pa.string(),
                "boolean": pa.bool_()}
-_KINDS = ["float", "string", "integer", "unsigned", "boolean"]  # by the code _kind gives each spelling
+_KINDS = ["float", "string", "integer", "unsigned", "boolean"]  # by the code _spellings gives each spelling
 _DDL = ("CREATE DATABASE ", "CREATE RETENTION POLICY ")  # the DDL part of an export
 _KEY = r"(?:[^,=\s\\]|\\.)+"
 _MASK = {" ": "\x01", ",": "\x02", "=": "\x03"}
 _MASK_BYTES = np.frombuffer(bytes.maketrans("".join(_MASK).encode(), "".join(_MASK.values()).encode()), np.uint8)
 _SEPARATOR = _MASK_BYTES != np.arange(256)
 _UNMASK = str.maketrans({code: char for char, code in _MASK.items()})
+_UNMASK_BYTES = np.arange(256, dtype=np.uint8)
+_UNMASK_BYTES[[ord(code) for code in _MASK.values()]] = [ord(char) for char in _MASK]
 _SLOW_LINE = re.compile(
     rf"(?P<m>(?:[^,\s\\]|\\.)+)(?P<tags>(?:,{_KEY}=(?:[^,=\s\\]|\\.)*)*)"
     rf" (?P<fields>{_KEY}=(?:\"(?:[^\"\\]|\\.)*\"|[^,\s\"]+)(?:,{_KEY}=(?:\"(?:[^\"\\]|\\.)*\"|[^,\s\"]+))*)"
@@ -56,6 +58,7 @@ _SLOW_LINE = re.compile(
 )
 _SLOW_PAIR = re.compile(rf"({_KEY})=(\"(?:[^\"\\]|\\.)*\"|(?:[^,\s\\]|\\.)*)")
 _UNESCAPE = re.compile(r"\\([,= \"\\])")
+_NOT_PLAIN = (b"\r", *(c.encode() for c in _MASK.values()))  # one byte each: memchr
 
 
 class InfluxError(SourceError):
@@ -64,7 +67,7 @@ class InfluxError(SourceError):
 
 @dataclass
 class _Parsed:
-    """One chunk's points as (row, key, raw text) triples, before columns are built."""
+    """Lines of the general split as (row, key, raw text) triples, before columns are built."""
 
     lines: np.ndarray  # file line number of each row
     measurement: pa.Array
@@ -78,14 +81,39 @@ class _Parsed:
 
 
 @dataclass
-class _Named:
-    """One chunk's points as columns, when every line names the same tags and fields in the same places."""
+class _Split:
+    """A chunk cut at its spaces by Arrow's CSV reader: series, field set and timestamp of each line.
+
+    ``odd`` are the numbers of the lines that did not have exactly two spaces; ``text`` is the chunk as
+    read (separators inside quotes masked), to take those lines from.
+    """
+
+    text: bytes | bytearray
+    first_line: int
+    lines: np.ndarray
+    series: pa.Array
+    fields: pa.Array
+    time: pa.Array
+    odd: np.ndarray
+    masked: bool
+
+
+@dataclass
+class _Part:
+    """Rows of the job's measurement from one chunk, each field typed by its own spelling.
+
+    What must be checked against the rest of the file (a field's type, a key both tag and field) is
+    checked in file order by ``LineProtocol._check``, so the errors a worker finds wait in
+    ``time_error`` and ``cast_errors`` until the checks before them have passed.
+    """
 
     lines: np.ndarray
-    measurement: pa.Array
-    time: pa.Array
-    tags: dict[str, pa.Array]
-    fields: dict[str, pa.Array]
+    seen: set[str]
+    tags: set[str] = field(default_factory=set)
+    kinds: dict[str, dict[str, int]] = field(default_factory=dict)  # field -> kind -> first line
+    batch: pa.RecordBatch | None = None
+    time_error: tuple[int, InfluxError] | None = None
+    cast_errors: dict[str, InfluxError] = field(default_factory=dict)
 
 
 class LineProtocol:
@@ -102,46 +130,59 @@ class LineProtocol:
     def batches(self, stream: pa.NativeFile) -> Iterator[pa.RecordBatch]:
         """The points of the measurement, one row per line (with its line number in LINE)."""
         for parts in self._split(stream):
-            batch = self._columns(*parts)
-            if batch.num_rows:
-                yield batch
+            self._check(parts, reading=True)
+            yield from (part.batch for part in parts if part.batch is not None and part.batch.num_rows)
 
     def scan(self, stream: pa.NativeFile) -> pa.Schema:
-        """Tags and typed fields of the whole stream, without building columns; raises on a field's second type."""
+        """Tags and typed fields of the whole stream; raises on a field's second type."""
         for parts in self._split(stream):
-            for part in parts:
-                wanted = self._wanted(part.measurement)
-                if isinstance(part, _Named):
-                    if not wanted.any():
-                        continue
-                    self.tags.update(part.tags)
-                    for key, raw in part.fields.items():
-                        self._kind(key, raw.filter(pa.array(wanted)), part.lines[wanted])
-                    continue
-                tag_mine = pa.array(wanted[np.asarray(part.tag_rows, dtype=np.int64)])
-                self.tags.update(key for key, _ in _groups(part.tag_keys.filter(tag_mine)))
-                rows = np.asarray(part.field_rows, dtype=np.int64)
-                mine = pa.array(wanted[rows])
-                keys, values, lines = part.field_keys.filter(mine), part.field_values.filter(mine), part.lines[rows[wanted[rows]]]
-                for key, pick in _groups(keys):
-                    self._kind(key, values.filter(pa.array(pick)), lines[pick])
+            self._check(parts, reading=False)
         return self.schema()
-
-    def _wanted(self, measurement: pa.Array) -> np.ndarray:
-        """Rows of the job's measurement; notes the others, to name them if it is missing."""
-        groups = _groups(measurement)
-        self.seen.update(key for key, _ in groups)
-        return next((pick for key, pick in groups if key == self.measurement), np.zeros(len(measurement), dtype=bool))
 
     def schema(self) -> pa.Schema:
         return pa.schema([(TIME, TIME_TYPE), *((t, pa.string()) for t in sorted(self.tags)),
                           *((f, ARROW_TYPES[k]) for f, (k, _) in sorted(self.kinds.items()))])
 
-    def _split(self, stream: pa.NativeFile) -> Iterator[tuple[_Parsed | _Named, ...]]:
-        """Chunks split into triples on threads (Arrow kernels release the GIL), in file order.
+    def _check(self, parts: list[_Part], reading: bool) -> None:
+        """The errors of one chunk in the order a reader meets them: a missing timestamp, then field by
+        field a key that is also a tag, a second type (named by the first line of each), a bad value."""
+        for part in parts:
+            self.seen.update(part.seen)
+        times = sorted((part.time_error for part in parts if part.time_error), key=lambda e: e[0])
+        if reading and times:
+            raise times[0][1]
+        tags = set().union(*(part.tags for part in parts))
+        kinds: dict[str, dict[str, int]] = {}
+        for part in parts:
+            for key, spelled in part.kinds.items():
+                for kind, line in spelled.items():
+                    known = kinds.setdefault(key, {})
+                    known[kind] = min(known.get(kind, line), line)
+        for key in sorted(kinds):
+            if key in tags or key in self.tags:
+                self._both(key)
+            for kind, line in sorted(kinds[key].items(), key=lambda item: item[1]):
+                known = self.kinds.setdefault(key, (kind, line))
+                if known[0] != kind:
+                    raise InfluxError(
+                        f"field '{key}' of measurement '{self.measurement}' has two types in {self.origin}: "
+                        f"{known[0]} at line {known[1]} and {kind} at line {line}"
+                    )
+            cast = next((part.cast_errors[key] for part in parts if key in part.cast_errors), None)
+            if reading and cast is not None:
+                raise cast
+        for key in sorted(tags & set(self.kinds)):
+            self._both(key)
+        self.tags |= tags
 
-        Only splitting runs ahead, at most _AHEAD chunks: typing the fields stays in order, so the
-        first line of each type, named when a type changes, is the first in the file.
+    def _both(self, key: str) -> None:
+        raise InfluxError(f"{self.origin}: '{key}' of measurement '{self.measurement}' is both a tag and a field")
+
+    def _split(self, stream: pa.NativeFile) -> Iterator[list[_Part]]:
+        """Chunks parsed and typed on threads (Arrow kernels release the GIL), in file order.
+
+        Only parsing runs ahead, at most _AHEAD chunks: the checks stay in order, so the first line
+        of each type, named when a type changes, is the first in the file.
         """
         with ThreadPoolExecutor(max_workers=_AHEAD, thread_name_prefix="line-protocol") as pool:
             pending: deque[Future] = deque()
@@ -154,30 +195,71 @@ class LineProtocol:
             while pending:
                 yield pending.popleft().result()
 
-    def _parts(self, chunk: bytes, first_line: int) -> tuple[_Parsed, _Parsed] | tuple[_Parsed | _Named]:
-        plain = _plain(chunk, first_line)
-        if plain is not None:
-            return (plain,)
+    def _parts(self, chunk: bytes, first_line: int) -> list[_Part]:
+        split = _plain(chunk, first_line)
+        return self._from_split(split, chunk) if split is not None else [self._whole(chunk, first_line)]
+
+    def _whole(self, chunk: bytes, first_line: int) -> _Part:
         lines = pc.list_flatten(pc.split_pattern(pa.array([chunk], pa.binary()), b"\n"))
+        return self._general(lines, np.arange(first_line, first_line + len(lines)))
+
+    # --- lines cut by the CSV reader -------------------------------------------------------------
+
+    def _from_split(self, split: _Split, chunk: bytes) -> list[_Part]:
+        """Rows of the split whose series and fields read exactly; every other line goes to the general split."""
+        encoded = split.series  # read dictionary-encoded: each series once
+        codes = encoded.indices.to_numpy(zero_copy_only=False)
+        measurement, tags, readable = _series(encoded.dictionary)
+        ok = readable[codes] & _mask(split.time.is_valid())
+        if _has_byte(split.fields, ord("\\")):  # escapes: the tokenizer reads those lines
+            ok &= ~_mask(pc.match_substring(split.fields, "\\"))
+        cells, fine = _field_cells(split.fields if ok.all() else split.fields.filter(pa.array(ok)))
+        if not fine.all():
+            cells = {key: values.filter(pa.array(fine)) for key, values in cells.items()}
+            ok[np.flatnonzero(ok)[~fine]] = False
+        odd = np.sort(np.concatenate([split.odd, split.lines[~ok]]))
+        if len(odd) > _ODD_LINES:
+            return [self._whole(chunk, split.first_line)]
+        parts = [self._general(_lines_of(split, odd), odd)] if len(odd) else []
+        if not ok.any():
+            return parts
+        present = np.bincount(codes[ok], minlength=len(measurement)) > 0
+        part = _Part(split.lines[ok], set(measurement.filter(pa.array(present)).to_pylist()))
+        parts.insert(0, part)
+        if self.measurement not in part.seen:
+            return parts
+        ours = _mask(pc.equal(measurement, self.measurement))[codes]
+        wanted = ours[ok]
+        mine = ok & ours
+        rows = pa.array(codes[mine])
+        tag_columns = {key: column for key, column in ((key, values.take(rows)) for key, values in tags.items())
+                       if column.null_count < len(column)}
+        if not wanted.all():
+            cells = {key: values.filter(pa.array(wanted)) for key, values in cells.items()}
+        fields = {key: values for key, values in cells.items() if values.null_count < len(values)}
+        stamps = split.time if mine.all() else split.time.filter(pa.array(mine))
+        self._fill(part, part.lines[wanted], stamps, tag_columns, fields, masked=split.masked)
+        return parts
+
+    # --- the general split -----------------------------------------------------------------------
+
+    def _general(self, lines: pa.Array, numbers: np.ndarray) -> _Part:
+        """Lines (binary) of any shape: comments, DDL and blank lines skipped, escapes honoured, bad lines named."""
         try:
             lines = pc.utf8_trim(lines.cast(pa.string()), "\r")
         except pa.ArrowInvalid as e:
-            raise InfluxError(f"{self.origin} near line {first_line} is not UTF-8 text: {e}") from e
-        numbers = np.arange(first_line, first_line + len(lines))
+            raise InfluxError(f"{self.origin} near line {numbers[0]} is not UTF-8 text: {e}") from e
         skip = pc.or_(pc.starts_with(lines, "#"), pc.or_(*(pc.starts_with(lines, ddl) for ddl in _DDL)))
         keep = pc.and_(pc.not_equal(lines, ""), pc.invert(skip))
         lines, numbers = lines.filter(keep), numbers[_mask(keep)]
-        tricky = np.zeros(len(lines), dtype=bool)  # whole-chunk tests first: most chunks need no per-line test
-        if b'"' in chunk:
+        quoted = _mask(pc.match_substring(lines, '"'))
+        tricky = _mask(pc.match_substring_regex(lines, "[\\\\\x01-\x03]"))
+        if quoted.any():
             tricky |= _mask(pc.equal(pc.bit_wise_and(pc.count_substring(lines, '"'), 1), 1))
-        if b"\\" in chunk:
-            tricky |= _mask(pc.match_substring(lines, "\\"))
-        if any(code.encode() in chunk for code in _MASK.values()):
-            tricky |= _mask(pc.match_substring_regex(lines, "[\x01-\x03]"))
         simple = lines.filter(pa.array(~tricky))
-        fast = self._fast(_mask_quoted(simple) if b'"' in chunk else simple, numbers[~tricky])
+        fast = self._fast(_mask_quoted(simple) if quoted.any() else simple, numbers[~tricky])
         slow = self._slow(lines.filter(pa.array(tricky)), numbers[tricky])
-        return fast, slow
+        return self._columns(fast, slow)
 
     def _fast(self, lines: pa.Array, numbers: np.ndarray) -> _Parsed:
         parts = pc.split_pattern(lines, " ", max_splits=2)
@@ -222,20 +304,21 @@ class LineProtocol:
                      pa.array(fields[0], pa.int64()), pa.array(fields[1], pa.string()), pa.array(fields[2], pa.string())]
         return _Parsed(numbers, pa.array(measurements, pa.string()), pa.array(stamps, pa.string()), *as_arrays)
 
-    def _columns(self, *parts: _Parsed | _Named) -> pa.RecordBatch:
+    def _columns(self, *parts: _Parsed) -> _Part:
         """Rows of the wanted measurement, fast and slow lines together in file order."""
-        if isinstance(parts[0], _Named):
-            return self._named(parts[0])
         numbers = np.concatenate([p.lines for p in parts])
         measurement = pa.concat_arrays([p.measurement for p in parts])
         offsets = np.cumsum([0, *(len(p.lines) for p in parts)])
-        wanted = self._wanted(measurement)
+        groups = _groups(measurement)
+        part = _Part(numbers, {key for key, _ in groups})
+        wanted = next((pick for key, pick in groups if key == self.measurement), np.zeros(len(numbers), dtype=bool))
+        if not wanted.any():
+            return part
         order = np.argsort(numbers[wanted], kind="stable")
         position = np.full(len(numbers), -1, dtype=np.int64)
         position[np.flatnonzero(wanted)[order]] = np.arange(int(wanted.sum()))
         lines = numbers[wanted][order]
         stamps = pa.concat_arrays([p.time for p in parts]).take(pa.array(np.flatnonzero(wanted)[order]))
-        columns: dict[str, pa.Array] = {TIME: self._time(stamps, lines), LINE: pa.array(lines, pa.int64())}
 
         def triples(kind: str) -> tuple[np.ndarray, pa.Array, pa.Array]:
             rows = np.concatenate([np.asarray(getattr(p, f"{kind}_rows"), dtype=np.int64) + off
@@ -247,151 +330,294 @@ class LineProtocol:
             return at[mine], keys.filter(pa.array(mine)), values.filter(pa.array(mine))
 
         at, keys, values = triples("tag")
-        for key, pick in _groups(keys):
-            self.tags.add(key)
-            columns[key] = _scatter(at[pick], values.filter(pa.array(pick)), len(lines))
+        tags = {key: _scatter(at[pick], values.filter(pa.array(pick)), len(lines)) for key, pick in _groups(keys)}
         at, keys, values = triples("field")
-        for key, pick in _groups(keys):
-            if key in columns:
-                raise InfluxError(f"{self.origin}: '{key}' of measurement '{self.measurement}' is both a tag and a field")
-            raw = values.filter(pa.array(pick))
-            typed = self._typed(key, self._kind(key, raw, lines[at[pick]]), raw)
-            columns[key] = _scatter(at[pick], typed, len(lines))
-        return pa.RecordBatch.from_pydict(columns)
+        fields = {key: _scatter(at[pick], values.filter(pa.array(pick)), len(lines)) for key, pick in _groups(keys)}
+        self._fill(part, lines, stamps, tags, fields, masked=True)
+        return part
 
-    def _named(self, part: _Named) -> pa.RecordBatch:
-        """A chunk whose every line has the same keys: its columns are already the table's columns."""
-        wanted = self._wanted(part.measurement)
-        if not wanted.any():
-            return pa.record_batch({TIME: pa.array([], TIME_TYPE)})
-        lines, pick = part.lines[wanted], pa.array(wanted)
-        columns = {TIME: self._time(part.time.filter(pick), lines), LINE: pa.array(lines, pa.int64())}
-        for key in sorted(part.tags):
-            self.tags.add(key)
-            columns[key] = part.tags[key].filter(pick)
-        for key in sorted(part.fields):
-            if key in columns:
-                raise InfluxError(f"{self.origin}: '{key}' of measurement '{self.measurement}' is both a tag and a field")
-            raw = part.fields[key].filter(pick)
-            columns[key] = self._typed(key, self._kind(key, raw, lines), raw)
-        return pa.RecordBatch.from_pydict(columns)
+    # --- typing ----------------------------------------------------------------------------------
 
-    def _time(self, stamps: pa.Array, lines: np.ndarray) -> pa.Array:
+    def _fill(self, part: _Part, lines: np.ndarray, stamps: pa.Array, tags: dict[str, pa.Array],
+              fields: dict[str, pa.Array], masked: bool) -> None:
+        """The part's batch: time, line numbers, tags, and each field typed by its spelling (all or nothing)."""
+        part.tags = set(tags)
+        time = self._time(stamps, lines, part)
+        columns: dict[str, pa.Array] = {TIME: time, LINE: pa.array(lines, pa.int64()), **dict(sorted(tags.items()))}
+        for key, raw in sorted(fields.items()):
+            part.kinds[key], typed, error = self._typed(key, raw, lines, masked)
+            if error is not None:
+                part.cast_errors[key] = error
+            if typed is not None:
+                columns[key] = typed
+        if time is not None:
+            part.batch = pa.RecordBatch.from_pydict(columns)
+
+    def _time(self, stamps: pa.Array, lines: np.ndarray, part: _Part) -> pa.Array | None:
         missing = np.flatnonzero(_mask(stamps.is_null()))
         if len(missing):
-            raise InfluxError(f"line {lines[missing[0]]} of {self.origin} has no timestamp (an export always has one)")
+            line = int(lines[missing[0]])
+            part.time_error = (line, InfluxError(f"line {line} of {self.origin} has no timestamp (an export always has one)"))
+            return None
         try:
-            ns = pc.multiply_checked(stamps.cast(pa.int64()), _NS_PER[self.precision])
+            ns = stamps.cast(pa.int64())
+            if _NS_PER[self.precision] != 1:
+                ns = pc.multiply_checked(ns, _NS_PER[self.precision])
         except pa.ArrowInvalid as e:
-            raise InfluxError(f"{self.origin}: a timestamp is not an integer number of {self.precision}: {e}") from e
+            part.time_error = (_first_bad_stamp(stamps, lines, _NS_PER[self.precision]), InfluxError(
+                f"{self.origin}: a timestamp is not an integer number of {self.precision}: {e}"))
+            return None
         return ns.cast(TIME_TYPE)
 
-    def _kind(self, key: str, raw: pa.Array, lines: np.ndarray) -> str:
-        """The field's type by the protocol spelling of its values; every point must spell the same type."""
-        spelled = [_mask(m) for m in (pc.starts_with(raw, '"'), pc.ends_with(raw, "i"), pc.ends_with(raw, "u"),
-                                      pc.is_in(raw, pa.array(_TRUE + _FALSE)))]
-        codes = np.select(spelled, [1, 2, 3, 4], 0).astype(np.int8)  # integer codes: a unique of strings is slow
-        firsts = sorted(int(np.argmax(codes == code)) for code in np.flatnonzero(np.bincount(codes, minlength=5)))
-        for first in firsts:  # in file order: the message names the type seen first, then the other
-            kind = _KINDS[codes[first]]
-            known = self.kinds.setdefault(key, (kind, int(lines[first])))
-            if known[0] != kind:
-                raise InfluxError(
-                    f"field '{key}' of measurement '{self.measurement}' has two types in {self.origin}: "
-                    f"{known[0]} at line {known[1]} and {kind} at line {lines[first]}"
-                )
-        return self.kinds[key][0]
+    def _typed(self, key: str, raw: pa.Array, lines: np.ndarray,
+               masked: bool) -> tuple[dict[str, int], pa.Array | None, InfluxError | None]:
+        """The kinds a field is spelled in (kind -> first line) and, when it is spelled one way, its typed values.
 
-    def _typed(self, key: str, kind: str, raw: pa.Array) -> pa.Array:
+        The first value's spelling is checked over all values with one kernel (a float needs none:
+        only floats cast), so a field of one type costs one pass; any other field gets a code per value.
+        """
+        first = int(np.argmax(_mask(raw.is_valid())))
+        kind = _spelling(raw[first].as_py())
+        if kind == "float":
+            try:
+                return {kind: int(lines[first])}, raw.cast(pa.float64()), None
+            except pa.ArrowInvalid:
+                pass
+        elif _all(_spelled_as(raw.drop_null() if raw.null_count else raw, kind)):
+            return {kind: int(lines[first])}, *self._cast(key, kind, raw, masked)
+        spelled = _spellings(raw, lines)
+        if len(spelled) > 1:
+            return spelled, None, None
+        return spelled, *self._cast(key, next(iter(spelled)), raw, masked)
+
+    def _cast(self, key: str, kind: str, raw: pa.Array, masked: bool) -> tuple[pa.Array | None, InfluxError | None]:
         if kind == "string":
-            inner = _unmask(pc.utf8_slice_codeunits(raw, 1, -1))
-            return pc.replace_substring(pc.replace_substring(inner, '\\"', '"'), "\\\\", "\\")
+            inner = pc.utf8_slice_codeunits(raw, 1, -1)
+            inner = _unmask(inner) if masked else inner
+            if _has_byte(inner, ord("\\")):
+                inner = pc.replace_substring(pc.replace_substring(inner, '\\"', '"'), "\\\\", "\\")
+            return inner, None
         if kind == "boolean":
-            return pc.is_in(raw, pa.array(_TRUE))
+            true = pc.is_in(raw, pa.array(_TRUE))
+            return (pc.if_else(raw.is_valid(), true, pa.scalar(None, pa.bool_())) if raw.null_count else true), None
         if kind in ("integer", "unsigned"):
             raw = pc.utf8_slice_codeunits(raw, 0, -1)
         try:
-            return raw.cast(ARROW_TYPES[kind])
+            return raw.cast(ARROW_TYPES[kind]), None
         except pa.ArrowInvalid as e:
-            raise InfluxError(f"field '{key}' of measurement '{self.measurement}' in {self.origin} "
-                              f"has a value that is not a {kind}: {e}") from e
+            return None, InfluxError(f"field '{key}' of measurement '{self.measurement}' in {self.origin} "
+                                     f"has a value that is not a {kind}: {e}")
 
     def _malformed(self, line: int, text: str) -> None:
         raise InfluxError(f"line {line} of {self.origin} is not line protocol: {text.translate(_UNMASK)[:80]!r}")
 
 
-_BOUNDARY = "\x01"
-_PLAIN_OPTIONS = (pcsv.ReadOptions(autogenerate_column_names=True, block_size=_CHUNK_BYTES * 4, use_threads=False),
-                  pcsv.ParseOptions(quote_char=False, escape_char=False, double_quote=False, newlines_in_values=False,
-                                    ignore_empty_lines=False))
-_NOT_PLAIN = (b"\\", b"\r", _BOUNDARY.encode(), *(c.encode() for c in _MASK.values()))  # one byte each: memchr
+def _plain(chunk: bytes, first_line: int) -> _Split | None:
+    """The chunk cut at its spaces by Arrow's CSV reader; None when most of it needs the general split.
 
-
-def _plain(chunk: bytes, first_line: int) -> _Parsed | _Named | None:
-    """A chunk of lines of one shape, split by Arrow's CSV reader in one pass; None if it is not that simple.
-
-    Lines without escapes or comments that all have the same number of tags, fields and
-    separators (the usual export: one series layout, one field per line) become rows of a CSV once
-    spaces are marked and equal signs are commas. Every separator is counted over the whole chunk,
-    so a line the reader would split differently from the line protocol sends the chunk to the
-    general path, which also names the bad line.
+    Separators inside double quotes are masked first (without backslashes the quotes of a line pair
+    up), so a quoted string with spaces, commas or equal signs is one cell. Up to _ODD_LINES lines of
+    another shape (comments, headers, escaped spaces, a missing timestamp) are set aside by number.
     """
     if any(mark in chunk for mark in _NOT_PLAIN):
         return None
-    if b'"' in chunk:  # separators inside quotes masked; without backslashes the quotes of a line pair up
-        text = np.frombuffer(chunk, np.uint8).copy()
-        quotes = np.flatnonzero(text == ord('"'))
-        ends = np.flatnonzero(text == ord("\n"))
-        if len(quotes) % 2 or (np.searchsorted(ends, quotes[0::2]) != np.searchsorted(ends, quotes[1::2])).any():
-            return None  # a line with an odd number of quotes
-        separators = np.flatnonzero(_SEPARATOR[text])
-        masked = separators[np.searchsorted(quotes, separators) % 2 == 1]  # after an odd number of quotes
-        text[masked] = _MASK_BYTES[text[masked]]
-        chunk = text.tobytes()
-    text = chunk.replace(b" ", b",\x01,").replace(b"=", b",")
+    total = chunk.count(b"\n") + (not chunk.endswith(b"\n"))
+    masked = b'"' in chunk
+    if masked:
+        chunk = _mask_quotes(chunk)
+        if chunk is None:
+            return None
+    odd: list[int] = []
+
+    def set_aside(row: pcsv.InvalidRow) -> str:
+        odd.append(row.number)
+        return "skip" if len(odd) <= _ODD_LINES and row.number is not None else "error"
+
     try:
-        table = pcsv.read_csv(pa.BufferReader(text), *_PLAIN_OPTIONS,
-                              convert_options=pcsv.ConvertOptions(column_types=dict.fromkeys(
-                                  (f"f{i}" for i in range(text.split(b"\n", 1)[0].count(b",") + 1)), pa.string())))
-    except pa.ArrowInvalid:  # lines of several shapes (an empty line is one too), or not UTF-8
+        table = pcsv.read_csv(
+            pa.BufferReader(chunk),
+            pcsv.ReadOptions(column_names=["s", "f", "t"], block_size=len(chunk) + 1, use_threads=False),
+            pcsv.ParseOptions(delimiter=" ", quote_char=False, escape_char=False, double_quote=False,
+                              newlines_in_values=False, ignore_empty_lines=True, invalid_row_handler=set_aside),
+            pcsv.ConvertOptions(column_types={"s": pa.dictionary(pa.int32(), pa.string()), "f": pa.string(), "t": pa.int64()},
+                                strings_can_be_null=False))
+    except pa.ArrowInvalid:  # too many odd lines, a timestamp that is no integer, or not UTF-8
         return None
-    skipped = pc.or_(pc.starts_with(table.column(0), "#"), pc.equal(table.column(0), "CREATE"))
-    if pc.any(skipped).as_py():  # comments and DDL, of a shape that passed for data
+    if table.num_rows + len(odd) != total:  # blank lines, which the reader drops without a number
         return None
-    rows, width = table.num_rows, table.num_columns
-    boundaries = [i for i in range(width) if table.column(i)[0].as_py() == _BOUNDARY]
-    pairs = (width - 1 - len(boundaries) - 1) // 2
-    if (len(boundaries) != 2 or boundaries[1] != width - 2 or (boundaries[0] - 1) % 2
-            or (width - boundaries[0] - 3) % 2 or pairs < 1 or chunk.count(b" ") != 2 * rows
-            or chunk.count(b"=") != pairs * rows or chunk.count(b",") != (pairs - 1) * rows
-            or any(table.column(i).null_count or pc.any(pc.not_equal(table.column(i), _BOUNDARY)).as_py()
-                   for i in boundaries)):
+    odd_lines = np.asarray(odd, dtype=np.int64) + (first_line - 1)
+    lines = np.delete(np.arange(first_line, first_line + total), odd_lines - first_line)
+    return _Split(chunk, first_line, lines, *(table.column(c).combine_chunks() for c in "sft"), odd_lines, masked)
+
+
+def _mask_quotes(chunk: bytes) -> bytearray | None:
+    """The chunk with spaces, commas and equal signs between each pair of quotes masked; None when a
+    line has an odd number of quotes. Touches only the bytes inside quotes, not the whole chunk."""
+    text = bytearray(chunk)
+    view = np.frombuffer(text, np.uint8)
+    quotes = np.flatnonzero(view == ord('"'))
+    if len(quotes) % 2:
         return None
-    tags = range(1, boundaries[0], 2)
-    fields = range(boundaries[0] + 1, width - 2, 2)
+    opens, closes = quotes[0::2], quotes[1::2]
+    sizes = closes - opens - 1
+    inside = np.arange(int(sizes.sum())) + np.repeat(opens + 1 - np.concatenate([[0], np.cumsum(sizes)[:-1]]), sizes)
+    quoted = view[inside]
+    if (quoted == ord("\n")).any():
+        return None  # a pair of quotes across lines: some line has an odd number
+    found = inside[_SEPARATOR[quoted]]
+    view[found] = _MASK_BYTES[view[found]]
+    return text
+
+
+def _series(distinct: pa.Array) -> tuple[pa.Array, dict[str, pa.Array], np.ndarray]:
+    """Measurement, tags (key -> value per distinct series) and whether each series reads exactly.
+
+    A series with a backslash, a masked separator (a quote) or a tag without ``=``, or one that is
+    a comment, is left to the general split, which reads or names it.
+    """
+    parts = pc.split_pattern(distinct, ",")
+    measurement = pc.list_element(parts, 0)
+    readable = ~_mask(pc.or_(pc.match_substring_regex(distinct, r"[\\\x01-\x03]"), pc.starts_with(distinct, "#")))
+    readable &= _mask(pc.not_equal(measurement, ""))
+    tags = pc.list_slice(parts, 1)
+    rows = np.asarray(pc.list_parent_indices(tags))
+    pairs = pc.split_pattern(pc.list_flatten(tags), "=", max_splits=1)
+    whole = pc.list_value_length(pairs).to_numpy(zero_copy_only=False) == 2
+    readable[rows[~whole]] = False
+    pairs, rows = pairs.filter(pa.array(whole)), rows[whole]
+    keys, values = pc.list_element(pairs, 0), pc.list_element(pairs, 1)
+    return measurement, {key: _scatter(rows[at], values.filter(pa.array(at)), len(distinct))
+                         for key, at in _groups(keys)}, readable
+
+
+def _field_cells(fields: pa.Array, depth: int = 0) -> tuple[dict[str, pa.Array], np.ndarray]:
+    """Field sets cut at their commas into ``key -> raw value`` columns (null where a line lacks the key),
+    and which lines were cut exactly (every part ``key=value``): only those lines' values count.
+
+    Lines with another number of fields than the first are cut by a pass of their own, a few deep.
+    """
+    fine = np.ones(len(fields), dtype=bool)
     if not len(fields):
-        return None
+        return {}, fine
+    other = np.zeros(len(fields), dtype=bool)
+    if not _has_byte(fields, ord(",")):
+        cells = [fields]
+    else:
+        def set_aside(row: pcsv.InvalidRow) -> str:
+            other[row.number - 1] = True
+            return "skip"
 
-    def column(*at: int) -> pa.Array:
-        return pa.concat_arrays([chunk for i in at for chunk in table.column(i).chunks])
+        joined = pc.binary_join_element_wise(fields, "", "\n").buffers()[2]
+        width = fields[0].as_py().count(",") + 1
+        names = [str(i) for i in range(width)]
+        table = pcsv.read_csv(
+            pa.BufferReader(joined), pcsv.ReadOptions(column_names=names, block_size=joined.size + 1, use_threads=False),
+            pcsv.ParseOptions(delimiter=",", quote_char=False, escape_char=False, double_quote=False,
+                              newlines_in_values=False, ignore_empty_lines=False, invalid_row_handler=set_aside),
+            pcsv.ConvertOptions(column_types=dict.fromkeys(names, pa.string()), strings_can_be_null=False))
+        cells = [table.column(i).combine_chunks() for i in range(width)]
+    rows = np.flatnonzero(~other)
+    columns: dict[str, pa.Array] = {}
+    for cell in cells:
+        key = cell[0].as_py().partition("=")[0] if len(cell) else ""
+        if len(cell) and "=" in cell[0].as_py() and _all(pc.starts_with(cell, key + "=")):
+            found = {key: pc.utf8_slice_codeunits(cell, len(key) + 1)}
+        else:
+            pairs = pc.split_pattern(cell, "=", max_splits=1)
+            whole = pc.list_value_length(pairs).to_numpy(zero_copy_only=False) == 2
+            fine[rows[~whole]] = False
+            pairs, at = pairs.filter(pa.array(whole)), np.flatnonzero(whole)
+            keys, values = pc.list_element(pairs, 0), pc.list_element(pairs, 1)
+            found = {key: _scatter(at[pick], values.filter(pa.array(pick)), len(cell)) for key, pick in _groups(keys)}
+        for key, values in found.items():
+            values = _widen(values, rows, len(fields))
+            columns[key] = pc.coalesce(values, columns[key]) if key in columns else values  # a later pair wins
+    if other.any():
+        at = np.flatnonzero(other)
+        if depth < 3:
+            more, fine[at] = _field_cells(fields.filter(pa.array(other)), depth + 1)
+            for key, values in more.items():
+                values = _widen(values, at, len(fields))
+                columns[key] = pc.coalesce(columns[key], values) if key in columns else values  # disjoint rows
+        else:
+            fine[at] = False
+    return columns, fine
 
-    numbers = np.arange(first_line, first_line + rows)
-    names = [table.column(i)[0].as_py() for i in (*tags, *fields)]
-    if len(set(names)) == len(names) and all(_same(table.column(i), name) for i, name in zip((*tags, *fields), names)):
-        return _Named(numbers, column(0), column(width - 1), {names[n]: column(i + 1) for n, i in enumerate(tags)},
-                      {names[len(tags) + n]: column(i + 1) for n, i in enumerate(fields)})
 
-    def triples(starts: range) -> tuple[pa.Array, pa.Array, pa.Array]:
-        at = pa.array(np.tile(np.arange(rows, dtype=np.int64), len(starts)))
-        return at, column(*starts), column(*(i + 1 for i in starts))
+def _first_bad_stamp(stamps: pa.Array, lines: np.ndarray, scale: int) -> int:
+    """The line of the first timestamp that is no integer, or whose nanoseconds do not fit 64 bits."""
+    if pa.types.is_integer(stamps.type):
+        ns = stamps.to_numpy()
+    else:
+        integer = _mask(pc.match_substring_regex(stamps, r"^[+-]?[0-9]+$"))
+        if not integer.all():
+            return int(lines[np.argmin(integer)])
+        ns = np.asarray([int(s) for s in stamps.to_pylist()], dtype=object)
+    too_large = np.abs(ns) > (2**63 - 1) // scale
+    return int(lines[np.argmax(too_large)]) if too_large.any() else int(lines.min())
 
-    return _Parsed(numbers, column(0), column(width - 1), *triples(tags),
-                   *triples(fields))
+
+def _has_byte(strings: pa.Array, byte: int) -> bool:
+    """Whether any value holds the byte: one compare over the values' bytes, not a kernel per value."""
+    data = strings.buffers()[2]
+    if data is None:
+        return False
+    offsets = np.frombuffer(strings.buffers()[1], np.int32)[strings.offset:strings.offset + len(strings) + 1]
+    return bool((np.frombuffer(data, np.uint8)[offsets[0]:offsets[-1]] == byte).any())
 
 
-def _same(column: pa.ChunkedArray, value: str) -> bool:
-    low_high = pc.min_max(column)
-    return low_high["min"].as_py() == value == low_high["max"].as_py()
+def _widen(values: pa.Array, rows: np.ndarray, size: int) -> pa.Array:
+    """Values of ``rows`` (of ``size`` rows) placed at those rows."""
+    if len(rows) == size:
+        return values
+    return _scatter(rows, values, size)
+
+
+def _lines_of(split: _Split, numbers: np.ndarray) -> pa.Array:
+    """The text of some lines of a split (binary, separators unmasked), by line number."""
+    text = np.frombuffer(split.text, np.uint8)
+    ends = np.flatnonzero(text == ord("\n"))
+    starts = np.concatenate([[0], ends + 1])
+    ends = np.concatenate([ends, [len(text)]])
+    at = numbers - split.first_line
+    lines = [bytes(split.text[starts[i]:ends[i]]) for i in at]
+    if split.masked:
+        lines = [line.translate(_UNMASK_BYTES.tobytes()) for line in lines]
+    return pa.array(lines, pa.binary())
+
+
+def _spelling(value: str) -> str:
+    """The kind a value is spelled as; the same rule as _spellings, for one value."""
+    if value.startswith('"'):
+        return "string"
+    if value.endswith("i"):
+        return "integer"
+    if value.endswith("u"):
+        return "unsigned"
+    return "boolean" if value in _TRUE or value in _FALSE else "float"
+
+
+def _spelled_as(raw: pa.Array, kind: str) -> pa.Array:
+    if kind == "string":
+        return pc.starts_with(raw, '"')
+    if kind == "boolean":
+        return pc.is_in(raw, pa.array(_TRUE + _FALSE))
+    return pc.and_not(pc.ends_with(raw, "i" if kind == "integer" else "u"), pc.starts_with(raw, '"'))
+
+
+def _spellings(raw: pa.Array, lines: np.ndarray) -> dict[str, int]:
+    """Each kind the field is spelled in, with its first line, in file order (nulls are lines without the field)."""
+    valid = _mask(raw.is_valid())
+    raw, lines = raw.filter(pa.array(valid)), lines[valid]
+    spelled = [_mask(m) for m in (pc.starts_with(raw, '"'), pc.ends_with(raw, "i"), pc.ends_with(raw, "u"),
+                                  pc.is_in(raw, pa.array(_TRUE + _FALSE)))]
+    codes = np.select(spelled, [1, 2, 3, 4], 0).astype(np.int8)  # integer codes: a unique of strings is slow
+    firsts = sorted(int(np.argmax(codes == code)) for code in np.flatnonzero(np.bincount(codes, minlength=5)))
+    return {_KINDS[codes[first]]: int(lines[first]) for first in firsts}
+
+
+def _all(values: pa.Array) -> bool:
+    return bool(pc.all(values).as_py())
 
 
 def _mask_quoted(lines: pa.Array) -> pa.Array:
@@ -412,9 +638,12 @@ def _mask_quoted(lines: pa.Array) -> pa.Array:
 
 
 def _unmask(values: pa.Array) -> pa.Array:
-    for char, code in _MASK.items():
-        values = pc.replace_substring(values, code, char)
-    return values
+    """Masked separators back to themselves: one table lookup over the values' bytes (offsets kept)."""
+    validity, offsets, data = values.buffers()
+    if data is None or not any(_has_byte(values, ord(code)) for code in _MASK.values()):
+        return values
+    plain = pa.py_buffer(_UNMASK_BYTES[np.frombuffer(data, np.uint8)])
+    return pa.StringArray.from_buffers(len(values), offsets, plain, validity, values.null_count, values.offset)
 
 
 def _mask(values: pa.Array) -> np.ndarray:
@@ -439,32 +668,167 @@ def points(parser: LineProtocol, lines: Iterator[pa.RecordBatch], batch_rows: in
     """Lines of one point (series and time) merged into one row, the later line winning per field.
 
     Exports write one line per field of a point (TSM files store fields apart), far apart in the
-    file, so the merge cannot be done chunk by chunk: the lines go to a DuckDB table that spills
-    to a temporary folder beyond _MERGE_MEMORY, and come back one row per point.
+    file, so the merge waits for the whole file. Up to _HOLD_BYTES of lines are held in memory;
+    beyond, every line is spilled to disk into one of _SPILL_PARTS files by a hash of its time (the
+    lines of a point share their time), and each file is merged on its own. Nothing is sorted when
+    no point has two lines and the lines come in time or series order.
     """
-    import duckdb  # lazily: functions that never reach this leave DuckDB out of their layers
-    with tempfile.TemporaryDirectory(prefix="timelake-influx-") as tmp, \
-            closing(duckdb.connect(config={"memory_limit": _MERGE_MEMORY, "temp_directory": tmp})) as con:
-        columns: dict[str, pa.DataType] = {}
+    held = _Held(0)
+    try:
         for batch in lines:
-            batch = batch.set_column(0, TIME, batch.column(0).cast(pa.int64()))  # DuckDB would drop the nanoseconds
-            if not columns:
-                con.execute("CREATE TABLE points AS SELECT * FROM batch")
-            else:
-                for f in batch.schema:
-                    if f.name not in columns:
-                        con.execute(f"ALTER TABLE points ADD COLUMN {_ident(f.name)} {_DUCK[f.type]}")
-                con.execute("INSERT INTO points BY NAME SELECT * FROM batch")
-            columns.update({f.name: f.type for f in batch.schema if f.name not in columns})
-        if not columns:
+            held.add(batch)
+        schema = parser.schema()  # every tag and field of the file: each part of a spill has only its own
+        for table in held.merged(sorted(parser.tags)):
+            columns = [table.column(f.name) if f.name in table.column_names else pa.nulls(table.num_rows, f.type)
+                       for f in schema]
+            yield from pa.table(columns, schema=schema).to_batches(max_chunksize=batch_rows)
+    finally:
+        held.close()
+
+
+class _Held:
+    """Lines kept for the merge: a list of batches, or, past _HOLD_BYTES, files of a temporary folder."""
+
+    def __init__(self, level: int) -> None:
+        self.level = level  # how many times these lines were cut by their time already
+        self.batches: list[pa.RecordBatch] = []
+        self.nbytes = 0
+        self.folder: tempfile.TemporaryDirectory | None = None
+        self.writers: list[pa.ipc.RecordBatchStreamWriter | None] = []
+        self.files: list[list[Path]] = []
+        self.schema = pa.schema([])
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        if self.folder is None:
+            self.batches.append(batch)
+            self.nbytes += batch.nbytes
+            if self.nbytes > _HOLD_BYTES:
+                self.folder = tempfile.TemporaryDirectory(prefix="timelake-influx-")
+                self.writers, self.files = [None] * _SPILL_PARTS, [[] for _ in range(_SPILL_PARTS)]
+                held, self.batches = self.batches, []
+                for each in held:
+                    self._spill(each)
             return
-        tags = [_ident(t) for t in sorted(parser.tags)]
-        fields = [_ident(f) for f in columns if f not in (TIME, LINE) and f not in parser.tags]
-        picks = [f"arg_max({f}, {LINE}) FILTER (WHERE {f} IS NOT NULL) AS {f}" for f in fields]
-        query = f"SELECT {', '.join([TIME, *tags, *picks])} FROM points GROUP BY {', '.join([TIME, *tags])}"
-        for batch in con.sql(query).to_arrow_reader(batch_rows):
-            yield batch.set_column(0, TIME, batch.column(0).cast(TIME_TYPE))
+        self._spill(batch)
+
+    def _spill(self, batch: pa.RecordBatch) -> None:
+        """The batch cut by a hash of its time into the part files, all written with the widest schema so far."""
+        grown = pa.unify_schemas([self.schema, batch.schema])
+        if not grown.equals(self.schema):
+            self.schema = grown
+            self._close_writers()
+        batch = pa.RecordBatch.from_arrays(
+            [batch.column(f.name) if f.name in batch.schema.names else pa.nulls(batch.num_rows, f.type)
+             for f in self.schema], schema=self.schema)
+        part = _time_hash(batch.column(0), self.level)
+        order = np.argsort(part, kind="stable")
+        counts = np.bincount(part, minlength=_SPILL_PARTS)
+        batch = batch.take(pa.array(order))
+        start = 0
+        for index, count in enumerate(counts):
+            if count:
+                if self.writers[index] is None:
+                    path = Path(self.folder.name) / f"{index}-{len(self.files[index])}.arrow"
+                    self.files[index].append(path)
+                    self.writers[index] = pa.ipc.new_stream(str(path), self.schema)
+                self.writers[index].write_batch(batch.slice(start, count))
+            start += count
+
+    def merged(self, tags: list[str]) -> Iterator[pa.Table]:
+        """The merged rows, one table per part when spilled (a part still too large is cut again)."""
+        if self.folder is None:
+            if self.batches:
+                yield _merge(self.batches, tags)
+            return
+        self._close_writers()
+        for paths in self.files:
+            if sum(path.stat().st_size for path in paths) <= _HOLD_BYTES or self.level >= 3:
+                batches = [b for path in paths for b in pa.ipc.open_stream(pa.memory_map(str(path))).read_all().to_batches()]
+                if batches:
+                    yield _merge(batches, tags)
+            else:
+                part = _Held(self.level + 1)
+                try:
+                    for path in paths:
+                        for batch in pa.ipc.open_stream(pa.memory_map(str(path))):
+                            part.add(batch)
+                    yield from part.merged(tags)
+                finally:
+                    part.close()
+            for path in paths:
+                path.unlink()
+
+    def _close_writers(self) -> None:
+        for writer in self.writers:
+            if writer is not None:
+                writer.close()
+        self.writers = [None] * len(self.writers)
+
+    def close(self) -> None:
+        self._close_writers()
+        if self.folder is not None:
+            self.folder.cleanup()
+            self.folder = None
 
 
-def _ident(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
+def _time_hash(time: pa.Array, level: int) -> np.ndarray:
+    """Which of _SPILL_PARTS parts each time goes to; each level uses other bits of one multiplicative hash."""
+    ns = time.cast(pa.int64()).to_numpy().view(np.uint64)
+    mixed = ns * np.uint64(0x9E3779B97F4A7C15)
+    return ((mixed >> np.uint64(60 - 4 * level)) & np.uint64(_SPILL_PARTS - 1)).astype(np.int64)
+
+
+def _merge(batches: list[pa.RecordBatch], tags: list[str]) -> pa.Table:
+    """One row per (series, time), a field's value from the last line (by LINE) that has it."""
+    table = pa.concat_tables([pa.Table.from_batches([b]) for b in batches], promote_options="default")
+    time = table.column(TIME).cast(pa.int64()).to_numpy()
+    series, span = _series_codes(table, tags)
+    since = time - time.min()
+    step = int(np.gcd.reduce(since)) or 1
+    ticks = since // step
+    width = int(ticks.max()) + 1
+    if span * width < 2**62:
+        for key in (ticks * span + series, series * width + ticks):  # time-major, then series-major
+            if (np.diff(key) > 0).all():
+                return table  # strictly increasing: no point has two lines
+        if len(pc.unique(pa.array(key))) == len(key):  # a hash pass is cheaper than the sort
+            return table
+        order = np.lexsort((table.column(LINE).to_numpy(), key))
+        key = key[order]
+        first = np.concatenate([[True], key[1:] != key[:-1]])
+    else:
+        order = np.lexsort((table.column(LINE).to_numpy(), ticks, series))
+        series, ticks = series[order], ticks[order]
+        first = np.concatenate([[True], (series[1:] != series[:-1]) | (ticks[1:] != ticks[:-1])])
+    if first.all():
+        return table
+    starts = np.flatnonzero(first)
+    keys = pa.array(order[starts])
+    columns = {name: table.column(name).take(keys) for name in (TIME, *(t for t in tags if t in table.column_names))}
+    at = np.arange(len(order))
+    for name in table.column_names:
+        if name in columns or name == LINE:
+            continue
+        valid = _mask(table.column(name).is_valid())[order]
+        last = np.maximum.reduceat(np.where(valid, at, -1), starts)
+        pick = np.where(last >= 0, order[np.maximum(last, 0)], -1)
+        columns[name] = table.column(name).take(pa.array(pick, mask=pick < 0))
+    return pa.table(columns)
+
+
+def _series_codes(table: pa.Table, tags: list[str]) -> tuple[np.ndarray, int]:
+    """A number per row that is the same exactly when the rows' tags are (a missing tag counts), and the
+    count of numbers it may take."""
+    code = np.zeros(table.num_rows, dtype=np.int64)
+    span = 1
+    for tag in tags:
+        if tag not in table.column_names:
+            continue
+        encoded = pc.dictionary_encode(table.column(tag)).combine_chunks()
+        values = encoded.indices.fill_null(-1).to_numpy().astype(np.int64) + 1
+        size = len(encoded.dictionary) + 1
+        if span * size >= 2**62:
+            dense = pc.dictionary_encode(pa.array(code))
+            code, span = dense.indices.to_numpy().astype(np.int64), len(dense.dictionary)
+        code, span = code * size + values, span * size
+    return code, span

@@ -32,6 +32,7 @@ import os
 import re
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -49,6 +50,7 @@ from timelake.sources.base import Source, SourceBatch, SourceError, _rebatch
 SCHEMES = POSTGRES_SCHEMES
 PIECE_ROWS = 250_000  # rows per piece: the re-read buffer on a dropped connection (~10 MB of Arrow)
 ATTEMPTS = 4  # reads of one piece before its scan task fails
+READ_AHEAD = 2  # pieces read ahead of the one the scan maps: with one, the reader waited whenever a piece mapped slowly
 # The plan is kept in the job state (one DynamoDB item on AWS, 400 KB at most): larger tables get larger pieces.
 MAX_PIECES = 2_000
 # Our own query parameters; everything else in the query string is handed to libpq (sslmode, ...).
@@ -173,34 +175,40 @@ class PostgresSource(Source):
         return self.read(self.pieces() if piece is None else [piece])
 
     def read(self, pieces: list[str]) -> Iterator[SourceBatch]:
-        """The pieces in order, the next one read while the caller maps and spills this one: the
-        server, the driver (which decodes outside the GIL) and the mapping then work at once."""
+        """The pieces in order, up to READ_AHEAD of the next ones read while the caller maps and spills
+        this one: the server, the driver (which decodes outside the GIL) and the mapping then work at
+        once, and the reader never waits for the caller to ask for the next piece. The pieces named by
+        ``read_next`` follow this read's last piece, for the next read to take."""
         ranges = dict(zip(self.pieces(), self._ranges(), strict=True))
         unknown = [p for p in [*pieces, *self._next] if p not in ranges]
         if unknown:
             raise SourceError(f"{unknown[0]} is not a piece of source '{self.uri}'")
         if self._ahead is None:
             self._ahead = ThreadPoolExecutor(1, thread_name_prefix="postgres-read-ahead")
-        then, self._next = self._next, []
-        pending = [self._early.pop(pieces[0], None) or self._ahead.submit(self._read_piece, pieces[0], *ranges[pieces[0]])
-                   ] if pieces else []
-        self._early.clear()
-        for i, piece in enumerate(pieces):
-            batches = pending.pop().result()
-            following = pieces[i + 1:i + 2] or then
-            if following:
-                future = self._ahead.submit(self._read_piece, following[0], *ranges[following[0]])
-                if i + 1 < len(pieces):
-                    pending.append(future)
-                else:
-                    self._early[following[0]] = future
+        order = [*pieces, *(p for p in self._next if p not in pieces)]
+        self._next = []
+        early, self._early = self._early, {}
+        pending: deque[Future] = deque()
+
+        def fill(upto: int) -> None:
+            while len(pending) + done < min(upto, len(order)):
+                piece = order[len(pending) + done]
+                pending.append(early.pop(piece, None) or self._ahead.submit(self._read_piece, piece, *ranges[piece]))
+
+        done = 0
+        for piece in pieces:
+            fill(done + 1 + READ_AHEAD)
+            batches = pending.popleft().result()
+            done += 1
+            fill(done + READ_AHEAD)
             offset = 0
             for batch in _rebatch(batches, self._batch_rows):
                 yield SourceBatch(batch, piece, offset)
                 offset += batch.num_rows
+        self._early = dict(zip(order[done:done + len(pending)], pending))
 
     def read_next(self, pieces: list[str]) -> None:
-        self._next = pieces[:1]
+        self._next = pieces[:READ_AHEAD]
 
     def fingerprint(self) -> str:
         """The relation's OID (or the query text), the planned ranges and the planner's row estimate:
