@@ -36,6 +36,7 @@ from timelake.model.timeutil import iso
 from timelake.ports.files import filesystem, make_parent
 from timelake.ports.runtime import Runtime
 from timelake.steps.plan import write_json
+from timelake.steps.spill import is_text
 from timelake.steps.write import existing_mask, sort_key_codes
 
 if TYPE_CHECKING:
@@ -325,7 +326,11 @@ def _file_facts(contract: Contract, state: dict[str, Any], mains: dict[str, Snap
     offset = 0
     fs, path = filesystem(file)
     with fs.open_input_file(path) as handle:
-        for batch in pq.ParquetFile(handle).iter_batches(batch_size=BATCH_ROWS, columns=columns):
+        metadata = pq.read_metadata(handle)
+        stored = metadata.schema.to_arrow_schema()
+        text_series = [n for n in contract.series_key if n in stored.names and is_text(stored.field(n).type)]
+        reader = pq.ParquetFile(handle, metadata=metadata, read_dictionary=text_series or None)  # codes, not strings
+        for batch in reader.iter_batches(batch_size=BATCH_ROWS, columns=columns):
             rows = pa.Table.from_batches([batch])
             codes = sort_key_codes(rows, contract)
             unsorted_at, dup_mask = _order(codes.columns)
@@ -348,7 +353,7 @@ def _file_facts(contract: Contract, state: dict[str, Any], mains: dict[str, Snap
                 facts.overlap[name] += hits.num_rows
                 facts.overlap_samples[name] += [_fmt_row(r) for r in hits.slice(0, SAMPLES).to_pylist()]
             if contract.series_key:
-                series.append(pc.unique(rows.column(contract.series_key[0])))
+                series.append(_distinct(rows.column(contract.series_key[0])))
             if check:
                 facts.check_sum += float(pc.sum(rows.column(check)).as_py() or 0)
             last = {k: rows.column(k)[rows.num_rows - 1].as_py() for k in keys}
@@ -380,7 +385,8 @@ class _Near:
         keys = list(self.contract.dedup_key)
         near = self.rows
         if self.distinct is not None and near.num_rows:
-            mine = pc.index_in(pc.unique(rows.column(self.series)), value_set=self.distinct.cast(rows.schema.field(self.series).type))
+            mine_values = _distinct(rows.column(self.series))
+            mine = pc.index_in(mine_values, value_set=self.distinct.cast(mine_values.type))
             present = mine.drop_null().to_numpy(zero_copy_only=False)
             if not len(present):
                 return rows.slice(0, 0).select(keys)
@@ -389,6 +395,14 @@ class _Near:
         if near.num_rows == 0:
             return rows.slice(0, 0).select(keys)
         return rows.select(keys).filter(pa.array(existing_mask(rows, near, self.contract, codes)))
+
+
+def _distinct(column: pa.ChunkedArray) -> pa.Array:
+    """The distinct values of a column, plain even when it is read dictionary-encoded."""
+    values = column.combine_chunks()
+    if pa.types.is_dictionary(values.type):
+        return values.dictionary.take(pc.unique(values.indices))
+    return pc.unique(values)
 
 
 def _order(codes: list[Any]) -> tuple[int | None, Any]:
