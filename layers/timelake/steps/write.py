@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyiceberg.typedef import Record
 
-from timelake.model.commit import NAN_COUNTS
+from timelake.model.commit import NAN_COUNTS, file_statistics
 from timelake.model.contract import Contract
 from timelake.model.layout import MainReader, read_range
 from timelake.model.spec import JobSpec
@@ -70,8 +70,7 @@ def _write_unit(rt: Runtime, job_id: str, unit_id: str, main: MainReader | None)
         "spill_bytes_read": read.bytes_read,
     }
     if len(order):
-        path = unit_path(table, job_id, unit)
-        result.update(path=path, bytes=write_parquet(rows, path, table.properties, order))
+        result.update(write_file(table, rows, unit_path(table, job_id, unit), order))
     result["seconds"] = round(time.monotonic() - started, 3)
     rt.store.complete_unit(job_id, unit_id, result)
     return result
@@ -297,13 +296,24 @@ def unit_path(table: Any, job_id: str, unit: UnitRecord, suffix: str = "") -> st
     return f"{table.location().rstrip('/')}/data/{partition}/{job_id}-{unit.unit_id}{suffix}.parquet"
 
 
+def write_file(table: Any, rows: pa.Table, path: str, order: np.ndarray | None = None) -> dict[str, Any]:
+    """`write_parquet`, and what a unit records of the file: its path, size and the Iceberg statistics
+    of its columns, taken from the writer's own footer metadata (stage builds the DataFile from them)."""
+    size, metadata = _write(rows, path, table.properties, order)
+    return {"path": path, "bytes": size, "file_statistics": file_statistics(table, metadata)}
+
+
 def write_parquet(rows: pa.Table, path: str, properties: dict[str, str], order: np.ndarray | None = None) -> int:
     """Write one file with Iceberg field ids (from the table's Arrow schema); returns its size in bytes.
     With ``order``, the rows numbered so are written in that order, taken one row group at a time.
 
     Parquet statistics do not count NaNs, which Iceberg's ``nan_value_counts`` wants for float
     columns (engines prune ``x = 'NaN'`` and ``isnan`` with them): they are counted here and kept in
-    the footer, where `timelake.model.commit.data_file` reads them with the other statistics."""
+    the footer, where `timelake.model.commit` reads them with the other statistics."""
+    return _write(rows, path, properties, order)[0]
+
+
+def _write(rows: pa.Table, path: str, properties: dict[str, str], order: np.ndarray | None) -> tuple[int, pq.FileMetaData]:
     fs, local = filesystem(path)
     make_parent(fs, local)
     codec = properties.get("write.parquet.compression-codec", "zstd")
@@ -315,9 +325,9 @@ def write_parquet(rows: pa.Table, path: str, properties: dict[str, str], order: 
             nans[f.name] = int(is_nan.sum() if order is None else is_nan[order].sum())
     fields = [f.with_type(f.type.value_type) if pa.types.is_dictionary(f.type) else f for f in rows.schema]
     schema = pa.schema(fields, metadata={**(rows.schema.metadata or {}), NAN_COUNTS: json.dumps(nans).encode()})
-    with fs.open_output_stream(local) as out, pq.ParquetWriter(
-            out, schema, compression=None if codec == "uncompressed" else codec) as writer:
-        for start in range(0, count, ROW_GROUP_ROWS):
-            group = rows.slice(start, ROW_GROUP_ROWS) if order is None else rows.take(pa.array(order[start:start + ROW_GROUP_ROWS]))
-            writer.write_table(group.cast(schema), row_group_size=ROW_GROUP_ROWS)
-    return fs.get_file_info(local).size
+    with fs.open_output_stream(local) as out:
+        with pq.ParquetWriter(out, schema, compression=None if codec == "uncompressed" else codec) as writer:
+            for start in range(0, count, ROW_GROUP_ROWS):
+                group = rows.slice(start, ROW_GROUP_ROWS) if order is None else rows.take(pa.array(order[start:start + ROW_GROUP_ROWS]))
+                writer.write_table(group.cast(schema), row_group_size=ROW_GROUP_ROWS)
+        return out.tell(), writer.writer.metadata
