@@ -152,7 +152,7 @@ class _Spiller:
         fs, root = filesystem(self.uri)
         fs.create_dir(root, recursive=True)
         self.task = task
-        self.dictionaries = spill.Dictionaries(schema, spill.coded_columns(schema, series_key))
+        self.dictionaries = spill.Dictionaries(schema, series_key)
         self.open: dict[PartitionKey, tuple[PartitionStats, spill.SpillFile]] = {}
         self.held = 0
 

@@ -50,12 +50,12 @@ class Dictionaries:
     """The values of a scan's coded columns, growing as batches bring new ones; a code never changes, so
     every spill file of the scan can keep the dictionaries as they are when it closes."""
 
-    def __init__(self, schema: pa.Schema, coded: tuple[str, ...]) -> None:
+    def __init__(self, schema: pa.Schema, series_key: tuple[str, ...]) -> None:
         self.schema = schema
-        self.coded = coded
-        self.stored = pa.schema([f.with_type(pa.int32()) if f.name in coded else f for f in schema],
+        self.coded = coded_columns(schema, series_key)
+        self.stored = pa.schema([f.with_type(pa.int32()) if f.name in self.coded else f for f in schema],
                                 metadata=schema.metadata)
-        self.values = {name: pa.array([], schema.field(name).type) for name in coded}
+        self.values = {name: pa.array([], schema.field(name).type) for name in self.coded}
 
     def code(self, rows: pa.Table) -> pa.Table:
         """``rows`` with their coded columns as int32 codes (the stored schema)."""
@@ -117,28 +117,30 @@ class SpillFile:
         self.held_bytes += rows.nbytes
 
     def flush(self) -> None:
-        """Writes the rows held, one run of batches per bucket, in bucket order."""
+        """Writes the rows held, one run per bucket, in bucket order (within a bucket in the order they came)."""
         if not self.held:
             return
-        rows = pa.concat_tables([r for r, _ in self.held])
+        rows = pa.concat_tables([r for r, _ in self.held]).combine_chunks()
         buckets = None if self.held[0][1] is None else np.concatenate([b for _, b in self.held])
         self.held, self.held_bytes = [], 0
+        if rows.num_rows == 0:
+            return
         if buckets is None:
-            self._append(WHOLE, rows)
+            self._append(WHOLE, rows.to_batches())
             return
         narrow = buckets.astype(np.uint16) if 0 <= buckets.min() and buckets.max() < 1 << 16 else buckets
         order = np.argsort(narrow, kind="stable")  # 16-bit keys: a radix sort, linear in rows
         ordered = buckets[order]
-        rows = rows.take(pa.array(order))
+        batch = rows.take(pa.array(order)).combine_chunks().to_batches()[0]  # one batch: runs are its slices
         starts = np.concatenate(([0], np.flatnonzero(ordered[1:] != ordered[:-1]) + 1, [len(ordered)]))
         for lo, hi in zip(starts[:-1].tolist(), starts[1:].tolist()):
-            self._append(int(ordered[lo]), rows.slice(lo, hi - lo))
+            self._append(int(ordered[lo]), [batch.slice(lo, hi - lo)])
 
-    def _append(self, bucket: int, rows: pa.Table) -> None:
+    def _append(self, bucket: int, batches: list[pa.RecordBatch]) -> None:
         start = self.stream.tell()
-        for batch in rows.to_batches():
+        for batch in batches:
             self.writer.write_batch(batch)
-        self.index.append([bucket, start, self.stream.tell() - start, rows.num_rows])
+        self.index.append([bucket, start, self.stream.tell() - start, sum(b.num_rows for b in batches)])
 
     def close(self) -> int:
         """Writes what it holds, closes the file and writes its index; returns the bytes spilled (data and index)."""
@@ -200,8 +202,7 @@ def _decoded(rows: pa.Table, dictionaries: dict[str, pa.Array]) -> pa.Table:
     for f, column in zip(rows.schema, rows.columns):
         if f.name in dictionaries:
             values = dictionaries[f.name]
-            column = pa.chunked_array([pa.DictionaryArray.from_arrays(c, values) for c in column.chunks],
-                                      pa.dictionary(pa.int32(), values.type))
+            column = pa.chunked_array([pa.DictionaryArray.from_arrays(column.combine_chunks(), values)])
             f = f.with_type(column.type)
         columns.append(column)
         fields.append(f)

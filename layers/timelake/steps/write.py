@@ -314,6 +314,10 @@ def write_parquet(rows: pa.Table, path: str, properties: dict[str, str], order: 
 
 
 def _write(rows: pa.Table, path: str, properties: dict[str, str], order: np.ndarray | None) -> tuple[int, pq.FileMetaData]:
+    """Dictionary-encoded columns (a unit's series) are written as they are, which spares the Parquet
+    writer hashing every row's string to build its dictionary again. The Arrow schema is not stored
+    (it would make pyarrow readers return dictionaries): the Parquet types say the same, and the
+    footer's key-value metadata carries the NaN counts."""
     fs, local = filesystem(path)
     make_parent(fs, local)
     codec = properties.get("write.parquet.compression-codec", "zstd")
@@ -323,11 +327,12 @@ def _write(rows: pa.Table, path: str, properties: dict[str, str], order: np.ndar
         if pa.types.is_floating(f.type):
             is_nan = pc.fill_null(pc.is_nan(rows.column(f.name)), False).to_numpy(zero_copy_only=False)
             nans[f.name] = int(is_nan.sum() if order is None else is_nan[order].sum())
-    fields = [f.with_type(f.type.value_type) if pa.types.is_dictionary(f.type) else f for f in rows.schema]
-    schema = pa.schema(fields, metadata={**(rows.schema.metadata or {}), NAN_COUNTS: json.dumps(nans).encode()})
+    metadata = {**(rows.schema.metadata or {}), NAN_COUNTS: json.dumps(nans).encode()}
     with fs.open_output_stream(local) as out:
-        with pq.ParquetWriter(out, schema, compression=None if codec == "uncompressed" else codec) as writer:
+        with pq.ParquetWriter(out, rows.schema, compression=None if codec == "uncompressed" else codec,
+                              store_schema=False) as writer:
+            writer.add_key_value_metadata(metadata)
             for start in range(0, count, ROW_GROUP_ROWS):
                 group = rows.slice(start, ROW_GROUP_ROWS) if order is None else rows.take(pa.array(order[start:start + ROW_GROUP_ROWS]))
-                writer.write_table(group.cast(schema), row_group_size=ROW_GROUP_ROWS)
+                writer.write_table(group, row_group_size=ROW_GROUP_ROWS)
         return out.tell(), writer.writer.metadata
