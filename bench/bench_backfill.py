@@ -67,7 +67,7 @@ CASES = [
     ("merge_small", "b'  merge {n} rows into 30% present"),
 ]
 # the runner's step functions that get timed, where present (label, name in timelake.runner)
-STEPS = [("plan", "plan"), ("scan", "_scan_all"), ("cut", "cut"), ("write", "_write_all"), ("stage", "stage"),
+STEPS = [("plan", "plan"), ("scan", "_scan_all"), ("cut", "cut"), ("write", "_write_all"), ("stage", "stage"), ("check", "_check_all"),
          ("validate", "validate"), ("publish", "publish")]
 SINGLE_RUN = {"upsert_small"}  # minutes long; run once
 ENGINE_CASES = {"backfill_day", "backfill_device", "merge_day", "merge_small"}
@@ -150,6 +150,24 @@ def source_files(args: argparse.Namespace, layout: str) -> list[Path]:
 # --------------------------------------------------------------------------------------------- cases
 
 
+def _cpu() -> float:
+    """CPU seconds (user + sys) this process and its reaped children used so far, all threads."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+class _Timed:
+    """Wall and CPU seconds of a block: the CPU of exactly the timed work, a second measure that other
+    processes on a shared machine disturb far less than the wall clock."""
+
+    def __enter__(self) -> "_Timed":
+        self.wall, self.cpu = time.perf_counter(), _cpu()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.seconds, self.cpu_seconds = time.perf_counter() - self.wall, _cpu() - self.cpu
+
+
 def _micros(column: pa.ChunkedArray) -> np.ndarray:
     return pc.cast(column, pa.int64()).to_numpy()
 
@@ -160,19 +178,18 @@ def case_floor(args: argparse.Namespace, work: Path, layout: str) -> dict[str, A
     files = source_files(args, layout)
     out = work / "out"
     out.mkdir(parents=True)
-    started = time.perf_counter()
-    rows = pq.read_table(files)
-    day = _micros(rows.column("ts")) // US_PER_DAY
-    order = np.argsort(day, kind="stable")
-    day = day[order]
-    rows = rows.take(pa.array(order))
-    cuts = np.flatnonzero(np.diff(day)) + 1
-    for lo, hi in zip([0, *cuts], [*cuts, rows.num_rows]):
-        part = rows.slice(lo, hi - lo).sort_by([("device_id", "ascending"), ("ts", "ascending")])
-        pq.write_table(part, out / f"{int(day[lo])}.parquet", compression="zstd")
-    seconds = time.perf_counter() - started
+    with _Timed() as timed:
+        rows = pq.read_table(files)
+        day = _micros(rows.column("ts")) // US_PER_DAY
+        order = np.argsort(day, kind="stable")
+        day = day[order]
+        rows = rows.take(pa.array(order))
+        cuts = np.flatnonzero(np.diff(day)) + 1
+        for lo, hi in zip([0, *cuts], [*cuts, rows.num_rows]):
+            part = rows.slice(lo, hi - lo).sort_by([("device_id", "ascending"), ("ts", "ascending")])
+            pq.write_table(part, out / f"{int(day[lo])}.parquet", compression="zstd")
     sizes = [p.stat().st_size for p in out.iterdir()]
-    return {"rows": rows.num_rows, "seconds": seconds, "files": _spread(sizes)}
+    return {"rows": rows.num_rows, "seconds": timed.seconds, "cpu_timed": timed.cpu_seconds, "files": _spread(sizes)}
 
 
 def case_floor_threads(args: argparse.Namespace, work: Path) -> dict[str, Any]:
@@ -190,12 +207,10 @@ def case_floor_threads(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         pq.write_table(part, out / path.name, compression="zstd")
         return part.num_rows
 
-    started = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+    with _Timed() as timed, ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
         rows = sum(pool.map(one, files))
-    seconds = time.perf_counter() - started
     sizes = [p.stat().st_size for p in out.iterdir()]
-    return {"rows": rows, "seconds": seconds, "files": _spread(sizes)}
+    return {"rows": rows, "seconds": timed.seconds, "cpu_timed": timed.cpu_seconds, "files": _spread(sizes)}
 
 
 def _lake(work: Path) -> Any:
@@ -262,9 +277,9 @@ def case_backfill(args: argparse.Namespace, work: Path, source: str, rows_in_sou
     steps: dict[str, float] = {}
     step_rss: dict[str, float] = {}
     _instrument_steps(steps, step_rss)
-    started = time.perf_counter()
-    job = tbl.backfill(source=source, max_concurrency=args.max_concurrency).wait()
-    seconds = time.perf_counter() - started
+    with _Timed() as timed:
+        job = tbl.backfill(source=source, max_concurrency=args.max_concurrency).wait()
+    seconds = timed.seconds
     report = job.report()
     tbl.refresh()
     files = tbl.iceberg.inspect.files()
@@ -273,7 +288,8 @@ def case_backfill(args: argparse.Namespace, work: Path, source: str, rows_in_sou
     unit_seconds = [u.result.get("seconds", 0.0) for u in lake.runtime.store.units(job.id)]
     failed = [c["name"] for c in report["checks"] if c["blocking"] and not c["passed"]]
     return {
-        "rows": rows_in_source, "seconds": seconds, "steps": steps, "step_rss_mb": step_rss, "files": _spread(ours),
+        "rows": rows_in_source, "seconds": seconds, "cpu_timed": timed.cpu_seconds, "steps": steps, "step_rss_mb": step_rss,
+        "files": _spread(ours),
         "units": report["units"], "rows_written": report["rows_written"],
         "rows_conflicting_existing": report["rows_conflicting_existing"],
         "rows_in_table": sum(files.column("record_count").to_pylist()),
@@ -312,25 +328,23 @@ def case_naive_append(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     table = _catalog(work).load_table(TABLE)
     main_before = _main_chain(table)
     rows = 0
-    started = time.perf_counter()
-    for path in source_files(args, "day"):
-        day = pq.read_table(path)
-        table.append(day)
-        rows += day.num_rows
-    seconds = time.perf_counter() - started
+    with _Timed() as timed:
+        for path in source_files(args, "day"):
+            day = pq.read_table(path)
+            table.append(day)
+            rows += day.num_rows
     files = table.inspect.files()
-    return {"rows": rows, "seconds": seconds, "files": _spread(files.column("file_size_in_bytes").to_pylist()),
+    return {"rows": rows, "seconds": timed.seconds, "cpu_timed": timed.cpu_seconds, "files": _spread(files.column("file_size_in_bytes").to_pylist()),
             "main_commits": _main_commits(table, main_before)}
 
 
 def case_upsert(args: argparse.Namespace, work: Path, rows_path: Path) -> dict[str, Any]:
     table = _catalog(work).load_table(TABLE)
     main_before = _main_chain(table)
-    started = time.perf_counter()
-    rows = pq.read_table(rows_path)
-    result = table.upsert(rows, join_cols=["device_id", "ts"])
-    seconds = time.perf_counter() - started
-    return {"rows": rows.num_rows, "seconds": seconds, "rows_inserted": result.rows_inserted,
+    with _Timed() as timed:
+        rows = pq.read_table(rows_path)
+        result = table.upsert(rows, join_cols=["device_id", "ts"])
+    return {"rows": rows.num_rows, "seconds": timed.seconds, "cpu_timed": timed.cpu_seconds, "rows_inserted": result.rows_inserted,
             "rows_updated": result.rows_updated, "main_commits": _main_commits(table, main_before),
             "rows_in_table": sum(table.inspect.files().column("record_count").to_pylist())}
 
@@ -533,6 +547,17 @@ def _ratio(results: dict[str, dict[str, Any]], top: str, bottom: str) -> float |
     return None
 
 
+def _round_ratios(runs: dict[str, list[dict[str, Any]]], top: str, bottom: str, key: str) -> str:
+    """The ratio of the two cases within each round (they ran one after the other, so under the same
+    load), as median [min-max]: the best-of ratio pairs runs from different moments."""
+    pairs = [a[key] / b[key] for a, b in zip(runs.get(top, []), runs.get(bottom, [])) if b.get(key)]
+    if not pairs:
+        return ""
+    pairs.sort()
+    middle = pairs[len(pairs) // 2] if len(pairs) % 2 else (pairs[len(pairs) // 2 - 1] + pairs[len(pairs) // 2]) / 2
+    return f"{middle:.2f} [{pairs[0]:.2f}-{pairs[-1]:.2f}]"
+
+
 def _mb(files: dict[str, Any]) -> str:
     return f"{files['min_mb']:.2f}/{files['median_mb']:.2f}/{files['max_mb']:.2f}" if files.get("count") else "-"
 
@@ -607,7 +632,7 @@ def driver(args: argparse.Namespace) -> None:
         same = [r for r in rs if r.get("engine") == engine] or rs
         results[name] = min(same, key=lambda r: r["seconds"])
 
-    header = (f"{'case':<40} {'rows':>11} {'seconds':>8} {'spread':>6} {'rows/s':>11} {'cpu s':>6} {'other':>6} "
+    header = (f"{'case':<40} {'rows':>11} {'seconds':>8} {'spread':>6} {'rows/s':>11} {'cpu t':>6} {'cpu s':>6} {'other':>6} "
               f"{'peak MB':>8} {'self/child MB':>14}")
     print(header)
     print("-" * len(header))
@@ -620,7 +645,8 @@ def driver(args: argparse.Namespace) -> None:
         seconds = [x["seconds"] for x in runs[name]]
         spread = f"{max(seconds) / min(seconds):.2f}" if len(seconds) > 1 else "-"
         rate = f"{r['rows'] / r['seconds']:,.0f}" if r["seconds"] > 0 else "-"
-        print(f"{label:<40} {r['rows']:>11,} {r['seconds']:>8.2f} {spread:>6} {rate:>11} {r['cpu_seconds']:>6.1f} "
+        print(f"{label:<40} {r['rows']:>11,} {r['seconds']:>8.2f} {spread:>6} {rate:>11} {r.get('cpu_timed', 0):>6.2f} "
+              f"{r['cpu_seconds']:>6.1f} "
               f"{r['other_cpu_seconds']:>6.1f} {r['peak_pss_mb']:>8.0f} "
               f"{r['maxrss_self_mb']:>6.0f}/{r['maxrss_children_mb']:<7.0f}")
     for name in wanted:
@@ -631,14 +657,15 @@ def driver(args: argparse.Namespace) -> None:
         changed = sorted({n for n, rs in runs.items() if n in ENGINE_CASES for r in rs if r.get("engine") != engine})
         print(f"  WARNING: the engine source changed during the benchmark ({', '.join(changed)} ran on other "
               f"versions too); only runs on the starting version {engine} are reported where there are any")
-    print(f"  seconds: best of the runs (spread: slowest/fastest); cpu s: user+sys of the case (all its processes);")
+    print(f"  seconds: best of the runs (spread: slowest/fastest); cpu t: user+sys of the timed work of that run (its")
+    print(f"  threads and reaped child processes); cpu s: user+sys of the whole case process (set-up and checks too);")
     print(f"  other: CPU seconds other processes on this host used meanwhile (noise; the machine has "
           f"{os.cpu_count()} CPUs);")
     print(f"  peak MB: PSS of the case's process tree, sampled every 0.2 s; self/child: ru_maxrss of the case")
     print(f"  process / of its largest child process (the writer workers, reaped through the forkserver)")
 
     print()
-    print(f"{'ratio (time / time)':<40} {'measured':>9} {'target':>9}")
+    print(f"{'ratio (time / time)':<40} {'measured':>9} {'target':>9}      {'per round: wall':<22} {'cpu t':<16}")
     for label, top, bottom in (("b/a day-ordered", "backfill_day", "floor_day"),
                                ("b/a per-device", "backfill_device", "floor_device"),
                                ("b/a2 day-ordered", "backfill_day", "floor_threads"),
@@ -648,7 +675,8 @@ def driver(args: argparse.Namespace) -> None:
         target = TARGETS[label]
         shown = "-" if value is None else f"{value:.2f}"
         verdict = "" if value is None else ("ok" if value <= target else "OVER")
-        print(f"{label:<40} {shown:>9} {'<= ' + str(target):>9}  {verdict}")
+        print(f"{label:<40} {shown:>9} {'<= ' + str(target):>9}  {verdict:<5} "
+              f"{_round_ratios(runs, top, bottom, 'seconds'):<22} {_round_ratios(runs, top, bottom, 'cpu_timed'):<16}")
     d = _ratio(results, "upsert_small", "merge_small")
     label = f"d/b' at {args.upsert_rows:,} rows"
     if d is not None:

@@ -111,19 +111,22 @@ def series_codes(table: pa.Table, series_key: tuple[str, ...]) -> np.ndarray:
 
 def split_by_code(table: pa.Table, codes: np.ndarray) -> list[tuple[int, pa.Table]]:
     """Group rows by code, keeping their order within each group (one sort, then slices)."""
-    if table.num_rows == 0:
-        return []
-    if codes.min() == codes.max():
-        return [(int(codes[0]), table)]
-    if np.all(codes[1:] >= codes[:-1]):  # time-ordered input: the groups are runs already, slice them
-        sorted_codes, taken = codes, table
-    else:
+    order, runs = code_runs(codes)
+    taken = table if order is None else table.take(pa.array(order))
+    return [(code, taken.slice(lo, hi - lo)) for code, lo, hi in runs]
+
+
+def code_runs(codes: np.ndarray) -> tuple[np.ndarray | None, list[tuple[int, int, int]]]:
+    """The stable order that groups rows by code (None when they are grouped already, as a time-ordered
+    source's partitions are), and each group as (code, first, end) in that order."""
+    if len(codes) == 0:
+        return None, []
+    order = None
+    if not bool(np.all(codes[1:] >= codes[:-1])):
         order = np.argsort(codes, kind="stable")
-        sorted_codes, taken = codes[order], table.take(pa.array(order))
-    cuts = np.flatnonzero(np.diff(sorted_codes)) + 1
-    starts = np.concatenate([[0], cuts])
-    ends = np.concatenate([cuts, [len(codes)]])
-    return [(int(sorted_codes[s]), taken.slice(s, e - s)) for s, e in zip(starts, ends)]
+        codes = codes[order]
+    cuts = np.concatenate(([0], np.flatnonzero(codes[1:] != codes[:-1]) + 1, [len(codes)])).tolist()
+    return order, [(int(codes[lo]), lo, hi) for lo, hi in zip(cuts[:-1], cuts[1:])]
 
 
 def time_filter(column: str, start_us: int | None, end_us: int | None) -> "BooleanExpression":

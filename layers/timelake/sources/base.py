@@ -107,6 +107,10 @@ class Source(ABC):
         once the current read has fetched its last piece, so one process scanning task after task
         never waits for a task's first piece; other sources ignore it."""
 
+    def read_dictionaries(self, columns: set[str]) -> None:
+        """A hint: the caller wants these source columns dictionary-encoded. A format that stores them
+        so (Parquet) returns them so, without building each row's string; others ignore it."""
+
     def plan_state(self) -> dict | None:
         """What a scan in another process needs to see the same pieces, kept with the job; None when
         listing the pieces again gives the same list (files), not so for a live database."""
@@ -127,6 +131,7 @@ class FileSource(Source):
         self._formats = formats
         self._batch_rows = batch_rows
         self._csv_options = csv or CsvOptions()
+        self._dictionaries: set[str] = set()
 
     def pieces(self) -> list[str]:
         return list(self._paths)
@@ -181,9 +186,14 @@ class FileSource(Source):
     def _open(self, path: str) -> pa.NativeFile:
         return self._fs.open_input_stream(path, compression="detect")
 
+    def read_dictionaries(self, columns: set[str]) -> None:
+        self._dictionaries = set(columns)
+
     def _parquet(self, path: str) -> Iterator[pa.RecordBatch]:
         with self._fs.open_input_file(path) as f:
-            yield from pq.ParquetFile(f).iter_batches(batch_size=self._batch_rows)
+            metadata = pq.read_metadata(f)
+            wanted = sorted(self._dictionaries & set(metadata.schema.names)) or None
+            yield from pq.ParquetFile(f, metadata=metadata, read_dictionary=wanted).iter_batches(batch_size=self._batch_rows)
 
     def _csv_names(self, path: str) -> list[str]:
         """Header names, found by a first short read; an entirely empty file has no columns."""

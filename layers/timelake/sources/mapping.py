@@ -95,8 +95,12 @@ class Mapper:
         on_bad_value: BadValue = "fail",
         decimal: str = ".",
         timestamp_format: str | None = None,
+        keep_dictionary: tuple[str, ...] = (),
     ) -> None:
+        """``keep_dictionary``: table columns that stay dictionary-encoded when the source gives them so
+        (their values are cast, not each row), for a caller that would encode them again."""
         self.target = target
+        self.keep_dictionary = set(keep_dictionary)
         self.time_column = time_column
         self.series_key = list(series_key)
         self.tz = tz
@@ -191,12 +195,18 @@ class Mapper:
             dropped = mask if dropped is None else pc.or_(dropped, mask)
         keep = pc.invert(dropped) if rejected else None
         where = _locator(batch, keep)
-        arrays = []
+        arrays, fields = [], []
         for f in self.target:
             values = when if f.name == self.time_column else _without(raw[f.name], bad.get(f.name))
             values = values if keep is None else values.filter(keep)
-            arrays.append(self._convert(f.name, values, f.type, lambda v, t=f.type: pc.cast(v, t, safe=True), where))
-        return MappedBatch(pa.Table.from_arrays(arrays, schema=self.target), rejected, examples)
+            if f.name in self.keep_dictionary and pa.types.is_dictionary(values.type):
+                cast = lambda v, t=f.type: pa.DictionaryArray.from_arrays(v.indices, pc.cast(v.dictionary, t, safe=True))  # noqa: E731
+            else:
+                cast = lambda v, t=f.type: pc.cast(v, t, safe=True)  # noqa: E731
+            arrays.append(self._convert(f.name, values, f.type, cast, where))
+            fields.append(f.with_type(arrays[-1].type))
+        return MappedBatch(pa.Table.from_arrays(arrays, schema=pa.schema(fields, metadata=self.target.metadata)),
+                           rejected, examples)
 
     def undetermined(self) -> list[str]:
         """Series and hours where "infer" could not tell the passes apart: a single pass through the

@@ -83,7 +83,7 @@ def check(rt: Runtime, job_id: str, source: Any = None) -> dict[str, Any]:
         raise BackfillError(f"job {job_id}: {len(missing)} canary unit(s) not written yet (first: {missing[0]}); resume the job")
     spec = JobSpec.model_validate(job.spec)
     table = rt.load_table(spec.table)
-    written = [(u.result["path"], u.result["spec_id"], u.result["value"]) for u in units if u.result.get("path")]
+    written = [u.result for u in units if u.result.get("path")]
     snapshot_id = stage_files(table, job_id, job.state["branch"], written, STEP)
     scoped = _day_state(job.state, units, snapshot_id)
     checks = run_checks(rt, job.spec, units, scoped)

@@ -60,15 +60,21 @@ def plan(rt: Runtime, job_id: str, source: Any = None, parallelism: int | None =
 
 def scan_tasks(sizes: list[int], parallelism: int) -> list[list[int]]:
     """Runs of consecutive source pieces, [first, last), of about equal bytes: about four tasks per
-    worker so that uneven files even out, and no task below a few MB (a task has a fixed cost)."""
+    worker so that uneven files even out, and no task below a few MB (a task has a fixed cost). Fewer
+    tasks than that are made a multiple of the workers where each still reads half the minimum, so no
+    worker idles through the last round (3 tasks on 2 workers left one idle for a third of the scan)."""
     total = sum(sizes)
-    target = max(total / (4 * parallelism), MIN_TASK_BYTES)
+    count = max(1, min(len(sizes), round(total / max(total / (4 * parallelism), MIN_TASK_BYTES))))
+    if count % parallelism and count < 4 * parallelism:
+        rounded = math.ceil(count / parallelism) * parallelism
+        if rounded <= len(sizes) and total / rounded >= MIN_TASK_BYTES / 2:
+            count = rounded
     tasks, start, acc = [], 0, 0
     for i, size in enumerate(sizes):
         acc += size
-        if acc >= target:
+        if acc >= total * (len(tasks) + 1) / count and len(tasks) < count - 1:
             tasks.append([start, i + 1])
-            start, acc = i + 1, 0
+            start = i + 1
     if start < len(sizes) or not tasks:
         tasks.append([start, len(sizes)])
     return tasks

@@ -21,7 +21,7 @@ from pyiceberg.table import Table as IcebergTable
 from timelake.errors import BackfillError
 from timelake.followup import completion, provenance
 from timelake.model.commit import (
-    CHUNK_PROPERTY, JOB_PROPERTY, STEP_PROPERTY, added_files, data_file, forget_job_snapshots, is_conflict,
+    CHUNK_PROPERTY, JOB_PROPERTY, STEP_PROPERTY, added_files, data_file, data_files, forget_job_snapshots, is_conflict,
     marker_on_main, overwrite_files, since, with_retry, without_blind_retries,
 )
 from timelake.model.contract import Contract
@@ -54,9 +54,12 @@ def publish(rt: Runtime, job_id: str, max_chunks: int | None = None) -> dict[str
     state = job.state
     table = rt.load_table(spec.table)
     contract = Contract.from_table(table)
-    # once every chunk is on main the staging snapshot may be gone from the metadata (forgotten below)
-    staged = added_files(table, state["staged_snapshot_id"]) if state.get("staged_snapshot_id") and not state.get(
-        ALL_COMMITTED) else []
+    units = rt.store.units(job_id)
+    # the files stage committed to the branch, as the units recorded them (stage built the same DataFiles
+    # from the same records, and validation checked that the branch holds exactly those); once every
+    # chunk is on main the staging snapshot may be gone from the metadata (forgotten below)
+    staged = data_files(table, [u.result for u in units if u.result.get("path")]) if state.get(
+        "staged_snapshot_id") and not state.get(ALL_COMMITTED) else []
     published: dict[str, list[int]] = dict(state.get("published_chunks", {}))
     late = dict(state.get("publish_conflicts", {"rows": 0, "sum": 0.0}))
     replaced = int(state.get("rows_replaced", 0))  # replace mode: rows of main's range the job took over
@@ -104,7 +107,7 @@ def publish(rt: Runtime, job_id: str, max_chunks: int | None = None) -> dict[str
     with_retry(table.refresh(), drop_branch, "remove branch")
     forget_job_snapshots(table, job_id)
     job = rt.store.update_job(job_id, published_chunks=published, publish_conflicts=late)
-    provenance.record(rt, job, rt.store.units(job_id))
+    provenance.record(rt, job, units)
     rt.store.release_lease(job_id)
     completion.update(rt, spec.table, state["range_start"], state["range_end"])  # the readers' completion signal
     _drop_spill(rt, job_id)
@@ -139,9 +142,9 @@ def chunks(staged: list[DataFile], contract: Contract, publish_by: str | None, s
                 bounds.append(edge)
     bounds.append(end)
     result = [Chunk(iso(lo) if publish_by else "all", lo, hi, []) for lo, hi in zip(bounds, bounds[1:])]
-    starts = np.array(bounds[:-1])
-    for f, (lo, _) in zip(staged, spans):
-        index = max(0, int(np.searchsorted(starts, max(lo, start), side="right")) - 1)
+    firsts = np.array([lo for lo, _ in spans], dtype=np.int64).reshape(-1)
+    at = np.maximum(np.searchsorted(np.array(bounds[:-1]), np.maximum(firsts, start), side="right") - 1, 0)
+    for f, index in zip(staged, at.tolist()):
         result[index].files.append(f)
     return result
 

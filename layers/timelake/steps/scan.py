@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 from timelake.errors import DstRefused, InvalidJob
 from timelake.model.contract import Contract
 from timelake.model.layout import (
-    PartitionKey, dense_unique, micros, partition_codes, read_range, series_hash, split_by_code,
+    PartitionKey, code_runs, dense_unique, micros, partition_codes, read_range, series_hash,
 )
 from timelake.model.report import Tally
 from timelake.model.spec import JobSpec
@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     import duckdb
 
 MAX_OPEN_SPILLS = 128
+HELD_BYTES = 64 << 20  # rows a scan holds before spilling them (coded: about 20 bytes a row of three columns)
 SAMPLE_ROWS = 100_000
 SERIES_BUCKETS = 256  # rows per partition are counted per bucket of the series hash, so cut can balance slices
 
@@ -143,29 +144,44 @@ def _max(a: int | None, b: int | None) -> int | None:
 
 class _Spiller:
     """Spill files per partition (see `timelake.steps.spill`), at most MAX_OPEN_SPILLS open at once (a
-    piece spanning years touches thousands of partitions; a closed one continues in a new part file)."""
+    piece spanning years touches thousands of partitions; a closed one continues in a new part file).
+    Rows wait in their file until HELD_BYTES are held in all, then the file holding most writes them:
+    a source batch spread over many partitions (a file per device) makes few long runs, not many short."""
 
-    def __init__(self, rt: Runtime, job_id: str, task: int, schema: pa.Schema) -> None:
+    def __init__(self, rt: Runtime, job_id: str, task: int, schema: pa.Schema, series_key: tuple[str, ...]) -> None:
         self.uri = rt.staging_path(job_id, "spill")
         fs, root = filesystem(self.uri)
         fs.create_dir(root, recursive=True)
         self.task = task
-        self.schema = schema
+        self.dictionaries = spill.Dictionaries(schema, series_key)
         self.open: dict[PartitionKey, tuple[PartitionStats, spill.SpillFile]] = {}
+        self.held = 0
+
+    def code(self, rows: pa.Table) -> pa.Table:
+        return self.dictionaries.code(rows)
 
     def write(self, part: PartitionStats, rows: pa.Table, buckets: np.ndarray | None) -> None:
+        """Spill ``rows`` (coded by `code`) of ``part``."""
         if part.key not in self.open:
             if len(self.open) >= MAX_OPEN_SPILLS:
                 self._close(next(iter(self.open)))
             uri = f"{self.uri}/{part.key.name}-t{self.task:05d}-{len(part.spill)}.arrow"
-            self.open[part.key] = (part, spill.SpillFile(uri, self.schema))
+            self.open[part.key] = (part, spill.SpillFile(uri, self.dictionaries))
             part.spill.append(uri)
         else:
             self.open[part.key] = self.open.pop(part.key)  # most recently used last
-        self.open[part.key][1].write(rows, buckets)
+        file = self.open[part.key][1]
+        self.held -= file.held_bytes
+        file.write(rows, buckets)
+        self.held += file.held_bytes
+        while self.held > HELD_BYTES:
+            fullest = max((f for _, f in self.open.values()), key=lambda f: f.held_bytes)
+            self.held -= fullest.held_bytes
+            fullest.flush()
 
     def _close(self, key: PartitionKey) -> None:
         part, file = self.open.pop(key)
+        self.held -= file.held_bytes
         part.spill_bytes += file.close()
 
     def close(self) -> None:
@@ -197,11 +213,12 @@ def open_job_source(spec: JobSpec, source: Any = None, table: Any = None, planne
     return open_source(source if source is not None else spec.source, format=spec.format, csv=csv)
 
 
-def mapper_for(ctx: ScanContext, src: Source) -> Mapper:
+def mapper_for(ctx: ScanContext, src: Source, keep_dictionary: tuple[str, ...] = ()) -> Mapper:
     return Mapper(
         ctx.target, src.schema(), time_column=ctx.contract.time_column, series_key=list(ctx.contract.series_key),
         column_map=ctx.spec.map, tz=ctx.spec.tz, time_unit=ctx.spec.time_unit, dst_policy=ctx.spec.dst_policy,
         on_bad_value=ctx.spec.on_bad_value, decimal=ctx.spec.decimal, timestamp_format=ctx.spec.timestamp_format,
+        keep_dictionary=keep_dictionary,
     )
 
 
@@ -224,8 +241,10 @@ def scan_task(rt: Runtime, ctx: ScanContext, job_id: str, task: int, pieces: ran
     if done is not None:
         return done
     names = src.pieces()
-    mapper = mapper_for(ctx, src)
-    spiller = None if ctx.spec.dry_run else _Spiller(rt, job_id, task, ctx.target)
+    coded = spill.coded_columns(ctx.target, ctx.contract.series_key)  # the spill stores them as codes: read them so
+    mapper = mapper_for(ctx, src, coded)
+    src.read_dictionaries({mapper.source_of[name] for name in coded})
+    spiller = None if ctx.spec.dry_run else _Spiller(rt, job_id, task, ctx.target, ctx.contract.series_key)
     overlap = _OverlapCounter(ctx.contract) if ctx.spec.dry_run else None
     result = ScanResult()
     batches = throttle.read(src, [names[p] for p in pieces], throttle.budget(rt.store, ctx.spec, job_id))
@@ -288,18 +307,30 @@ def _scan_batch(
     if overlap is not None:
         overlap.add(rows)
     codes, keys = partition_codes(ts, ctx.contract, ctx.cutoffs)
-    for code, part_rows in split_by_code(rows, codes):
+    buckets = series_bucket(rows, ctx.contract.series_key) if ctx.contract.series_key else None
+    sums = None
+    if ctx.contract.check_column:
+        values = pc.fill_null(rows.column(ctx.contract.check_column), 0)
+        sums = np.bincount(codes, weights=values.to_numpy().astype(np.float64), minlength=len(keys))
+    if spiller:
+        rows = spiller.code(rows)
+    order, runs = code_runs(codes)
+    if order is not None:
+        rows = rows.take(pa.array(order))
+        buckets = buckets[order] if buckets is not None else None
+    for code, lo, hi in runs:
         part = result.partitions.setdefault(keys[code], PartitionStats(keys[code]))
-        part.rows += part_rows.num_rows
+        part_rows = rows.slice(lo, hi - lo)
+        part.rows += hi - lo
         part.nbytes += part_rows.nbytes
-        buckets = series_bucket(part_rows, ctx.contract.series_key) if ctx.contract.series_key else None
-        if buckets is not None:
-            counts = np.bincount(buckets, minlength=SERIES_BUCKETS)
-            part.buckets.update({int(b): int(counts[b]) for b in np.flatnonzero(counts)})
-        if ctx.contract.check_column:
-            part.check_sum += float(pc.sum(part_rows.column(ctx.contract.check_column)).as_py() or 0)
+        part_buckets = buckets[lo:hi] if buckets is not None else None
+        if part_buckets is not None:
+            counts = np.bincount(part_buckets, minlength=SERIES_BUCKETS)
+            part.buckets.update(dict(zip(np.flatnonzero(counts).tolist(), counts[counts > 0].tolist())))
+        if sums is not None:
+            part.check_sum += float(sums[code])
         if spiller:
-            spiller.write(part, part_rows, buckets)
+            spiller.write(part, part_rows, part_buckets)
 
 
 def series_bucket(rows: pa.Table, series_key: tuple[str, ...]) -> np.ndarray:
@@ -310,6 +341,8 @@ def series_bucket(rows: pa.Table, series_key: tuple[str, ...]) -> np.ndarray:
 def _measure(sample: pa.Table, contract: Contract) -> tuple[int, int]:
     """Parquet bytes of a sorted sample, so units are sized in file bytes, not Arrow bytes."""
     order = [(c, "ascending") for c in (*contract.series_key, contract.time_column)]
+    sample = sample.cast(pa.schema([f.with_type(f.type.value_type) if pa.types.is_dictionary(f.type) else f
+                                    for f in sample.schema], metadata=sample.schema.metadata))
     buffer = io.BytesIO()
     pq.write_table(sample.sort_by(order), buffer, compression="zstd")
     return sample.num_rows, buffer.tell()

@@ -3,14 +3,19 @@
 A partition is cut into units by series bucket after the scan, so the scan cannot write a file per
 unit. Instead every record batch of a spill file holds the rows of ONE series bucket, and an index
 beside the file (``<file>.idx``) gives each batch run's byte offset and length, ordered by bucket
-behind a directory of the buckets present. A unit reads the directory, its buckets' index rows and
-their byte ranges only, adjacent ranges joined into one read (one GET on S3), so the bytes the write
-step reads stay at the bytes spilled whatever the number of units per partition. Units take
-contiguous bucket ranges (see ``plan._balance``), and within each scan batch the buckets are written in
-order, so a unit's ranges are few and long.
+behind a directory of the buckets present. A unit reads the index, then its buckets' byte ranges
+only, adjacent ranges joined into one read (one GET on S3), so the bytes the write step reads stay at
+the bytes spilled whatever the number of units per partition. Units take contiguous bucket ranges
+(see ``plan._balance``), and within each scan batch the buckets are written in order, so a unit's
+ranges are few and long.
 
-Index layout, little-endian int64: ``[buckets present D, schema bytes]``, then D rows ``[bucket, first
-run, runs]``, then one row ``[offset, length, rows]`` per run, grouped by bucket.
+Text series-key columns are stored as int32 codes into a dictionary per spill file, kept in the
+index: a few thousand series, not millions of strings, so rows are reordered, written and read back
+as fixed-width numbers, and a unit gets them dictionary-encoded, as its writer holds them anyway.
+
+Index layout, little-endian int64: ``[buckets present D, schema bytes, dictionary bytes]``, then D
+rows ``[bucket, first run, runs]``, then one row ``[offset, length, rows]`` per run, grouped by
+bucket, then the dictionaries (an Arrow IPC stream of one row, a list of values per coded column).
 """
 
 from __future__ import annotations
@@ -21,57 +26,135 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from timelake.ports.files import filesystem
 
 INDEX_SUFFIX = ".idx"
 MAX_READ = 32 << 20  # bytes of one read: touching runs are joined up to this, and a reader holds one read at a time
+WRITE_BUFFER = 1 << 20  # the IPC writer writes each batch in many small pieces: buffer them into few writes
 WHOLE = -1  # the bucket of a batch written without series buckets (a table without a series key)
+HEADER = 3  # int64s before the directory
+
+
+def coded_columns(schema: pa.Schema, series_key: tuple[str, ...]) -> tuple[str, ...]:
+    """The series-key columns a spill stores as codes: the text ones."""
+    return tuple(name for name in series_key if is_text(schema.field(name).type))
+
+
+def is_text(kind: pa.DataType) -> bool:
+    return pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(kind)
+
+
+class Dictionaries:
+    """The values of a scan's coded columns, growing as batches bring new ones; a code never changes, so
+    every spill file of the scan can keep the dictionaries as they are when it closes."""
+
+    def __init__(self, schema: pa.Schema, series_key: tuple[str, ...]) -> None:
+        self.schema = schema
+        self.coded = coded_columns(schema, series_key)
+        self.stored = pa.schema([f.with_type(pa.int32()) if f.name in self.coded else f for f in schema],
+                                metadata=schema.metadata)
+        self.values = {name: pa.array([], schema.field(name).type) for name in self.coded}
+
+    def code(self, rows: pa.Table) -> pa.Table:
+        """``rows`` with their coded columns as int32 codes (the stored schema)."""
+        if not self.coded:
+            return rows
+        return pa.Table.from_arrays([self._code(f.name, rows.column(f.name)) if f.name in self.coded
+                                     else rows.column(f.name) for f in self.schema], schema=self.stored)
+
+    def _code(self, name: str, column: pa.ChunkedArray) -> pa.Array:
+        """Looked up per distinct value of the batch, not per row."""
+        encoded = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+        if not pa.types.is_dictionary(encoded.type):
+            encoded = pc.dictionary_encode(encoded)
+        batch_values = encoded.dictionary.cast(self.schema.field(name).type)
+        known = self.values[name]
+        where = pc.fill_null(pc.index_in(batch_values, value_set=known), -1).to_numpy(zero_copy_only=False).copy()
+        new = where < 0
+        if new.any():
+            where[new] = len(known) + np.arange(int(new.sum()), dtype=where.dtype)
+            self.values[name] = pa.concat_arrays([known, batch_values.filter(pa.array(new))])
+        indices = encoded.indices
+        codes = where.astype(np.int32)[indices.fill_null(0).to_numpy(zero_copy_only=False)]
+        mask = indices.is_null().to_numpy(zero_copy_only=False) if indices.null_count else None
+        return pa.array(codes, pa.int32(), mask=mask)
+
+    def serialized(self) -> bytes:
+        """One row, a list of values per coded column, as an Arrow IPC stream."""
+        if not self.coded:
+            return b""
+        sink = pa.BufferOutputStream()
+        table = pa.table({name: pa.array([values], pa.list_(values.type)) for name, values in self.values.items()})
+        with pa.ipc.new_stream(sink, table.schema) as writer:
+            writer.write_table(table)
+        return sink.getvalue().to_pybytes()
 
 
 @dataclass
 class SpillFile:
-    """One open spill file: an Arrow IPC stream plus the index of its batches."""
+    """One open spill file: an Arrow IPC stream plus the index of its batches. Rows come coded by
+    ``dictionaries`` and are held until `flush` (the scan decides when, within its memory), so a
+    file has few long runs per bucket rather than one per source batch."""
 
     uri: str
-    schema: pa.Schema
+    dictionaries: Dictionaries
     index: list[list[int]] = field(default_factory=list)  # [bucket, offset, length, rows] per batch run
+    held: list[tuple[pa.Table, np.ndarray | None]] = field(default_factory=list)
+    held_bytes: int = 0
 
     def __post_init__(self) -> None:
         self.fs, path = filesystem(self.uri)
-        self.stream = self.fs.open_output_stream(path)
-        self.writer = pa.ipc.new_stream(self.stream, self.schema)
-        self.writer.write_batch(pa.RecordBatch.from_pylist([], schema=self.schema))  # puts the schema up front
+        self.stream = self.fs.open_output_stream(path, buffer_size=WRITE_BUFFER)
+        self.writer = pa.ipc.new_stream(self.stream, self.dictionaries.stored)
+        self.writer.write_batch(pa.RecordBatch.from_pylist([], schema=self.dictionaries.stored))  # the schema up front
         self.header = self.stream.tell()
 
     def write(self, rows: pa.Table, buckets: np.ndarray | None) -> None:
-        """Appends ``rows``, one run of batches per bucket, in bucket order."""
-        if buckets is None:
-            self._append(WHOLE, rows)
+        """Holds ``rows`` (coded) and their series buckets until the next flush."""
+        self.held.append((rows, buckets))
+        self.held_bytes += rows.nbytes
+
+    def flush(self) -> None:
+        """Writes the rows held, one run per bucket, in bucket order (within a bucket in the order they came)."""
+        if not self.held:
             return
-        order = np.argsort(buckets, kind="stable")
+        rows = pa.concat_tables([r for r, _ in self.held]).combine_chunks()
+        buckets = None if self.held[0][1] is None else np.concatenate([b for _, b in self.held])
+        self.held, self.held_bytes = [], 0
+        if rows.num_rows == 0:
+            return
+        if buckets is None:
+            self._append(WHOLE, rows.to_batches())
+            return
+        narrow = buckets.astype(np.uint16) if 0 <= buckets.min() and buckets.max() < 1 << 16 else buckets
+        order = np.argsort(narrow, kind="stable")  # 16-bit keys: a radix sort, linear in rows
         ordered = buckets[order]
-        rows = rows.take(pa.array(order))
+        batch = rows.take(pa.array(order)).combine_chunks().to_batches()[0]  # one batch: runs are its slices
         starts = np.concatenate(([0], np.flatnonzero(ordered[1:] != ordered[:-1]) + 1, [len(ordered)]))
         for lo, hi in zip(starts[:-1].tolist(), starts[1:].tolist()):
-            self._append(int(ordered[lo]), rows.slice(lo, hi - lo))
+            self._append(int(ordered[lo]), [batch.slice(lo, hi - lo)])
 
-    def _append(self, bucket: int, rows: pa.Table) -> None:
+    def _append(self, bucket: int, batches: list[pa.RecordBatch]) -> None:
         start = self.stream.tell()
-        for batch in rows.to_batches():
+        for batch in batches:
             self.writer.write_batch(batch)
-        self.index.append([bucket, start, self.stream.tell() - start, rows.num_rows])
+        self.index.append([bucket, start, self.stream.tell() - start, sum(b.num_rows for b in batches)])
 
     def close(self) -> int:
-        """Closes the file and writes its index; returns the bytes spilled (data and index)."""
+        """Writes what it holds, closes the file and writes its index; returns the bytes spilled (data and index)."""
+        self.flush()
         self.writer.close()
         size = self.stream.tell()
         self.stream.close()
         runs = np.array(self.index, dtype=np.int64).reshape(-1, 4)
         runs = runs[np.argsort(runs[:, 0], kind="stable")]
         present, first, count = np.unique(runs[:, 0], return_index=True, return_counts=True)
+        dictionaries = self.dictionaries.serialized()
         body = b"".join(part.astype("<i8").tobytes() for part in (
-            np.array([len(present), self.header]), np.column_stack([present, first, count]), runs[:, 1:]))
+            np.array([len(present), self.header, len(dictionaries)]), np.column_stack([present, first, count]),
+            runs[:, 1:])) + dictionaries
         with self.fs.open_output_stream(filesystem(self.uri + INDEX_SUFFIX)[1]) as out:
             out.write(body)
         return size + len(body)
@@ -85,48 +168,71 @@ class SpillRead:
     reads: int = 0
 
 
-def read(uris: list[str], buckets: list[int] | None, counter: SpillRead | None = None) -> Iterator[pa.RecordBatch]:
-    """The batches of ``uris`` whose bucket is in ``buckets`` (all of them for None), reading only their bytes."""
+def read(uris: list[str], buckets: list[int] | None, counter: SpillRead | None = None) -> Iterator[pa.Table]:
+    """The rows of ``uris`` whose bucket is in ``buckets`` (all of them for None), reading only their bytes,
+    a table per read; coded columns come back dictionary-encoded."""
     counter = counter if counter is not None else SpillRead()
     for uri in uris:
         fs, path = filesystem(uri)
         with fs.open_input_file(path + INDEX_SUFFIX) as index:
-            ranges, schema_bytes = _ranges(index, buckets, counter)
+            ranges, schema_bytes, dictionaries = _ranges(index, buckets, counter)
         if not ranges:
             continue
         with fs.open_input_file(path) as handle:
             schema = pa.ipc.read_schema(pa.py_buffer(handle.read_at(schema_bytes, 0)))
             counter.bytes_read += schema_bytes
             for offset, length in ranges:
-                body = handle.read_at(length, offset)
+                body = pa.py_buffer(handle.read_at(length, offset))
                 counter.bytes_read += length
                 counter.reads += 1
                 messages = pa.ipc.MessageReader.open_stream(pa.BufferReader(body))
+                batches = []
                 while True:
                     try:
-                        message = messages.read_next_message()
+                        batches.append(pa.ipc.read_record_batch(messages.read_next_message(), schema))
                     except StopIteration:
                         break
-                    yield pa.ipc.read_record_batch(message, schema)
+                yield _decoded(pa.Table.from_batches(batches, schema), dictionaries)
 
 
-def _ints(handle: Any, offset: int, count: int, counter: SpillRead) -> np.ndarray:
-    counter.bytes_read += 8 * count
-    return np.frombuffer(handle.read_at(8 * count, offset), dtype="<i8")
+def _decoded(rows: pa.Table, dictionaries: dict[str, pa.Array]) -> pa.Table:
+    if not dictionaries:
+        return rows
+    columns, fields = [], []
+    for f, column in zip(rows.schema, rows.columns):
+        if f.name in dictionaries:
+            values = dictionaries[f.name]
+            column = pa.chunked_array([pa.DictionaryArray.from_arrays(column.combine_chunks(), values)])
+            f = f.with_type(column.type)
+        columns.append(column)
+        fields.append(f)
+    return pa.Table.from_arrays(columns, schema=pa.schema(fields, metadata=rows.schema.metadata))
 
 
-def _ranges(index: Any, buckets: list[int] | None, counter: SpillRead) -> tuple[list[tuple[int, int]], int]:
-    """(offset, length) of the runs of ``buckets``, runs that touch joined up to MAX_READ; and the schema's bytes."""
-    present_count, schema_bytes = _ints(index, 0, 2, counter).tolist()
-    directory = _ints(index, 16, 3 * present_count, counter).reshape(-1, 3)
+def _ranges(index: Any, buckets: list[int] | None, counter: SpillRead) -> tuple[list[tuple[int, int]], int, dict[str, pa.Array]]:
+    """(offset, length) of the runs of ``buckets``, runs that touch joined up to MAX_READ; the schema's
+    bytes; the file's dictionaries. The index is small (24 bytes a run): it is read whole."""
+    raw = pa.py_buffer(index.read_at(index.size(), 0))
+    counter.bytes_read += raw.size
+    present_count, schema_bytes, dictionary_bytes = np.frombuffer(raw, dtype="<i8", count=HEADER).tolist()
+    table_ints = (raw.size - dictionary_bytes) // 8
+    ints = np.frombuffer(raw, dtype="<i8", count=table_ints)
+    directory = ints[HEADER:HEADER + 3 * present_count].reshape(-1, 3)
+    runs = ints[HEADER + 3 * present_count:].reshape(-1, 3)
     if buckets is not None:
         directory = directory[np.isin(directory[:, 0], buckets)]
-    runs_at = 16 + 24 * present_count
-    rows = [_ints(index, runs_at + 24 * first, 3 * count, counter).reshape(-1, 3) for _, first, count in directory.tolist()]
+    picked = np.concatenate([np.arange(first, first + count) for _, first, count in directory.tolist()]) \
+        if len(directory) else np.zeros(0, dtype=np.int64)
+    chosen = runs[picked.astype(np.int64)]
+    chosen = chosen[np.argsort(chosen[:, 0], kind="stable")]
     joined: list[list[int]] = []
-    for offset, length, _ in sorted(r for block in rows for r in block.tolist()):
+    for offset, length in chosen[:, :2].tolist():
         if joined and joined[-1][0] + joined[-1][1] == offset and joined[-1][1] + length <= MAX_READ:
             joined[-1][1] += length
         else:
             joined.append([offset, length])
-    return [(o, n) for o, n in joined], schema_bytes
+    dictionaries: dict[str, pa.Array] = {}
+    if dictionary_bytes:
+        table = pa.ipc.open_stream(raw.slice(raw.size - dictionary_bytes)).read_all()
+        dictionaries = {name: table.column(name)[0].values for name in table.column_names}
+    return [(o, n) for o, n in joined], schema_bytes, dictionaries

@@ -414,7 +414,8 @@ class _Near:
         keys = list(self.contract.dedup_key)
         near = self.rows
         if self.distinct is not None and near.num_rows:
-            mine = pc.index_in(pc.unique(rows.column(self.series)), value_set=self.distinct.cast(rows.schema.field(self.series).type))
+            mine_values = _distinct(rows.column(self.series))
+            mine = pc.index_in(mine_values, value_set=self.distinct.cast(mine_values.type))
             present = mine.drop_null().to_numpy(zero_copy_only=False)
             if not len(present):
                 return rows.slice(0, 0).select(keys)

@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyiceberg.typedef import Record
 
-from timelake.model.commit import NAN_COUNTS
+from timelake.model.commit import NAN_COUNTS, file_statistics
 from timelake.model.contract import Contract
 from timelake.model.layout import MainReader, stream_range
 from timelake.model.spec import JobSpec
@@ -71,8 +71,7 @@ def _write_unit(rt: Runtime, job_id: str, unit_id: str, main: MainReader | None)
         "spill_bytes_read": read.bytes_read,
     }
     if len(order):
-        path = unit_path(table, job_id, unit)
-        result.update(path=path, bytes=write_parquet(rows, path, table.properties, order))
+        result.update(write_file(table, rows, unit_path(table, job_id, unit), order))
     result["seconds"] = round(time.monotonic() - started, 3)
     rt.store.complete_unit(job_id, unit_id, result)
     return result
@@ -82,24 +81,29 @@ def _read_slice(unit: UnitRecord, target: pa.Schema, contract: Contract, counter
     """The unit's rows, from the byte ranges of its series buckets in its partition's spill files: no
     byte is read for another unit.
 
-    Read batches point into the buffers of whole range reads; every ``COMPACT_ROWS`` rows they are copied
-    into compact arrays so those buffers are freed as the read goes on. String series columns are held
-    dictionary-encoded (a few thousand series, not millions of strings), so a unit's rows take little more
-    memory than their numbers; `write_parquet` casts each row group back to the table's types."""
-    series = {name for name in contract.series_key if _is_text(target.field(name).type)}
-    pending: list[pa.RecordBatch] = []
+    Reads come back as tables over the buffers of whole range reads; every ``COMPACT_ROWS`` rows they
+    are copied into compact arrays so those buffers are freed as the read goes on. Text series columns
+    come dictionary-encoded from the spill and stay so (a few thousand series, not millions of
+    strings), so a unit's rows take little more memory than their numbers; `write_parquet` casts each
+    row group back to the table's types."""
+    series = set(spill.coded_columns(target, contract.series_key))
+    pending: list[pa.Table] = []
+    pending_rows = 0
     compact: dict[str, list[pa.Array]] = {name: [] for name in target.names}
 
     def flush() -> None:
         for name in target.names:
-            column = pa.concat_arrays([batch.column(name) for batch in pending])
-            compact[name].append(pc.dictionary_encode(column) if name in series else column)
+            column = pa.concat_arrays([chunk for rows in pending for chunk in rows.column(name).chunks])
+            compact[name].append(pc.dictionary_encode(column) if name in series and not pa.types.is_dictionary(
+                column.type) else column)
         pending.clear()
 
-    for batch in spill.read(unit.info["spill"], unit.info["buckets"], counter):
-        pending.append(batch)
-        if sum(b.num_rows for b in pending) >= COMPACT_ROWS:
+    for rows in spill.read(unit.info["spill"], unit.info["buckets"], counter):
+        pending.append(rows)
+        pending_rows += rows.num_rows
+        if pending_rows >= COMPACT_ROWS:
             flush()
+            pending_rows = 0
     if pending:
         flush()
     if not compact[target.names[0]]:
@@ -110,10 +114,6 @@ def _read_slice(unit: UnitRecord, target: pa.Schema, contract: Contract, counter
         columns.append((column.unify_dictionaries() if name in series else column).combine_chunks())
     fields = [f.with_type(c.type) for f, c in zip(target, columns)]  # keeps the Iceberg field ids
     return pa.Table.from_arrays(columns, schema=pa.schema(fields, metadata=target.metadata))
-
-
-def _is_text(kind: pa.DataType) -> bool:
-    return pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(kind)
 
 
 def sort_keys(contract: Contract) -> list[tuple[str, str]]:
@@ -131,18 +131,45 @@ def sorted_order(rows: pa.Table, contract: Contract) -> tuple[np.ndarray, float,
     keys = sort_key_codes(rows, contract)
     if rows.num_rows == 0:
         return np.empty(0, dtype=np.int64), 0.0, 0, keys
-    order = np.lexsort(keys.columns[::-1])  # stable; the first key is the primary one
     columns = keys.columns
+    order = _stable_order(columns)
     same_as_next = np.ones(rows.num_rows - 1, dtype=bool)
-    for i, codes in enumerate(columns):
-        columns[i] = codes[order]  # each unordered column is released as its ordered copy is made
-        del codes
-        same_as_next &= columns[i][:-1] == columns[i][1:]
+    for codes in columns:
+        same_as_next &= codes[:-1] == codes[1:]
     duplicates = int(same_as_next.sum())
     if not duplicates:
         return order, 0.0, 0, keys
     drop = np.append(same_as_next, False)
     return order[~drop], _sum_at(rows, order[drop], contract), duplicates, KeyCodes([c[~drop] for c in columns], keys.distinct)
+
+
+def _stable_order(columns: list[np.ndarray]) -> np.ndarray:
+    """The stable order of rows by ``columns`` (the first is the primary key); replaces each column by
+    its copy in that order, one at a time, so a unit holds its codes about once.
+
+    Rows mostly arrive in time order within each series (exports are written so, and the spill keeps
+    a series' rows in source order): a stable sort by the first column alone then orders them fully,
+    and a series rank of fewer than 65,536 values sorts as uint16, which numpy radix-sorts in linear
+    time. One pass checks that the other columns ascend within each run of the first; if one does
+    not, a lexicographic sort of the columns so taken decides. Either way rows with equal keys stay
+    in source order."""
+    first = columns[0]
+    small = first.dtype.kind in "iu" and 0 <= int(first.min()) and int(first.max()) < 1 << 16
+    order = np.argsort(first.astype(np.uint16) if small else first, kind="stable")
+    undecided = None
+    for i, codes in enumerate(columns):
+        columns[i] = codes[order]
+        del codes
+        if undecided is not None and (undecided & (columns[i][1:] < columns[i][:-1])).any():
+            for j in range(i + 1, len(columns)):
+                columns[j] = columns[j][order]
+            again = np.lexsort(columns[::-1])
+            for j in range(len(columns)):
+                columns[j] = columns[j][again]
+            return order[again]
+        same = columns[i][1:] == columns[i][:-1]
+        undecided = same if undecided is None else undecided & same
+    return order
 
 
 def _sort_and_dedup(rows: pa.Table, contract: Contract) -> tuple[pa.Table, float, int, KeyCodes]:
@@ -189,7 +216,7 @@ def sort_key_codes(rows: pa.Table, contract: Contract) -> KeyCodes:
             rank[by_value] = np.arange(len(by_value), dtype=np.int32)
             codes.append(rank[dictionary.indices.to_numpy(zero_copy_only=False)])
             continue
-        if _is_text(column.type):
+        if spill.is_text(column.type):
             distinct[name] = pc.unique(column).sort()
             column = pc.index_in(column, value_set=distinct[name])
         elif pa.types.is_timestamp(column.type) or pa.types.is_date(column.type):
@@ -336,13 +363,28 @@ def unit_path(table: Any, job_id: str, unit: UnitRecord, suffix: str = "") -> st
     return f"{table.location().rstrip('/')}/data/{partition}/{job_id}-{unit.unit_id}{suffix}.parquet"
 
 
+def write_file(table: Any, rows: pa.Table, path: str, order: np.ndarray | None = None) -> dict[str, Any]:
+    """`write_parquet`, and what a unit records of the file: its path, size and the Iceberg statistics
+    of its columns, taken from the writer's own footer metadata (stage builds the DataFile from them)."""
+    size, metadata = _write(rows, path, table.properties, order)
+    return {"path": path, "bytes": size, "file_statistics": file_statistics(table, metadata)}
+
+
 def write_parquet(rows: pa.Table, path: str, properties: dict[str, str], order: np.ndarray | None = None) -> int:
     """Write one file with Iceberg field ids (from the table's Arrow schema); returns its size in bytes.
     With ``order``, the rows numbered so are written in that order, taken one row group at a time.
 
     Parquet statistics do not count NaNs, which Iceberg's ``nan_value_counts`` wants for float
     columns (engines prune ``x = 'NaN'`` and ``isnan`` with them): they are counted here and kept in
-    the footer, where `timelake.model.commit.data_file` reads them with the other statistics."""
+    the footer, where `timelake.model.commit` reads them with the other statistics."""
+    return _write(rows, path, properties, order)[0]
+
+
+def _write(rows: pa.Table, path: str, properties: dict[str, str], order: np.ndarray | None) -> tuple[int, pq.FileMetaData]:
+    """Dictionary-encoded columns (a unit's series) are written as they are, which spares the Parquet
+    writer hashing every row's string to build its dictionary again. The Arrow schema is not stored
+    (it would make pyarrow readers return dictionaries): the Parquet types say the same, and the
+    footer's key-value metadata carries the NaN counts."""
     fs, local = filesystem(path)
     make_parent(fs, local)
     codec = properties.get("write.parquet.compression-codec", "zstd")
@@ -352,11 +394,12 @@ def write_parquet(rows: pa.Table, path: str, properties: dict[str, str], order: 
         if pa.types.is_floating(f.type):
             is_nan = pc.fill_null(pc.is_nan(rows.column(f.name)), False).to_numpy(zero_copy_only=False)
             nans[f.name] = int(is_nan.sum() if order is None else is_nan[order].sum())
-    fields = [f.with_type(f.type.value_type) if pa.types.is_dictionary(f.type) else f for f in rows.schema]
-    schema = pa.schema(fields, metadata={**(rows.schema.metadata or {}), NAN_COUNTS: json.dumps(nans).encode()})
-    with fs.open_output_stream(local) as out, pq.ParquetWriter(
-            out, schema, compression=None if codec == "uncompressed" else codec) as writer:
-        for start in range(0, count, ROW_GROUP_ROWS):
-            group = rows.slice(start, ROW_GROUP_ROWS) if order is None else rows.take(pa.array(order[start:start + ROW_GROUP_ROWS]))
-            writer.write_table(group.cast(schema), row_group_size=ROW_GROUP_ROWS)
-    return fs.get_file_info(local).size
+    metadata = {**(rows.schema.metadata or {}), NAN_COUNTS: json.dumps(nans).encode()}
+    with fs.open_output_stream(local) as out:
+        with pq.ParquetWriter(out, rows.schema, compression=None if codec == "uncompressed" else codec,
+                              store_schema=False) as writer:
+            writer.add_key_value_metadata(metadata)
+            for start in range(0, count, ROW_GROUP_ROWS):
+                group = rows.slice(start, ROW_GROUP_ROWS) if order is None else rows.take(pa.array(order[start:start + ROW_GROUP_ROWS]))
+                writer.write_table(group, row_group_size=ROW_GROUP_ROWS)
+        return out.tell(), writer.writer.metadata
