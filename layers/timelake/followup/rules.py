@@ -238,7 +238,7 @@ def context_rows(table: Any, contract: Contract, rules: list[Rule], start_us: in
     first = bounds[0] if bounds else None
     while still_open and first is not None and lo > first:
         earlier = read_range(table, contract.time_column, max(lo - step, first), lo, columns)
-        rows = pa.concat_tables([earlier, rows])
+        rows = pa.concat_tables([earlier.cast(rows.schema), rows])  # files may read as string or large_string
         lo, step = max(lo - step, first), step * 2
         still_open &= _open_series(rows, contract, rules)  # a series found closed stays closed
     return rows
