@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -250,7 +250,7 @@ def existing_mask(rows: pa.Table, existing: pa.Table | Iterable[pa.RecordBatch],
     (8 bytes a row) and one batch of ``existing``, however much of it there is. Other keys take Arrow's
     join over all of ``existing``.
     """
-    batches = existing.to_batches() if isinstance(existing, pa.Table) else existing
+    batches = existing.combine_chunks().to_batches() if isinstance(existing, pa.Table) else existing  # one batch: it is all here
     keys = list(contract.dedup_key)
     series = packed_series(contract)
     if rows.num_rows and series is not None:
