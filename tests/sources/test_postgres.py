@@ -396,3 +396,91 @@ def test_a_piece_read_ahead_that_the_next_read_does_not_want_is_dropped(postgres
     assert sum(b.data.num_rows for b in first) == _count(source, edges[0], edges[2])
     assert {b.origin for b in second} == {names[3]}
     assert sum(b.data.num_rows for b in second) == _count(source, edges[3], edges[4]) > 0
+
+
+def _ahead_counted(monkeypatch) -> list[int]:
+    """How many units each write step took from those written ahead during the scan."""
+    from timelake.steps import ahead
+
+    counts, adopt = [], ahead.WriteAhead.adopt
+    monkeypatch.setattr(ahead.WriteAhead, "adopt", lambda self: counts.append(adopt(self)) or counts[-1])
+    return counts
+
+
+def _parquet_files(table) -> set[str]:
+    root = table.iceberg.location().removeprefix("file://")
+    return {str(p) for p in Path(root).rglob("*.parquet")}
+
+
+@pytest.mark.parametrize("mode", ["merge", "replace"])
+def test_one_reader_writes_complete_days_ahead_of_its_scan(postgres, readings_table, sensor, existing, monkeypatch, mode):
+    """One connection reads 60 days in many tasks; the days no later task can reach are written while
+    the scan goes on, the write step records them as written, and the table equals the reference."""
+    import timelake.steps.plan
+
+    monkeypatch.setattr(timelake.steps.plan, "MIN_TASK_BYTES", 1)
+    adopted = _ahead_counted(monkeypatch)
+    start, end = _window(80, 140)
+    job = sensor.backfill(source=postgres.uri(table=readings_table, piece_rows="2000"), start=start, end=end,
+                          source_max_connections=1, max_concurrency=2, mode=mode).wait()
+    units = job.record().state["units_total"]
+    assert adopted and units > adopted[0] > units // 2  # the last task's days are left to the write step
+    source = _rows(postgres, f"ts >= '{start}' AND ts < '{end}'")
+    con = duckdb.connect()
+    con.register("existing", existing)
+    con.register("source", source)
+    expected = reference_merge(existing, source) if mode == "merge" else con.sql(
+        f"""SELECT * FROM existing WHERE NOT (ts >= '{start}'::TIMESTAMPTZ AND ts < '{end}'::TIMESTAMPTZ)
+            UNION ALL SELECT * FROM source""").to_arrow_table()
+    assert sort_rows(sensor.to_arrow()).equals(sort_rows(expected))
+    assert job.report()["phase"] == "published"
+
+
+def test_a_day_written_ahead_before_a_live_commit_is_written_again(postgres, readings_table, sensor, monkeypatch):
+    """Merge mode: a live writer commits a row the source also has while the scan is under way. The
+    units written ahead against main before that commit are not taken: the cut branches from the
+    newer main, and the live row wins over the source's."""
+    import timelake.steps.plan
+    from timelake.model.faults import at
+
+    monkeypatch.setattr(timelake.steps.plan, "MIN_TASK_BYTES", 1)
+    adopted = _ahead_counted(monkeypatch)
+    start, end = _window(80, 110)
+    source = _rows(postgres, f"ts >= '{start}' AND ts < '{end}'")
+    live = source.slice(0, 1).set_column(2, "value", pa.array([-1.0]))
+    passes = []
+
+    def live_commit() -> None:
+        passes.append(1)
+        if len(passes) == 2:  # after the first task's days were handed to the writer ahead
+            sensor.append(live)
+
+    with at("scan.unit", live_commit):
+        job = sensor.backfill(source=postgres.uri(table=readings_table, piece_rows="2000"), start=start, end=end,
+                              source_max_connections=1, max_concurrency=2).wait()
+    assert job.report()["phase"] == "published" and adopted and adopted[0] < job.record().state["units_total"]
+    assert sort_rows(sensor.to_arrow()).equals(sort_rows(reference_merge(live, source)))
+
+
+def test_a_scan_that_fails_leaves_no_file_written_ahead(postgres, readings_table, sensor, monkeypatch):
+    """The scan fails after several tasks: the files written ahead are deleted with the failure, and
+    the resumed job writes the table exactly."""
+    import timelake.steps.plan
+    from timelake.model.faults import at
+
+    monkeypatch.setattr(timelake.steps.plan, "MIN_TASK_BYTES", 1)
+    start, end = _window(80, 110)
+    uri = postgres.uri(table=readings_table, piece_rows="2000")
+    passes = []
+
+    def fail() -> None:
+        passes.append(1)
+        if len(passes) == 4:
+            raise OSError("the scan's disk went away")
+
+    with at("scan.unit", fail), pytest.raises(Exception, match="disk went away"):
+        sensor.backfill(source=uri, start=start, end=end, source_max_connections=1, max_concurrency=2).wait()
+    assert _parquet_files(sensor) == set()
+    job = sensor.lake.jobs()[0].resume(wait=True)
+    assert job.report()["phase"] == "published"
+    assert sort_rows(sensor.to_arrow()).equals(sort_rows(_rows(postgres, f"ts >= '{start}' AND ts < '{end}'")))
