@@ -11,6 +11,8 @@ unit does not stand is deleted before the write step starts, so nothing written 
 
 from __future__ import annotations
 
+import os
+import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -24,13 +26,16 @@ from timelake.steps.plan import units_before
 from timelake.steps.write import unit_file
 
 
+NICE = 10  # the writer ahead's nice value, above the scan's 0
+
+
 class WriteAhead:
     """Units written during the scan, waiting for the cut to say whether they stand."""
 
     def __init__(self, rt: Runtime, job_id: str, spec: JobSpec, edges: list[int], tasks: list[list[int]]) -> None:
         self.rt, self.job_id, self.spec = rt, job_id, spec
         self.edges, self.tasks = edges, tasks
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix="timelake-write-ahead")
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="timelake-write-ahead", initializer=_give_way)
         self.written: dict[str, tuple[UnitRecord, Future]] = {}
 
     @classmethod
@@ -83,6 +88,15 @@ class WriteAhead:
             if future.done() and not future.cancelled() and future.exception() is None:
                 _delete(future.result()[1]["path"])
         self.written.clear()
+
+
+def _give_way() -> None:
+    """The writer ahead runs at a lower priority than the scan and the database: it is meant to use
+    the CPU they leave idle, not to slow the scan down (Linux gives each thread its own nice value)."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), NICE)
+    except (AttributeError, OSError):  # not Linux, or not allowed: the writer runs at the scan's priority
+        pass
 
 
 def _delete(path: str | None) -> None:
