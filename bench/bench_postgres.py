@@ -15,7 +15,6 @@ Not a test: it prints times, rows/s and ratios, and asserts nothing about speed.
             table: plan -> scan -> cut -> write -> stage -> validate -> publish. ``scan`` is the
             part that reads the database (read, map, spill by partition) on k connections; the
             writers are the default max_concurrency, the machine's cores (k when k is larger).
-            With one reader, the days the scan has finished are written during the scan.
 
 The server is a throwaway PostgreSQL 15 started here (tests/sources/conftest.py), statement
 logging off, on the same machine as the readers, so reader and server share the CPUs.

@@ -31,7 +31,6 @@ from timelake.ports.store import TERMINAL, JobRecord
 from timelake.sources.postgres import is_postgres
 from timelake.steps import canary
 from timelake.steps.abort import abort
-from timelake.steps.ahead import WriteAhead
 from timelake.steps.plan import cut, pending_pieces, plan, scan
 from timelake.steps.publish import publish
 from timelake.steps.scan import open_job_source
@@ -70,18 +69,6 @@ def run_job(
     cancel: threading.Event | None = None,
 ) -> str:
     """Run a job from its current phase to the end; returns the final phase."""
-    ahead: list[WriteAhead] = []  # a database source's units written during its scan, until the write step
-    try:
-        return _run_steps(rt, job_id, source, on_progress, cancel, ahead)
-    finally:
-        for early in ahead:
-            early.close()
-
-
-def _run_steps(
-    rt: Runtime, job_id: str, source: Any, on_progress: Progress | None, cancel: threading.Event | None,
-    ahead: list[WriteAhead],
-) -> str:
     job = reopen(rt, job_id)
     while job.phase not in TERMINAL | WAITING:
         step = NEXT_STEP[job.phase]
@@ -91,7 +78,7 @@ def _run_steps(
                 rt.store.update_job(job_id, "planning")
                 plan(rt, job_id, source)
             elif step == "scan":
-                _scan_all(rt, job_id, source, on_progress, cancel, ahead)
+                _scan_all(rt, job_id, source, on_progress, cancel)
             elif step == "cut":
                 cut(rt, job_id)
                 checkpoint("plan.done")
@@ -99,8 +86,6 @@ def _run_steps(
                 _write_all(rt, job_id, on_progress, cancel, only=canary.select(rt, job_id))
                 canary.check(rt, job_id, source)
             elif step == "write":
-                for early in ahead:
-                    early.adopt()
                 _write_all(rt, job_id, on_progress, cancel)
             elif step == "stage":
                 stage(rt, job_id)
@@ -157,10 +142,8 @@ def record_failure(rt: Runtime, job_id: str, error: str) -> JobRecord:
     return rt.store.update_job(job_id, "failed", failed_phase=job.phase, error=error)
 
 
-def _scan_all(rt: Runtime, job_id: str, source: Any, on_progress: Progress | None, cancel: threading.Event | None,
-              ahead: list[WriteAhead] | None = None) -> None:
-    """Scan every source piece not scanned yet: in-process for in-memory data or a single piece. One
-    reader of a database source writes complete partitions ahead meanwhile (added to ``ahead``)."""
+def _scan_all(rt: Runtime, job_id: str, source: Any, on_progress: Progress | None, cancel: threading.Event | None) -> None:
+    """Scan every source piece not scanned yet: in-process for in-memory data or a single piece."""
     job = rt.store.get_job(job_id)
     spec = JobSpec.model_validate(job.spec)
     pending = pending_pieces(rt, job_id)
@@ -168,16 +151,11 @@ def _scan_all(rt: Runtime, job_id: str, source: Any, on_progress: Progress | Non
     if source is not None or workers <= 1:
         src = open_job_source(spec, source, rt.load_table(spec.table), job.state.get("source_plan")) if pending else None
         tasks, names = job.state["scan_tasks"], src.pieces() if src else []
-        early = WriteAhead.open(rt, job_id) if pending and source is None and ahead is not None else None
-        if early is not None:
-            ahead.append(early)
         for i, piece in enumerate(pending):
             _check(cancel, job_id, "while scanning", rt)
             if i + 1 < len(pending):
                 src.read_next(names[slice(*tasks[pending[i + 1]])])
             scan(rt, job_id, piece, source, opened=src)
-            if early is not None:
-                early.scanned(sorted(set(range(len(tasks))) - set(pending[i + 1:])), (pending[i + 1:] or [None])[0])
             checkpoint("scan.unit")
     else:
         threads = is_postgres(spec.source) or job.state.get("source_bytes", 0) < IN_PROCESS_SOURCE_BYTES

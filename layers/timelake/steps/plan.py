@@ -204,20 +204,6 @@ def _gaps(total: ScanResult, start: int, end: int) -> list[dict[str, Any]]:
     return gaps
 
 
-def units_before(rt: Runtime, job_id: str, tasks: list[int], end_us: int) -> list[UnitRecord]:
-    """The units the cut will make of the partitions that end by ``end_us``, from the results of
-    ``tasks`` (done): when no other task can add rows to those partitions, they are complete. The
-    slices depend on the rows' bytes measured by every task, so the cut may still slice otherwise."""
-    contract = Contract.from_table(rt.load_table(JobSpec.model_validate(rt.store.get_job(job_id).spec).table))
-    total = ScanResult()
-    for task in tasks:
-        result = read_result(rt, job_id, task)
-        if result is not None:
-            total.merge(result)
-    total.partitions = {key: part for key, part in total.partitions.items() if part.key.range[1] <= end_us}
-    return _cut_units(total, contract)
-
-
 def _cut_units(total: ScanResult, contract: Contract) -> list[UnitRecord]:
     """One unit per partition and series slice; slices per partition chosen so each file is near target."""
     bytes_per_row = total.sample_bytes / total.sample_rows if total.sample_rows else 1.0

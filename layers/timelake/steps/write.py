@@ -46,14 +46,8 @@ def _write_unit(rt: Runtime, job_id: str, unit_id: str, main: MainReader | None)
     unit = rt.store.unit(job_id, unit_id)
     if unit.status == "done":
         return unit.result
-    result = unit_file(rt, job_id, JobSpec.model_validate(job.spec), unit, main)
-    rt.store.complete_unit(job_id, unit_id, result)
-    return result
-
-
-def unit_file(rt: Runtime, job_id: str, spec: JobSpec, unit: UnitRecord, main: MainReader | None) -> dict[str, Any]:
-    """The unit's file written at its path, and its counts (not recorded: `write_unit` records them)."""
     started = time.monotonic()
+    spec = JobSpec.model_validate(job.spec)
     table = rt.load_table(spec.table)
     contract = Contract.from_table(table)
     target = table.schema().as_arrow()
@@ -79,6 +73,7 @@ def unit_file(rt: Runtime, job_id: str, spec: JobSpec, unit: UnitRecord, main: M
         path = unit_path(table, job_id, unit)
         result.update(path=path, bytes=write_parquet(rows, path, table.properties, order))
     result["seconds"] = round(time.monotonic() - started, 3)
+    rt.store.complete_unit(job_id, unit_id, result)
     return result
 
 
