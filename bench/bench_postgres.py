@@ -5,6 +5,7 @@ Not a test: it prints times, rows/s and ratios, and asserts nothing about speed.
 
     .venv/bin/python bench/bench_postgres.py                  # 10M rows (100 devices x 100,000 minutes)
     .venv/bin/python bench/bench_postgres.py --rows 1000000 --readers 1 2
+    .venv/bin/python bench/bench_postgres.py --rows 3000000 --readers 1 --repeat 5   # alternating rounds, best of 5
 
   floor     k processes, each: ``COPY (SELECT * FROM readings WHERE ts in its 1/k of the range) TO
             STDOUT (FORMAT binary)`` decoded to Arrow (the ADBC driver does exactly that, in C) and
@@ -125,6 +126,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=10_000_000)
     parser.add_argument("--devices", type=int, default=100)
     parser.add_argument("--readers", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--repeat", type=int, default=1, help="rounds; floor and backfill alternate, the best of each is compared")
     args = parser.parse_args()
     print(f"{platform.node()}: {os.cpu_count()} CPUs, Python {platform.python_version()}, pyarrow {pa.__version__}, "
           f"PostgreSQL 15 on the same machine")
@@ -135,21 +137,31 @@ def main() -> None:
         rows = server.sql("SELECT count(*)::int8 AS n FROM readings").column(0)[0].as_py()
         print(f"loaded {rows:,} rows ({args.devices} devices x 1-minute steps) in {time.perf_counter() - began:.0f} s")
         header = f"{'readers':>7} | {'floor s':>8} {'rows/s':>11} | {'backfill s':>10} {'rows/s':>11} {'ratio':>6} | " \
-                 f"{'scan s':>7} {'rows/s':>11} {'ratio':>6}"
+                 f"{'scan s':>7} {'rows/s':>11} {'ratio':>6} | {'load':>5}"
         print(header)
         print("-" * len(header))
-        for readers in args.readers:
-            work = Path(tempfile.mkdtemp(prefix="timelake-bench-pg-"))
-            try:
-                floor_s, floor_rows = floor(server, lo, hi, readers, work)
-                total_s, scan_s, report = backfill(server, readers, work / "lake")
-            finally:
-                shutil.rmtree(work, ignore_errors=True)
-            assert floor_rows == rows == report["rows_written"], (floor_rows, rows, report["rows_written"])
-            f, b, s = rows / floor_s, rows / total_s, rows / scan_s
-            print(f"{readers:>7} | {floor_s:>8.1f} {f:>11,.0f} | {total_s:>10.1f} {b:>11,.0f} {b / f:>6.2f} | "
-                  f"{scan_s:>7.1f} {s:>11,.0f} {s / f:>6.2f}", flush=True)
-    print("ratio = rows/s of timelake / rows/s of the floor with as many readers (target: >= 0.7 at 1 reader)")
+        best: dict[int, list[float]] = {}
+        for _ in range(args.repeat):
+            for readers in args.readers:
+                work = Path(tempfile.mkdtemp(prefix="timelake-bench-pg-"))
+                load_avg = os.getloadavg()[0]
+                try:
+                    floor_s, floor_rows = floor(server, lo, hi, readers, work)
+                    total_s, scan_s, report = backfill(server, readers, work / "lake")
+                finally:
+                    shutil.rmtree(work, ignore_errors=True)
+                assert floor_rows == rows == report["rows_written"], (floor_rows, rows, report["rows_written"])
+                load_avg = (load_avg + os.getloadavg()[0]) / 2
+                f, b, s = rows / floor_s, rows / total_s, rows / scan_s
+                print(f"{readers:>7} | {floor_s:>8.1f} {f:>11,.0f} | {total_s:>10.1f} {b:>11,.0f} {b / f:>6.2f} | "
+                      f"{scan_s:>7.1f} {s:>11,.0f} {s / f:>6.2f} | {load_avg:>5.1f}", flush=True)
+                kept = best.setdefault(readers, [floor_s, total_s, scan_s])
+                best[readers] = [min(kept[0], floor_s), min(kept[1], total_s), min(kept[2], scan_s)]
+    if args.repeat > 1:
+        for readers, (floor_s, total_s, scan_s) in best.items():
+            print(f"best of {args.repeat}, {readers} reader(s): floor {floor_s:.1f} s, backfill {total_s:.1f} s, "
+                  f"ratio {floor_s / total_s:.2f}, scan ratio {floor_s / scan_s:.2f}")
+    print("ratio = rows/s of timelake / rows/s of the floor with as many readers (target: >= 0.85 at 1 reader)")
 
 
 if __name__ == "__main__":

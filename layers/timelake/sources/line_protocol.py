@@ -519,16 +519,16 @@ def _field_cells(fields: pa.Array, depth: int = 0) -> tuple[dict[str, pa.Array],
     rows = np.flatnonzero(~other)
     columns: dict[str, pa.Array] = {}
     for cell in cells:
-        key = cell[0].as_py().partition("=")[0] if len(cell) else ""
-        if len(cell) and "=" in cell[0].as_py() and _all(pc.starts_with(cell, key + "=")):
-            found = {key: pc.utf8_slice_codeunits(cell, len(key) + 1)}
-        else:
-            pairs = pc.split_pattern(cell, "=", max_splits=1)
+        found, left = _keyed_runs(cell)
+        if left.any():  # many keys in one column: split every remaining part at its first equal sign
+            pairs = pc.split_pattern(cell.filter(pa.array(left)), "=", max_splits=1)
             whole = pc.list_value_length(pairs).to_numpy(zero_copy_only=False) == 2
-            fine[rows[~whole]] = False
-            pairs, at = pairs.filter(pa.array(whole)), np.flatnonzero(whole)
+            fine[rows[np.flatnonzero(left)[~whole]]] = False
+            pairs, at = pairs.filter(pa.array(whole)), np.flatnonzero(left)[whole]
             keys, values = pc.list_element(pairs, 0), pc.list_element(pairs, 1)
-            found = {key: _scatter(at[pick], values.filter(pa.array(pick)), len(cell)) for key, pick in _groups(keys)}
+            for key, pick in _groups(keys):
+                more = _scatter(at[pick], values.filter(pa.array(pick)), len(cell))
+                found[key] = pc.coalesce(found[key], more) if key in found else more
         for key, values in found.items():
             values = _widen(values, rows, len(fields))
             columns[key] = pc.coalesce(values, columns[key]) if key in columns else values  # a later pair wins
@@ -555,6 +555,28 @@ def _first_bad_stamp(stamps: pa.Array, lines: np.ndarray, scale: int) -> int:
         ns = np.asarray([int(s) for s in stamps.to_pylist()], dtype=object)
     too_large = np.abs(ns) > (2**63 - 1) // scale
     return int(lines[np.argmax(too_large)]) if too_large.any() else int(lines.min())
+
+
+def _keyed_runs(cell: pa.Array, most: int = 8) -> tuple[dict[str, pa.Array], np.ndarray]:
+    """``key=value`` parts split by their key: up to ``most`` keys, each found with one prefix test over
+    the column (an export's chunk holds runs of one or two fields); the parts left over, and those
+    without an equal sign, are flagged for the caller."""
+    found: dict[str, pa.Array] = {}
+    left = np.ones(len(cell), dtype=bool)
+    for _ in range(most):
+        if not left.any():
+            break
+        key, equal, _ = cell[int(np.argmax(left))].as_py().partition("=")
+        if not equal:
+            break
+        mine = _mask(pc.starts_with(cell, key + "=")) & left
+        if mine.all():
+            found[key] = pc.utf8_slice_codeunits(cell, len(key) + 1)
+        else:
+            at = np.flatnonzero(mine)
+            found[key] = _scatter(at, pc.utf8_slice_codeunits(cell.filter(pa.array(mine)), len(key) + 1), len(cell))
+        left &= ~mine
+    return found, left
 
 
 def _has_byte(strings: pa.Array, byte: int) -> bool:
