@@ -11,7 +11,9 @@ from __future__ import annotations
 import io
 import json
 import tempfile
+import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +24,7 @@ import pyarrow.parquet as pq
 
 from timelake.errors import DstRefused, InvalidJob
 from timelake.model.contract import Contract
+from timelake.model.faults import checkpoint
 from timelake.model.layout import (
     PartitionKey, code_runs, dense_unique, micros, partition_codes, read_range, series_hash,
 )
@@ -29,11 +32,13 @@ from timelake.model.spec import JobSpec
 from timelake.model.timeutil import US_PER_DAY
 from timelake.ports.files import filesystem, make_parent
 from timelake.ports.runtime import Runtime
+from timelake.ports.store import UnitRecord
 from timelake.sources import throttle
 from timelake.sources.base import CsvOptions, Source, open_source
 from timelake.sources.mapping import Mapper, merge_examples
 from timelake.sources.resolve import open_spec_source
 from timelake.steps import spill
+from timelake.steps.write import write_rows
 
 if TYPE_CHECKING:
     import duckdb
@@ -53,6 +58,7 @@ class PartitionStats:
     spill: list[str] = field(default_factory=list)
     buckets: Counter = field(default_factory=Counter)
     spill_bytes: int = 0
+    direct: dict[str, Any] | None = None  # the unit result, when the scan wrote the partition's file itself
 
 
 @dataclass
@@ -89,12 +95,15 @@ class ScanResult:
         self.days.update(other.days)
         for key, part in other.partitions.items():
             mine = self.partitions.setdefault(key, PartitionStats(key))
+            if (part.direct is not None and (mine.direct is not None or mine.spill)) or (mine.direct and part.spill):
+                raise InvalidJob(f"partition {key.name} was written by a scan task, yet another task read rows of it")
             mine.rows += part.rows
             mine.nbytes += part.nbytes
             mine.check_sum += part.check_sum
             mine.spill.extend(part.spill)
             mine.buckets.update(part.buckets)
             mine.spill_bytes += part.spill_bytes
+            mine.direct = mine.direct or part.direct
         self.sample_rows += other.sample_rows
         self.sample_bytes += other.sample_bytes
         self.overlap_existing_rows += other.overlap_existing_rows
@@ -108,7 +117,8 @@ class ScanResult:
             "min_us": self.min_us, "max_us": self.max_us, "days": {str(k): v for k, v in self.days.items()},
             "partitions": [{"spec_id": p.key.spec_id, "transform": p.key.transform, "value": p.key.value,
                             "rows": p.rows, "nbytes": p.nbytes, "check_sum": p.check_sum, "spill": p.spill,
-                            "buckets": {str(b): n for b, n in p.buckets.items()}, "spill_bytes": p.spill_bytes}
+                            "buckets": {str(b): n for b, n in p.buckets.items()}, "spill_bytes": p.spill_bytes,
+                            "direct": p.direct}
                            for p in self.partitions.values()],
             "sample_rows": self.sample_rows, "sample_bytes": self.sample_bytes,
             "overlap_existing_rows": self.overlap_existing_rows, "dst_undetermined": self.dst_undetermined,
@@ -129,7 +139,7 @@ class ScanResult:
             key = PartitionKey(p["spec_id"], p["transform"], p["value"])
             result.partitions[key] = PartitionStats(key, p["rows"], p["nbytes"], p["check_sum"], list(p["spill"]),
                                                     Counter({int(b): n for b, n in p["buckets"].items()}),
-                                                    p.get("spill_bytes", 0))
+                                                    p.get("spill_bytes", 0), p.get("direct"))
         return result
 
 
@@ -145,9 +155,15 @@ class _Spiller:
     """Spill files per partition (see `timelake.steps.spill`), at most MAX_OPEN_SPILLS open at once (a
     piece spanning years touches thousands of partitions; a closed one continues in a new part file).
     Rows wait in their file until HELD_BYTES are held in all, then the file holding most writes them:
-    a source batch spread over many partitions (a file per device) makes few long runs, not many short."""
+    a source batch spread over many partitions (a file per device) makes few long runs, not many short.
 
-    def __init__(self, rt: Runtime, job_id: str, task: int, schema: pa.Schema, series_key: tuple[str, ...]) -> None:
+    The partitions of ``direct`` (see `plan.plan_direct`) are held whole instead, and handed to
+    ``finish`` once the piece after their last one is read (`advance`); one that ``finish`` declines
+    is spilled like the rest."""
+
+    def __init__(self, rt: Runtime, job_id: str, task: int, schema: pa.Schema, series_key: tuple[str, ...],
+                 direct: dict[str, dict[str, Any]] | None = None,
+                 finish: Callable[[PartitionStats, pa.Table], bool] | None = None) -> None:
         self.uri = rt.staging_path(job_id, "spill")
         fs, root = filesystem(self.uri)
         fs.create_dir(root, recursive=True)
@@ -155,12 +171,20 @@ class _Spiller:
         self.dictionaries = spill.Dictionaries(schema, series_key)
         self.open: dict[PartitionKey, tuple[PartitionStats, spill.SpillFile]] = {}
         self.held = 0
+        self.direct = dict(direct or {})
+        self.finish = finish
+        self.whole: dict[PartitionKey, tuple[PartitionStats, list[pa.Table], list[np.ndarray | None]]] = {}
 
     def code(self, rows: pa.Table) -> pa.Table:
         return self.dictionaries.code(rows)
 
     def write(self, part: PartitionStats, rows: pa.Table, buckets: np.ndarray | None) -> None:
-        """Spill ``rows`` (coded by `code`) of ``part``."""
+        """Spill ``rows`` (coded by `code`) of ``part``, or hold them if the task writes ``part`` itself."""
+        if part.key.name in self.direct:
+            _, tables, runs = self.whole.setdefault(part.key, (part, [], []))
+            tables.append(rows)
+            runs.append(buckets)
+            return
         if part.key not in self.open:
             if len(self.open) >= MAX_OPEN_SPILLS:
                 self._close(next(iter(self.open)))
@@ -178,12 +202,30 @@ class _Spiller:
             self.held -= fullest.held_bytes
             fullest.flush()
 
+    def advance(self, piece: int) -> None:
+        """The scan reads ``piece`` next: the partitions it holds whose last piece came before are whole."""
+        for key in [k for k in self.whole if self.direct[k.name]["last"] < piece]:
+            self._settle(key)
+
+    def settle(self) -> None:
+        """The task's pieces are all read: every partition it holds is whole."""
+        for key in list(self.whole):
+            self._settle(key)
+
+    def _settle(self, key: PartitionKey) -> None:
+        part, tables, runs = self.whole.pop(key)
+        rows = pa.concat_tables(tables)
+        if self.finish is None or not self.finish(part, rows):
+            del self.direct[key.name]
+            self.write(part, rows, None if runs[0] is None else np.concatenate(runs))
+
     def _close(self, key: PartitionKey) -> None:
         part, file = self.open.pop(key)
         self.held -= file.held_bytes
         part.spill_bytes += file.close()
 
     def close(self) -> None:
+        self.whole.clear()
         for key in list(self.open):
             self._close(key)
 
@@ -225,6 +267,20 @@ def result_uri(rt: Runtime, job_id: str, task: int) -> str:
     return rt.staging_path(job_id, "scan", f"task-{task:05d}.json")
 
 
+def direct_name(task: int) -> str:
+    return f"scan/direct-{task:05d}.json"
+
+
+def direct_plan(rt: Runtime, job_id: str, task: int) -> dict[str, dict[str, Any]]:
+    """The partitions scan task ``task`` writes itself, by name: spec id, transform, value, last piece."""
+    fs, path = filesystem(rt.staging_path(job_id, direct_name(task)))
+    try:
+        with fs.open_input_stream(path) as handle:
+            return json.loads(handle.read())
+    except FileNotFoundError:
+        return {}
+
+
 def read_result(rt: Runtime, job_id: str, task: int) -> ScanResult | None:
     fs, path = filesystem(result_uri(rt, job_id, task))
     try:
@@ -243,12 +299,18 @@ def scan_task(rt: Runtime, ctx: ScanContext, job_id: str, task: int, pieces: ran
     coded = spill.coded_columns(ctx.target, ctx.contract.series_key)  # the spill stores them as codes: read them so
     mapper = mapper_for(ctx, src, coded)
     src.read_dictionaries({mapper.source_of[name] for name in coded})
-    spiller = None if ctx.spec.dry_run else _Spiller(rt, job_id, task, ctx.target, ctx.contract.series_key)
-    overlap = _OverlapCounter(ctx.contract) if ctx.spec.dry_run else None
     result = ScanResult()
+    spiller = None
+    if not ctx.spec.dry_run:
+        spiller = _Spiller(rt, job_id, task, ctx.target, ctx.contract.series_key, direct_plan(rt, job_id, task),
+                           lambda part, rows: _write_whole(table, ctx, job_id, result, spiller, part, rows))
+    overlap = _OverlapCounter(ctx.contract) if ctx.spec.dry_run else None
+    index = {names[p]: p for p in pieces}
     batches = throttle.read(src, [names[p] for p in pieces], throttle.budget(rt.store, ctx.spec, job_id))
     try:
         for batch in batches:
+            if spiller and spiller.direct:
+                spiller.advance(index[batch.origin])
             mapped = mapper.apply(batch)
             result.rows_in_source += batch.data.num_rows
             result.rejected.update(mapped.rejected)
@@ -259,6 +321,8 @@ def scan_task(rt: Runtime, ctx: ScanContext, job_id: str, task: int, pieces: ran
         result.dst_undetermined = mapper.undetermined()
         if not ctx.spec.dry_run:
             refuse_dst(result, ctx.spec.dst_policy)
+        if spiller:
+            spiller.settle()
     finally:
         if spiller:
             spiller.close()
@@ -270,6 +334,25 @@ def scan_task(rt: Runtime, ctx: ScanContext, job_id: str, task: int, pieces: ran
     with fs.open_output_stream(path) as out:
         out.write(json.dumps(result.to_json()).encode())
     return result
+
+
+def _write_whole(table: Any, ctx: ScanContext, job_id: str, result: ScanResult, spiller: _Spiller,
+                 part: PartitionStats, rows: pa.Table) -> bool:
+    """Write a partition the task holds whole as its one unit's file, as the write step would have
+    (`write.write_rows`); False, leaving it to the spill, when the file would pass the target size
+    (measured by this task's sample) and so the partition needs several units."""
+    started = time.monotonic()
+    per_row = result.sample_bytes / result.sample_rows if result.sample_rows else 1.0
+    if rows.num_rows * per_row > ctx.contract.target_file_size:
+        return False
+    lo, hi = part.key.range
+    unit = UnitRecord(unit_id=f"{part.key.name}-0of1",
+                      info={"spec_id": part.key.spec_id, "value": part.key.value, "start": lo, "end": hi})
+    rows = spill.decoded(rows, spiller.dictionaries.values)
+    part.direct = {**write_rows(table, ctx.contract, ctx.spec.mode, job_id, unit, rows), "spill_bytes_read": 0,
+                   "seconds": round(time.monotonic() - started, 3)}
+    checkpoint("scan.direct")
+    return True
 
 
 def _scan_batch(

@@ -192,10 +192,11 @@ def read(uris: list[str], buckets: list[int] | None, counter: SpillRead | None =
                         batches.append(pa.ipc.read_record_batch(messages.read_next_message(), schema))
                     except StopIteration:
                         break
-                yield _decoded(pa.Table.from_batches(batches, schema), dictionaries)
+                yield decoded(pa.Table.from_batches(batches, schema), dictionaries)
 
 
-def _decoded(rows: pa.Table, dictionaries: dict[str, pa.Array]) -> pa.Table:
+def decoded(rows: pa.Table, dictionaries: dict[str, pa.Array]) -> pa.Table:
+    """Coded rows with their coded columns dictionary-encoded by ``dictionaries`` (the values by code)."""
     if not dictionaries:
         return rows
     columns, fields = [], []
