@@ -59,6 +59,18 @@ class PartitionStats:
     buckets: Counter = field(default_factory=Counter)
     spill_bytes: int = 0
     direct: dict[str, Any] | None = None  # the unit result, when the scan wrote the partition's file itself
+    counting: np.ndarray | None = field(default=None, repr=False)  # rows per bucket while scanning, see add_buckets
+
+    def add_buckets(self, counts: np.ndarray) -> None:
+        """Count rows per series bucket: added up as an array while scanning (a batch of a file per
+        device touches every partition), folded into ``buckets`` by `counted`."""
+        self.counting = counts.copy() if self.counting is None else self.counting + counts
+
+    def counted(self) -> None:
+        if self.counting is not None:
+            present = np.flatnonzero(self.counting)
+            self.buckets.update(dict(zip(present.tolist(), self.counting[present].tolist())))
+            self.counting = None
 
 
 @dataclass
@@ -323,6 +335,8 @@ def scan_task(rt: Runtime, ctx: ScanContext, job_id: str, task: int, pieces: ran
             refuse_dst(result, ctx.spec.dst_policy)
         if spiller:
             spiller.settle()
+        for part in result.partitions.values():
+            part.counted()
     finally:
         if spiller:
             spiller.close()
@@ -391,23 +405,25 @@ def _scan_batch(
         sums = np.bincount(codes, weights=values.to_numpy().astype(np.float64), minlength=len(keys))
     if spiller:
         rows = spiller.code(rows)
+    counts = None  # rows per (partition, bucket), one count for the whole batch
+    if buckets is not None:
+        counts = np.bincount(codes * SERIES_BUCKETS + buckets, minlength=len(keys) * SERIES_BUCKETS)
+        counts = counts.reshape(len(keys), SERIES_BUCKETS)
+    bytes_per_row = rows.nbytes / rows.num_rows
     order, runs = code_runs(codes)
     if order is not None:
         rows = rows.take(pa.array(order))
         buckets = buckets[order] if buckets is not None else None
     for code, lo, hi in runs:
         part = result.partitions.setdefault(keys[code], PartitionStats(keys[code]))
-        part_rows = rows.slice(lo, hi - lo)
         part.rows += hi - lo
-        part.nbytes += part_rows.nbytes
-        part_buckets = buckets[lo:hi] if buckets is not None else None
-        if part_buckets is not None:
-            counts = np.bincount(part_buckets, minlength=SERIES_BUCKETS)
-            part.buckets.update(dict(zip(np.flatnonzero(counts).tolist(), counts[counts > 0].tolist())))
+        part.nbytes += round(bytes_per_row * (hi - lo))
+        if counts is not None:
+            part.add_buckets(counts[code])
         if sums is not None:
             part.check_sum += float(sums[code])
         if spiller:
-            spiller.write(part, part_rows, part_buckets)
+            spiller.write(part, rows.slice(lo, hi - lo), buckets[lo:hi] if buckets is not None else None)
 
 
 def series_bucket(rows: pa.Table, series_key: tuple[str, ...]) -> np.ndarray:
