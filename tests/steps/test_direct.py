@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import timelake.steps.plan
+import timelake.steps.scan
 from tests.conftest import SCHEMA, make_readings, recent, reference_merge, sort_rows
 from timelake.model.spec import JobSpec
 from timelake.steps.abort import abort
@@ -83,6 +84,24 @@ def test_a_day_split_over_two_tasks_and_a_file_over_two_days_go_through_the_spil
 def _day_number(day: str) -> int:
     return int(pc.cast(pa.scalar(f"{day}T00:00:00+00:00").cast(pa.timestamp("us", "UTC")), pa.int64()).as_py()
                // 86_400_000_000)
+
+
+def test_a_task_holding_too_many_rows_spills_its_largest_partition(sensor, lake, tmp_path, monkeypatch):
+    """Files of two days interleaved in one task: both days are the task's alone, so it holds both until
+    their last file; past its budget it spills the larger one, and the table ends the same."""
+    monkeypatch.setattr(timelake.steps.scan, "DIRECT_MAX_ROWS", 300)
+    folder = tmp_path / "export"
+    folder.mkdir()
+    parts = []
+    for i, (day, devices) in enumerate([(6, 3), (5, 2), (6, 2), (5, 1)]):  # day 6, day 5, day 6, day 5
+        part = make_readings(recent(day), days=1, devices=devices, step_minutes=30, seed=i, value_offset=10 * i)
+        part = part.set_column(1, "device_id", pc.binary_join_element_wise(part.column("device_id"), f"-{i}", ""))
+        pq.write_table(part, folder / f"{i:02d}.parquet")
+        parts.append(part)
+    job = sensor.backfill(source=str(folder / "*.parquet")).wait()
+    assert job.record().state["direct_partitions"] == 2
+    assert _direct_units(lake, job.id) == [f"day-{_day_number(recent(5))}-s0-0of1"]  # day 6 held more: spilled
+    assert _main(lake).equals(sort_rows(reference_merge(SCHEMA.empty_table(), pa.concat_tables(parts))))
 
 
 def test_text_times_are_never_written_by_the_scan(sensor, lake, tmp_path):

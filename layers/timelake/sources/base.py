@@ -114,8 +114,8 @@ class Source(ABC):
 
     def column_bounds(self, column: str) -> list[tuple[pa.DataType, int, int, int]] | None:
         """Per piece, an integer or timestamp ``column``'s type, least and greatest value (as the integers
-        stored) and the piece's rows, from metadata only (Parquet footers); None when a piece cannot tell
-        (another format, another type, no statistics, nulls)."""
+        stored; meaningless for a piece of no rows) and the piece's rows, from metadata only (Parquet
+        footers); None when a piece cannot tell (another format, another type, no statistics, nulls)."""
         return None
 
     def plan_state(self) -> dict | None:
@@ -440,11 +440,13 @@ def _footer_bounds(fs: pafs.FileSystem, path: str, column: str) -> tuple[pa.Data
     with fs.open_input_file(path) as f:
         metadata = pq.read_metadata(f)
     arrow = metadata.schema.to_arrow_schema()
-    if column not in arrow.names or metadata.num_rows == 0:
+    if column not in arrow.names:
         return None
     kind = arrow.field(column).type
     if not (pa.types.is_signed_integer(kind) or pa.types.is_timestamp(kind)):
         return None
+    if metadata.num_rows == 0:
+        return kind, 0, 0, 0
     index = arrow.get_field_index(column)
     lows, highs = [], []
     for group in range(metadata.num_row_groups):

@@ -29,7 +29,8 @@ from timelake.ports.store import Lease, UnitRecord
 from timelake.sources.base import Source
 from timelake.steps import failures
 from timelake.steps.scan import (
-    ScanContext, ScanResult, direct_name, dst_failure, mapper_for, open_job_source, read_result, refuse_dst, scan_task,
+    DIRECT_MAX_ROWS, ScanContext, ScanResult, direct_name, dst_failure, mapper_for, open_job_source, read_result,
+    refuse_dst, scan_task,
 )
 
 # A writer holds its unit's rows, so a unit never has more than this many, however well they compress
@@ -37,9 +38,6 @@ from timelake.steps.scan import (
 # proves a unit this size, of the benchmark's row shape, fits the write Lambda's memory.
 MAX_UNIT_ROWS = 1 << 25
 MIN_TASK_BYTES = 8 << 20  # a scan task has a fixed cost (a Lambda, a connection): none reads less than this
-# A partition whose rows all lie in the pieces of one scan task is written by that task itself (no spill, no
-# write step): it holds the partition's rows until their last piece is read, so at most this many.
-DIRECT_MAX_ROWS = 1 << 23
 DIRECT_MAX_PIECES = 10_000  # telling those partitions reads every piece's footer at plan time
 
 
@@ -109,6 +107,8 @@ def plan_direct(rt: Runtime, job_id: str, spec: JobSpec, ctx: ScanContext, src: 
     found: dict[PartitionKey, dict[str, Any]] = {}
     wide: list[tuple[int, int]] = []  # time spans of pieces over several partitions: those partitions are shared
     for piece, (kind, low, high, rows) in enumerate(bounds):
+        if not rows:
+            continue
         span = mapper.utc_bounds(kind, low, high)
         if span is None:
             return 0

@@ -46,6 +46,11 @@ if TYPE_CHECKING:
 MAX_OPEN_SPILLS = 128
 HELD_BYTES = 64 << 20  # rows a scan holds before spilling them (coded: about 20 bytes a row of three columns)
 SAMPLE_ROWS = 100_000
+COALESCE_ROWS = 1 << 18  # the rows of a source batch
+# A partition whose rows all lie in the pieces of one scan task is written by that task itself (no spill, no
+# write step): the task holds its rows until the last of those pieces is read, so at most this many a
+# partition (the plan checks) and in all (the task spills the largest held partition beyond it).
+DIRECT_MAX_ROWS = 1 << 23
 SERIES_BUCKETS = 256  # rows per partition are counted per bucket of the series hash, so cut can balance slices
 
 
@@ -186,6 +191,7 @@ class _Spiller:
         self.direct = dict(direct or {})
         self.finish = finish
         self.whole: dict[PartitionKey, tuple[PartitionStats, list[pa.Table], list[np.ndarray | None]]] = {}
+        self.whole_rows = 0
 
     def code(self, rows: pa.Table) -> pa.Table:
         return self.dictionaries.code(rows)
@@ -196,6 +202,10 @@ class _Spiller:
             _, tables, runs = self.whole.setdefault(part.key, (part, [], []))
             tables.append(rows)
             runs.append(buckets)
+            self.whole_rows += rows.num_rows
+            while self.whole_rows > DIRECT_MAX_ROWS:  # partitions of interleaved pieces: spill the largest
+                largest = max(self.whole, key=lambda k: sum(t.num_rows for t in self.whole[k][1]))
+                self._settle(largest, spill_it=True)
             return
         if part.key not in self.open:
             if len(self.open) >= MAX_OPEN_SPILLS:
@@ -224,10 +234,11 @@ class _Spiller:
         for key in list(self.whole):
             self._settle(key)
 
-    def _settle(self, key: PartitionKey) -> None:
+    def _settle(self, key: PartitionKey, spill_it: bool = False) -> None:
         part, tables, runs = self.whole.pop(key)
         rows = pa.concat_tables(tables)
-        if self.finish is None or not self.finish(part, rows):
+        self.whole_rows -= rows.num_rows
+        if spill_it or self.finish is None or not self.finish(part, rows):
             del self.direct[key.name]
             self.write(part, rows, None if runs[0] is None else np.concatenate(runs))
 
@@ -238,6 +249,7 @@ class _Spiller:
 
     def close(self) -> None:
         self.whole.clear()
+        self.whole_rows = 0
         for key in list(self.open):
             self._close(key)
 
@@ -319,9 +331,11 @@ def scan_task(rt: Runtime, ctx: ScanContext, job_id: str, task: int, pieces: ran
     overlap = _OverlapCounter(ctx.contract) if ctx.spec.dry_run else None
     index = {names[p]: p for p in pieces}
     batches = throttle.read(src, [names[p] for p in pieces], throttle.budget(rt.store, ctx.spec, job_id))
+    mapped_rows = _Coalesced(lambda rows: _scan_batch(result, rows, ctx, spiller, overlap))
     try:
         for batch in batches:
             if spiller and spiller.direct:
+                mapped_rows.flush()
                 spiller.advance(index[batch.origin])
             mapped = mapper.apply(batch)
             result.rows_in_source += batch.data.num_rows
@@ -329,7 +343,8 @@ def scan_task(rt: Runtime, ctx: ScanContext, job_id: str, task: int, pieces: ran
             merge_examples(result.examples, mapped.examples)
             if not ctx.spec.dry_run:
                 refuse_dst(result, ctx.spec.dst_policy)
-            _scan_batch(result, mapped.table, ctx, spiller, overlap)
+            mapped_rows.add(mapped.table)
+        mapped_rows.flush()
         result.dst_undetermined = mapper.undetermined()
         if not ctx.spec.dry_run:
             refuse_dst(result, ctx.spec.dst_policy)
@@ -348,6 +363,27 @@ def scan_task(rt: Runtime, ctx: ScanContext, job_id: str, task: int, pieces: ran
     with fs.open_output_stream(path) as out:
         out.write(json.dumps(result.to_json()).encode())
     return result
+
+
+class _Coalesced:
+    """Mapped batches joined into batches of about COALESCE_ROWS before the scan cuts them by partition:
+    small source files (a file per device) would otherwise pay that per-batch work per file."""
+
+    def __init__(self, scan: Callable[[pa.Table], None]) -> None:
+        self.scan = scan
+        self.tables: list[pa.Table] = []
+        self.rows = 0
+
+    def add(self, rows: pa.Table) -> None:
+        self.tables.append(rows)
+        self.rows += rows.num_rows
+        if self.rows >= COALESCE_ROWS:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.tables:
+            tables, self.tables, self.rows = self.tables, [], 0
+            self.scan(tables[0] if len(tables) == 1 else pa.concat_tables(tables).combine_chunks())
 
 
 def _write_whole(table: Any, ctx: ScanContext, job_id: str, result: ScanResult, spiller: _Spiller,
