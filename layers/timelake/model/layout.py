@@ -108,7 +108,8 @@ def code_runs(codes: np.ndarray) -> tuple[np.ndarray | None, list[tuple[int, int
         return None, []
     order = None
     if not bool(np.all(codes[1:] >= codes[:-1])):
-        order = np.argsort(codes, kind="stable")
+        narrow = codes.astype(np.uint16) if int(codes.max()) < 1 << 16 and int(codes.min()) >= 0 else codes
+        order = np.argsort(narrow, kind="stable")  # 16-bit codes: a radix sort
         codes = codes[order]
     cuts = np.concatenate(([0], np.flatnonzero(codes[1:] != codes[:-1]) + 1, [len(codes)])).tolist()
     return order, [(int(codes[lo]), lo, hi) for lo, hi in zip(cuts[:-1], cuts[1:])]
