@@ -33,7 +33,7 @@ from timelake.ports.files import filesystem
 
 INDEX_SUFFIX = ".idx"
 MAX_READ = 32 << 20  # bytes of one read: touching runs are joined up to this, and a reader holds one read at a time
-WRITE_BUFFER = 1 << 20  # the IPC writer writes each batch in many small pieces: buffer them into few writes
+WRITE_BUFFER = 1 << 18  # the IPC writer writes each batch in many small pieces: buffer them into few writes
 WHOLE = -1  # the bucket of a batch written without series buckets (a table without a series key)
 HEADER = 4  # int64s before the directory
 
@@ -57,6 +57,8 @@ class Dictionaries:
         self.stored = pa.schema([f.with_type(pa.int32()) if f.name in self.coded else f for f in schema],
                                 metadata=schema.metadata)
         self.values = {name: pa.array([], schema.field(name).type) for name in self.coded}
+        # a batch of no rows: every spill file starts with one, so that its schema is up front
+        self.empty = pa.RecordBatch.from_arrays([pa.array([], f.type) for f in self.stored], schema=self.stored)
 
     def code(self, rows: pa.Table) -> pa.Table:
         """``rows`` with their coded columns as int32 codes (the stored schema)."""
@@ -109,7 +111,7 @@ class SpillFile:
         self.fs, path = filesystem(self.uri)
         self.stream = self.fs.open_output_stream(path, buffer_size=WRITE_BUFFER)
         self.writer = pa.ipc.new_stream(self.stream, self.dictionaries.stored)
-        self.writer.write_batch(pa.RecordBatch.from_pylist([], schema=self.dictionaries.stored))  # the schema up front
+        self.writer.write_batch(self.dictionaries.empty)  # puts the schema up front
         self.header = self.stream.tell()
 
     def write(self, rows: pa.Table, buckets: np.ndarray | None) -> None:
