@@ -196,13 +196,14 @@ class _Spiller:
     def code(self, rows: pa.Table) -> pa.Table:
         return self.dictionaries.code(rows)
 
-    def write(self, part: PartitionStats, rows: pa.Table, buckets: np.ndarray | None) -> None:
-        """Spill ``rows`` (coded by `code`) of ``part``, or hold them if the task writes ``part`` itself."""
+    def write(self, part: PartitionStats, pieces: list[tuple[pa.Table, np.ndarray | None]]) -> None:
+        """Spill ``pieces`` of rows (coded by `code`) of ``part`` with their series buckets, or hold them
+        if the task writes ``part`` itself."""
         if part.key.name in self.direct:
             _, tables, runs = self.whole.setdefault(part.key, (part, [], []))
-            tables.append(rows)
-            runs.append(buckets)
-            self.whole_rows += rows.num_rows
+            tables.extend(rows for rows, _ in pieces)
+            runs.extend(buckets for _, buckets in pieces)
+            self.whole_rows += sum(rows.num_rows for rows, _ in pieces)
             while self.whole_rows > DIRECT_MAX_ROWS:  # partitions of interleaved pieces: spill the largest
                 largest = max(self.whole, key=lambda k: sum(t.num_rows for t in self.whole[k][1]))
                 self._settle(largest, spill_it=True)
@@ -217,7 +218,7 @@ class _Spiller:
             self.open[part.key] = self.open.pop(part.key)  # most recently used last
         file = self.open[part.key][1]
         self.held -= file.held_bytes
-        file.write(rows, buckets)
+        file.write(pieces)
         self.held += file.held_bytes
         while self.held > HELD_BYTES:
             fullest = max((f for _, f in self.open.values()), key=lambda f: f.held_bytes)
@@ -240,7 +241,7 @@ class _Spiller:
         self.whole_rows -= rows.num_rows
         if spill_it or self.finish is None or not self.finish(part, rows):
             del self.direct[key.name]
-            self.write(part, rows, None if runs[0] is None else np.concatenate(runs))
+            self.write(part, list(zip(tables, runs)))
 
     def _close(self, key: PartitionKey) -> None:
         part, file = self.open.pop(key)
@@ -446,20 +447,25 @@ def _scan_batch(
         counts = np.bincount(codes * SERIES_BUCKETS + buckets, minlength=len(keys) * SERIES_BUCKETS)
         counts = counts.reshape(len(keys), SERIES_BUCKETS)
     bytes_per_row = rows.nbytes / rows.num_rows
-    order, runs = code_runs(codes)
-    if order is not None:
-        rows = rows.take(pa.array(order))
-        buckets = buckets[order] if buckets is not None else None
-    for code, lo, hi in runs:
+    per_code = np.bincount(codes, minlength=len(keys))
+    for code in np.flatnonzero(per_code).tolist():
         part = result.partitions.setdefault(keys[code], PartitionStats(keys[code]))
-        part.rows += hi - lo
-        part.nbytes += round(bytes_per_row * (hi - lo))
+        part.rows += int(per_code[code])
+        part.nbytes += round(bytes_per_row * int(per_code[code]))
         if counts is not None:
             part.add_buckets(counts[code])
         if sums is not None:
             part.check_sum += float(sums[code])
-        if spiller:
-            spiller.write(part, rows.slice(lo, hi - lo), buckets[lo:hi] if buckets is not None else None)
+    if spiller:
+        order, runs = code_runs(codes, repeats=True)  # joined time-ordered files: their runs, not a sort
+        if order is not None:
+            rows = rows.take(pa.array(order))
+            buckets = buckets[order] if buckets is not None else None
+        pieces: dict[int, list[tuple[pa.Table, np.ndarray | None]]] = {}
+        for code, lo, hi in runs:
+            pieces.setdefault(code, []).append((rows.slice(lo, hi - lo), buckets[lo:hi] if buckets is not None else None))
+        for code, held in pieces.items():
+            spiller.write(result.partitions[keys[code]], held)
 
 
 def series_bucket(rows: pa.Table, series_key: tuple[str, ...]) -> np.ndarray:

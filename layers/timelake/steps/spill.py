@@ -114,10 +114,10 @@ class SpillFile:
         self.writer.write_batch(self.dictionaries.empty)  # puts the schema up front
         self.header = self.stream.tell()
 
-    def write(self, rows: pa.Table, buckets: np.ndarray | None) -> None:
-        """Holds ``rows`` (coded) and their series buckets until the next flush."""
-        self.held.append((rows, buckets))
-        self.held_bytes += rows.nbytes
+    def write(self, pieces: list[tuple[pa.Table, np.ndarray | None]]) -> None:
+        """Holds pieces of rows (coded) with their series buckets until the next flush."""
+        self.held.extend(pieces)
+        self.held_bytes += sum(rows.nbytes for rows, _ in pieces)
 
     def flush(self) -> None:
         """Writes the rows held, one run per bucket, in bucket order (within a bucket in the order they came).
