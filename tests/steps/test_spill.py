@@ -80,3 +80,14 @@ def test_a_unit_never_holds_more_rows_than_a_writer_can(lake, monkeypatch):
         per_day.setdefault(unit.info["partition"], []).append(unit.result["rows_in"])
     assert all(len(rows) >= 2 and max(rows) <= 5_000 for rows in per_day.values()), per_day
     assert sum(sum(rows) for rows in per_day.values()) == source.num_rows and read > 0
+
+
+def test_a_series_lands_in_the_same_bucket_whether_read_as_text_or_dictionary_encoded():
+    """Parquet sources give series keys dictionary-encoded, other sources as text: tasks of one job
+    must agree on each series' bucket, or a unit would miss rows of its series."""
+    from timelake.steps.scan import series_bucket
+
+    devices = pa.array([f"device-{i % 97}" for i in range(1000)], pa.large_string())
+    plain = series_bucket(pa.table({"device_id": devices}), ("device_id",))
+    coded = series_bucket(pa.table({"device_id": pc.dictionary_encode(devices)}), ("device_id",))
+    assert plain.tolist() == coded.tolist() and len(set(plain.tolist())) > 50

@@ -48,6 +48,10 @@ def micros(table: pa.Table, column: str) -> np.ndarray:
 
 def partition_codes(ts: np.ndarray, contract: Contract, cutoffs: list[int]) -> tuple[np.ndarray, list[PartitionKey]]:
     """Per row an index into the returned list of partition keys."""
+    if len(contract.tiers) == 1:  # one partition spec: no tier masks to build and apply
+        tier = contract.tiers[0]
+        uniques, inverse, _ = dense_unique(transform_values(ts, tier.transform))
+        return inverse, [PartitionKey(tier.spec_id, tier.transform, int(v)) for v in uniques]
     tiers = contract.tier_index(ts, cutoffs)
     codes = np.empty(len(ts), dtype=np.int64)
     keys: list[PartitionKey] = []

@@ -38,7 +38,7 @@ from timelake.sources.base import CsvOptions, Source, open_source
 from timelake.sources.mapping import Mapper, merge_examples
 from timelake.sources.resolve import open_spec_source
 from timelake.steps import spill
-from timelake.steps.write import write_rows
+from timelake.steps.write import sorted_order, write_rows
 
 if TYPE_CHECKING:
     import duckdb
@@ -196,9 +196,9 @@ class _Spiller:
     def code(self, rows: pa.Table) -> pa.Table:
         return self.dictionaries.code(rows)
 
-    def write(self, part: PartitionStats, pieces: list[tuple[pa.Table, np.ndarray | None]]) -> None:
+    def write(self, part: PartitionStats, pieces: list[tuple[pa.Table, np.ndarray | None]], bytes_per_row: float) -> None:
         """Spill ``pieces`` of rows (coded by `code`) of ``part`` with their series buckets, or hold them
-        if the task writes ``part`` itself."""
+        if the task writes ``part`` itself; ``bytes_per_row``: their average, for the budget of held rows."""
         if part.key.name in self.direct:
             _, tables, runs = self.whole.setdefault(part.key, (part, [], []))
             tables.extend(rows for rows, _ in pieces)
@@ -218,7 +218,7 @@ class _Spiller:
             self.open[part.key] = self.open.pop(part.key)  # most recently used last
         file = self.open[part.key][1]
         self.held -= file.held_bytes
-        file.write(pieces)
+        file.write(pieces, round(bytes_per_row * sum(rows.num_rows for rows, _ in pieces)))
         self.held += file.held_bytes
         while self.held > HELD_BYTES:
             fullest = max((f for _, f in self.open.values()), key=lambda f: f.held_bytes)
@@ -241,7 +241,7 @@ class _Spiller:
         self.whole_rows -= rows.num_rows
         if spill_it or self.finish is None or not self.finish(part, rows):
             del self.direct[key.name]
-            self.write(part, list(zip(tables, runs)))
+            self.write(part, list(zip(tables, runs)), rows.nbytes / max(rows.num_rows, 1))
 
     def _close(self, key: PartitionKey) -> None:
         part, file = self.open.pop(key)
@@ -465,21 +465,26 @@ def _scan_batch(
         for code, lo, hi in runs:
             pieces.setdefault(code, []).append((rows.slice(lo, hi - lo), buckets[lo:hi] if buckets is not None else None))
         for code, held in pieces.items():
-            spiller.write(result.partitions[keys[code]], held)
+            spiller.write(result.partitions[keys[code]], held, bytes_per_row)
 
 
 def series_bucket(rows: pa.Table, series_key: tuple[str, ...]) -> np.ndarray:
-    """Bucket of each row's series: the unit of balancing series across a partition's slices."""
+    """Bucket of each row's series: the unit of balancing series across a partition's slices. A single
+    dictionary-encoded series column is bucketed per distinct value, then looked up per row."""
+    column = rows.column(series_key[0]) if len(series_key) == 1 else None
+    if column is not None and pa.types.is_dictionary(column.type):
+        encoded = column.combine_chunks()
+        of_value = series_bucket(pa.table({series_key[0]: encoded.dictionary}), series_key)
+        return of_value[encoded.indices.to_numpy(zero_copy_only=False)]
     return (series_hash(rows, series_key) % np.uint64(SERIES_BUCKETS)).astype(np.int64)
 
 
 def _measure(sample: pa.Table, contract: Contract) -> tuple[int, int]:
-    """Parquet bytes of a sorted sample, so units are sized in file bytes, not Arrow bytes."""
-    order = [(c, "ascending") for c in (*contract.series_key, contract.time_column)]
-    sample = sample.cast(pa.schema([f.with_type(f.type.value_type) if pa.types.is_dictionary(f.type) else f
-                                    for f in sample.schema], metadata=sample.schema.metadata))
+    """Parquet bytes of a sample sorted (and deduplicated) as the writers will, so units are sized in file
+    bytes, not Arrow bytes."""
+    order, *_ = sorted_order(sample, contract)
     buffer = io.BytesIO()
-    pq.write_table(sample.sort_by(order), buffer, compression="zstd")
+    pq.write_table(sample.take(pa.array(order)), buffer, compression="zstd")
     return sample.num_rows, buffer.tell()
 
 

@@ -57,6 +57,7 @@ class Dictionaries:
         self.stored = pa.schema([f.with_type(pa.int32()) if f.name in self.coded else f for f in schema],
                                 metadata=schema.metadata)
         self.values = {name: pa.array([], schema.field(name).type) for name in self.coded}
+        self._serialized: tuple[tuple[int, ...] | None, bytes] = (None, b"")
         # a batch of no rows: every spill file starts with one, so that its schema is up front
         self.empty = pa.RecordBatch.from_arrays([pa.array([], f.type) for f in self.stored], schema=self.stored)
 
@@ -85,14 +86,18 @@ class Dictionaries:
         return pa.array(codes, pa.int32(), mask=mask)
 
     def serialized(self) -> bytes:
-        """One row, a list of values per coded column, as an Arrow IPC stream."""
+        """One row, a list of values per coded column, as an Arrow IPC stream (made again only when
+        values were added: the spill files of a task mostly close together, with the same values)."""
         if not self.coded:
             return b""
-        sink = pa.BufferOutputStream()
-        table = pa.table({name: pa.array([values], pa.list_(values.type)) for name, values in self.values.items()})
-        with pa.ipc.new_stream(sink, table.schema) as writer:
-            writer.write_table(table)
-        return sink.getvalue().to_pybytes()
+        size = tuple(len(values) for values in self.values.values())
+        if self._serialized[0] != size:
+            sink = pa.BufferOutputStream()
+            table = pa.table({name: pa.array([values], pa.list_(values.type)) for name, values in self.values.items()})
+            with pa.ipc.new_stream(sink, table.schema) as writer:
+                writer.write_table(table)
+            self._serialized = (size, sink.getvalue().to_pybytes())
+        return self._serialized[1]
 
 
 @dataclass
@@ -114,10 +119,10 @@ class SpillFile:
         self.writer.write_batch(self.dictionaries.empty)  # puts the schema up front
         self.header = self.stream.tell()
 
-    def write(self, pieces: list[tuple[pa.Table, np.ndarray | None]]) -> None:
-        """Holds pieces of rows (coded) with their series buckets until the next flush."""
+    def write(self, pieces: list[tuple[pa.Table, np.ndarray | None]], nbytes: int) -> None:
+        """Holds pieces of rows (coded) with their series buckets, ``nbytes`` in all, until the next flush."""
         self.held.extend(pieces)
-        self.held_bytes += sum(rows.nbytes for rows, _ in pieces)
+        self.held_bytes += nbytes
 
     def flush(self) -> None:
         """Writes the rows held, one run per bucket, in bucket order (within a bucket in the order they came).
