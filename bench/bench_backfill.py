@@ -227,18 +227,19 @@ def prepare_backfill(args: argparse.Namespace, work: Path, present: Path | None)
         tbl.append(pq.read_table(present))
 
 
-def _instrument_steps(timings: dict[str, float], rss: dict[str, float]) -> None:
-    """Time each runner step (and the job process's peak RSS after it) by wrapping the names the runner
-    calls; the engine itself is not modified."""
+def _instrument_steps(timings: dict[str, float], rss: dict[str, float], cpu: dict[str, float]) -> None:
+    """Time each runner step (its wall and CPU seconds, and the job process's peak RSS after it) by
+    wrapping the names the runner calls; the engine itself is not modified."""
     import timelake.runner as runner
 
     def timed(name: str, fn: Any) -> Any:
         def wrapper(*a: Any, **kw: Any) -> Any:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), _cpu()
             try:
                 return fn(*a, **kw)
             finally:
                 timings[name] = timings.get(name, 0.0) + time.perf_counter() - t0
+                cpu[name] = cpu.get(name, 0.0) + _cpu() - c0
                 rss[name] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         return wrapper
 
@@ -276,7 +277,8 @@ def case_backfill(args: argparse.Namespace, work: Path, source: str, rows_in_sou
     main_before, all_before = _main_chain(tbl.iceberg), len(tbl.iceberg.snapshots())
     steps: dict[str, float] = {}
     step_rss: dict[str, float] = {}
-    _instrument_steps(steps, step_rss)
+    step_cpu: dict[str, float] = {}
+    _instrument_steps(steps, step_rss, step_cpu)
     with _Timed() as timed:
         job = tbl.backfill(source=source, max_concurrency=args.max_concurrency).wait()
     seconds = timed.seconds
@@ -289,7 +291,7 @@ def case_backfill(args: argparse.Namespace, work: Path, source: str, rows_in_sou
     failed = [c["name"] for c in report["checks"] if c["blocking"] and not c["passed"]]
     return {
         "rows": rows_in_source, "seconds": seconds, "cpu_timed": timed.cpu_seconds, "steps": steps, "step_rss_mb": step_rss,
-        "files": _spread(ours),
+        "step_cpu": step_cpu, "files": _spread(ours),
         "units": report["units"], "rows_written": report["rows_written"],
         "rows_conflicting_existing": report["rows_conflicting_existing"],
         "rows_in_table": sum(files.column("record_count").to_pylist()),
@@ -696,12 +698,20 @@ def driver(args: argparse.Namespace) -> None:
             rest = r["seconds"] - sum(steps.values())
             print(f"{name:<24} " + " ".join(f"{steps.get(label, 0):>8.2f}" for label in measured)
                   + f" {rest:>6.2f}  {r['files']['count']:>5} {_mb(r['files']):>17}")
+        print(f"{'cores busy (cpu / wall)':<24} " + " ".join(f"{label:>8}" for label in measured))
+        for name in backfills:
+            r = results[name]
+            busy = [r.get("step_cpu", {}).get(label, 0) / r["steps"][label] if r["steps"].get(label) else 0
+                    for label in measured]
+            print(f"{name:<24} " + " ".join(f"{b:>8.2f}" for b in busy))
         print(f"{'peak RSS MB after step':<24} " + " ".join(f"{label:>8}" for label in measured))
         for name in backfills:
             rss = results[name]["step_rss_mb"]
             print(f"{name:<24} " + " ".join(f"{rss.get(label, 0):>8.0f}" for label in measured))
-        print("  steps: timed around the runner's step functions (other: job start, waits, report); RSS: ru_maxrss")
-        print("  of the job's own process after each step (the writer workers are separate processes)")
+        print("  steps: timed around the runner's step functions (other: job start, waits, report); cores busy: the")
+        print("  CPU seconds of the job's process (all its threads) in the step over its wall seconds (2.00: both cores")
+        print("  all the time; other load on the host lowers it); RSS: ru_maxrss of the job's own process after each")
+        print("  step (writer workers, when there are processes, are separate)")
         print()
         print("commits on main (target: one per publish chunk)")
         for name in backfills:

@@ -12,12 +12,13 @@ from datetime import timedelta
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 from tests.runner.scenario import (
     BRANCH_PREFIX, CHUNK_PROPERTY, JOB_PROPERTY, RANGE_START, STEP_PROPERTY, TABLE, assert_same_rows, json_out,
     key_counts, main_history, main_rows, main_snapshot_id, merge_reference, publish_snapshots, refs, run_backfill,
-    run_cli, seeded, us,
+    run_cli, seeded, us, write_source,
 )
 from timelake.interfaces.lake import Lake
 
@@ -189,3 +190,41 @@ def test_crash_between_publish_chunks_resumes_without_committing_a_chunk_twice(s
     assert [p.snapshot_id for p in publish_snapshots(s.lake, job_id)[:2]] == [p.snapshot_id for p in early]
     assert BRANCH_PREFIX + job_id not in refs(s.lake)
     assert s.lake.runtime.store.leases() == []
+
+
+def _by_day(parts: list[pa.Table]) -> list[pa.Table]:
+    """The export rewritten as a file per day, each day's rows in the order the parts had them."""
+    rows = pa.concat_tables(parts)
+    days = pc.divide(pc.cast(rows.column("ts"), pa.int64()), 86_400_000_000).to_numpy()
+    return [rows.filter(pa.array(days == day)) for day in sorted(set(days.tolist()))]
+
+
+# crash point -> the phase the job store must show after the process died there
+DIRECT_CRASH_POINTS = {"scan.direct:3": "scanning", "plan.done": "planned", "stage.committed": "written"}
+
+
+@pytest.mark.parametrize("crash_at", list(DIRECT_CRASH_POINTS))
+def test_day_files_the_scan_writes_itself_survive_a_crash_and_publish_once(tmp_path: Path, crash_at: str) -> None:
+    """A file per day: the scan task writes each day's file itself (no spill, no write step). Killed
+    after its third file, after the cut, or after staging, the job resumes to the exact table once."""
+    lake, warehouse, original, parts, _ = seeded(tmp_path, DAYS)
+    days = _by_day(parts)
+    source = write_source(tmp_path / "days", days)
+    reference = merge_reference(original, days)
+    main_before = main_snapshot_id(lake)
+
+    crashed = run_backfill(warehouse, source, crash_at=crash_at)
+    assert crashed.returncode == 137, f"expected a crash at {crash_at}; stderr: {crashed.stderr[-2000:]}"
+    job_id = _only_job(lake)
+    job = lake.job(job_id).record()
+    assert job.phase == DIRECT_CRASH_POINTS[crash_at] and job.state["direct_partitions"] == DAYS
+    assert main_snapshot_id(lake) == main_before and publish_snapshots(lake, job_id) == []
+
+    resumed = run_cli(warehouse, "backfill", "resume", job_id, "--json")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    report = json_out(resumed)
+    assert report["phase"] == "published" and all(c["passed"] for c in report["checks"])
+    units = lake.runtime.store.units(job_id)
+    assert len(units) == DAYS and all(u.info.get("direct") for u in units)
+    assert_same_rows(main_rows(lake), reference)
+    assert len(publish_snapshots(lake, job_id)) == 1 and lake.runtime.store.leases() == []

@@ -3,7 +3,10 @@ whatever the number of units per partition, and every unit gets exactly its seri
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
@@ -14,17 +17,24 @@ from timelake.steps.scan import read_result
 from timelake.steps.write import write_unit
 
 
-def _spill_and_write(lake, target_file_size: str):
-    """Scan 2 days of 200 devices, cut, write every unit; (bytes spilled, bytes the writes read, units, source)."""
+def _spill_and_write(lake, target_file_size: str, folder: Path | None = None):
+    """Scan 2 days of 200 devices, cut, write every unit; (bytes spilled, bytes the writes read, units, source).
+    With ``folder``, the source is a Parquet file per device there (each source batch is one series)."""
     lake.create_table("iot.sensor", schema=SCHEMA, time_column="ts", series_key=["device_id"], partition_by="day",
                       target_file_size=target_file_size)
     source = make_readings(recent(4), days=2, devices=200, step_minutes=1)
     rt = lake.runtime
-    job = lake.create_job(JobSpec(table="iot.sensor", source="<pyarrow.Table>"))
-    plan(rt, job.id, source)
+    given = source
+    if folder is not None:
+        folder.mkdir()
+        for device in set(source.column("device_id").to_pylist()):
+            pq.write_table(source.filter(pc.equal(source.column("device_id"), device)), folder / f"{device}.parquet")
+        given = None
+    job = lake.create_job(JobSpec(table="iot.sensor", source=str(folder / "*.parquet") if folder else "<pyarrow.Table>"))
+    plan(rt, job.id, given)
     tasks = pending_pieces(rt, job.id)
     for task in tasks:
-        scan(rt, job.id, task, source)
+        scan(rt, job.id, task, given)
     spilled = sum(p.spill_bytes for t in tasks for p in read_result(rt, job.id, t).partitions.values())
     cut(rt, job.id)
     read = sum(write_unit(rt, job.id, u.unit_id)["spill_bytes_read"] for u in rt.store.units(job.id))
@@ -36,8 +46,10 @@ def _rows(units, columns=None) -> pa.Table:
 
 
 @pytest.mark.parametrize(("target_file_size", "units_a_day"), [("128MB", 1), ("48KB", 20)])
-def test_writes_read_each_spilled_byte_once_at_any_number_of_units(lake, target_file_size, units_a_day):
-    spilled, read, units, source = _spill_and_write(lake, target_file_size)
+@pytest.mark.parametrize("layout", ["batches_of_many_series", "a_file_per_series"])
+def test_writes_read_each_spilled_byte_once_at_any_number_of_units(lake, tmp_path, target_file_size, units_a_day, layout):
+    folder = tmp_path / "devices" if layout == "a_file_per_series" else None
+    spilled, read, units, source = _spill_and_write(lake, target_file_size, folder)
     days = {u.info["partition"] for u in units}
     assert min(sum(1 for u in units if u.info["partition"] == d) for d in days) >= units_a_day
     assert 0 < read <= 1.1 * spilled, f"{len(units)} units read {read:,} bytes of {spilled:,} spilled"
@@ -68,3 +80,14 @@ def test_a_unit_never_holds_more_rows_than_a_writer_can(lake, monkeypatch):
         per_day.setdefault(unit.info["partition"], []).append(unit.result["rows_in"])
     assert all(len(rows) >= 2 and max(rows) <= 5_000 for rows in per_day.values()), per_day
     assert sum(sum(rows) for rows in per_day.values()) == source.num_rows and read > 0
+
+
+def test_a_series_lands_in_the_same_bucket_whether_read_as_text_or_dictionary_encoded():
+    """Parquet sources give series keys dictionary-encoded, other sources as text: tasks of one job
+    must agree on each series' bucket, or a unit would miss rows of its series."""
+    from timelake.steps.scan import series_bucket
+
+    devices = pa.array([f"device-{i % 97}" for i in range(1000)], pa.large_string())
+    plain = series_bucket(pa.table({"device_id": devices}), ("device_id",))
+    coded = series_bucket(pa.table({"device_id": pc.dictionary_encode(devices)}), ("device_id",))
+    assert plain.tolist() == coded.tolist() and len(set(plain.tolist())) > 50

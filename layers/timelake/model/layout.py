@@ -48,6 +48,10 @@ def micros(table: pa.Table, column: str) -> np.ndarray:
 
 def partition_codes(ts: np.ndarray, contract: Contract, cutoffs: list[int]) -> tuple[np.ndarray, list[PartitionKey]]:
     """Per row an index into the returned list of partition keys."""
+    if len(contract.tiers) == 1:  # one partition spec: no tier masks to build and apply
+        tier = contract.tiers[0]
+        uniques, inverse, _ = dense_unique(transform_values(ts, tier.transform))
+        return inverse, [PartitionKey(tier.spec_id, tier.transform, int(v)) for v in uniques]
     tiers = contract.tier_index(ts, cutoffs)
     codes = np.empty(len(ts), dtype=np.int64)
     keys: list[PartitionKey] = []
@@ -109,6 +113,9 @@ def series_codes(table: pa.Table, series_key: tuple[str, ...]) -> np.ndarray:
     return np.zeros(table.num_rows, dtype=np.int64) if codes is None else codes
 
 
+RUN_ROWS = 256  # rows a run of one code must average for `code_runs` to leave rows in place
+
+
 def split_by_code(table: pa.Table, codes: np.ndarray) -> list[tuple[int, pa.Table]]:
     """Group rows by code, keeping their order within each group (one sort, then slices)."""
     order, runs = code_runs(codes)
@@ -116,17 +123,23 @@ def split_by_code(table: pa.Table, codes: np.ndarray) -> list[tuple[int, pa.Tabl
     return [(code, taken.slice(lo, hi - lo)) for code, lo, hi in runs]
 
 
-def code_runs(codes: np.ndarray) -> tuple[np.ndarray | None, list[tuple[int, int, int]]]:
+def code_runs(codes: np.ndarray, repeats: bool = False) -> tuple[np.ndarray | None, list[tuple[int, int, int]]]:
     """The stable order that groups rows by code (None when they are grouped already, as a time-ordered
-    source's partitions are), and each group as (code, first, end) in that order."""
+    source's partitions are), and each group as (code, first, end) in that order. With ``repeats``, rows
+    that come in long runs of one code (batches of several time-ordered files joined) are left in place
+    and each run is a group of its own, so a code may have several."""
     if len(codes) == 0:
         return None, []
     order = None
-    if not bool(np.all(codes[1:] >= codes[:-1])):
-        order = np.argsort(codes, kind="stable")
+    cuts = np.flatnonzero(codes[1:] != codes[:-1]) + 1
+    ordered = bool(np.all(codes[1:] >= codes[:-1]))
+    if not ordered and not (repeats and len(cuts) + 1 <= len(codes) // RUN_ROWS):
+        narrow = codes.astype(np.uint16) if int(codes.max()) < 1 << 16 and int(codes.min()) >= 0 else codes
+        order = np.argsort(narrow, kind="stable")  # 16-bit codes: a radix sort
         codes = codes[order]
-    cuts = np.concatenate(([0], np.flatnonzero(codes[1:] != codes[:-1]) + 1, [len(codes)])).tolist()
-    return order, [(int(codes[lo]), lo, hi) for lo, hi in zip(cuts[:-1], cuts[1:])]
+        cuts = np.flatnonzero(codes[1:] != codes[:-1]) + 1
+    bounds = np.concatenate(([0], cuts, [len(codes)])).tolist()
+    return order, [(int(codes[lo]), lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:])]
 
 
 def time_filter(column: str, start_us: int | None, end_us: int | None) -> "BooleanExpression":

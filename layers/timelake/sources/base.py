@@ -14,6 +14,7 @@ import re
 import stat
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -111,6 +112,12 @@ class Source(ABC):
         """A hint: the caller wants these source columns dictionary-encoded. A format that stores them
         so (Parquet) returns them so, without building each row's string; others ignore it."""
 
+    def column_bounds(self, column: str) -> list[tuple[pa.DataType, int, int, int]] | None:
+        """Per piece, an integer or timestamp ``column``'s type, least and greatest value (as the integers
+        stored; meaningless for a piece of no rows) and the piece's rows, from metadata only (Parquet
+        footers); None when a piece cannot tell (another format, another type, no statistics, nulls)."""
+        return None
+
     def plan_state(self) -> dict | None:
         """What a scan in another process needs to see the same pieces, kept with the job; None when
         listing the pieces again gives the same list (files), not so for a live database."""
@@ -188,6 +195,13 @@ class FileSource(Source):
 
     def read_dictionaries(self, columns: set[str]) -> None:
         self._dictionaries = set(columns)
+
+    def column_bounds(self, column: str) -> list[tuple[pa.DataType, int, int, int]] | None:
+        if any(fmt != "parquet" for fmt in self._formats.values()):
+            return None
+        with ThreadPoolExecutor(max_workers=16) as pool:  # a footer is a small read, latency-bound on S3
+            bounds = list(pool.map(lambda path: _footer_bounds(self._fs, path, column), self._paths.values()))
+        return None if any(b is None for b in bounds) else bounds
 
     def _parquet(self, path: str) -> Iterator[pa.RecordBatch]:
         with self._fs.open_input_file(path) as f:
@@ -418,6 +432,30 @@ def _glob(pattern: str) -> re.Pattern[str]:
     """``*`` and ``?`` stay within one directory level and ``**`` crosses levels, as in a shell."""
     regex = {"**/": "(?:.*/)?", "**": ".*", "*": "[^/]*", "?": "[^/]"}
     return re.compile("".join(regex.get(t, re.escape(t)) for t in _GLOB_TOKEN.findall(pattern)) + r"\Z")
+
+
+def _footer_bounds(fs: pafs.FileSystem, path: str, column: str) -> tuple[pa.DataType, int, int, int] | None:
+    """``column``'s (type, min, max, rows) from a Parquet file's row-group statistics, for signed integer
+    and timestamp columns without nulls."""
+    with fs.open_input_file(path) as f:
+        metadata = pq.read_metadata(f)
+    arrow = metadata.schema.to_arrow_schema()
+    if column not in arrow.names:
+        return None
+    kind = arrow.field(column).type
+    if not (pa.types.is_signed_integer(kind) or pa.types.is_timestamp(kind)):
+        return None
+    if metadata.num_rows == 0:
+        return kind, 0, 0, 0
+    index = arrow.get_field_index(column)
+    lows, highs = [], []
+    for group in range(metadata.num_row_groups):
+        stats = metadata.row_group(group).column(index).statistics
+        if stats is None or not stats.has_min_max or stats.null_count or stats.physical_type not in ("INT32", "INT64"):
+            return None
+        lows.append(stats.min_raw)
+        highs.append(stats.max_raw)
+    return kind, min(lows), max(highs), metadata.num_rows
 
 
 def _rebatch(batches: Iterable[pa.RecordBatch], rows: int) -> Iterator[pa.RecordBatch]:

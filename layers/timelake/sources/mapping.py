@@ -208,6 +208,19 @@ class Mapper:
         return MappedBatch(pa.Table.from_arrays(arrays, schema=pa.schema(fields, metadata=self.target.metadata)),
                            rejected, examples)
 
+    def utc_bounds(self, source_type: pa.DataType, low: int, high: int) -> tuple[int, int] | None:
+        """UTC microseconds of the least and greatest source time value (a file's footer statistics, the
+        integers stored), when the time column's conversion keeps order exactly (an absolute timestamp,
+        an epoch integer), so every row of the file maps inside them; None for text and local times (a
+        DST fold may reorder them)."""
+        absolute = pa.types.is_timestamp(source_type) and source_type.tz is not None
+        if not (absolute or (pa.types.is_integer(source_type) and self.time_unit)):
+            return None
+        stored = pa.array([low, high], pa.int64()).cast(source_type)
+        when, _, _ = self._to_utc(stored, lambda i: "the footer statistics")
+        low_us, high_us = pc.cast(when, pa.int64()).to_pylist()
+        return (low_us, high_us) if low_us is not None and high_us is not None else None
+
     def undetermined(self) -> list[str]:
         """Series and hours where "infer" could not tell the passes apart: a single pass through the
         repeated hour, or a series not in time order there. Complete once every batch is mapped."""

@@ -22,8 +22,10 @@ from timelake.model.commit import JOB_PROPERTY, added_files, forget_job_snapshot
 from timelake.model.spec import JobSpec
 from timelake.ports.files import filesystem
 from timelake.ports.runtime import Runtime
-from timelake.ports.store import JobRecord
+from timelake.ports.store import JobRecord, UnitRecord
 from timelake.steps.plan import clear_staging
+from timelake.steps.scan import direct_plan
+from timelake.steps.write import unit_path
 
 ABORTABLE_AFTER = {"published": "it is published (its rows are on main)", "dry_run_complete": "a dry run leaves nothing to abort"}
 ABORT_WAIT_SECONDS = 120.0  # a chunk commit takes well under a second, 50 conflicting retries about a minute
@@ -77,8 +79,7 @@ def abort(rt: Runtime, job_id: str, wait: float = ABORT_WAIT_SECONDS) -> dict[st
     with_retry(table, drop_branch, "remove branch")
     forget_job_snapshots(table, job_id)
     deleted = 0
-    for unit in rt.store.units(job_id):
-        path = unit.result.get("path")
+    for path in {u.result.get("path") for u in rt.store.units(job_id)} | set(direct_paths(rt, job, table)):
         if path and path not in on_main:
             deleted += _delete(path)
     clear_staging(rt, job_id)
@@ -89,6 +90,17 @@ def abort(rt: Runtime, job_id: str, wait: float = ABORT_WAIT_SECONDS) -> dict[st
                      if (s.summary or {}).get(JOB_PROPERTY) == job_id and (s.summary or {}).get("timelake.step") == "publish"})
     rt.store.update_job(job_id, "aborted", files_deleted=deleted, chunks_on_main=chunks)
     return {"job_id": job_id, "phase": "aborted", "files_deleted": deleted, "files_kept_on_main": len(on_main)}
+
+
+def direct_paths(rt: Runtime, job: JobRecord, table: Any) -> list[str]:
+    """Where scan tasks write the partitions they write themselves: before the cut records them as
+    units (or if a task died writing one), only the plan knows these files."""
+    paths = []
+    for task in range(len(job.state.get("scan_tasks", [])) if job.state.get("direct_partitions") else 0):
+        for name, key in direct_plan(rt, job.job_id, task).items():
+            unit = UnitRecord(unit_id=f"{name}-0of1", info={"spec_id": key["spec_id"], "value": key["value"]})
+            paths.append(unit_path(table, job.job_id, unit))
+    return paths
 
 
 def _fence(rt: Runtime, job: JobRecord, table: Any, wait: float) -> JobRecord:

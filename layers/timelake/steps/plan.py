@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import math
 import os
+
+import numpy as np
 from datetime import datetime, timezone
 from typing import Any
 
@@ -18,6 +20,7 @@ from timelake.errors import InvalidJob
 from timelake.model.commit import with_retry
 from timelake.model.contract import Contract
 from timelake.model.cost import estimate_cost
+from timelake.model.layout import PartitionKey, partition_codes
 from timelake.model.spec import FIRST_YEAR, LAST_MICROS, LAST_YEAR, JobSpec
 from timelake.model.timeutil import US_PER_DAY, floor_to, from_micros, iso, next_boundary, subtract_duration, to_micros
 from timelake.ports.files import filesystem, make_parent
@@ -26,7 +29,8 @@ from timelake.ports.store import Lease, UnitRecord
 from timelake.sources.base import Source
 from timelake.steps import failures
 from timelake.steps.scan import (
-    ScanContext, ScanResult, dst_failure, mapper_for, open_job_source, read_result, refuse_dst, scan_task,
+    DIRECT_MAX_ROWS, ScanContext, ScanResult, direct_name, dst_failure, mapper_for, open_job_source, read_result,
+    refuse_dst, scan_task,
 )
 
 # A writer holds its unit's rows, so a unit never has more than this many, however well they compress
@@ -34,6 +38,7 @@ from timelake.steps.scan import (
 # proves a unit this size, of the benchmark's row shape, fits the write Lambda's memory.
 MAX_UNIT_ROWS = 1 << 25
 MIN_TASK_BYTES = 8 << 20  # a scan task has a fixed cost (a Lambda, a connection): none reads less than this
+DIRECT_MAX_PIECES = 10_000  # telling those partitions reads every piece's footer at plan time
 
 
 def plan(rt: Runtime, job_id: str, source: Any = None, parallelism: int | None = None) -> dict[str, Any]:
@@ -51,7 +56,9 @@ def plan(rt: Runtime, job_id: str, source: Any = None, parallelism: int | None =
     sizes = src.sizes()
     tasks = scan_tasks(sizes, spec.max_concurrency or parallelism or os.cpu_count() or 1)
     manifest = write_json(rt, job_id, "scan/tasks.json", [{"job_id": job_id, "piece": i} for i in range(len(tasks))])
+    direct = plan_direct(rt, job_id, spec, ctx, src, mapper, tasks)
     rt.store.update_job(job_id, "scanning", planned_at_us=to_micros(now), scan_tasks=tasks, source_bytes=sum(sizes),
+                        direct_partitions=direct,
                         source_uri=src.uri, source_fingerprint=src.fingerprint(), source_plan=src.plan_state(),
                         columns_filled_with_null=mapper.filled_with_null,
                         ignored_source_columns=mapper.ignored_source_columns)
@@ -78,6 +85,51 @@ def scan_tasks(sizes: list[int], parallelism: int) -> list[list[int]]:
     if start < len(sizes) or not tasks:
         tasks.append([start, len(sizes)])
     return tasks
+
+
+def plan_direct(rt: Runtime, job_id: str, spec: JobSpec, ctx: ScanContext, src: Source, mapper: Any,
+                tasks: list[list[int]]) -> int:
+    """Find the partitions a scan task can write as their final file itself, and give each task its list
+    (`direct_uri`); returns how many. Such a partition's rows all lie in the pieces of one task, as the
+    pieces' footer statistics of the time column tell (a day-ordered export: a file per day), and are
+    few enough for the task to hold; the task writes it once it has read the last of those pieces,
+    exactly as the write step would, and the spill's round trip is saved. Not for a dry run, which writes
+    nothing, nor a canary, which writes one day before the person approves the rest."""
+    if spec.dry_run or spec.canary:
+        return 0
+    pieces = src.pieces()
+    bounds = src.column_bounds(mapper.source_of[ctx.contract.time_column]) if len(pieces) <= DIRECT_MAX_PIECES else None
+    if not bounds:
+        return 0
+    task_of = np.zeros(len(pieces), dtype=np.int64)
+    for task, (first, last) in enumerate(tasks):
+        task_of[first:last] = task
+    found: dict[PartitionKey, dict[str, Any]] = {}
+    wide: list[tuple[int, int]] = []  # time spans of pieces over several partitions: those partitions are shared
+    for piece, (kind, low, high, rows) in enumerate(bounds):
+        if not rows:
+            continue
+        span = mapper.utc_bounds(kind, low, high)
+        if span is None:
+            return 0
+        codes, keys = partition_codes(np.array(span, dtype=np.int64), ctx.contract, ctx.cutoffs)
+        if codes[0] != codes[1]:
+            wide.append((span[0], span[1] + 1))
+            continue
+        entry = found.setdefault(keys[0], {"tasks": set(), "rows": 0, "last": piece})
+        entry["tasks"].add(int(task_of[piece]))
+        entry["rows"] += rows
+        entry["last"] = max(entry["last"], piece)
+    per_task: dict[int, dict[str, dict[str, Any]]] = {}
+    for key, entry in found.items():
+        lo, hi = key.range
+        if len(entry["tasks"]) > 1 or entry["rows"] > DIRECT_MAX_ROWS or any(a < hi and b > lo for a, b in wide):
+            continue
+        per_task.setdefault(entry["tasks"].pop(), {})[key.name] = {
+            "spec_id": key.spec_id, "transform": key.transform, "value": key.value, "last": entry["last"]}
+    for task, partitions in per_task.items():
+        write_json(rt, job_id, direct_name(task), partitions)
+    return sum(len(p) for p in per_task.values())
 
 
 def context(spec: JobSpec, table: Any, now_us: int) -> ScanContext:
@@ -215,12 +267,20 @@ def _cut_units(total: ScanResult, contract: Contract) -> list[UnitRecord]:
     bytes_per_row = total.sample_bytes / total.sample_rows if total.sample_rows else 1.0
     units = []
     for part in sorted(total.partitions.values(), key=lambda p: p.key.range):
+        lo, hi = part.key.range
+        if part.direct is not None:  # its scan task wrote its one file: the unit is done
+            units.append(UnitRecord(
+                unit_id=f"{part.key.name}-0of1", status="done", result=part.direct,
+                info={"partition": part.key.name, "spec_id": part.key.spec_id, "transform": part.key.transform,
+                      "value": part.key.value, "start": lo, "end": hi, "buckets": None, "spill": [],
+                      "rows_estimate": part.rows, "direct": True},
+            ))
+            continue
         wanted = max(1, round(part.rows * bytes_per_row / contract.target_file_size), math.ceil(part.rows / MAX_UNIT_ROWS)) \
             if contract.series_key else 1
         slices = _balance(part.buckets, min(wanted, len(part.buckets) or 1))
         while len(slices) < len(part.buckets) and max(sum(part.buckets[b] for b in s) for s in slices) > MAX_UNIT_ROWS:
             slices = _balance(part.buckets, len(slices) + 1)  # a run of buckets may overshoot: one slice more
-        lo, hi = part.key.range
         for i, buckets in enumerate(slices):
             units.append(UnitRecord(
                 unit_id=f"{part.key.name}-{i}of{len(slices)}",

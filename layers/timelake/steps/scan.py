@@ -11,7 +11,9 @@ from __future__ import annotations
 import io
 import json
 import tempfile
+import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +24,7 @@ import pyarrow.parquet as pq
 
 from timelake.errors import DstRefused, InvalidJob
 from timelake.model.contract import Contract
+from timelake.model.faults import checkpoint
 from timelake.model.layout import (
     PartitionKey, code_runs, dense_unique, micros, partition_codes, read_range, series_hash,
 )
@@ -30,11 +33,13 @@ from timelake.model.spec import JobSpec
 from timelake.model.timeutil import US_PER_DAY
 from timelake.ports.files import filesystem, make_parent
 from timelake.ports.runtime import Runtime
+from timelake.ports.store import UnitRecord
 from timelake.sources import throttle
 from timelake.sources.base import CsvOptions, Source, open_source
 from timelake.sources.mapping import Mapper, merge_examples
 from timelake.sources.resolve import open_spec_source
 from timelake.steps import spill
+from timelake.steps.write import sorted_order, write_rows
 
 if TYPE_CHECKING:
     import duckdb
@@ -42,6 +47,11 @@ if TYPE_CHECKING:
 MAX_OPEN_SPILLS = 128
 HELD_BYTES = 64 << 20  # rows a scan holds before spilling them (coded: about 20 bytes a row of three columns)
 SAMPLE_ROWS = 100_000
+COALESCE_ROWS = 1 << 18  # the rows of a source batch
+# A partition whose rows all lie in the pieces of one scan task is written by that task itself (no spill, no
+# write step): the task holds its rows until the last of those pieces is read, so at most this many a
+# partition (the plan checks) and in all (the task spills the largest held partition beyond it).
+DIRECT_MAX_ROWS = 1 << 23
 SERIES_BUCKETS = 256  # rows per partition are counted per bucket of the series hash, so cut can balance slices
 
 
@@ -54,6 +64,19 @@ class PartitionStats:
     spill: list[str] = field(default_factory=list)
     buckets: Counter = field(default_factory=Counter)
     spill_bytes: int = 0
+    direct: dict[str, Any] | None = None  # the unit result, when the scan wrote the partition's file itself
+    counting: np.ndarray | None = field(default=None, repr=False)  # rows per bucket while scanning, see add_buckets
+
+    def add_buckets(self, counts: np.ndarray) -> None:
+        """Count rows per series bucket: added up as an array while scanning (a batch of a file per
+        device touches every partition), folded into ``buckets`` by `counted`."""
+        self.counting = counts.copy() if self.counting is None else self.counting + counts
+
+    def counted(self) -> None:
+        if self.counting is not None:
+            present = np.flatnonzero(self.counting)
+            self.buckets.update(dict(zip(present.tolist(), self.counting[present].tolist())))
+            self.counting = None
 
 
 @dataclass
@@ -90,12 +113,15 @@ class ScanResult:
         self.days.update(other.days)
         for key, part in other.partitions.items():
             mine = self.partitions.setdefault(key, PartitionStats(key))
+            if (part.direct is not None and (mine.direct is not None or mine.spill)) or (mine.direct and part.spill):
+                raise InvalidJob(f"partition {key.name} was written by a scan task, yet another task read rows of it")
             mine.rows += part.rows
             mine.nbytes += part.nbytes
             mine.check_sum += part.check_sum
             mine.spill.extend(part.spill)
             mine.buckets.update(part.buckets)
             mine.spill_bytes += part.spill_bytes
+            mine.direct = mine.direct or part.direct
         self.sample_rows += other.sample_rows
         self.sample_bytes += other.sample_bytes
         self.overlap_existing_rows += other.overlap_existing_rows
@@ -109,7 +135,8 @@ class ScanResult:
             "min_us": self.min_us, "max_us": self.max_us, "days": {str(k): v for k, v in self.days.items()},
             "partitions": [{"spec_id": p.key.spec_id, "transform": p.key.transform, "value": p.key.value,
                             "rows": p.rows, "nbytes": p.nbytes, "check_sum": p.check_sum, "spill": p.spill,
-                            "buckets": {str(b): n for b, n in p.buckets.items()}, "spill_bytes": p.spill_bytes}
+                            "buckets": {str(b): n for b, n in p.buckets.items()}, "spill_bytes": p.spill_bytes,
+                            "direct": p.direct}
                            for p in self.partitions.values()],
             "sample_rows": self.sample_rows, "sample_bytes": self.sample_bytes,
             "overlap_existing_rows": self.overlap_existing_rows, "dst_undetermined": self.dst_undetermined,
@@ -130,7 +157,7 @@ class ScanResult:
             key = PartitionKey(p["spec_id"], p["transform"], p["value"])
             result.partitions[key] = PartitionStats(key, p["rows"], p["nbytes"], p["check_sum"], list(p["spill"]),
                                                     Counter({int(b): n for b, n in p["buckets"].items()}),
-                                                    p.get("spill_bytes", 0))
+                                                    p.get("spill_bytes", 0), p.get("direct"))
         return result
 
 
@@ -146,9 +173,15 @@ class _Spiller:
     """Spill files per partition (see `timelake.steps.spill`), at most MAX_OPEN_SPILLS open at once (a
     piece spanning years touches thousands of partitions; a closed one continues in a new part file).
     Rows wait in their file until HELD_BYTES are held in all, then the file holding most writes them:
-    a source batch spread over many partitions (a file per device) makes few long runs, not many short."""
+    a source batch spread over many partitions (a file per device) makes few long runs, not many short.
 
-    def __init__(self, rt: Runtime, job_id: str, task: int, schema: pa.Schema, series_key: tuple[str, ...]) -> None:
+    The partitions of ``direct`` (see `plan.plan_direct`) are held whole instead, and handed to
+    ``finish`` once the piece after their last one is read (`advance`); one that ``finish`` declines
+    is spilled like the rest."""
+
+    def __init__(self, rt: Runtime, job_id: str, task: int, schema: pa.Schema, series_key: tuple[str, ...],
+                 direct: dict[str, dict[str, Any]] | None = None,
+                 finish: Callable[[PartitionStats, pa.Table], bool] | None = None) -> None:
         self.uri = rt.staging_path(job_id, "spill")
         fs, root = filesystem(self.uri)
         fs.create_dir(root, recursive=True)
@@ -156,12 +189,26 @@ class _Spiller:
         self.dictionaries = spill.Dictionaries(schema, series_key)
         self.open: dict[PartitionKey, tuple[PartitionStats, spill.SpillFile]] = {}
         self.held = 0
+        self.direct = dict(direct or {})
+        self.finish = finish
+        self.whole: dict[PartitionKey, tuple[PartitionStats, list[pa.Table], list[np.ndarray | None]]] = {}
+        self.whole_rows = 0
 
     def code(self, rows: pa.Table) -> pa.Table:
         return self.dictionaries.code(rows)
 
-    def write(self, part: PartitionStats, rows: pa.Table, buckets: np.ndarray | None) -> None:
-        """Spill ``rows`` (coded by `code`) of ``part``."""
+    def write(self, part: PartitionStats, pieces: list[tuple[pa.Table, np.ndarray | None]], bytes_per_row: float) -> None:
+        """Spill ``pieces`` of rows (coded by `code`) of ``part`` with their series buckets, or hold them
+        if the task writes ``part`` itself; ``bytes_per_row``: their average, for the budget of held rows."""
+        if part.key.name in self.direct:
+            _, tables, runs = self.whole.setdefault(part.key, (part, [], []))
+            tables.extend(rows for rows, _ in pieces)
+            runs.extend(buckets for _, buckets in pieces)
+            self.whole_rows += sum(rows.num_rows for rows, _ in pieces)
+            while self.whole_rows > DIRECT_MAX_ROWS:  # partitions of interleaved pieces: spill the largest
+                largest = max(self.whole, key=lambda k: sum(t.num_rows for t in self.whole[k][1]))
+                self._settle(largest, spill_it=True)
+            return
         if part.key not in self.open:
             if len(self.open) >= MAX_OPEN_SPILLS:
                 self._close(next(iter(self.open)))
@@ -172,12 +219,30 @@ class _Spiller:
             self.open[part.key] = self.open.pop(part.key)  # most recently used last
         file = self.open[part.key][1]
         self.held -= file.held_bytes
-        file.write(rows, buckets)
+        file.write(pieces, round(bytes_per_row * sum(rows.num_rows for rows, _ in pieces)))
         self.held += file.held_bytes
         while self.held > HELD_BYTES:
             fullest = max((f for _, f in self.open.values()), key=lambda f: f.held_bytes)
             self.held -= fullest.held_bytes
             fullest.flush()
+
+    def advance(self, piece: int) -> None:
+        """The scan reads ``piece`` next: the partitions it holds whose last piece came before are whole."""
+        for key in [k for k in self.whole if self.direct[k.name]["last"] < piece]:
+            self._settle(key)
+
+    def settle(self) -> None:
+        """The task's pieces are all read: every partition it holds is whole."""
+        for key in list(self.whole):
+            self._settle(key)
+
+    def _settle(self, key: PartitionKey, spill_it: bool = False) -> None:
+        part, tables, runs = self.whole.pop(key)
+        rows = pa.concat_tables(tables)
+        self.whole_rows -= rows.num_rows
+        if spill_it or self.finish is None or not self.finish(part, rows):
+            del self.direct[key.name]
+            self.write(part, list(zip(tables, runs)), rows.nbytes / max(rows.num_rows, 1))
 
     def _close(self, key: PartitionKey) -> None:
         part, file = self.open.pop(key)
@@ -185,6 +250,8 @@ class _Spiller:
         part.spill_bytes += file.close()
 
     def close(self) -> None:
+        self.whole.clear()
+        self.whole_rows = 0
         for key in list(self.open):
             self._close(key)
 
@@ -226,6 +293,20 @@ def result_uri(rt: Runtime, job_id: str, task: int) -> str:
     return rt.staging_path(job_id, "scan", f"task-{task:05d}.json")
 
 
+def direct_name(task: int) -> str:
+    return f"scan/direct-{task:05d}.json"
+
+
+def direct_plan(rt: Runtime, job_id: str, task: int) -> dict[str, dict[str, Any]]:
+    """The partitions scan task ``task`` writes itself, by name: spec id, transform, value, last piece."""
+    fs, path = filesystem(rt.staging_path(job_id, direct_name(task)))
+    try:
+        with fs.open_input_stream(path) as handle:
+            return json.loads(handle.read())
+    except FileNotFoundError:
+        return {}
+
+
 def read_result(rt: Runtime, job_id: str, task: int) -> ScanResult | None:
     fs, path = filesystem(result_uri(rt, job_id, task))
     try:
@@ -244,14 +325,22 @@ def scan_task(rt: Runtime, ctx: ScanContext, job_id: str, task: int, pieces: ran
     coded = spill.coded_columns(ctx.target, ctx.contract.series_key)  # the spill stores them as codes: read them so
     mapper = mapper_for(ctx, src, coded)
     src.read_dictionaries({mapper.source_of[name] for name in coded})
-    spiller = None if ctx.spec.dry_run else _Spiller(rt, job_id, task, ctx.target, ctx.contract.series_key)
-    overlap = _OverlapCounter(ctx.contract) if ctx.spec.dry_run else None
     result = ScanResult()
+    spiller = None
+    if not ctx.spec.dry_run:
+        spiller = _Spiller(rt, job_id, task, ctx.target, ctx.contract.series_key, direct_plan(rt, job_id, task),
+                           lambda part, rows: _write_whole(table, ctx, job_id, result, spiller, part, rows))
+    overlap = _OverlapCounter(ctx.contract) if ctx.spec.dry_run else None
+    index = {names[p]: p for p in pieces}
     batches = throttle.read(src, [names[p] for p in pieces], throttle.budget(rt.store, ctx.spec, job_id))
     tally = Tally(rt.store, job_id, f"scan/{task}")  # what status shows while the task runs
     origins: set[str] = set()
+    mapped_rows = _Coalesced(lambda rows: _scan_batch(result, rows, ctx, spiller, overlap))
     try:
         for batch in batches:
+            if spiller and spiller.direct:
+                mapped_rows.flush()
+                spiller.advance(index[batch.origin])
             mapped = mapper.apply(batch)
             result.rows_in_source += batch.data.num_rows
             origins.add(batch.origin)
@@ -260,10 +349,15 @@ def scan_task(rt: Runtime, ctx: ScanContext, job_id: str, task: int, pieces: ran
             merge_examples(result.examples, mapped.examples)
             if not ctx.spec.dry_run:
                 refuse_dst(result, ctx.spec.dst_policy)
-            _scan_batch(result, mapped.table, ctx, spiller, overlap)
+            mapped_rows.add(mapped.table)
+        mapped_rows.flush()
         result.dst_undetermined = mapper.undetermined()
         if not ctx.spec.dry_run:
             refuse_dst(result, ctx.spec.dst_policy)
+        if spiller:
+            spiller.settle()
+        for part in result.partitions.values():
+            part.counted()
     finally:
         if spiller:
             spiller.close()
@@ -276,6 +370,46 @@ def scan_task(rt: Runtime, ctx: ScanContext, job_id: str, task: int, pieces: ran
         out.write(json.dumps(result.to_json()).encode())
     tally.close(rows=result.rows_in_source, pieces=len(pieces))
     return result
+
+
+class _Coalesced:
+    """Mapped batches joined into batches of about COALESCE_ROWS before the scan cuts them by partition:
+    small source files (a file per device) would otherwise pay that per-batch work per file."""
+
+    def __init__(self, scan: Callable[[pa.Table], None]) -> None:
+        self.scan = scan
+        self.tables: list[pa.Table] = []
+        self.rows = 0
+
+    def add(self, rows: pa.Table) -> None:
+        self.tables.append(rows)
+        self.rows += rows.num_rows
+        if self.rows >= COALESCE_ROWS:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.tables:
+            tables, self.tables, self.rows = self.tables, [], 0
+            self.scan(tables[0] if len(tables) == 1 else pa.concat_tables(tables).combine_chunks())
+
+
+def _write_whole(table: Any, ctx: ScanContext, job_id: str, result: ScanResult, spiller: _Spiller,
+                 part: PartitionStats, rows: pa.Table) -> bool:
+    """Write a partition the task holds whole as its one unit's file, as the write step would have
+    (`write.write_rows`); False, leaving it to the spill, when the file would pass the target size
+    (measured by this task's sample) and so the partition needs several units."""
+    started = time.monotonic()
+    per_row = result.sample_bytes / result.sample_rows if result.sample_rows else 1.0
+    if rows.num_rows * per_row > ctx.contract.target_file_size:
+        return False
+    lo, hi = part.key.range
+    unit = UnitRecord(unit_id=f"{part.key.name}-0of1",
+                      info={"spec_id": part.key.spec_id, "value": part.key.value, "start": lo, "end": hi})
+    rows = spill.decoded(rows, spiller.dictionaries.values)
+    part.direct = {**write_rows(table, ctx.contract, ctx.spec.mode, job_id, unit, rows), "spill_bytes_read": 0,
+                   "seconds": round(time.monotonic() - started, 3)}
+    checkpoint("scan.direct")
+    return True
 
 
 def _scan_batch(
@@ -314,37 +448,49 @@ def _scan_batch(
         sums = np.bincount(codes, weights=values.to_numpy().astype(np.float64), minlength=len(keys))
     if spiller:
         rows = spiller.code(rows)
-    order, runs = code_runs(codes)
-    if order is not None:
-        rows = rows.take(pa.array(order))
-        buckets = buckets[order] if buckets is not None else None
-    for code, lo, hi in runs:
+    counts = None  # rows per (partition, bucket), one count for the whole batch
+    if buckets is not None:
+        counts = np.bincount(codes * SERIES_BUCKETS + buckets, minlength=len(keys) * SERIES_BUCKETS)
+        counts = counts.reshape(len(keys), SERIES_BUCKETS)
+    bytes_per_row = rows.nbytes / rows.num_rows
+    per_code = np.bincount(codes, minlength=len(keys))
+    for code in np.flatnonzero(per_code).tolist():
         part = result.partitions.setdefault(keys[code], PartitionStats(keys[code]))
-        part_rows = rows.slice(lo, hi - lo)
-        part.rows += hi - lo
-        part.nbytes += part_rows.nbytes
-        part_buckets = buckets[lo:hi] if buckets is not None else None
-        if part_buckets is not None:
-            counts = np.bincount(part_buckets, minlength=SERIES_BUCKETS)
-            part.buckets.update(dict(zip(np.flatnonzero(counts).tolist(), counts[counts > 0].tolist())))
+        part.rows += int(per_code[code])
+        part.nbytes += round(bytes_per_row * int(per_code[code]))
+        if counts is not None:
+            part.add_buckets(counts[code])
         if sums is not None:
             part.check_sum += float(sums[code])
-        if spiller:
-            spiller.write(part, part_rows, part_buckets)
+    if spiller:
+        order, runs = code_runs(codes, repeats=True)  # joined time-ordered files: their runs, not a sort
+        if order is not None:
+            rows = rows.take(pa.array(order))
+            buckets = buckets[order] if buckets is not None else None
+        pieces: dict[int, list[tuple[pa.Table, np.ndarray | None]]] = {}
+        for code, lo, hi in runs:
+            pieces.setdefault(code, []).append((rows.slice(lo, hi - lo), buckets[lo:hi] if buckets is not None else None))
+        for code, held in pieces.items():
+            spiller.write(result.partitions[keys[code]], held, bytes_per_row)
 
 
 def series_bucket(rows: pa.Table, series_key: tuple[str, ...]) -> np.ndarray:
-    """Bucket of each row's series: the unit of balancing series across a partition's slices."""
+    """Bucket of each row's series: the unit of balancing series across a partition's slices. A single
+    dictionary-encoded series column is bucketed per distinct value, then looked up per row."""
+    column = rows.column(series_key[0]) if len(series_key) == 1 else None
+    if column is not None and pa.types.is_dictionary(column.type):
+        encoded = column.combine_chunks()
+        of_value = series_bucket(pa.table({series_key[0]: encoded.dictionary}), series_key)
+        return of_value[encoded.indices.to_numpy(zero_copy_only=False)]
     return (series_hash(rows, series_key) % np.uint64(SERIES_BUCKETS)).astype(np.int64)
 
 
 def _measure(sample: pa.Table, contract: Contract) -> tuple[int, int]:
-    """Parquet bytes of a sorted sample, so units are sized in file bytes, not Arrow bytes."""
-    order = [(c, "ascending") for c in (*contract.series_key, contract.time_column)]
-    sample = sample.cast(pa.schema([f.with_type(f.type.value_type) if pa.types.is_dictionary(f.type) else f
-                                    for f in sample.schema], metadata=sample.schema.metadata))
+    """Parquet bytes of a sample sorted (and deduplicated) as the writers will, so units are sized in file
+    bytes, not Arrow bytes."""
+    order, *_ = sorted_order(sample, contract)
     buffer = io.BytesIO()
-    pq.write_table(sample.sort_by(order), buffer, compression="zstd")
+    pq.write_table(sample.take(pa.array(order)), buffer, compression="zstd")
     return sample.num_rows, buffer.tell()
 
 

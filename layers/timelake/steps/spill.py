@@ -13,9 +13,10 @@ Text series-key columns are stored as int32 codes into a dictionary per spill fi
 index: a few thousand series, not millions of strings, so rows are reordered, written and read back
 as fixed-width numbers, and a unit gets them dictionary-encoded, as its writer holds them anyway.
 
-Index layout, little-endian int64: ``[buckets present D, schema bytes, dictionary bytes]``, then D
-rows ``[bucket, first run, runs]``, then one row ``[offset, length, rows]`` per run, grouped by
-bucket, then the dictionaries (an Arrow IPC stream of one row, a list of values per coded column).
+Index layout, little-endian int64: ``[lowest bucket L, bucket slots B, schema bytes, dictionary bytes]``,
+then B rows ``[first run, runs]`` for buckets L .. L+B-1, then one row ``[offset, length, rows]`` per run,
+grouped by bucket, then the dictionaries (an Arrow IPC stream of one row, a list of values per coded
+column). A unit reads the header, the directory rows and the run rows of its buckets, and the dictionaries.
 """
 
 from __future__ import annotations
@@ -32,9 +33,9 @@ from timelake.ports.files import filesystem
 
 INDEX_SUFFIX = ".idx"
 MAX_READ = 32 << 20  # bytes of one read: touching runs are joined up to this, and a reader holds one read at a time
-WRITE_BUFFER = 1 << 20  # the IPC writer writes each batch in many small pieces: buffer them into few writes
+WRITE_BUFFER = 1 << 18  # the IPC writer writes each batch in many small pieces: buffer them into few writes
 WHOLE = -1  # the bucket of a batch written without series buckets (a table without a series key)
-HEADER = 3  # int64s before the directory
+HEADER = 4  # int64s before the directory
 
 
 def coded_columns(schema: pa.Schema, series_key: tuple[str, ...]) -> tuple[str, ...]:
@@ -56,6 +57,9 @@ class Dictionaries:
         self.stored = pa.schema([f.with_type(pa.int32()) if f.name in self.coded else f for f in schema],
                                 metadata=schema.metadata)
         self.values = {name: pa.array([], schema.field(name).type) for name in self.coded}
+        self._serialized: tuple[tuple[int, ...] | None, bytes] = (None, b"")
+        # a batch of no rows: every spill file starts with one, so that its schema is up front
+        self.empty = pa.RecordBatch.from_arrays([pa.array([], f.type) for f in self.stored], schema=self.stored)
 
     def code(self, rows: pa.Table) -> pa.Table:
         """``rows`` with their coded columns as int32 codes (the stored schema)."""
@@ -82,14 +86,18 @@ class Dictionaries:
         return pa.array(codes, pa.int32(), mask=mask)
 
     def serialized(self) -> bytes:
-        """One row, a list of values per coded column, as an Arrow IPC stream."""
+        """One row, a list of values per coded column, as an Arrow IPC stream (made again only when
+        values were added: the spill files of a task mostly close together, with the same values)."""
         if not self.coded:
             return b""
-        sink = pa.BufferOutputStream()
-        table = pa.table({name: pa.array([values], pa.list_(values.type)) for name, values in self.values.items()})
-        with pa.ipc.new_stream(sink, table.schema) as writer:
-            writer.write_table(table)
-        return sink.getvalue().to_pybytes()
+        size = tuple(len(values) for values in self.values.values())
+        if self._serialized[0] != size:
+            sink = pa.BufferOutputStream()
+            table = pa.table({name: pa.array([values], pa.list_(values.type)) for name, values in self.values.items()})
+            with pa.ipc.new_stream(sink, table.schema) as writer:
+                writer.write_table(table)
+            self._serialized = (size, sink.getvalue().to_pybytes())
+        return self._serialized[1]
 
 
 @dataclass
@@ -108,26 +116,35 @@ class SpillFile:
         self.fs, path = filesystem(self.uri)
         self.stream = self.fs.open_output_stream(path, buffer_size=WRITE_BUFFER)
         self.writer = pa.ipc.new_stream(self.stream, self.dictionaries.stored)
-        self.writer.write_batch(pa.RecordBatch.from_pylist([], schema=self.dictionaries.stored))  # the schema up front
+        self.writer.write_batch(self.dictionaries.empty)  # puts the schema up front
         self.header = self.stream.tell()
 
-    def write(self, rows: pa.Table, buckets: np.ndarray | None) -> None:
-        """Holds ``rows`` (coded) and their series buckets until the next flush."""
-        self.held.append((rows, buckets))
-        self.held_bytes += rows.nbytes
+    def write(self, pieces: list[tuple[pa.Table, np.ndarray | None]], nbytes: int) -> None:
+        """Holds pieces of rows (coded) with their series buckets, ``nbytes`` in all, until the next flush."""
+        self.held.extend(pieces)
+        self.held_bytes += nbytes
 
     def flush(self) -> None:
-        """Writes the rows held, one run per bucket, in bucket order (within a bucket in the order they came)."""
-        if not self.held:
+        """Writes the rows held, one run per bucket, in bucket order (within a bucket in the order they came).
+        Pieces of one bucket each (a source file per series) are moved whole; others are sorted by row."""
+        held, self.held, self.held_bytes = self.held, [], 0
+        held = [(rows, buckets) for rows, buckets in held if rows.num_rows]
+        if not held:
             return
-        rows = pa.concat_tables([r for r, _ in self.held]).combine_chunks()
-        buckets = None if self.held[0][1] is None else np.concatenate([b for _, b in self.held])
-        self.held, self.held_bytes = [], 0
-        if rows.num_rows == 0:
+        if held[0][1] is None:
+            for rows, _ in held:
+                self._append(WHOLE, rows.to_batches())
             return
-        if buckets is None:
-            self._append(WHOLE, rows.to_batches())
+        if all(buckets[0] == buckets[-1] and (buckets == buckets[0]).all() for _, buckets in held):
+            firsts = np.array([int(buckets[0]) for _, buckets in held])
+            order = np.argsort(firsts, kind="stable")
+            starts = np.concatenate(([0], np.flatnonzero(firsts[order][1:] != firsts[order][:-1]) + 1, [len(order)]))
+            for lo, hi in zip(starts[:-1].tolist(), starts[1:].tolist()):
+                pieces = [held[i][0] for i in order[lo:hi].tolist()]
+                self._append(int(firsts[order[lo]]), [batch for rows in pieces for batch in rows.to_batches()])
             return
+        rows = pa.concat_tables([r for r, _ in held]).combine_chunks()
+        buckets = np.concatenate([b for _, b in held])
         narrow = buckets.astype(np.uint16) if 0 <= buckets.min() and buckets.max() < 1 << 16 else buckets
         order = np.argsort(narrow, kind="stable")  # 16-bit keys: a radix sort, linear in rows
         ordered = buckets[order]
@@ -150,10 +167,13 @@ class SpillFile:
         self.stream.close()
         runs = np.array(self.index, dtype=np.int64).reshape(-1, 4)
         runs = runs[np.argsort(runs[:, 0], kind="stable")]
-        present, first, count = np.unique(runs[:, 0], return_index=True, return_counts=True)
+        lowest = int(runs[0, 0]) if len(runs) else 0
+        slots = int(runs[-1, 0]) - lowest + 1 if len(runs) else 0
+        counts = np.bincount(runs[:, 0] - lowest, minlength=slots)
+        firsts = np.concatenate(([0], np.cumsum(counts)[:-1])) if slots else counts
         dictionaries = self.dictionaries.serialized()
         body = b"".join(part.astype("<i8").tobytes() for part in (
-            np.array([len(present), self.header, len(dictionaries)]), np.column_stack([present, first, count]),
+            np.array([lowest, slots, self.header, len(dictionaries)]), np.column_stack([firsts, counts]),
             runs[:, 1:])) + dictionaries
         with self.fs.open_output_stream(filesystem(self.uri + INDEX_SUFFIX)[1]) as out:
             out.write(body)
@@ -192,10 +212,11 @@ def read(uris: list[str], buckets: list[int] | None, counter: SpillRead | None =
                         batches.append(pa.ipc.read_record_batch(messages.read_next_message(), schema))
                     except StopIteration:
                         break
-                yield _decoded(pa.Table.from_batches(batches, schema), dictionaries)
+                yield decoded(pa.Table.from_batches(batches, schema), dictionaries)
 
 
-def _decoded(rows: pa.Table, dictionaries: dict[str, pa.Array]) -> pa.Table:
+def decoded(rows: pa.Table, dictionaries: dict[str, pa.Array]) -> pa.Table:
+    """Coded rows with their coded columns dictionary-encoded by ``dictionaries`` (the values by code)."""
     if not dictionaries:
         return rows
     columns, fields = [], []
@@ -211,19 +232,24 @@ def _decoded(rows: pa.Table, dictionaries: dict[str, pa.Array]) -> pa.Table:
 
 def _ranges(index: Any, buckets: list[int] | None, counter: SpillRead) -> tuple[list[tuple[int, int]], int, dict[str, pa.Array]]:
     """(offset, length) of the runs of ``buckets``, runs that touch joined up to MAX_READ; the schema's
-    bytes; the file's dictionaries. The index is small (24 bytes a run): it is read whole."""
-    raw = pa.py_buffer(index.read_at(index.size(), 0))
-    counter.bytes_read += raw.size
-    present_count, schema_bytes, dictionary_bytes = np.frombuffer(raw, dtype="<i8", count=HEADER).tolist()
-    table_ints = (raw.size - dictionary_bytes) // 8
-    ints = np.frombuffer(raw, dtype="<i8", count=table_ints)
-    directory = ints[HEADER:HEADER + 3 * present_count].reshape(-1, 3)
-    runs = ints[HEADER + 3 * present_count:].reshape(-1, 3)
+    bytes; the file's dictionaries (when any run is wanted). Reads the index's header, then only the
+    directory rows and run rows of the wanted buckets (a unit's are contiguous), then the dictionaries."""
+    lowest, slots, schema_bytes, dictionary_bytes = _ints(index, 0, HEADER, counter).tolist()
+    if buckets is not None and not buckets:
+        return [], schema_bytes, {}
+    lo, hi = (lowest, lowest + slots - 1) if buckets is None else (max(min(buckets), lowest), min(max(buckets), lowest + slots - 1))
+    if lo > hi:
+        return [], schema_bytes, {}
+    directory = _ints(index, 8 * (HEADER + 2 * (lo - lowest)), 2 * (hi - lo + 1), counter).reshape(-1, 2)
+    wanted = directory[:, 1] > 0
     if buckets is not None:
-        directory = directory[np.isin(directory[:, 0], buckets)]
-    picked = np.concatenate([np.arange(first, first + count) for _, first, count in directory.tolist()]) \
-        if len(directory) else np.zeros(0, dtype=np.int64)
-    chosen = runs[picked.astype(np.int64)]
+        wanted &= np.isin(np.arange(lo, hi + 1), buckets)
+    if not wanted.any():
+        return [], schema_bytes, {}
+    firsts, counts = directory[wanted, 0], directory[wanted, 1]
+    start, end = int(firsts.min()), int((firsts + counts).max())
+    runs = _ints(index, 8 * (HEADER + 2 * slots + 3 * start), 3 * (end - start), counter).reshape(-1, 3)
+    chosen = runs[np.concatenate([np.arange(f - start, f - start + n) for f, n in zip(firsts.tolist(), counts.tolist())])]
     chosen = chosen[np.argsort(chosen[:, 0], kind="stable")]
     joined: list[list[int]] = []
     for offset, length in chosen[:, :2].tolist():
@@ -233,6 +259,13 @@ def _ranges(index: Any, buckets: list[int] | None, counter: SpillRead) -> tuple[
             joined.append([offset, length])
     dictionaries: dict[str, pa.Array] = {}
     if dictionary_bytes:
-        table = pa.ipc.open_stream(raw.slice(raw.size - dictionary_bytes)).read_all()
+        raw = pa.py_buffer(index.read_at(dictionary_bytes, index.size() - dictionary_bytes))
+        counter.bytes_read += dictionary_bytes
+        table = pa.ipc.open_stream(raw).read_all()
         dictionaries = {name: table.column(name)[0].values for name in table.column_names}
     return [(o, n) for o, n in joined], schema_bytes, dictionaries
+
+
+def _ints(handle: Any, offset: int, count: int, counter: SpillRead) -> np.ndarray:
+    counter.bytes_read += 8 * count
+    return np.frombuffer(handle.read_at(8 * count, offset), dtype="<i8").copy()

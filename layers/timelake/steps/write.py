@@ -7,6 +7,7 @@ on main are dropped and counted.
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 from collections.abc import Iterable
@@ -29,6 +30,7 @@ from timelake.ports.store import UnitRecord
 from timelake.steps import failures, spill
 
 ROW_GROUP_ROWS = 1 << 20
+ARROW_SCHEMA = b"ARROW:schema"  # where pyarrow keeps the Arrow schema in a Parquet footer (base64 of its IPC form)
 COMPACT_ROWS = 1 << 20
 
 
@@ -51,12 +53,23 @@ def _write_unit(rt: Runtime, job_id: str, unit_id: str, main: MainReader | None)
     spec = JobSpec.model_validate(job.spec)
     table = rt.load_table(spec.table)
     contract = Contract.from_table(table)
-    target = table.schema().as_arrow()
     read = spill.SpillRead()
-    rows = _read_slice(unit, target, contract, read)
+    rows = _read_slice(unit, table.schema().as_arrow(), contract, read)
+    result = write_rows(table, contract, spec.mode, job_id, unit, rows, main)
+    result["spill_bytes_read"] = read.bytes_read
+    result["seconds"] = round(time.monotonic() - started, 3)
+    rt.store.complete_unit(job_id, unit_id, result)
+    return result
+
+
+def write_rows(table: Any, contract: Contract, mode: str, job_id: str, unit: UnitRecord, rows: pa.Table,
+               main: MainReader | None = None) -> dict[str, Any]:
+    """A unit's rows as its file: sorted, the last source row of each key kept, in merge mode the keys
+    main holds in the unit's partition dropped; returns what the unit records (counts, file, statistics).
+    The write step calls it on rows read from the spill; a scan on a partition it holds whole."""
     order, dup_sum, duplicates, codes = sorted_order(rows, contract)
     conflicts, conflict_sum = 0, 0.0
-    if spec.mode == "merge" and len(order) and table.current_snapshot() is not None:
+    if mode == "merge" and len(order) and table.current_snapshot() is not None:
         existing = (main.batches(table, unit.info["start"], unit.info["end"]) if main is not None else
                     stream_range(table, contract.time_column, unit.info["start"], unit.info["end"], contract.dedup_key))
         keyed = rows if codes.packs(contract) else rows.select(list(contract.dedup_key)).take(pa.array(order))
@@ -68,12 +81,9 @@ def _write_unit(rt: Runtime, job_id: str, unit_id: str, main: MainReader | None)
         "rows_in": rows.num_rows, "rows_written": len(order), "rows_duplicate_in_source": duplicates,
         "rows_conflicting_existing": conflicts, "duplicate_sum": dup_sum, "conflict_sum": conflict_sum,
         "path": None, "bytes": 0, "spec_id": unit.info["spec_id"], "value": unit.info["value"],
-        "spill_bytes_read": read.bytes_read,
     }
     if len(order):
         result.update(write_file(table, rows, unit_path(table, job_id, unit), order))
-    result["seconds"] = round(time.monotonic() - started, 3)
-    rt.store.complete_unit(job_id, unit_id, result)
     return result
 
 
@@ -382,9 +392,9 @@ def write_parquet(rows: pa.Table, path: str, properties: dict[str, str], order: 
 
 def _write(rows: pa.Table, path: str, properties: dict[str, str], order: np.ndarray | None) -> tuple[int, pq.FileMetaData]:
     """Dictionary-encoded columns (a unit's series) are written as they are, which spares the Parquet
-    writer hashing every row's string to build its dictionary again. The Arrow schema is not stored
-    (it would make pyarrow readers return dictionaries): the Parquet types say the same, and the
-    footer's key-value metadata carries the NaN counts."""
+    writer hashing every row's string to build its dictionary again. The Arrow schema kept in the footer
+    is the plain one (value types, as writing the decoded columns would keep), so pyarrow readers get
+    the table's types, not dictionaries."""
     fs, local = filesystem(path)
     make_parent(fs, local)
     codec = properties.get("write.parquet.compression-codec", "zstd")
@@ -395,10 +405,12 @@ def _write(rows: pa.Table, path: str, properties: dict[str, str], order: np.ndar
             is_nan = pc.fill_null(pc.is_nan(rows.column(f.name)), False).to_numpy(zero_copy_only=False)
             nans[f.name] = int(is_nan.sum() if order is None else is_nan[order].sum())
     metadata = {**(rows.schema.metadata or {}), NAN_COUNTS: json.dumps(nans).encode()}
+    plain = pa.schema([f.with_type(f.type.value_type) if pa.types.is_dictionary(f.type) else f for f in rows.schema],
+                      metadata=metadata)
     with fs.open_output_stream(local) as out:
         with pq.ParquetWriter(out, rows.schema, compression=None if codec == "uncompressed" else codec,
                               store_schema=False) as writer:
-            writer.add_key_value_metadata(metadata)
+            writer.add_key_value_metadata({**metadata, ARROW_SCHEMA: base64.b64encode(plain.serialize().to_pybytes())})
             for start in range(0, count, ROW_GROUP_ROWS):
                 group = rows.slice(start, ROW_GROUP_ROWS) if order is None else rows.take(pa.array(order[start:start + ROW_GROUP_ROWS]))
                 writer.write_table(group, row_group_size=ROW_GROUP_ROWS)
