@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 from pyiceberg.exceptions import CommitFailedException, ValidationException
 from pyiceberg.io.pyarrow import (
@@ -44,12 +45,16 @@ CHUNK_PROPERTY = "timelake.chunk"
 NAN_COUNTS = b"timelake.nan-value-counts"  # Parquet footer key: NaNs per float column, by name (Parquet has no such statistic)
 
 
-def data_file(table: IcebergTable, path: str, spec_id: int, partition_value: int) -> DataFile:
-    """A DataFile for a Parquet file we wrote, with column statistics read from its footer only."""
+def data_file(table: IcebergTable, path: str, spec_id: int, partition_value: int, size: int | None = None) -> DataFile:
+    """A DataFile for a Parquet file we wrote, with column statistics read from its footer only. With
+    the file's ``size`` (its writer knows it), the footer is read in one request; otherwise the store
+    is asked for the size first (on S3, a HEAD per file)."""
     fs, local = filesystem(path)
-    with fs.open_input_file(local) as handle:
-        size = handle.size()
-        metadata = pq.read_metadata(handle)
+    if size is None:
+        with fs.open_input_file(local) as handle:
+            size, metadata = handle.size(), pq.read_metadata(handle)
+    else:
+        metadata = ds.ParquetFileFormat().make_fragment(local, filesystem=fs, file_size=size).metadata
     schema = table.schema()
     stats = data_file_statistics_from_parquet_metadata(
         parquet_metadata=metadata,
@@ -94,7 +99,7 @@ def _sort_order_id(table: IcebergTable) -> int | None:
     return order.order_id if fields == [(n, "identity", "ASC") for n in names[:len(fields)]] else None
 
 
-def data_files(table: IcebergTable, items: Iterable[tuple[str, int, int]]) -> list[DataFile]:
+def data_files(table: IcebergTable, items: Iterable[tuple[str, int, int, int]]) -> list[DataFile]:
     """Footers are small reads; on object storage they are latency-bound, so read them concurrently."""
     with ThreadPoolExecutor(max_workers=16) as pool:
         return list(pool.map(lambda item: data_file(table, *item), items))

@@ -33,7 +33,7 @@ from timelake.sources.base import SourceBatch
 from timelake.steps.abort import abort
 from timelake.steps.plan import context, fork_branch
 from timelake.steps.scan import mapper_for, open_job_source, read_result
-from timelake.steps.stage import stage_files
+from timelake.steps.stage import stage_files, written_files
 from timelake.steps.validate import conclude, run_checks
 from timelake.steps.write import existing_mask
 
@@ -83,8 +83,7 @@ def check(rt: Runtime, job_id: str, source: Any = None) -> dict[str, Any]:
         raise BackfillError(f"job {job_id}: {len(missing)} canary unit(s) not written yet (first: {missing[0]}); resume the job")
     spec = JobSpec.model_validate(job.spec)
     table = rt.load_table(spec.table)
-    written = [(u.result["path"], u.result["spec_id"], u.result["value"]) for u in units if u.result.get("path")]
-    snapshot_id = stage_files(table, job_id, job.state["branch"], written, STEP)
+    snapshot_id = stage_files(table, job_id, job.state["branch"], written_files(units), STEP)
     scoped = _day_state(job.state, units, snapshot_id)
     checks = run_checks(rt, job.spec, units, scoped)
     conclude(rt, job_id, checks, "writing", job.state["branch"])

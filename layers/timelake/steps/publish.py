@@ -279,8 +279,8 @@ def _survivors(table: IcebergTable, contract: Contract, chunk: Chunk, f: DataFil
     if rest.num_rows in (0, rows.num_rows):
         return (None if rest.num_rows == 0 else f), rest.num_rows
     new_path = f.file_path.removesuffix(".parquet") + f"-rest-{job_id}-{chunk.start}.parquet"
-    write_parquet(rest, new_path, table.properties)
-    return data_file(table, new_path, f.spec_id, f.partition[0]), rest.num_rows
+    size = write_parquet(rest, new_path, table.properties)
+    return data_file(table, new_path, f.spec_id, f.partition[0], size), rest.num_rows
 
 
 def _drop_late_conflicts(
@@ -307,8 +307,8 @@ def _drop_late_conflicts(
         late["sum"] += dropped_sum
         if kept.num_rows:
             new_path = f.file_path.removesuffix(".parquet") + f"-live{len(kept)}.parquet"
-            write_parquet(kept, new_path, table.properties)
-            result.append(data_file(table, new_path, f.spec_id, f.partition[0]))
+            size = write_parquet(kept, new_path, table.properties)
+            result.append(data_file(table, new_path, f.spec_id, f.partition[0], size))
     return result
 
 

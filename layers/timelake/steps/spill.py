@@ -26,6 +26,7 @@ from timelake.ports.files import filesystem
 
 INDEX_SUFFIX = ".idx"
 MAX_READ = 32 << 20  # bytes of one read: touching runs are joined up to this, and a reader holds one read at a time
+INDEX_HEAD = 16 << 10  # bytes of an index read first: its counts, its directory (at most 6,160 bytes) and the first runs
 WHOLE = -1  # the bucket of a batch written without series buckets (a table without a series key)
 
 
@@ -91,7 +92,7 @@ def read(uris: list[str], buckets: list[int] | None, counter: SpillRead | None =
     for uri in uris:
         fs, path = filesystem(uri)
         with fs.open_input_file(path + INDEX_SUFFIX) as index:
-            ranges, schema_bytes = _ranges(index, buckets, counter)
+            ranges, schema_bytes = _ranges(_Index(index, counter), buckets)
         if not ranges:
             continue
         with fs.open_input_file(path) as handle:
@@ -110,19 +111,31 @@ def read(uris: list[str], buckets: list[int] | None, counter: SpillRead | None =
                     yield pa.ipc.read_record_batch(message, schema)
 
 
-def _ints(handle: Any, offset: int, count: int, counter: SpillRead) -> np.ndarray:
-    counter.bytes_read += 8 * count
-    return np.frombuffer(handle.read_at(8 * count, offset), dtype="<i8")
+class _Index:
+    """An index file whose first ``INDEX_HEAD`` bytes are read at once: the counts and the directory
+    of buckets always, and all the runs of a small spill, so a unit of a small partition reads its
+    index in one request instead of three."""
+
+    def __init__(self, handle: Any, counter: SpillRead) -> None:
+        self.handle, self.counter = handle, counter
+        self.head = handle.read_at(min(handle.size(), INDEX_HEAD), 0)
+        counter.bytes_read += len(self.head)
+
+    def ints(self, offset: int, count: int) -> np.ndarray:
+        if offset + 8 * count <= len(self.head):
+            return np.frombuffer(self.head, dtype="<i8", count=count, offset=offset)
+        self.counter.bytes_read += 8 * count
+        return np.frombuffer(self.handle.read_at(8 * count, offset), dtype="<i8")
 
 
-def _ranges(index: Any, buckets: list[int] | None, counter: SpillRead) -> tuple[list[tuple[int, int]], int]:
+def _ranges(index: _Index, buckets: list[int] | None) -> tuple[list[tuple[int, int]], int]:
     """(offset, length) of the runs of ``buckets``, runs that touch joined up to MAX_READ; and the schema's bytes."""
-    present_count, schema_bytes = _ints(index, 0, 2, counter).tolist()
-    directory = _ints(index, 16, 3 * present_count, counter).reshape(-1, 3)
+    present_count, schema_bytes = index.ints(0, 2).tolist()
+    directory = index.ints(16, 3 * present_count).reshape(-1, 3)
     if buckets is not None:
         directory = directory[np.isin(directory[:, 0], buckets)]
     runs_at = 16 + 24 * present_count
-    rows = [_ints(index, runs_at + 24 * first, 3 * count, counter).reshape(-1, 3) for _, first, count in directory.tolist()]
+    rows = [index.ints(runs_at + 24 * first, 3 * count).reshape(-1, 3) for _, first, count in directory.tolist()]
     joined: list[list[int]] = []
     for offset, length, _ in sorted(r for block in rows for r in block.tolist()):
         if joined and joined[-1][0] + joined[-1][1] == offset and joined[-1][1] + length <= MAX_READ:

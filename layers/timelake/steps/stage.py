@@ -16,6 +16,7 @@ from timelake.model.commit import (
 from timelake.model.faults import checkpoint
 from timelake.model.spec import JobSpec
 from timelake.ports.runtime import Runtime
+from timelake.ports.store import UnitRecord
 from timelake.steps import failures
 from timelake.steps.plan import fork_branch
 
@@ -31,14 +32,19 @@ def stage(rt: Runtime, job_id: str) -> dict[str, Any]:
         raise BackfillError(f"job {job_id}: {len(pending)} unit(s) not written"
                             + (f"; {cause}" if cause else f" yet (first: {pending[0]}); resume the job"))
     table = rt.load_table(spec.table)
-    written = [(u.result["path"], u.result["spec_id"], u.result["value"]) for u in units if u.result.get("path")]
+    written = written_files(units)
     snapshot_id = stage_files(table, job_id, job.state["branch"], written, "stage")
     rt.store.update_job(job_id, "staged", staged_snapshot_id=snapshot_id, files=len(written))
     return {"job_id": job_id, "staged_snapshot_id": snapshot_id, "files": len(written)}
 
 
-def stage_files(table: IcebergTable, job_id: str, branch: str, written: list[tuple[str, int, int]], step: str) -> int | None:
-    """One commit of ``written`` (path, spec id, partition value) onto ``branch``, marked with ``step``
+def written_files(units: list[UnitRecord]) -> list[tuple[str, int, int, int]]:
+    """The files ``units`` wrote: (path, spec id, partition value, size in bytes)."""
+    return [(u.result["path"], u.result["spec_id"], u.result["value"], u.result["bytes"]) for u in units if u.result.get("path")]
+
+
+def stage_files(table: IcebergTable, job_id: str, branch: str, written: list[tuple[str, int, int, int]], step: str) -> int | None:
+    """One commit of ``written`` (`written_files`) onto ``branch``, marked with ``step``
     so a retry that finds its marker at the branch head only returns it. On a table whose main is
     empty the branch is created at that commit (main gets no commit before publish)."""
     head = table.snapshot_by_name(branch)

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 
 SAMPLES = 5
 BATCH_ROWS = 1 << 20  # a check holds one batch of a file's key and value columns, whatever the file's size
+WHOLE_READ = 8 << 20  # bytes: a file this small is read in one request, not a footer read and then column reads
 CHECK_ITEMS = "validate/files.json"
 ASSERTION_MEMORY = "2GB"  # DuckDB memory_limit for user assertions: a runaway query fails instead of the process
 
@@ -298,7 +299,9 @@ def _scan_files(rt: Runtime, job_id: str | None, table: Any, contract: Contract,
     the others computed here, a few files at a time, main planned once over the job's range."""
     planned = state.get("validation_snapshots") if job_id else None
     snapshots = planned if planned is not None else _main_snapshots(table, mode, state, bool(staged))
-    found = {f.file_path: _stored_facts(rt, job_id, snapshots, f.file_path) for f in staged} if job_id else {}
+    # Facts are stored only by `check_file`, after `plan_checks` fixed the snapshots: without those, no
+    # file has any, and looking costs a request per file.
+    found = {f.file_path: _stored_facts(rt, job_id, snapshots, f.file_path) for f in staged} if planned is not None else {}
     missing = [f for f in staged if found.get(f.file_path) is None]
     mains = {name: SnapshotRange(table, contract.time_column, state["range_start"], state["range_end"],
                                  contract.dedup_key, snapshot_id=snapshot_id)
@@ -325,7 +328,8 @@ def _file_facts(contract: Contract, state: dict[str, Any], mains: dict[str, Snap
     offset = 0
     fs, path = filesystem(file)
     with fs.open_input_file(path) as handle:
-        for batch in pq.ParquetFile(handle).iter_batches(batch_size=BATCH_ROWS, columns=columns):
+        source = pa.BufferReader(handle.read()) if handle.size() <= WHOLE_READ else handle
+        for batch in pq.ParquetFile(source).iter_batches(batch_size=BATCH_ROWS, columns=columns):
             rows = pa.Table.from_batches([batch])
             codes = sort_key_codes(rows, contract)
             unsorted_at, dup_mask = _order(codes.columns)

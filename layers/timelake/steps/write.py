@@ -42,8 +42,7 @@ def write_unit(rt: Runtime, job_id: str, unit_id: str, main: MainReader | None =
 
 
 def _write_unit(rt: Runtime, job_id: str, unit_id: str, main: MainReader | None) -> dict[str, Any]:
-    job = rt.store.get_job(job_id)
-    unit = rt.store.unit(job_id, unit_id)
+    job, unit = rt.store.job_and_unit(job_id, unit_id)
     if unit.status == "done":
         return unit.result
     started = time.monotonic()
@@ -287,9 +286,9 @@ def write_parquet(rows: pa.Table, path: str, properties: dict[str, str], order: 
             nans[f.name] = int(is_nan.sum() if order is None else is_nan[order].sum())
     fields = [f.with_type(f.type.value_type) if pa.types.is_dictionary(f.type) else f for f in rows.schema]
     schema = pa.schema(fields, metadata={**(rows.schema.metadata or {}), NAN_COUNTS: json.dumps(nans).encode()})
-    with fs.open_output_stream(local) as out, pq.ParquetWriter(
-            out, schema, compression=None if codec == "uncompressed" else codec) as writer:
-        for start in range(0, count, ROW_GROUP_ROWS):
-            group = rows.slice(start, ROW_GROUP_ROWS) if order is None else rows.take(pa.array(order[start:start + ROW_GROUP_ROWS]))
-            writer.write_table(group.cast(schema), row_group_size=ROW_GROUP_ROWS)
-    return fs.get_file_info(local).size
+    with fs.open_output_stream(local) as out:
+        with pq.ParquetWriter(out, schema, compression=None if codec == "uncompressed" else codec) as writer:
+            for start in range(0, count, ROW_GROUP_ROWS):
+                group = rows.slice(start, ROW_GROUP_ROWS) if order is None else rows.take(pa.array(order[start:start + ROW_GROUP_ROWS]))
+                writer.write_table(group.cast(schema), row_group_size=ROW_GROUP_ROWS)
+        return out.tell()  # the file's size, without asking the store for it
