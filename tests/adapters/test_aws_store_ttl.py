@@ -22,24 +22,28 @@ def expiries(table: str, job_id: str) -> dict[str, int | None]:
 
 
 @pytest.mark.usefixtures("aws")
-def test_units_of_a_finished_job_expire_after_the_configured_days_and_a_failed_jobs_do_not() -> None:
+@pytest.mark.parametrize("finished", ["published", "aborted"])  # batched rewrites, and one update per unit
+def test_units_of_a_finished_job_expire_after_the_configured_days_and_a_failed_jobs_do_not(finished: str) -> None:
     table = dynamo_table("jobs")
     store = DynamoJobStore(table, unit_ttl_days=7)
     for job_id in ("done", "failed"):
         store.create_job(JobRecord(job_id, "iot.a", "planned", {}))
-        store.put_units(job_id, [UnitRecord(f"u{i}", {}) for i in range(3)])
+        store.put_units(job_id, [UnitRecord(f"u{i}", {"n": i}) for i in range(30)])  # more than one batch of 25
     store.update_job("failed", "failed", error="boom")
     assert set(expiries(table, "failed").values()) == {None}, "a failed job resumes from its units"
     before = time.time()
     store.update_job("done", "publishing")
     assert set(expiries(table, "done").values()) == {None}
-    job = store.update_job("done", "published")
-    assert "published" in TERMINAL
+    store.complete_unit("done", "u7", {"rows": 7})
+    job = store.update_job("done", finished)
+    assert finished in TERMINAL
     got = expiries(table, "done")
     assert got.pop("JOB") is None, "the job item (its report) stays"
-    assert len(got) == 3 and set(got.values()) == {int(job.updated_at + 7 * 86_400)}
+    assert len(got) == 30 and set(got.values()) == {int(job.updated_at + 7 * 86_400)}
     assert before + 7 * 86_400 - 1 <= next(iter(got.values())) <= time.time() + 7 * 86_400
-    assert [u.unit_id for u in store.units("done")] == ["u0", "u1", "u2"]  # still readable until DynamoDB deletes them
+    units = store.units("done")  # still readable, unchanged, until DynamoDB deletes them
+    assert sorted(u.unit_id for u in units) == sorted(f"u{i}" for i in range(30)) and all(u.info == {"n": int(u.unit_id[1:])} for u in units)
+    assert [(u.unit_id, u.status, u.result) for u in units if u.status == "done"] == [("u7", "done", {"rows": 7})]
 
 
 @pytest.mark.usefixtures("aws")

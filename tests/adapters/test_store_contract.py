@@ -47,6 +47,12 @@ def test_unit_completes_exactly_once(store):
     assert store.complete_unit("j", "u1", {"rows": 6}) is False
     assert store.unit("j", "u1").result == {"rows": 5} and store.unit("j", "u1").info == {"p": 1}
     assert [(u.unit_id, u.status) for u in store.units("j")] == [("u1", "done"), ("u2", "pending")]
+    job, unit = store.job_and_unit("j", "u1")
+    assert (job.job_id, job.phase, unit.unit_id, unit.status, unit.result) == ("j", "planned", "u1", "done", {"rows": 5})
+    with pytest.raises(JobNotFound, match="u9"):
+        store.job_and_unit("j", "u9")
+    with pytest.raises(JobNotFound, match="nope"):
+        store.job_and_unit("nope", "u1")
 
 
 def test_overlapping_lease_refused_adjacent_allowed(store):

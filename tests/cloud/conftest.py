@@ -1,14 +1,19 @@
 """A deployment on moto: S3, DynamoDB, Glue, EventBridge and the real workflow file executed by
-moto's Step Functions engine, whose Lambda tasks are dispatched in-process to the real handlers."""
+moto's Step Functions engine, whose Lambda tasks are dispatched to the real handlers: in the test
+process (``cloud``), or in worker processes (``cloud_workers``, for jobs of thousands of units)."""
 
 from __future__ import annotations
 
+import concurrent.futures as cf
+import gc
 import io
 import json
+import multiprocessing
+import os
 import time
-import traceback
 import urllib.request
 import zipfile
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,15 +27,11 @@ from tests.aws_fixtures import aws, dynamo_table, moto_server  # noqa: F401
 from timelake.adapters import compose
 from timelake.interfaces.lake import Lake
 from timelake.ports.runtime import LakeConfig
-from tests.cloud.workers import Context, load_function  # noqa: F401 (used by the tests)
+from tests.cloud.workers import Context, load_function, run_handler, worker_init  # noqa: F401 (used by the tests)
 
 ROOT = Path(__file__).parents[2]
 FUNCTIONS = ("plan", "scan", "cut", "write", "stage", "validate", "validate_item", "publish", "record_failure", "canary", "abort")
 BUCKET, JOBS, BUS = "timelake-lake", "timelake-jobs", "timelake-backfill"
-
-
-def _load_handlers() -> dict[str, Any]:
-    return {f"timelake-{name}": load_function(name).handler for name in FUNCTIONS}
 
 
 _Context = Context
@@ -62,17 +63,56 @@ def run_execution(sfn: Any, state_machine_arn: str, job: dict[str, Any], name: s
 
 
 def wait_execution(sfn: Any, arn: str, timeout: float) -> dict[str, Any]:
-    deadline = time.time() + timeout
+    """Polls quickly at first (most test executions take a second or two), then every second, so a
+    long execution is not slowed by the server answering its own poll."""
+    deadline, pause = time.time() + timeout, 0.1
     while time.time() < deadline:
         described = sfn.describe_execution(executionArn=arn)
         if described["status"] != "RUNNING":
             return described
-        time.sleep(0.1)
+        time.sleep(pause)
+        pause = min(1.0, pause * 1.2)
     raise TimeoutError(f"execution {arn} still running after {timeout} s")
+
+
+Dispatch = Callable[[str, bytes], tuple[str, bool]]  # function name, event → the handler's JSON answer, whether it raised
 
 
 @pytest.fixture
 def cloud(aws: str, monkeypatch: pytest.MonkeyPatch) -> Cloud:  # noqa: F811
+    """Every handler runs in the test process, in the Step Functions engine's thread that invokes it."""
+    return _deploy(aws, monkeypatch, lambda name, body: run_handler(name.removeprefix("timelake-"), body))
+
+
+@pytest.fixture
+def cloud_workers(aws: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Cloud]:  # noqa: F811
+    """Every handler runs in one of ``WORKERS`` worker processes, as warm Lambda containers would: the
+    moto server and the Step Functions engine keep the test process, so both cores work, and the
+    handlers' Python no longer competes with the server's for one interpreter lock. The workers start
+    once (about 3 s each) and serve every invocation of the test."""
+    pool: cf.ProcessPoolExecutor | None = None
+
+    def in_worker(name: str, body: bytes) -> tuple[str, bool]:
+        return pool.submit(run_handler, name.removeprefix("timelake-"), body).result()
+
+    cloud = _deploy(aws, monkeypatch, in_worker)
+    pool = cf.ProcessPoolExecutor(WORKERS, mp_context=multiprocessing.get_context("spawn"),
+                                  initializer=worker_init, initargs=(dict(os.environ),))
+    thresholds = gc.get_threshold()
+    gc.freeze()  # what the test process holds so far is never collected: no full collection walks it
+    gc.set_threshold(thresholds[0], thresholds[1], 100)  # and moto's growing state is walked ten times less often
+    try:
+        yield cloud
+    finally:
+        pool.shutdown(cancel_futures=True)
+        gc.set_threshold(*thresholds)
+        gc.unfreeze()
+
+
+WORKERS = 2
+
+
+def _deploy(aws: str, monkeypatch: pytest.MonkeyPatch, dispatch: Dispatch) -> Cloud:  # noqa: F811
     for path, body in (("config", {"stepfunctions": {"execute_state_machine": True}, "lambda": {"use_docker": False}}),):
         request = urllib.request.Request(f"{aws}/moto-api/{path}", data=json.dumps(body).encode(), method="POST",
                                          headers={"Content-Type": "application/json"})
@@ -94,26 +134,26 @@ def cloud(aws: str, monkeypatch: pytest.MonkeyPatch) -> Cloud:  # noqa: F811
     monkeypatch.setenv("POWERTOOLS_SERVICE_NAME", "timelake-backfill")
     monkeypatch.setenv("POWERTOOLS_METRICS_NAMESPACE", "Timelake")
 
-    handlers = _load_handlers()
     invocations: list[str] = []
     before: dict[str, Any] = {}
 
     def invoke(self: Any, function_name: str, qualifier: Any, body: Any, headers: Any, response_headers: Any) -> bytes:
         name = function_name.rsplit(":", 1)[-1]
         invocations.append(name)
-        try:
-            event = json.loads(body) if body else {}
-            if name in before:
-                before[name](event)
-            result = handlers[name](event, _Context(name))
-        except Exception as exc:
+        event = body if isinstance(body, bytes) else (body or "").encode()
+        if name in before:
+            try:
+                before[name](json.loads(event) if event else {})
+            except Exception as exc:
+                response_headers["x-amz-function-error"] = "Unhandled"
+                return json.dumps({"errorType": type(exc).__name__, "errorMessage": str(exc)}).encode()
+        answer, failed = dispatch(name, event)
+        if failed:
             response_headers["x-amz-function-error"] = "Unhandled"
-            return json.dumps({"errorType": type(exc).__name__, "errorMessage": str(exc),
-                               "stackTrace": traceback.format_tb(exc.__traceback__)}).encode()
-        return json.dumps(result).encode()
+        return answer.encode()
 
     monkeypatch.setattr(LambdaSimpleBackend, "invoke", invoke)
-    arns = _create_functions(handlers)
+    arns = _create_functions([f"timelake-{name}" for name in FUNCTIONS])
     definition = (ROOT / "statemachine" / "backfill.asl.json").read_text()
     for name, arn in arns.items():
         key = "".join(part.title() for part in name.removeprefix("timelake-").split("_")) + "FunctionArn"
@@ -128,7 +168,7 @@ def cloud(aws: str, monkeypatch: pytest.MonkeyPatch) -> Cloud:  # noqa: F811
     return Cloud(aws, sfn, arn, lake, config, invocations, before)
 
 
-def _create_functions(handlers: dict[str, Any]) -> dict[str, str]:
+def _create_functions(names: list[str]) -> dict[str, str]:
     iam = boto3.client("iam")
     role = iam.create_role(RoleName="timelake-lambda", AssumeRolePolicyDocument=json.dumps({
         "Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Principal": {"Service": "lambda.amazonaws.com"},
@@ -138,7 +178,7 @@ def _create_functions(handlers: dict[str, Any]) -> dict[str, str]:
         archive.writestr("app.py", "def handler(event, context):\n    return event\n")
     client = boto3.client("lambda")
     return {name: client.create_function(FunctionName=name, Runtime="python3.12", Role=role, Handler="app.handler",
-                                         Code={"ZipFile": buffer.getvalue()})["FunctionArn"] for name in handlers}
+                                         Code={"ZipFile": buffer.getvalue()})["FunctionArn"] for name in names}
 
 
 def sensor_table(lake: Lake) -> timelake.Table:

@@ -1,6 +1,6 @@
-"""What runs inside a function's worker process in the cloud tests: the handler, with the credentials
-of that function's role in the environment, as in a Lambda. Kept light to import (no CDK, no moto),
-since each worker process imports it."""
+"""What runs inside a worker process in the cloud tests: the handlers, with the environment of a
+Lambda (in the least-privilege test, the credentials of one function's role). Kept light to import
+(no CDK, no moto), since each worker process imports it."""
 
 from __future__ import annotations
 

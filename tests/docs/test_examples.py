@@ -35,16 +35,17 @@ class Block:
         return f"docs/{self.page}:{self.line}"
 
 
-def runnable_blocks(page: Path) -> list[Block]:
-    """The marked blocks of ``page``, in order. A mark that is not followed by a fence of a known language is an error."""
+def runnable_blocks(page: Path, mark: str = MARK) -> list[Block]:
+    """The blocks of ``page`` marked with ``mark``, in order. A mark that is not followed by a fence of a
+    known language is an error."""
     lines = page.read_text().splitlines()
     blocks = []
     for i, line in enumerate(lines):
-        if line.strip() != MARK:
+        if line.strip() != mark:
             continue
         fence = FENCE.match(lines[i + 1]) if i + 1 < len(lines) else None
         if not fence or fence.group(2) not in LANGUAGES:
-            raise AssertionError(f"docs/{page.name}:{i + 1}: {MARK} must be followed by a ```python, ```bash or ```console fence")
+            raise AssertionError(f"docs/{page.name}:{i + 1}: {mark} must be followed by a ```python, ```bash or ```console fence")
         ticks, body = fence.group(1), []
         for j in range(i + 2, len(lines)):
             if lines[j].strip() == ticks:

@@ -128,6 +128,9 @@ class SqliteJobStore:
             raise unit_not_found(job_id, unit_id)
         return UnitRecord(row[0], json.loads(row[1]), row[2], json.loads(row[3]))
 
+    def job_and_unit(self, job_id: str, unit_id: str) -> tuple[JobRecord, UnitRecord]:
+        return self.get_job(job_id), self.unit(job_id, unit_id)
+
     def complete_unit(self, job_id: str, unit_id: str, result: dict[str, Any]) -> bool:
         with self._tx() as con:
             cur = con.execute(

@@ -66,6 +66,7 @@ Item = dict[str, dict[str, Any]]
 
 _LEASES: Item = {"pk": {"S": "LEASES"}, "sk": {"S": "LEASES"}}
 _WORKERS = 16
+_BATCH = 25  # items per BatchWriteItem, DynamoDB's limit
 _ATTEMPTS = 50
 TTL_ATTRIBUTE = "expires_at"  # the table's TimeToLiveSpecification (set by the CDK stack)
 DEFAULT_UNIT_TTL_DAYS = 30
@@ -139,7 +140,7 @@ class DynamoJobStore:
 
         job = _job(self._swap(_job_key(job_id), change))
         if finishing[0]:
-            self._expire_units(job_id, job.updated_at + self.unit_ttl_days * 86_400)
+            self._expire_units(job_id, job.updated_at + self.unit_ttl_days * 86_400, job.phase)
         return job
 
     def list_jobs(self, table: str | None = None) -> list[JobRecord]:
@@ -170,26 +171,63 @@ class DynamoJobStore:
             ExpressionAttributeValues={":pk": {"S": f"JOB#{job_id}"}, ":unit": {"S": "UNIT#"}},
         )]
 
-    def _expire_units(self, job_id: str, at: float) -> None:
-        """Marks every unit (and progress note) of a finished job for DynamoDB's TTL deletion (one small
-        write per unit, the same count as writing them; DynamoDB deletes expired items for free)."""
-        keys = [{"pk": item["pk"], "sk": item["sk"]} for prefix in ("UNIT#", "PROGRESS#") for item in self._query(
-            KeyConditionExpression="pk = :pk AND begins_with(sk, :prefix)", ProjectionExpression="pk, sk",
-            ExpressionAttributeValues={":pk": {"S": f"JOB#{job_id}"}, ":prefix": {"S": prefix}})]
+    def _expire_units(self, job_id: str, at: float, phase: str) -> None:
+        """Marks every unit (and progress note) of a finished job for DynamoDB's TTL deletion (DynamoDB
+        deletes expired items for free). The items are rewritten whole as read, 25 to a BatchWriteItem (a
+        10,000-unit job: 400 requests rather than 10,000, the same write units), since nothing else writes
+        them once the job is finished. Except after an abort: a write Lambda still running may complete
+        its unit meanwhile, which rewriting the item as read would undo, so there each gets its own UpdateItem."""
+        expires = {"N": str(int(at))}
 
-        def expire(key: Item) -> None:
-            self._client.update_item(TableName=self.table_name, Key=key, UpdateExpression="SET #ttl = :at",
-                                     ExpressionAttributeNames={"#ttl": TTL_ATTRIBUTE},
-                                     ExpressionAttributeValues={":at": {"N": str(int(at))}})
+        def query(prefix: str, **more: Any) -> Iterator[Item]:
+            return self._query(KeyConditionExpression="pk = :pk AND begins_with(sk, :prefix)",
+                               ExpressionAttributeValues={":pk": {"S": f"JOB#{job_id}"}, ":prefix": {"S": prefix}}, **more)
 
+        if phase == "aborted":
+            def expire(key: Item) -> None:
+                self._client.update_item(TableName=self.table_name, Key=key, UpdateExpression="SET #ttl = :at",
+                                         ExpressionAttributeNames={"#ttl": TTL_ATTRIBUTE}, ExpressionAttributeValues={":at": expires})
+
+            keys = [{"pk": item["pk"], "sk": item["sk"]} for prefix in ("UNIT#", "PROGRESS#")
+                    for item in query(prefix, ProjectionExpression="pk, sk")]
+            with ThreadPoolExecutor(_WORKERS) as pool:
+                list(pool.map(expire, keys))
+            return
+        items = [item | {TTL_ATTRIBUTE: expires} for prefix in ("UNIT#", "PROGRESS#") for item in query(prefix, ConsistentRead=True)]
         with ThreadPoolExecutor(_WORKERS) as pool:
-            list(pool.map(expire, keys))
+            list(pool.map(self._put_batch, [items[i:i + _BATCH] for i in range(0, len(items), _BATCH)]))
+
+    def _put_batch(self, items: list[Item]) -> None:
+        requests = [{"PutRequest": {"Item": item}} for item in items]
+        for attempt in range(_ATTEMPTS):
+            requests = self._client.batch_write_item(RequestItems={self.table_name: requests})["UnprocessedItems"].get(self.table_name)
+            if not requests:
+                return
+            _backoff(attempt)
+        raise RuntimeError(f"{self.table_name}: {len(requests)} item(s) still unprocessed after {_ATTEMPTS} attempts")
 
     def unit(self, job_id: str, unit_id: str) -> UnitRecord:
         item = self._get(_unit_key(job_id, unit_id))
         if item is None:
             raise unit_not_found(job_id, unit_id)
         return _unit(item)
+
+    def job_and_unit(self, job_id: str, unit_id: str) -> tuple[JobRecord, UnitRecord]:
+        """One strongly consistent BatchGetItem for both items (they share the job's partition)."""
+        keys, found = [_job_key(job_id), _unit_key(job_id, unit_id)], []
+        for attempt in range(_ATTEMPTS):
+            answer = self._client.batch_get_item(RequestItems={self.table_name: {"Keys": keys, "ConsistentRead": True}})
+            found += answer["Responses"].get(self.table_name, [])
+            keys = answer["UnprocessedKeys"].get(self.table_name, {}).get("Keys")
+            if not keys:
+                break
+            _backoff(attempt)
+        items = {item["sk"]["S"]: item for item in found}
+        if "JOB" not in items:
+            raise job_not_found(job_id)
+        if f"UNIT#{unit_id}" not in items:
+            raise unit_not_found(job_id, unit_id)
+        return _job(items["JOB"]), _unit(items[f"UNIT#{unit_id}"])
 
     def complete_unit(self, job_id: str, unit_id: str, result: dict[str, Any]) -> bool:
         try:

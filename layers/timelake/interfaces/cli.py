@@ -446,6 +446,7 @@ def create_table(
     expected_interval: Annotated[Optional[str], typer.Option("--expected-interval", help="One row per series every …, e.g. PT1M: what coverage measures against")] = None,
     as_json: JsonFlag = False,
     warehouse: Warehouse = None,
+    on: Annotated[str, typer.Option("--on", help="local (embedded lake) or aws (the deployed stack's Glue catalog and bucket)")] = "local",
 ) -> None:
     """Create TABLE with its contract: columns from --schema or a sample file (--like), time column, series key."""
     if (schema is None) == (like is None):
@@ -457,9 +458,9 @@ def create_table(
             fail(f"name the time column with --time (timestamp columns: {', '.join(times) or 'none'})")
         time = times[0]
     keys = [k.strip() for k in (series or "").split(",") if k.strip()]
-    handle = _lake(warehouse).create_table(table, columns, time_column=time, series_key=keys,
-                                           partition_by=_partition_by(partition_by), retention=retention,
-                                           target_file_size=target_file_size, expected_interval=expected_interval)
+    lake = _deployed_lake() if _on_aws(on) else _lake(warehouse)
+    handle = lake.create_table(table, columns, time_column=time, series_key=keys, partition_by=_partition_by(partition_by),
+                               retention=retention, target_file_size=target_file_size, expected_interval=expected_interval)
     info = {"table": table, "columns": columns.names, "time_column": time, "series_key": keys,
             "partition_tiers": [{"max_age": t.max_age, "transform": t.transform} for t in handle.contract.tiers]}
     if as_json:
@@ -560,6 +561,14 @@ def _aws() -> Any:
     from timelake.interfaces.orchestrator import from_environment
 
     return from_environment()
+
+
+def _deployed_lake() -> Lake:
+    """The deployed stack's lake (its ``LakeConfig``): Glue catalog, data bucket, jobs table."""
+    from timelake.adapters import compose
+    from timelake.interfaces.orchestrator import deployment
+
+    return Lake(compose(deployment()[0]))
 
 
 def _print_json_or(result: dict[str, Any], as_json: bool, verb: str) -> None:

@@ -7,7 +7,7 @@ after its job and the job record always knows its latest execution.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import boto3
 from botocore.exceptions import ClientError
@@ -16,8 +16,12 @@ from timelake.interfaces.service import ensure_job
 from timelake.model.report import progress_of, report_of
 from timelake.model.spec import JobSpec
 from timelake.ports.runtime import Runtime
+from timelake.ports.store import JobRecord
 from timelake.steps.abort import abort
 from timelake.steps.canary import AWAITING
+
+if TYPE_CHECKING:
+    from timelake.ports.runtime import LakeConfig
 
 
 class StepFunctionsOrchestrator:
@@ -45,7 +49,7 @@ class StepFunctionsOrchestrator:
 
     def status(self, job_id: str) -> dict[str, Any]:
         info = progress_of(self.rt.store, job_id)
-        arn = self.rt.store.get_job(job_id).state.get("execution_arn")
+        arn = self._latest_execution(self.rt.store.get_job(job_id))
         if arn:
             described = self.sfn.describe_execution(executionArn=arn)
             info["execution"] = {"arn": arn, "status": described["status"],
@@ -68,7 +72,7 @@ class StepFunctionsOrchestrator:
             raise ValueError(f"job {job_id} ended {job.phase.replace('_', ' ')}; nothing to resume, start a new job")
         if job.phase in ("published", "dry_run_complete"):
             return {"job_id": job_id, "execution_arn": job.state.get("execution_arn"), "how": f"nothing to do: {job.phase}"}
-        arn = job.state.get("execution_arn")
+        arn = self._latest_execution(job)
         if arn:
             status = self.sfn.describe_execution(executionArn=arn)["status"]
             if status == "RUNNING":
@@ -110,7 +114,7 @@ class StepFunctionsOrchestrator:
         job = self.rt.store.get_job(job_id)
         if job.phase == AWAITING and job.state.get("approval_token"):
             return self.reject(job_id, f"job {job_id}: aborted by request")
-        arn = job.state.get("execution_arn")
+        arn = self._latest_execution(job)
         if arn and self.sfn.describe_execution(executionArn=arn)["status"] == "RUNNING":
             self.sfn.stop_execution(executionArn=arn, error="Aborted", cause=f"job {job_id} aborted by request")
         if not self.abort_function:
@@ -120,6 +124,21 @@ class StepFunctionsOrchestrator:
         if answer.get("FunctionError"):
             raise ValueError(f"job {job_id}: abort failed: {result.get('errorMessage', result)}")
         return dict(result)
+
+    def _latest_execution(self, job: JobRecord) -> str | None:
+        """The job's latest execution: the one `submit` or `resume` recorded, else the execution named
+        after the job if there is one (a job started with ``aws stepfunctions start-execution --name
+        JOB``, whose record the workflow creates without knowing the execution's ARN)."""
+        if job.state.get("execution_arn"):
+            return str(job.state["execution_arn"])
+        arn = self.execution_arn(job.job_id)
+        try:
+            self.sfn.describe_execution(executionArn=arn)
+        except ClientError as exc:
+            if exc.response["Error"]["Code"] == "ExecutionDoesNotExist":
+                return None
+            raise
+        return arn
 
     def _redrive_reruns_work(self, arn: str) -> bool:
         """Whether the execution ended in a working state (a task or Map that failed uncaught, or a
@@ -138,9 +157,16 @@ class StepFunctionsOrchestrator:
 def from_environment(stack_name: str | None = None) -> StepFunctionsOrchestrator:
     """The deployment to talk to: ``TIMELAKE_CONFIG`` + ``TIMELAKE_STATE_MACHINE_ARN`` when set, else the
     ``LakeConfig`` and ``StateMachineArn`` outputs of the CloudFormation stack (``TIMELAKE_STACK``)."""
+    from timelake.adapters import compose
+
+    config, arn = deployment(stack_name)
+    return StepFunctionsOrchestrator(compose(config), arn)
+
+
+def deployment(stack_name: str | None = None) -> tuple["LakeConfig", str]:
+    """The deployed lake's config and state machine ARN (see `from_environment` for where they come from)."""
     import os
 
-    from timelake.adapters import compose
     from timelake.ports.runtime import LakeConfig
 
     config, arn = os.environ.get("TIMELAKE_CONFIG"), os.environ.get("TIMELAKE_STATE_MACHINE_ARN")
@@ -157,4 +183,4 @@ def from_environment(stack_name: str | None = None) -> StepFunctionsOrchestrator
         config, arn = outputs.get("LakeConfig"), outputs.get("StateMachineArn")
         if not (config and arn):
             raise ValueError(f"stack {name} has no LakeConfig/StateMachineArn outputs")
-    return StepFunctionsOrchestrator(compose(LakeConfig.model_validate_json(config)), arn)
+    return LakeConfig.model_validate_json(config), arn

@@ -15,6 +15,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 from pyiceberg.catalog import Catalog, load_catalog
 from pyiceberg.exceptions import NoSuchTableError
+from pyiceberg.io import PY_IO_IMPL
 from pyiceberg.table import Table as IcebergTable
 
 from timelake.errors import TableNotFound
@@ -23,6 +24,7 @@ from timelake.ports.events import EventBus
 from timelake.ports.store import JobStore
 
 DEFAULT_WAREHOUSE = "./.timelake"
+SHARED_FILE_IO = "timelake.ports.files.SharedFileIO"
 
 
 class LakeConfig(BaseModel):
@@ -74,7 +76,8 @@ class Runtime:
 
     @functools.cached_property
     def catalog(self) -> Catalog:
-        return load_catalog(self.config.catalog_name, **self.config.catalog_props)
+        """The catalog, with `SharedFileIO` unless the config names its own FileIO."""
+        return load_catalog(self.config.catalog_name, **{PY_IO_IMPL: SHARED_FILE_IO, **self.config.catalog_props})
 
     @functools.cached_property
     def store(self) -> JobStore:

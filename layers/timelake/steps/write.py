@@ -45,8 +45,7 @@ def write_unit(rt: Runtime, job_id: str, unit_id: str, main: MainReader | None =
 
 
 def _write_unit(rt: Runtime, job_id: str, unit_id: str, main: MainReader | None) -> dict[str, Any]:
-    job = rt.store.get_job(job_id)
-    unit = rt.store.unit(job_id, unit_id)
+    job, unit = rt.store.job_and_unit(job_id, unit_id)
     if unit.status == "done":
         return unit.result
     started = time.monotonic()
