@@ -23,6 +23,7 @@ import timelake
 from tests.conftest import recent, stage_job
 from timelake.followup import heatmap
 from timelake.followup.coverage import EXPECTED_INTERVAL, EXPECTED_SERIES
+from timelake.ports.files import forget_shared_io
 from timelake.steps.publish import publish
 from timelake.steps.validate import validate
 
@@ -187,8 +188,9 @@ def test_metadata_view_opens_no_data_file(lake, scene, monkeypatch, warehouse):
         fs = original(self, scheme, netloc)
         return pafs.PyFileSystem(_CountingHandler(opened)) if isinstance(fs, pafs.LocalFileSystem) else fs
 
-    monkeypatch.setattr(PyArrowFileIO, "_initialize_fs", counting)
     data_files = {task.file.file_path.removeprefix("file://") for task in scene["table"].iceberg.scan().plan_files()}
+    monkeypatch.setattr(PyArrowFileIO, "_initialize_fs", counting)
+    forget_shared_io()  # the file systems the tables share were made before the counter
     cmap = lake.table("iot.sensor").coverage_map(recent(21), recent(3))
     assert opened and all(p.endswith(".avro") or p.endswith(".metadata.json") for p in opened)  # manifests only
     assert not data_files & set(opened)

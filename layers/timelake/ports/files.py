@@ -107,12 +107,28 @@ class _BytesInput(InputFile):
         return io.BytesIO(self._data)
 
 
-def _forget_file_systems() -> None:
+def forget_shared_io() -> None:
+    """Drops the shared file systems and the table metadata kept: after a fork (an AWS SDK client does
+    not survive one), or when the FileIO's way of making file systems changed (a test that counts the
+    files a read opens)."""
+    with _LOCK:
+        _forget()
+
+
+def _forget() -> None:
     _s3.cache_clear()
     _FILE_SYSTEMS.clear()
+    _METADATA.clear()
 
 
-os.register_at_fork(after_in_child=_forget_file_systems)  # an AWS SDK client does not survive a fork
+def _after_fork() -> None:
+    """An AWS SDK client does not survive a fork; nor does a lock another thread held at the fork."""
+    global _LOCK
+    _LOCK = threading.Lock()
+    _forget()
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 def make_parent(fs: pafs.FileSystem, path: str) -> None:

@@ -436,9 +436,13 @@ def _glob(pattern: str) -> re.Pattern[str]:
 
 def _footer_bounds(fs: pafs.FileSystem, path: str, column: str) -> tuple[pa.DataType, int, int, int] | None:
     """``column``'s (type, min, max, rows) from a Parquet file's row-group statistics, for signed integer
-    and timestamp columns without nulls."""
-    with fs.open_input_file(path) as f:
-        metadata = pq.read_metadata(f)
+    and timestamp columns without nulls. A footer that cannot be read tells nothing here: the scan reads
+    that file and fails with its name."""
+    try:
+        with fs.open_input_file(path) as f:
+            metadata = pq.read_metadata(f)
+    except (pa.ArrowInvalid, OSError):
+        return None
     arrow = metadata.schema.to_arrow_schema()
     if column not in arrow.names:
         return None

@@ -250,10 +250,23 @@ class _Spiller:
         part.spill_bytes += file.close()
 
     def close(self) -> None:
+        """Closes every open file; when one fails (a full disk), the others are discarded."""
         self.whole.clear()
         self.whole_rows = 0
-        for key in list(self.open):
-            self._close(key)
+        try:
+            for key in list(self.open):
+                self._close(key)
+        except BaseException:
+            self.discard()
+            raise
+
+    def discard(self) -> None:
+        """The task failed: its open files are closed without writing what they hold."""
+        self.whole.clear()
+        self.whole_rows = 0
+        for _, file in self.open.values():
+            file.discard()
+        self.open.clear()
 
 
 @dataclass(frozen=True)
@@ -358,9 +371,12 @@ def scan_task(rt: Runtime, ctx: ScanContext, job_id: str, task: int, pieces: ran
             spiller.settle()
         for part in result.partitions.values():
             part.counted()
-    finally:
+    except BaseException:
         if spiller:
-            spiller.close()
+            spiller.discard()
+        raise
+    if spiller:
+        spiller.close()
     if overlap is not None and result.min_us is not None:
         result.duplicates_in_source = overlap.duplicates()
         result.overlap_existing_rows = overlap.finish(table, result.min_us, result.max_us + 1)

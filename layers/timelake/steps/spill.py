@@ -161,10 +161,14 @@ class SpillFile:
 
     def close(self) -> int:
         """Writes what it holds, closes the file and writes its index; returns the bytes spilled (data and index)."""
-        self.flush()
-        self.writer.close()
-        size = self.stream.tell()
-        self.stream.close()
+        try:
+            self.flush()
+            self.writer.close()
+            size = self.stream.tell()
+            self.stream.close()
+        except BaseException:
+            self.discard()
+            raise
         runs = np.array(self.index, dtype=np.int64).reshape(-1, 4)
         runs = runs[np.argsort(runs[:, 0], kind="stable")]
         lowest = int(runs[0, 0]) if len(runs) else 0
@@ -178,6 +182,18 @@ class SpillFile:
         with self.fs.open_output_stream(filesystem(self.uri + INDEX_SUFFIX)[1]) as out:
             out.write(body)
         return size + len(body)
+
+
+    def discard(self) -> None:
+        """Closes the file without writing what it holds, ignoring errors: its task failed (a full disk),
+        and a resume spills it again. A buffered stream left open would try to flush when collected and
+        print Arrow's error after the job's own."""
+        self.held, self.held_bytes = [], 0
+        for end in (self.writer.close, self.stream.close):
+            try:
+                end()
+            except (OSError, pa.ArrowException):
+                pass
 
 
 @dataclass
