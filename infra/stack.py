@@ -135,7 +135,7 @@ FUNCTIONS: dict[str, FunctionSpec] = {
     "plan": FunctionSpec(3008, Duration.minutes(15), engine=True, reads_sources=True, scratch=True, clears_scratch=True),
     "scan": FunctionSpec(3008, Duration.minutes(15), engine=True, reads_sources=True, scratch=True),
     "cut": FunctionSpec(3008, Duration.minutes(15), engine=True, commits=True, scratch=True, duckdb=False),  # forks the job's branch
-    "write": FunctionSpec(3584, Duration.minutes(15), engine=True, scratch=True, writes_data=True, duckdb=False),  # reads the scan spills
+    "write": FunctionSpec(3008, Duration.minutes(15), engine=True, scratch=True, writes_data=True, duckdb=False),  # reads the scan spills
     "stage": FunctionSpec(2048, Duration.minutes(15), engine=True, commits=True, duckdb=False),
     "validate": FunctionSpec(2048, Duration.minutes(15), engine=True, writes_facts=True),  # lists the check items, combines the facts
     # one staged file's checks, a batch at a time, on one thread: 1,769 MB is one full vCPU, and less

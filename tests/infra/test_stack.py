@@ -128,7 +128,7 @@ def test_functions_are_arm64_python312_traced_with_the_layer_and_log_retention(s
         log_group = synthesized.template["Resources"][props["LoggingConfig"]["LogGroup"]["Ref"]]
         assert log_group["Properties"]["RetentionInDays"] == 90, name
     memory = {name: props["MemorySize"] for name, (_, props) in functions(synthesized).items()}
-    assert memory == {"plan": 3008, "scan": 3008, "cut": 3008, "write": 3584, "stage": 2048, "validate": 2048, "validate_item": 1769,
+    assert memory == {"plan": 3008, "scan": 3008, "cut": 3008, "write": 3008, "stage": 2048, "validate": 2048, "validate_item": 1769,
                       "publish": 2048, "record_failure": 512, "canary": 2048, "abort": 1024, "api": 512, "rollup": 2048}
     for layer in layers.values():
         layer_props = synthesized.template["Resources"][layer]["Properties"]

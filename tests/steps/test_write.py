@@ -10,7 +10,8 @@ import pytest
 
 from tests.conftest import make_readings, recent
 from timelake.model.contract import Contract
-from timelake.steps.write import _sort_and_dedup, drop_existing, existing_mask
+from timelake.steps import write
+from timelake.steps.write import KeyPacker, _drop_marked, _sort_and_dedup, drop_existing, existing_mask, sorted_order
 
 
 def _contract(series: tuple[str, ...] = ("device_id",)) -> Contract:
@@ -116,6 +117,33 @@ def test_existing_mask_equals_a_set_reference_for_any_row_order(rows_order, exis
     assert expected.sum() > 20 and (~expected).sum() > 20
     assert mask.tolist() == expected.tolist()
 
+
+@pytest.mark.parametrize("chunk", [3, 1 << 20], ids=["small_chunks", "one_chunk"])
+def test_merge_writer_packs_its_keys_over_the_sort_codes_and_drops_main_keys_in_place(monkeypatch, chunk):
+    """A writer in merge mode packs the unit's keys over its own sort codes (used up, so a unit's keys are
+    held once), then moves the kept rows to the front of its sorted order a chunk at a time. The kept
+    order, the count and the sum dropped equal a reference, the rows themselves (whose times the codes
+    view) are untouched, with source duplicates and chunk edges anywhere."""
+    monkeypatch.setattr(write, "COMPACT_ROWS", chunk)
+    monkeypatch.setattr(KeyPacker, "CHUNK", chunk)
+    rng = np.random.default_rng(4)
+    source = make_readings("2026-01-01", days=0.5, devices=6, step_minutes=10)
+    corrections = source.take(pa.array(rng.choice(source.num_rows, 9, replace=False)))
+    rows = pa.concat_tables([source.take(pa.array(rng.permutation(source.num_rows))), corrections]).combine_chunks()
+    before = rows.column("ts").to_pylist()
+    order, _, duplicates, codes = sorted_order(rows, _contract())
+    assert duplicates == 9
+    existing = pa.concat_tables([rows.take(pa.array(rng.choice(rows.num_rows, 50, replace=False))),
+                                 make_readings("2026-01-01", days=0.5, devices=9, step_minutes=7)]).select(["device_id", "ts"])
+    mask = existing_mask(rows, iter(existing.to_batches(max_chunksize=7)), _contract(), codes, consume=True)
+    assert codes.columns == []
+    expected = _reference_mask(rows.take(pa.array(order)), existing, ["device_id", "ts"])
+    assert mask.tolist() == expected.tolist() and 0 < expected.sum() < len(order)
+    values = rows.column("value").to_numpy()
+    kept, dropped, dropped_sum = _drop_marked(rows, order.copy(), mask, _contract())
+    assert kept.tolist() == order[~expected].tolist() and dropped == expected.sum()
+    assert dropped_sum == pytest.approx(values[order[expected]].sum())
+    assert rows.column("ts").to_pylist() == before
 
 def test_files_carry_the_sort_order_id_and_nan_counts(sensor, readings):
     """Other engines trust both: the sort order id says the file is sorted as the table declares

@@ -72,10 +72,12 @@ def write_rows(table: Any, contract: Contract, mode: str, job_id: str, unit: Uni
         existing = (main.batches(table, unit.info["start"], unit.info["end"]) if main is not None else
                     stream_range(table, contract.time_column, unit.info["start"], unit.info["end"], contract.dedup_key))
         keyed = rows if codes.packs(contract) else rows.select(list(contract.dedup_key)).take(pa.array(order))
-        mask = existing_mask(keyed, existing, contract, codes)  # main's rows a batch at a time, against the unit's keys
+        # main's rows a batch at a time, against the unit's keys packed in place of its sort codes
+        mask = existing_mask(keyed, existing, contract, codes, consume=True)
+        del keyed
         if mask.any():
-            conflicts, conflict_sum = int(mask.sum()), _sum_at(rows, order[mask], contract)
-            order = order[~mask]
+            order, conflicts, conflict_sum = _drop_marked(rows, order, mask, contract)
+    del codes  # the file is written from the rows and their order alone
     result: dict[str, Any] = {
         "rows_in": rows.num_rows, "rows_written": len(order), "rows_duplicate_in_source": duplicates,
         "rows_conflicting_existing": conflicts, "duplicate_sum": dup_sum, "conflict_sum": conflict_sum,
@@ -119,9 +121,14 @@ def _read_slice(unit: UnitRecord, target: pa.Schema, contract: Contract, counter
         return target.empty_table()
     columns = []
     for name in target.names:
-        column = pa.chunked_array(compact.pop(name))
-        columns.append((column.unify_dictionaries() if name in series else column).combine_chunks())
+        chunks = pa.chunked_array(compact.pop(name))
+        columns.append((chunks.unify_dictionaries() if name in series else chunks).combine_chunks())
+        del chunks
     fields = [f.with_type(c.type) for f, c in zip(target, columns)]  # keeps the Iceberg field ids
+    # Arrow's allocator keeps the pages of the read's buffers for its own reuse; the sort that follows
+    # allocates through numpy, which cannot use them, so they go back to the system now (~0.4 GB a
+    # 33M-row unit).
+    pa.default_memory_pool().release_unused()
     return pa.Table.from_arrays(columns, schema=pa.schema(fields, metadata=target.metadata))
 
 
@@ -165,6 +172,7 @@ def _stable_order(columns: list[np.ndarray]) -> np.ndarray:
     first = columns[0]
     small = first.dtype.kind in "iu" and 0 <= int(first.min()) and int(first.max()) < 1 << 16
     order = np.argsort(first.astype(np.uint16) if small else first, kind="stable")
+    del first  # the list holds it until its sorted copy replaces it
     undecided = None
     for i, codes in enumerate(columns):
         columns[i] = codes[order]
@@ -218,7 +226,7 @@ def sort_key_codes(rows: pa.Table, contract: Contract) -> KeyCodes:
     for name, _ in sort_keys(contract):
         column = rows.column(name)
         if pa.types.is_dictionary(column.type):
-            dictionary = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+            dictionary = _single(column)
             by_value = pc.sort_indices(dictionary.dictionary).to_numpy()
             distinct[name] = dictionary.dictionary.take(pa.array(by_value))
             rank = np.empty(len(by_value), dtype=np.int32)
@@ -228,14 +236,23 @@ def sort_key_codes(rows: pa.Table, contract: Contract) -> KeyCodes:
         if spill.is_text(column.type):
             distinct[name] = pc.unique(column).sort()
             column = pc.index_in(column, value_set=distinct[name])
+        elif pa.types.is_timestamp(column.type) and column.null_count == 0:
+            column = _single(column).view(pa.int64())  # the same buffer: a unit's times are not held twice
         elif pa.types.is_timestamp(column.type) or pa.types.is_date(column.type):
             column = pc.cast(column, pa.int64())
         codes.append(_numpy(column))
     return KeyCodes(codes, distinct)
 
 
+def _single(column: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """``column`` as one array: no copy when it is one already, or a chunked array of one chunk."""
+    if isinstance(column, pa.Array):
+        return column
+    return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+
+
 def _numpy(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
-    return column.to_numpy(zero_copy_only=False) if isinstance(column, pa.Array) else column.combine_chunks().to_numpy(zero_copy_only=False)
+    return _single(column).to_numpy(zero_copy_only=False)
 
 
 def drop_existing(rows: pa.Table, existing: pa.Table, contract: Contract, codes: KeyCodes | None = None) -> tuple[pa.Table, int, float]:
@@ -250,14 +267,16 @@ def drop_existing(rows: pa.Table, existing: pa.Table, contract: Contract, codes:
 
 
 def existing_mask(rows: pa.Table, existing: pa.Table | Iterable[pa.RecordBatch], contract: Contract,
-                  codes: KeyCodes | None = None) -> np.ndarray:
+                  codes: KeyCodes | None = None, consume: bool = False) -> np.ndarray:
     """Which of ``rows`` have a key in ``existing`` (a table, or batches read one at a time); ``codes``
     are the rows' ``sort_key_codes`` if known.
 
     For the usual key (one series column + time) the rows' keys become one int64 each (`KeyPacker`) and
     ``existing`` is matched a batch at a time by binary search among them, so memory holds the rows' keys
     (8 bytes a row) and one batch of ``existing``, however much of it there is. Other keys take Arrow's
-    join over all of ``existing``.
+    join over all of ``existing``. With ``consume``, ``codes`` are used up: the keys are packed over their
+    time column and their columns dropped, so a writer holding a whole unit holds its keys once, not
+    twice (the codes are 12 bytes a row, the packed keys 8).
     """
     batches = existing.combine_chunks().to_batches() if isinstance(existing, pa.Table) else existing  # one batch: it is all here
     keys = list(contract.dedup_key)
@@ -272,7 +291,12 @@ def existing_mask(rows: pa.Table, existing: pa.Table | Iterable[pa.RecordBatch],
             distinct, ranks, times = codes.distinct[series], codes.columns[0], codes.columns[1]
         packer = KeyPacker.fit(series, contract.time_column, distinct, int(times.min()), int(times.max()))
         if packer is not None:
-            return packer.mark(packer.pack(ranks, times), batches)
+            reuse = consume and codes is not None and times.flags.writeable and times.dtype == np.int64
+            packed = packer.pack(ranks, times, out=times if reuse else None)
+            if consume and codes is not None:
+                codes.columns.clear()
+            del ranks, times
+            return packer.mark(packed, batches)
     mask = np.zeros(rows.num_rows, dtype=bool)
     theirs = [batch.select(keys) for batch in batches if batch.num_rows]
     if not rows.num_rows or not theirs:
@@ -309,13 +333,15 @@ class KeyPacker:
             return None
         return cls(series, time_column, distinct, first_us, time_bits)
 
-    def pack(self, ranks: np.ndarray, times: np.ndarray) -> np.ndarray:
-        """Packed keys of series ranks and times (µs) that lie inside the packer's range."""
-        out = np.empty(len(ranks), dtype=np.int64)
+    def pack(self, ranks: np.ndarray, times: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """Packed keys of series ranks and times (µs) that lie inside the packer's range, into ``out`` if
+        given (an int64 array of their length, which may be ``times`` itself)."""
+        out = np.empty(len(ranks), dtype=np.int64) if out is None else out
         for i in range(0, len(out), self.CHUNK):
+            low = times[i:i + self.CHUNK] - self.base  # a copy: ``out`` may be ``times``
             part = out[i:i + self.CHUNK]
             np.left_shift(ranks[i:i + self.CHUNK], self.time_bits, out=part, dtype=np.int64)
-            part |= times[i:i + self.CHUNK] - self.base
+            part |= low
         return out
 
     def pack_rows(self, rows: pa.Table | pa.RecordBatch) -> tuple[np.ndarray, np.ndarray]:
@@ -360,10 +386,26 @@ def _sum(rows: pa.Table, contract: Contract) -> float:
 
 
 def _sum_at(rows: pa.Table, at: np.ndarray, contract: Contract) -> float:
-    """The check column's sum over the rows numbered ``at``."""
+    """The check column's sum over the rows numbered ``at``, taken a chunk at a time (a copy of the
+    column is not held)."""
     if not contract.check_column or not len(at):
         return 0.0
-    return float(pc.sum(rows.column(contract.check_column).take(pa.array(at))).as_py() or 0)
+    column = rows.column(contract.check_column)
+    return sum(float(pc.sum(column.take(pa.array(at[i:i + COMPACT_ROWS]))).as_py() or 0)
+               for i in range(0, len(at), COMPACT_ROWS))
+
+
+def _drop_marked(rows: pa.Table, order: np.ndarray, mask: np.ndarray, contract: Contract) -> tuple[np.ndarray, int, float]:
+    """``order`` without its entries that ``mask`` marks, how many those are and their check sum. The kept
+    entries are moved to the front of ``order`` a chunk at a time, so neither part is copied whole."""
+    kept, dropped_sum = 0, 0.0
+    for i in range(0, len(order), COMPACT_ROWS):
+        part, marked = order[i:i + COMPACT_ROWS], mask[i:i + COMPACT_ROWS]
+        dropped_sum += _sum_at(rows, part[marked], contract)
+        keep = part[~marked]  # a copy, so writing it over the front of ``order`` (kept <= i) is safe
+        order[kept:kept + len(keep)] = keep
+        kept += len(keep)
+    return order[:kept], len(order) - kept, dropped_sum
 
 
 def unit_path(table: Any, job_id: str, unit: UnitRecord, suffix: str = "") -> str:
