@@ -148,3 +148,42 @@ def test_partition_buckets_of_a_one_tier_table_are_its_fixed_grain(grain):
     hi = lo + 10 * 86_400_000_000 + 5 * 3_600_000_000 + 1
     calendar = coverage.bucket_edges(lo, hi, lambda _t: grain, "partition")  # one boundary at a time
     assert coverage.bucket_edges(lo, hi, lambda _t: grain, "partition", grain) == calendar
+
+
+def test_a_publish_that_loses_a_commit_race_lists_fresh_copies(lake, sensor, readings):
+    """A live commit lands between publish's check and its commit: the attempt conflicts, its copies
+    are deleted with it, and the retry lists copies of its own on top of the live commit."""
+    from timelake.model.faults import at
+
+    rt = lake.runtime
+    source = readings(recent(30), days=2, devices=2)
+    job_id = stage_job(lake, source)
+    validate(rt, job_id)
+    live = readings(recent(10), days=1, devices=2, seed=3)
+    raced = []
+
+    def race() -> None:
+        if not raced:
+            raced.append(True)
+            sensor.append(live)
+
+    with at("publish.committing", race):
+        publish(rt, job_id)
+    iceberg = sensor.refresh().iceberg
+    snapshot = _publish_snapshot(iceberg, job_id)
+    parent = iceberg.snapshot_by_id(snapshot.parent_snapshot_id)
+    assert parent.summary.get(JOB_PROPERTY) is None  # built on the live commit
+    added = [m for m in snapshot.manifests(iceberg.io) if m.added_snapshot_id == snapshot.snapshot_id]
+    copies = {Path(m.manifest_path.removeprefix("file://")) for m in added}
+    assert len(copies) == 1 and all(p.exists() for p in copies)
+    entries = [e for m in added for e in m.fetch_manifest_entry(iceberg.io)]
+    assert {e.snapshot_id for e in entries} == {snapshot.snapshot_id} and len(entries) == 2
+    # no copy of the lost attempt is left beside the one main lists
+    staged_id = rt.store.get_job(job_id).state["staged_snapshot_id"]
+    metadata = next(iter(copies)).parent
+    referenced = {Path(m.manifest_path.removeprefix("file://")) for s in iceberg.snapshots() for m in s.manifests(iceberg.io)}
+    size = next(iter(copies)).stat().st_size
+    strays = [p for p in metadata.glob("*-m*.avro") if p not in referenced and p.stat().st_size == size]
+    assert len(strays) <= 1  # at most the staging manifest itself (its snapshot is gone from the metadata)
+    assert staged_id not in {s.snapshot_id for s in iceberg.snapshots()}
+    assert sort_rows(sensor.refresh().to_arrow()).equals(sort_rows(pa.concat_tables([live, source])))
