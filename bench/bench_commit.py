@@ -2,7 +2,7 @@
 
 Not a test: it prints seconds (wall and CPU), ratios and targets, and asserts nothing about speed.
 
-    .venv/bin/python bench/bench_commit.py                 # 10,000 files, 3 rounds, ~2 min
+    .venv/bin/python bench/bench_commit.py                 # 10,000 files, best of 3 rounds, ~1 min (the first run writes the files: +10 s)
     .venv/bin/python bench/bench_commit.py --files 2000 --repeat 5
 
 The files (one small Parquet file per day partition, written once into bench/.data/) stand for the
