@@ -2,7 +2,7 @@
 
 Not a test: it prints seconds (wall and CPU), ratios and targets, and asserts nothing about speed.
 
-    .venv/bin/python bench/bench_commit.py                 # 10,000 files, 3 rounds, ~2 min
+    .venv/bin/python bench/bench_commit.py                 # 10,000 files, best of 3 rounds, ~1 min (the first run writes the files: +10 s)
     .venv/bin/python bench/bench_commit.py --files 2000 --repeat 5
 
 The files (one small Parquet file per day partition, written once into bench/.data/) stand for the
@@ -11,13 +11,21 @@ write step leaves them), and times the runner's ``stage`` and ``publish`` step f
 is what a pyiceberg user does with DataFiles already in hand: ONE ``fast_append`` of the same files
 into a fresh table of the same schema and partition spec (the DataFiles built from the footers
 beforehand, untimed). Floor, stage and publish alternate within each round, so a busy machine slows
-all three alike; the rounds are reported one by one, with the load average.
+all three alike; the rounds are reported one by one, with the load average, and the ratios are of
+the best (fastest) round of each, in wall and in CPU seconds of the process.
+
+"publish" is the whole step as the runner calls it: the chunk commit, removing the branch and the
+staging snapshot, the provenance row, and the coverage companion update (the readers' completion
+signal, done inside publish before it returns); the last two are also printed on their own. Stage
+and publish pause Python's cyclic garbage collector while they run (`commit.collector_paused`), so
+the floor is also timed that way ("fast append, gc paused"), and the ratios against it printed too.
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import gc
 import json
 import os
 import pstats
@@ -112,28 +120,62 @@ def record_job(lake: Any, results: list[dict[str, Any]]) -> str:
     return job.id
 
 
-def floor(work: Path, files: list[Any]) -> dict[str, float]:
-    """ONE pyiceberg fast append of ``files`` (prebuilt DataFiles) into a fresh table."""
+def floor(work: Path, files: list[Any], paused: bool = False) -> dict[str, float]:
+    """ONE pyiceberg fast append of ``files`` (prebuilt DataFiles) into a fresh table; ``paused``: with
+    the cyclic garbage collector paused, as our steps run."""
     from pyiceberg.catalog.sql import SqlCatalog
 
     from timelake.model.layout import fresh_schema
 
-    (work / "floor").mkdir(parents=True)
-    catalog = SqlCatalog("floor", uri=f"sqlite:///{work}/floor/catalog.db", warehouse=f"file://{work}/floor")
+    work = work / ("floor-paused" if paused else "floor")
+    work.mkdir(parents=True)
+    catalog = SqlCatalog("floor", uri=f"sqlite:///{work}/catalog.db", warehouse=f"file://{work}")
     catalog.create_namespace("bench")
     spec_source = _create(_lake(work / "spec")).iceberg
     table = catalog.create_table(TABLE, schema=fresh_schema(SCHEMA), partition_spec=spec_source.spec())
-    wall, cpu = time.perf_counter(), time.process_time()
-    with table.transaction() as tx:
-        with tx.update_snapshot().fast_append() as append:
-            for f in files:
-                append.append_data_file(f)
-    return {"wall": time.perf_counter() - wall, "cpu": time.process_time() - cpu}
+    if paused:
+        gc.disable()
+    try:
+        wall, cpu = time.perf_counter(), time.process_time()
+        with table.transaction() as tx:
+            with tx.update_snapshot().fast_append() as append:
+                for f in files:
+                    append.append_data_file(f)
+        return {"wall": time.perf_counter() - wall, "cpu": time.process_time() - cpu}
+    finally:
+        gc.enable()
+
+
+class _Timed:
+    """Wraps a module function to add up the wall and CPU seconds of its calls (a part of a step)."""
+
+    def __init__(self, module: Any, name: str) -> None:
+        self.module, self.name, self.original = module, name, getattr(module, name)
+        self.wall = self.cpu = 0.0
+
+    def __enter__(self) -> "_Timed":
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            wall, cpu = time.perf_counter(), time.process_time()
+            try:
+                return self.original(*args, **kwargs)
+            finally:
+                self.wall += time.perf_counter() - wall
+                self.cpu += time.process_time() - cpu
+
+        setattr(self.module, self.name, timed)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        setattr(self.module, self.name, self.original)
+
+    def seconds(self) -> dict[str, float]:
+        return {"wall": self.wall, "cpu": self.cpu}
 
 
 def ours(work: Path, results: list[dict[str, Any]], profile: int = 0) -> dict[str, dict[str, float]]:
     """The runner's stage and publish steps on a freshly recorded job (validation is marked passed);
     ``profile``: print that many of the most expensive functions of each step (cProfile, CPU time)."""
+    from timelake.followup import completion, provenance
     from timelake.steps.publish import publish
     from timelake.steps.stage import stage
 
@@ -144,11 +186,14 @@ def ours(work: Path, results: list[dict[str, Any]], profile: int = 0) -> dict[st
     timings = {}
     for name, step in (("stage", stage), ("publish", publish)):
         profiler = cProfile.Profile(time.process_time) if profile else None
-        wall, cpu = time.perf_counter(), time.process_time()
-        if profiler:
-            profiler.enable()
-        step(rt, job_id)
-        timings[name] = {"wall": time.perf_counter() - wall, "cpu": time.process_time() - cpu}
+        with _Timed(completion, "update") as coverage, _Timed(provenance, "record") as record:
+            wall, cpu = time.perf_counter(), time.process_time()
+            if profiler:
+                profiler.enable()
+            step(rt, job_id)
+            timings[name] = {"wall": time.perf_counter() - wall, "cpu": time.process_time() - cpu}
+        if name == "publish":
+            timings["coverage"], timings["provenance"] = coverage.seconds(), record.seconds()
         if profiler:
             profiler.disable()
             print(f"--- {name}")
@@ -185,20 +230,29 @@ def main() -> None:
         work = DATA / "work" / "commit"
         shutil.rmtree(work, ignore_errors=True)
         work.mkdir(parents=True)
-        row = {"floor": floor(work, files), **ours(work, results, args.profile), "load": _load()}
+        row = {"floor": floor(work, files), **ours(work, results, args.profile),
+               "floor_paused": floor(work, files, paused=True), "load": _load()}
         shutil.rmtree(work, ignore_errors=True)
         rounds.append(row)
-        print(f"  round {i + 1}: fast append {row['floor']['wall']:.2f} s (cpu {row['floor']['cpu']:.2f}), "
-              f"stage {row['stage']['wall']:.2f} s (cpu {row['stage']['cpu']:.2f}), "
-              f"publish {row['publish']['wall']:.2f} s (cpu {row['publish']['cpu']:.2f}); load {row['load']}",
-              flush=True)
+        print(f"  round {i + 1}: " + ", ".join(f"{name} {row[key]['wall']:.2f} s (cpu {row[key]['cpu']:.2f})" for key, name in (
+            ("floor", "fast append"), ("stage", "stage"), ("publish", "publish"), ("coverage", "of which coverage"),
+            ("provenance", "provenance"), ("floor_paused", "fast append gc paused"))) + f"; load {row['load']}", flush=True)
+    best = {key: {unit: min(r[key][unit] for r in rounds) for unit in ("wall", "cpu")}
+            for key in ("floor", "floor_paused", "stage", "publish", "coverage", "provenance")}
     print()
-    print(f"{'ratio (median of rounds)':<28} {'wall':>6} {'cpu':>6} {'target':>8}")
+    print(f"best of {len(rounds)} round(s), seconds      {'wall':>6} {'cpu':>6}")
+    for key, name in (("floor", "fast append (the floor)"), ("floor_paused", "fast append, gc paused"),
+                      ("stage", "stage"), ("publish", "publish (whole step)"),
+                      ("coverage", "  of which coverage update"), ("provenance", "  of which provenance row")):
+        print(f"  {name:<32} {best[key]['wall']:>6.2f} {best[key]['cpu']:>6.2f}")
+    print()
+    print(f"{'ratio (best of rounds)':<36} {'wall':>6} {'cpu':>6} {'target':>8}")
     for name in ("stage", "publish"):
-        wall = statistics.median(r[name]["wall"] / r["floor"]["wall"] for r in rounds)
-        cpu = statistics.median(r[name]["cpu"] / r["floor"]["cpu"] for r in rounds)
-        print(f"{name + ' / fast append':<28} {wall:>6.2f} {cpu:>6.2f} {'<= ' + str(TARGET):>8}  "
-              f"{'ok' if wall <= TARGET else 'OVER'}")
+        for floor_key, against in (("floor", "fast append"), ("floor_paused", "fast append, gc paused")):
+            wall = best[name]["wall"] / best[floor_key]["wall"]
+            cpu = best[name]["cpu"] / best[floor_key]["cpu"]
+            verdict = ("ok" if max(wall, cpu) <= TARGET else "OVER") if floor_key == "floor" else ""
+            print(f"{name + ' / ' + against:<36} {wall:>6.2f} {cpu:>6.2f} {'<= ' + str(TARGET) if verdict else '':>8}  {verdict}")
     print(f"load average at the end: {_load()}")
 
 

@@ -15,6 +15,7 @@ from datetime import datetime, timezone
 import pyarrow as pa
 from pyiceberg.exceptions import NoSuchTableError, TableAlreadyExistsError
 from pyiceberg.expressions import AlwaysTrue
+from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table as IcebergTable
 
 from timelake.followup.coverage import CoverageMap, compute
@@ -44,13 +45,15 @@ def companion_name(table_name: str) -> str:
     return f"{table_name}{SUFFIX}"
 
 
-def update(rt: Runtime, table_name: str, start: int | None = None, end: int | None = None, create: bool = True) -> int:
+def update(rt: Runtime, table_name: str, start: int | None = None, end: int | None = None, create: bool = True,
+           known: dict[str, list[DataFile]] | None = None) -> int:
     """Recompute the coverage of the partitions overlapping [start, end) (UTC µs; both None: the whole
     table, dropping rows of partitions that no longer exist) and swap them in; returns rows written.
-    ``create=False`` only corrects an existing companion (an abort must not start one)."""
+    ``create=False`` only corrects an existing companion (an abort must not start one). ``known``:
+    manifests the caller just committed, with their files (`coverage.file_stats`)."""
     if not create and not rt.catalog.table_exists(companion_name(".".join(rt.load_table(table_name).name()[-2:]))):
         return 0
-    cmap = compute(rt, table_name, start, end, by="partition")
+    cmap = compute(rt, table_name, start, end, by="partition", known=known)
     target = _companion(rt, cmap.table)
     rows = to_rows(cmap)
     whole = start is None and end is None

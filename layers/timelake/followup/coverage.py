@@ -32,7 +32,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyiceberg.conversions import from_bytes
-from pyiceberg.manifest import DataFileContent, ManifestContent, ManifestFile
+from pyiceberg.manifest import DataFile, DataFileContent, ManifestContent, ManifestFile
 from pyiceberg.table import Table as IcebergTable
 
 from timelake.model.commit import JOB_PROPERTY, STEP_PROPERTY
@@ -118,10 +118,11 @@ class FileStats:
 
 def compute(
     rt: Runtime, table_name: str, start: str | datetime | int | None = None, end: str | datetime | int | None = None,
-    by: str = "day", series: bool = False, now: datetime | None = None,
+    by: str = "day", series: bool = False, now: datetime | None = None, known: dict[str, list[DataFile]] | None = None,
 ) -> CoverageMap:
     """Coverage of ``table_name``'s main in [start, end) per ``by`` bucket (hour, day, month, or
-    ``partition``: the table's own partitions, tier by tier). Open range ends come from the files' bounds."""
+    ``partition``: the table's own partitions, tier by tier). Open range ends come from the files' bounds.
+    ``known``: manifests whose files the caller holds (see `file_stats`)."""
     if by not in (*GRAINS, "partition"):
         raise ValueError(f"--by '{by}' is not one of {', '.join(GRAINS)}")
     table = rt.load_table(table_name)
@@ -132,16 +133,17 @@ def compute(
     if lo is not None and hi is not None and lo >= hi:
         raise ValueError(f"coverage of {name}: --start {iso(lo)} is not before --end {iso(hi)}")
     grain_at = _grain_at(contract, now_us, by)
+    uniform = by if by != "partition" else contract.tiers[0].transform if len(contract.tiers) == 1 else None
     # whole buckets only: a bucket cut by the range would count some of its files and not others
     lo = floor_to(lo, grain_at(lo)) if lo is not None else None
     hi = _ceil(hi, grain_at) if hi is not None else None
-    stats = file_stats(rt, table, contract, lo, hi)
+    stats = file_stats(rt, table, contract, lo, hi, known)
     if lo is None or hi is None:
         if not len(stats.rows):
             return _empty(name, by, table)
         lo = lo if lo is not None else floor_to(int(stats.lo.min()), grain_at(int(stats.lo.min())))
         hi = hi if hi is not None else _ceil(int(stats.hi.max()) + 1, grain_at)
-    edges = bucket_edges(lo, hi, grain_at, by)
+    edges = bucket_edges(lo, hi, grain_at, by, uniform)
     buckets = [Bucket(a, b, grain_at(a)) for a, b in zip(edges, edges[1:])]
     interval = fixed_interval(table.properties[EXPECTED_INTERVAL]) if table.properties.get(EXPECTED_INTERVAL) else None
     fractions = _assign(stats, np.array(edges, dtype=np.int64), buckets, interval)
@@ -171,11 +173,15 @@ def _micros(value: str | datetime | int | None) -> int | None:
     return to_micros(parse_instant(value))
 
 
-def file_stats(rt: Runtime, table: IcebergTable, contract: Contract, lo: int | None, hi: int | None) -> FileStats:
+def file_stats(rt: Runtime, table: IcebergTable, contract: Contract, lo: int | None, hi: int | None,
+               known: dict[str, list[DataFile]] | None = None) -> FileStats:
     """Per data file of main: time bounds, record count, sequence number and writer, from manifests.
 
     Manifests whose partition summary lies outside [lo, hi) are not opened; the rest are read in
-    parallel (each is one small Avro file)."""
+    parallel (each is one small Avro file). ``known``: manifest path -> the files it holds, for
+    manifests a commit just wrote with only ADDED entries that inherit their snapshot id and
+    sequence number from main's manifest list: those are not decoded again (publish passes the
+    10,000 entries it committed)."""
     snapshot = table.current_snapshot()
     if snapshot is None:
         return FileStats([], *(np.zeros(0, dtype=np.int64) for _ in range(5)), [LIVE])
@@ -185,9 +191,12 @@ def file_stats(rt: Runtime, table: IcebergTable, contract: Contract, lo: int | N
 
     def read(manifest: ManifestFile) -> list[tuple[str, int, int, int, int, int]]:
         index, transform, _ = _time_partition(table, contract, manifest.partition_spec_id)
+        held = (known or {}).get(manifest.manifest_path)
+        entries = ((e.data_file, e.sequence_number, e.snapshot_id) for e in manifest.fetch_manifest_entry(
+            table.io, discard_deleted=True)) if held is None else (
+            (f, manifest.sequence_number, manifest.added_snapshot_id) for f in held)
         found = []
-        for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
-            f = entry.data_file
+        for f, sequence_number, snapshot_id in entries:
             if f.content != DataFileContent.DATA or not f.record_count:
                 continue
             a, b = file_bounds(f, time_field)
@@ -196,7 +205,7 @@ def file_stats(rt: Runtime, table: IcebergTable, contract: Contract, lo: int | N
                 b -= 1
             if (lo is not None and b < lo) or (hi is not None and a >= hi):
                 continue
-            found.append((f.file_path, a, b, f.record_count, entry.sequence_number or 0, entry.snapshot_id or 0))
+            found.append((f.file_path, a, b, f.record_count, sequence_number or 0, snapshot_id or 0))
         return found
 
     with ThreadPoolExecutor(max_workers=8) as pool:
@@ -212,13 +221,14 @@ def file_stats(rt: Runtime, table: IcebergTable, contract: Contract, lo: int | N
     )
 
 
-def bucket_edges(lo: int, hi: int, grain_at: Any, by: str) -> list[int]:
-    """Bucket boundaries from ``lo`` (a bucket start) until past ``hi``; ``grain_at(t)`` names the grain at t."""
-    if by in FIXED:  # a 3-year hour map has 26k buckets: no per-bucket calendar arithmetic
-        count = -(-(hi - lo) // FIXED[by])
+def bucket_edges(lo: int, hi: int, grain_at: Any, by: str, uniform: str | None = None) -> list[int]:
+    """Bucket boundaries from ``lo`` (a bucket start) until past ``hi``; ``grain_at(t)`` names the grain at t,
+    ``uniform`` the grain everywhere when there is one (``by``, or a table's only partition tier)."""
+    if uniform in FIXED:  # a 3-year hour map has 26k buckets: no per-bucket calendar arithmetic
+        count = -(-(hi - lo) // FIXED[uniform])
         if count > MAX_BUCKETS:
             raise _too_many(count, lo, hi, by)
-        return list(range(lo, hi + FIXED[by], FIXED[by]))[: count + 1]
+        return list(range(lo, hi + FIXED[uniform], FIXED[uniform]))[: count + 1]
     edges = [lo]
     while edges[-1] < hi:
         if len(edges) > MAX_BUCKETS:
@@ -238,6 +248,8 @@ def _grain_at(contract: Contract, now_us: int, by: str) -> Any:
     """The bucket grain at an instant: ``by`` itself, or for ``partition`` the tier that holds it."""
     if by != "partition":
         return lambda _t: by
+    if len(contract.tiers) == 1:
+        return lambda _t: contract.tiers[0].transform
     cutoffs = contract.tier_cutoffs(datetime.fromtimestamp(now_us / 1e6, timezone.utc))
     return lambda t: contract.tiers[int(contract.tier_index(np.array([t]), cutoffs)[0])].transform
 
@@ -321,10 +333,14 @@ def _assign(
         newer = stats.seq[i] >= last_seq[span]
         last_seq[span[newer]] = stats.seq[i]
         last_writer[span[newer]] = stats.writer[i]
-    for k, bucket in enumerate(buckets):
-        bucket.rows, bucket.files, bucket.estimated = int(rows[k]), int(files[k]), bool(estimated[k])
-        bucket.writers = {stats.writers[w]: int(by_writer[k, w]) for w in np.flatnonzero(by_writer[k])}
-        bucket.last_writer = stats.writers[last_writer[k]] if last_writer[k] >= 0 else None
+    writers: list[dict[str, int]] = [{} for _ in buckets]
+    ks, ws = np.nonzero(by_writer)  # row-major: per bucket, writers in their order
+    for k, w, n in zip(ks.tolist(), ws.tolist(), by_writer[ks, ws].tolist()):
+        writers[k][stats.writers[w]] = n
+    names = [None, *stats.writers]  # last_writer -1: none
+    for bucket, n, f, e, w, last in zip(buckets, rows.tolist(), files.tolist(), estimated.tolist(), writers,
+                                        (last_writer + 1).tolist()):
+        bucket.rows, bucket.files, bucket.estimated, bucket.writers, bucket.last_writer = n, f, e, w, names[last]
     exact = np.flatnonzero(inside)
     return [(int(i), first[i:i + 1], stats.rows[i:i + 1]) for i in exact] + spread
 

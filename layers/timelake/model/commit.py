@@ -9,14 +9,18 @@ tests/model/test_commit.py fails if that class changes shape.
 
 from __future__ import annotations
 
+import gc
 import itertools
 import json
 import random
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+import threading
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
@@ -37,9 +41,13 @@ from pyiceberg.io.pyarrow import (
     write_file,
 )
 from pyiceberg.manifest import (
+    DATA_FILE_TYPE,
+    DEFAULT_READ_VERSION,
+    UNASSIGNED_SEQ,
     DataFile,
     DataFileContent,
     FileFormat,
+    ManifestContent,
     ManifestEntry,
     ManifestEntryStatus,
     ManifestFile,
@@ -78,6 +86,7 @@ COMMIT_ATTEMPTS = 10
 JOB_PROPERTY = "timelake.job-id"
 STEP_PROPERTY = "timelake.step"
 CHUNK_PROPERTY = "timelake.chunk"
+INHERITED_IDS = "timelake.inherited-ids"  # summary: the entries this snapshot added name no snapshot or sequence number
 NAN_COUNTS = b"timelake.nan-value-counts"
 PARTITION_SUMMARY_LIMIT = "write.summary.partition-limit"  # Iceberg's property; pyiceberg's default, 0, writes none
 MANIFEST_BLOCK = 1000  # manifest entries per Avro block  # Parquet footer key: NaNs per float column, by name (Parquet has no such statistic)
@@ -109,11 +118,11 @@ def data_file_from_result(table: IcebergTable, result: dict[str, Any], sort_orde
         return data_file(table, result["path"], result["spec_id"], result["value"])
     decoded = dict(stats)
     for key in _COUNTS:
-        if stats.get(key) is not None:
-            decoded[key] = {int(k): v for k, v in stats[key].items()}
+        if (counts := stats.get(key)) is not None:
+            decoded[key] = {int(k): v for k, v in counts.items()}
     for key in _BOUNDS:
-        if stats.get(key) is not None:
-            decoded[key] = {int(k): bytes.fromhex(v) for k, v in stats[key].items()}
+        if (bounds := stats.get(key)) is not None:
+            decoded[key] = {int(k): bytes.fromhex(v) for k, v in bounds.items()}
     order = _sort_order_id(table) if sort_order_id is False else sort_order_id
     return _data_file(table, result["path"], result["spec_id"], result["value"], result["bytes"], decoded, order)
 
@@ -138,19 +147,15 @@ def _statistics(table: IcebergTable, metadata: pq.FileMetaData) -> dict[str, Any
 
 def _data_file(table: IcebergTable, path: str, spec_id: int, partition_value: int, size: int, stats: dict[str, Any],
                sort_order_id: int | None) -> DataFile:
-    result = DataFile.from_args(
-        content=DataFileContent.DATA,
-        file_path=path,
-        file_format=FileFormat.PARQUET,
-        partition=Record(partition_value),
-        file_size_in_bytes=size,
-        sort_order_id=sort_order_id,
-        equality_ids=None,
-        key_metadata=None,
-        **stats,
-    )
-    result.spec_id = spec_id  # from_args does not keep it; the manifest writer needs it
+    values = {"content": DataFileContent.DATA, "file_path": path, "file_format": FileFormat.PARQUET,
+              "partition": Record(partition_value), "file_size_in_bytes": size, "sort_order_id": sort_order_id,
+              "equality_ids": None, "key_metadata": None, **stats}
+    result = DataFile(*[values.get(name, default) for name, default in _DATA_FILE_FIELDS])  # = DataFile.from_args,
+    result.spec_id = spec_id  # from_args does not keep it; the manifest writer needs it   # without its per-field lookups
     return result
+
+
+_DATA_FILE_FIELDS = tuple((f.name, f.initial_default) for f in DATA_FILE_TYPE[DEFAULT_READ_VERSION].fields)
 
 
 def _sort_order_id(table: IcebergTable) -> int | None:
@@ -183,14 +188,32 @@ def data_files(table: IcebergTable, results: Iterable[dict[str, Any]]) -> list[D
     return [read[id(r)] if id(r) in read else data_file_from_result(table, r, order) for r in results]
 
 
+@dataclass
+class ManifestCopy:
+    """Manifests another snapshot added, to be listed again by a new one: together they hold exactly
+    ``files``, one manifest per spec, and their entries inherit snapshot id and sequence numbers from
+    the manifest list (`staged_manifests` checks both). Publish lists copies of the staging
+    snapshot's manifests instead of encoding the same 10,000 entries a second time (most of a commit's
+    cost). A byte copy, not the same path: pyiceberg caches a manifest list's entries by manifest path
+    process-wide, so one path under two snapshots would read as the first snapshot's under both."""
+
+    manifests: list[ManifestFile]
+    files: list[DataFile]
+
+
 def append_files(
-    tx: Transaction, table: IcebergTable, files: list[DataFile], branch: str | None, properties: dict[str, str]
+    tx: Transaction, table: IcebergTable, files: list[DataFile], branch: str | None, properties: dict[str, str],
+    inherit: bool = False, written: dict[str, list[DataFile]] | None = None,
 ) -> int:
     """Add ``files`` (of any partition specs) to ``branch`` as one snapshot inside ``tx``; returns its id.
-    ``branch=None`` makes a snapshot no ref points to yet (staging on a table whose main is empty)."""
-    producer = _MultiSpecAppend(
-        operation=Operation.APPEND, transaction=tx, io=table.io, branch=branch, snapshot_properties=properties
-    )
+    ``branch=None`` makes a snapshot no ref points to yet (staging on a table whose main is empty).
+    ``inherit``: write the entries without snapshot id (format v2 inheritance, marked in the summary),
+    so a later commit can list copies of these manifests (`ManifestCopy`). ``written`` receives
+    path -> files of every manifest the commit added."""
+    inherit = inherit and tx.table_metadata.format_version == 2
+    producer = _MultiSpecAppend(operation=Operation.APPEND, transaction=tx, io=table.io, branch=branch,
+                                snapshot_properties={**properties, **({INHERITED_IDS: "true"} if inherit else {})})
+    producer.prepare(inherit=inherit, written=written)
     for f in files:
         producer.append_data_file(f)
     producer.commit()
@@ -199,14 +222,16 @@ def append_files(
 
 def overwrite_files(
     tx: Transaction, table: IcebergTable, deleted: list[DataFile], added: list[DataFile], branch: str | None,
-    properties: dict[str, str],
+    properties: dict[str, str], copy: ManifestCopy | None = None, written: dict[str, list[DataFile]] | None = None,
 ) -> int:
     """Remove ``deleted`` and add ``added`` (of any partition specs) as ONE overwrite snapshot inside
     ``tx``; returns its id. Each file keeps its own spec: a reader time-travelling to the snapshot
-    before sees the old files, the snapshot itself the new ones, nothing in between."""
+    before sees the old files, the snapshot itself the new ones, nothing in between. ``copy``: more
+    added files, as copies of manifests written before; ``written`` as in `append_files`."""
     producer = _MultiSpecOverwrite(
         operation=Operation.OVERWRITE, transaction=tx, io=table.io, branch=branch, snapshot_properties=properties
     )
+    producer.prepare(copy=copy, written=written)
     for f in deleted:
         producer.delete_data_file(f)
     for f in added:
@@ -215,32 +240,93 @@ def overwrite_files(
     return producer.snapshot_id
 
 
+def staged_manifests(table: IcebergTable, snapshot_id: int, files: list[DataFile]) -> ManifestCopy | None:
+    """The manifests snapshot ``snapshot_id`` added, as a `ManifestCopy` of ``files``, if they can be
+    listed again: written with inherited ids, only ADDED data entries, one per spec, and as many
+    entries per spec as ``files`` has (the staging snapshot holds exactly the units' files, which
+    validation checked). None otherwise: the caller writes the entries anew."""
+    snapshot = table.snapshot_by_id(snapshot_id)
+    if snapshot is None or (snapshot.summary or {}).get(INHERITED_IDS) != "true":
+        return None
+    manifests = [m for m in snapshot.manifests(table.io) if m.added_snapshot_id == snapshot_id]
+    per_spec: dict[int, int] = defaultdict(int)
+    for f in files:
+        per_spec[f.spec_id] += 1
+    if any(m.content != ManifestContent.DATA or m.existing_files_count or m.deleted_files_count for m in manifests):
+        return None
+    if {m.partition_spec_id: m.added_files_count for m in manifests} != per_spec or len(manifests) != len(per_spec):
+        return None
+    return ManifestCopy(manifests, files)
+
+
 class _PerSpec:
     """Added files go to one manifest per partition spec (pyiceberg writes them all with the current
-    spec), and the summary counts each file with its own spec."""
+    spec), and the summary counts each file with its own spec. Manifests of a `ManifestCopy` are
+    listed as copies; ``written`` learns what every added manifest holds."""
+
+    _inherit = False
+    _copy: ManifestCopy | None = None
+    _written: dict[str, list[DataFile]] | None = None
+
+    def prepare(self: Any, inherit: bool = False, copy: ManifestCopy | None = None,
+                written: dict[str, list[DataFile]] | None = None) -> None:
+        self._inherit, self._copy, self._written = inherit, copy, written
 
     def _added_manifests(self: Any) -> list[ManifestFile]:
         by_spec: dict[int, list[DataFile]] = defaultdict(list)
         for f in self._added_data_files:
             by_spec[f.spec_id].append(f)
         added = []
+        snapshot_id = None if self._inherit else self._snapshot_id
         for spec_id, files in sorted(by_spec.items()):
             with self.new_manifest_writer(spec=self.spec(spec_id)) as writer:
                 _add_all(writer, [ManifestEntry.from_args(
-                    status=ManifestEntryStatus.ADDED, snapshot_id=self._snapshot_id,
+                    status=ManifestEntryStatus.ADDED, snapshot_id=snapshot_id,
                     sequence_number=None, file_sequence_number=None, data_file=f,
                 ) for f in files])
-            added.append(writer.to_manifest_file())
+            added.append(self._record(writer.to_manifest_file(), files))
+        if self._copy is not None:
+            copied: dict[int, list[DataFile]] = defaultdict(list)
+            for f in self._copy.files:
+                copied[f.spec_id].append(f)
+            added += [self._record(self._copied(m), copied[m.partition_spec_id]) for m in self._copy.manifests]
         return added
+
+    def _record(self: Any, manifest: ManifestFile, files: list[DataFile]) -> ManifestFile:
+        if self._written is not None:
+            self._written[manifest.manifest_path] = files
+        return manifest
+
+    def _copied(self: Any, source: ManifestFile) -> ManifestFile:
+        """A byte copy of ``source`` at a path of this commit (a failed attempt deletes it, as it
+        deletes the manifests it wrote), listed as added by this snapshot: its entries inherit
+        this snapshot's id and sequence number."""
+        output = self.new_manifest_output()
+        with self._io.new_input(source.manifest_path).open() as handle:
+            data = handle.read()
+        with output.create(overwrite=True) as out:
+            out.write(data)
+        return ManifestFile.from_args(
+            manifest_path=output.location, manifest_length=len(data), partition_spec_id=source.partition_spec_id,
+            content=source.content, sequence_number=UNASSIGNED_SEQ, min_sequence_number=UNASSIGNED_SEQ,
+            added_snapshot_id=self._snapshot_id, added_files_count=source.added_files_count, existing_files_count=0,
+            deleted_files_count=0, added_rows_count=source.added_rows_count, existing_rows_count=0,
+            deleted_rows_count=0, partitions=source.partitions, key_metadata=source.key_metadata,
+        )
 
     def _summary(self: Any, snapshot_properties: dict[str, str] = {}) -> Summary:  # noqa: B006 (pyiceberg's signature)
         metadata = self._transaction.table_metadata
         limit = int(metadata.properties.get(PARTITION_SUMMARY_LIMIT, 0))
         collector = SnapshotSummaryCollector(limit) if limit > 0 else _PartitionCounter()
-        for f in self._added_data_files:
-            collector.add_file(data_file=f, partition_spec=metadata.specs()[f.spec_id], schema=metadata.schema())
+        specs, schema = metadata.specs(), metadata.schema()
+        added = itertools.chain(self._added_data_files, self._copy.files if self._copy is not None else ())
+        if isinstance(collector, _PartitionCounter):
+            collector.add_files(added, specs, schema)
+        else:
+            for f in added:
+                collector.add_file(data_file=f, partition_spec=specs[f.spec_id], schema=schema)
         for f in self._deleted_data_files:
-            collector.remove_file(data_file=f, partition_spec=metadata.specs()[f.spec_id], schema=metadata.schema())
+            collector.remove_file(data_file=f, partition_spec=specs[f.spec_id], schema=schema)
         previous = metadata.snapshot_by_id(self._parent_snapshot_id) if self._parent_snapshot_id is not None else None
         return update_snapshot_summaries(
             summary=Summary(operation=self._operation, **collector.build(), **snapshot_properties),
@@ -268,6 +354,20 @@ class _PartitionCounter(SnapshotSummaryCollector):
         key = (partition_spec.spec_id, *file.partition)
         if key not in self.partition_metrics:
             self.partition_metrics[key] = UpdateMetrics()
+
+    def add_files(self, files: Iterable[DataFile], specs: dict[int, PartitionSpec], schema: Schema) -> None:
+        """``add_file`` of many files, data files counted inline: 10,000 calls through pyiceberg's
+        collector were a tenth of a publish."""
+        metrics, partitions = self.metrics, self.partition_metrics
+        for f in files:
+            if f.content != DataFileContent.DATA:
+                self.add_file(data_file=f, partition_spec=specs[f.spec_id], schema=schema)
+                continue
+            metrics.added_file_size += f.file_size_in_bytes
+            metrics.added_data_files += 1
+            metrics.added_records += f.record_count
+            if len(f.partition) > 0 and (key := (f.spec_id, *f.partition)) not in partitions:
+                partitions[key] = UpdateMetrics()
 
 
 class _MultiSpecAppend(_PerSpec, _FastAppendFiles):
@@ -355,6 +455,33 @@ def forget_job_snapshots(table: IcebergTable, job_id: str) -> list[int]:
         return ids
 
     return with_retry(table.refresh(), attempt, f"forget the snapshots of job {job_id}")
+
+
+_pauses = 0
+_pause_lock = threading.Lock()
+_collecting = True  # whether the collector ran before the first of the current pauses
+
+
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector paused for a step that builds tens of thousands of metadata
+    objects living until it ends (decoded unit results, DataFiles, manifest entries): every full
+    collection walks all of them again, a third of the CPU of a 10,000-file stage or publish. What a
+    step leaves in cycles is collected after it, when the collector runs again as it did before;
+    nested and concurrent pauses count, the last one out restores it."""
+    global _pauses, _collecting
+    with _pause_lock:
+        if _pauses == 0:
+            _collecting = gc.isenabled()
+            gc.disable()
+        _pauses += 1
+    try:
+        yield
+    finally:
+        with _pause_lock:
+            _pauses -= 1
+            if _pauses == 0 and _collecting:
+                gc.enable()
 
 
 def is_conflict(exc: BaseException) -> bool:

@@ -9,6 +9,7 @@ mode keeps them although it deletes the rest of the range.
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,8 +22,8 @@ from pyiceberg.table import Table as IcebergTable
 from timelake.errors import BackfillError
 from timelake.followup import completion, provenance
 from timelake.model.commit import (
-    CHUNK_PROPERTY, JOB_PROPERTY, STEP_PROPERTY, added_files, data_file, data_files, forget_job_snapshots, is_conflict,
-    marker_on_main, overwrite_files, since, with_retry, without_blind_retries,
+    CHUNK_PROPERTY, JOB_PROPERTY, STEP_PROPERTY, ManifestCopy, added_files, collector_paused, data_file, data_files,
+    forget_job_snapshots, is_conflict, marker_on_main, overwrite_files, since, staged_manifests, with_retry, without_blind_retries,
 )
 from timelake.model.contract import Contract
 from timelake.model.faults import checkpoint
@@ -49,6 +50,11 @@ class Chunk:
 def publish(rt: Runtime, job_id: str, max_chunks: int | None = None) -> dict[str, Any]:
     """Publish step. Input: job id (and at most how many chunks to commit in this call, so an
     orchestrator can loop chunk by chunk within Lambda's time limit). Output: ``done`` and snapshot ids."""
+    with collector_paused():
+        return _publish(rt, job_id, max_chunks)
+
+
+def _publish(rt: Runtime, job_id: str, max_chunks: int | None) -> dict[str, Any]:
     job = rt.store.get_job(job_id)
     spec = JobSpec.model_validate(job.spec)
     state = job.state
@@ -60,6 +66,8 @@ def publish(rt: Runtime, job_id: str, max_chunks: int | None = None) -> dict[str
     # chunk is on main the staging snapshot may be gone from the metadata (forgotten below)
     staged = data_files(table, [u.result for u in units if u.result.get("path")]) if state.get(
         "staged_snapshot_id") and not state.get(ALL_COMMITTED) else []
+    copy = staged_manifests(table, state["staged_snapshot_id"], staged) if staged else None
+    written: dict[str, list[DataFile]] = {}  # manifests the chunk commits added -> their files, for the coverage update
     published: dict[str, list[int]] = dict(state.get("published_chunks", {}))
     late = dict(state.get("publish_conflicts", {"rows": 0, "sum": 0.0}))
     replaced = int(state.get("rows_replaced", 0))  # replace mode: rows of main's range the job took over
@@ -86,7 +94,7 @@ def publish(rt: Runtime, job_id: str, max_chunks: int | None = None) -> dict[str
             else:
                 claim_commit(rt, job_id, chunk.key)
                 counts: dict[str, int] = {}
-                marker = _commit_chunk(rt, table, job_id, spec, contract, state, chunk, late, counts)
+                marker = _commit_chunk(rt, table, job_id, spec, contract, state, chunk, late, counts, copy, written)
                 replaced += counts.get("rows_replaced", 0)
                 checkpoint("publish.committed")
         published[chunk.key] = marker
@@ -109,7 +117,7 @@ def publish(rt: Runtime, job_id: str, max_chunks: int | None = None) -> dict[str
     job = rt.store.update_job(job_id, published_chunks=published, publish_conflicts=late)
     provenance.record(rt, job, units)
     rt.store.release_lease(job_id)
-    completion.update(rt, spec.table, state["range_start"], state["range_end"])  # the readers' completion signal
+    completion.update(rt, spec.table, state["range_start"], state["range_end"], known=written)  # the readers' completion signal
     _drop_spill(rt, job_id)
     rt.store.update_job(job_id, "published")
     return {"job_id": job_id, "done": True, "chunks_published": len(published)}
@@ -179,27 +187,34 @@ def _planned_spans(table: IcebergTable, contract: Contract, state: dict[str, Any
 
 def _commit_chunk(
     rt: Runtime, table: IcebergTable, job_id: str, spec: JobSpec, contract: Contract, state: dict[str, Any],
-    chunk: Chunk, late: dict[str, Any], counts: dict[str, int],
+    chunk: Chunk, late: dict[str, Any], counts: dict[str, int], copy: ManifestCopy | None = None,
+    written: dict[str, list[DataFile]] | None = None,
 ) -> list[int]:
     """One snapshot on main: the chunk's staged files (less rows live writers committed meanwhile),
     and in replace mode, in the same snapshot, the removal of the range's files from before the plan,
     those partly inside it rewritten without the range's rows in their own partition spec (an
     age tier stays a month or a year). Files live writers added since the plan are left alone:
-    their rows survive, and win over staged rows with the same key."""
+    their rows survive, and win over staged rows with the same key.
+
+    When the chunk adds exactly the staged files (one chunk, no live conflicts), the snapshot lists
+    copies of the staging manifests (``copy``) instead of encoding their entries again. ``written``
+    receives the manifests the commit added and the files each holds."""
     properties = {JOB_PROPERTY: job_id, STEP_PROPERTY: "publish", CHUNK_PROPERTY: chunk.key,
                   "timelake.range-start": iso(chunk.start), "timelake.range-end": iso(chunk.end),
                   **provenance.summary_properties(rt.store.get_job(job_id))}
     files = chunk.files
     checked: set[int] = set()
     survivors: dict[str, tuple[DataFile | None, int]] = {}  # replace: a partly covered file's rewrite, across attempts
+    attempt: dict[str, list[DataFile]] = {}
 
     def commit(current: IcebergTable) -> None:
-        nonlocal files
+        nonlocal files, attempt
         if spec.mode in ("merge", "replace"):
             found = _late_rows(current, job_id, contract, state, chunk, checked)
             files = _drop_late_conflicts(current, contract, files, [rows for _, rows in found], late)
         deleted: list[DataFile] = []
-        added = list(files)
+        reuse = copy if copy is not None and len(files) == len(copy.files) and all(map(operator.is_, files, copy.files)) else None
+        added = [] if reuse is not None else list(files)
         if spec.mode == "replace":
             replaced = 0
             for f in _replaced_files(current, job_id, contract, state, chunk):
@@ -214,9 +229,10 @@ def _commit_chunk(
             counts["rows_replaced"] = replaced
         current = without_blind_retries(current)
         checkpoint("publish.committing")
-        if deleted or added:
+        attempt = {}
+        if deleted or added or reuse is not None:
             with current.transaction() as tx:
-                overwrite_files(tx, current, deleted, added, "main", properties)
+                overwrite_files(tx, current, deleted, added, "main", properties, copy=reuse, written=attempt)
 
     before = {s.snapshot_id for s in table.snapshots()}
     try:
@@ -225,6 +241,8 @@ def _commit_chunk(
         if is_conflict(exc):
             raise BackfillError(f"job {job_id}: publish of chunk {chunk.key} kept conflicting with other commits: {exc}") from exc
         raise
+    if written is not None:
+        written.update(attempt)  # the attempt that landed
     table = table.refresh()
     return sorted(s.snapshot_id for s in table.snapshots()
                   if s.snapshot_id not in before and (s.summary or {}).get(JOB_PROPERTY) == job_id)

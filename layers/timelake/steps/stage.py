@@ -11,7 +11,7 @@ from pyiceberg.table import Table as IcebergTable
 
 from timelake.errors import BackfillError
 from timelake.model.commit import (
-    JOB_PROPERTY, STEP_PROPERTY, append_files, data_files, with_retry, without_blind_retries,
+    JOB_PROPERTY, STEP_PROPERTY, append_files, collector_paused, data_files, with_retry, without_blind_retries,
 )
 from timelake.model.faults import checkpoint
 from timelake.model.spec import JobSpec
@@ -22,6 +22,11 @@ from timelake.steps.plan import fork_branch
 
 def stage(rt: Runtime, job_id: str) -> dict[str, Any]:
     """Stage step. Input: job id. Output: the staging snapshot id and file count."""
+    with collector_paused():
+        return _stage(rt, job_id)
+
+
+def _stage(rt: Runtime, job_id: str) -> dict[str, Any]:
     job = rt.store.get_job(job_id)
     spec = JobSpec.model_validate(job.spec)
     units = rt.store.units(job_id)
@@ -51,7 +56,8 @@ def stage_files(table: IcebergTable, job_id: str, branch: str, written: list[dic
 
     def commit(current: IcebergTable) -> int:
         with without_blind_retries(current).transaction() as tx:
-            return append_files(tx, current, files, branch if forked else None, {JOB_PROPERTY: job_id, STEP_PROPERTY: step})
+            return append_files(tx, current, files, branch if forked else None, {JOB_PROPERTY: job_id, STEP_PROPERTY: step},
+                                inherit=True)  # publish lists copies of these manifests (`ManifestCopy`)
 
     snapshot_id = with_retry(table, commit, step)
     if not forked:
