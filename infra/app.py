@@ -32,7 +32,7 @@ def build_app(context: dict[str, Any] | None = None, **stack_kwargs: Any) -> tup
     """The app with the stack and the AWS Solutions checks; an unacknowledged finding makes
     synth raise. The deployer's choices come from CDK context (`Settings.from_context`:
     glueDatabases, sourceBuckets, alarmEmail, alarmTopicArn, scanConcurrency, writeConcurrency,
-    unitTtlDays); ``cdk deploy -c key=value`` or cdk.json."""
+    unitTtlDays, rollupWorkMaxAgeHours); ``cdk deploy -c key=value`` or cdk.json."""
     app = App(context=context)
     stack_kwargs.setdefault("settings", Settings.from_context(app.node.try_get_context))
     stack = BackfillStack(app, STACK_NAME, description="timelake backfill: load history into live Iceberg tables",

@@ -7,6 +7,7 @@ the interfaces it relies on are the handler names, the ``${...}`` substitutions 
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +47,11 @@ DEFAULT_SOURCE_BUCKETS = ("old-historian",)  # the README example's export bucke
 DEFAULT_SCAN_CONCURRENCY = 100
 DEFAULT_WRITE_CONCURRENCY = 200
 DEFAULT_UNIT_TTL_DAYS = 30
+# Above the ~9 h a headline year's follow-up takes to drain at ROLLUP_CONCURRENCY (365 day pieces of
+# 864M rows, ~6 min each at the rollup bench's ~2M rows a CPU-second), so a deep but moving backlog
+# does not page anyone; a consumer that stopped still shows within half a day, long before the
+# queue's 14 days of retention run out.
+DEFAULT_ROLLUP_WORK_MAX_AGE_HOURS = 12
 EVENT_BUS = "timelake-backfill"
 STAGING_PREFIX = "_backfill/"
 WAREHOUSE_PREFIX = "warehouse"
@@ -71,6 +77,7 @@ class Settings:
     scan_concurrency: int = DEFAULT_SCAN_CONCURRENCY
     write_concurrency: int = DEFAULT_WRITE_CONCURRENCY
     unit_ttl_days: int = DEFAULT_UNIT_TTL_DAYS
+    rollup_work_max_age_hours: int = DEFAULT_ROLLUP_WORK_MAX_AGE_HOURS  # the RollupWork age alarm's threshold
 
     @classmethod
     def from_context(cls, get: Any) -> "Settings":
@@ -97,7 +104,8 @@ class Settings:
                        alarm_email=get("alarmEmail") or None, alarm_topic_arn=get("alarmTopicArn") or None,
                        scan_concurrency=number("scanConcurrency", DEFAULT_SCAN_CONCURRENCY),
                        write_concurrency=number("writeConcurrency", DEFAULT_WRITE_CONCURRENCY),
-                       unit_ttl_days=number("unitTtlDays", DEFAULT_UNIT_TTL_DAYS))
+                       unit_ttl_days=number("unitTtlDays", DEFAULT_UNIT_TTL_DAYS),
+                       rollup_work_max_age_hours=number("rollupWorkMaxAgeHours", DEFAULT_ROLLUP_WORK_MAX_AGE_HOURS))
         for db in settings.databases:
             if not re.fullmatch(r"[a-z0-9_]{1,255}", db):
                 raise ValueError(f"context glueDatabases: '{db}' is not a Glue database name (lower case, digits, _)")
@@ -204,6 +212,7 @@ class BackfillStack(Stack):
             description=LAYER_DESCRIPTIONS[name]) for name in LAYER_DESCRIPTIONS}
         self.functions = {name: self._function(name, spec) for name, spec in FUNCTIONS.items()}
         self.state_machine = self._state_machine(asl_path)
+        self.maps = distributed_maps(asl_path)
         self._grant_api()
         self.api = self._api()
         self.failed_alarm = self._alarm("ExecutionsFailedAlarm", "A backfill execution failed: see the job's failure and the execution history",
@@ -420,9 +429,9 @@ class BackfillStack(Stack):
             topic.add_subscription(subscriptions.EmailSubscription(self.settings.alarm_email))
         return topic
 
-    def _alarm(self, construct_id: str, description: str, metric: cw.IMetric) -> cw.Alarm:
-        """Fires on one event in a 5-minute period and tells the operators."""
-        alarm = cw.Alarm(self, construct_id, alarm_description=description, metric=metric, threshold=1, evaluation_periods=1,
+    def _alarm(self, construct_id: str, description: str, metric: cw.IMetric, threshold: float = 1) -> cw.Alarm:
+        """Fires when one 5-minute period reaches ``threshold`` (by default one event) and tells the operators."""
+        alarm = cw.Alarm(self, construct_id, alarm_description=description, metric=metric, threshold=threshold, evaluation_periods=1,
                          comparison_operator=cw.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
                          treat_missing_data=cw.TreatMissingData.NOT_BREACHING)
         alarm.add_alarm_action(cw_actions.SnsAction(self.operators))
@@ -440,6 +449,13 @@ class BackfillStack(Stack):
                                           ("RollupFailuresAlarm", self.rollup_failures, "rollups that failed after their retries")):
             self._alarm(construct_id, f"{what}: the queue holds them for 14 days; replay or inspect",
                         queue.metric_approximate_number_of_messages_visible(period=period, statistic=cw.Stats.MAXIMUM))
+        hours = self.settings.rollup_work_max_age_hours
+        self.rollup_work_age_alarm = self._alarm(
+            "RollupWorkAgeAlarm", f"A piece of follow-up work has waited {hours} h or more on the RollupWork queue: the rollup "
+            f"Lambda is not taking pieces (event source mapping, concurrency) or the backlog outgrows {ROLLUP_CONCURRENCY} at once; "
+            "see its logs",
+            self.rollup_work.metric_approximate_age_of_oldest_message(period=period, statistic=cw.Stats.MAXIMUM),
+            threshold=Duration.hours(hours).to_seconds())
 
     def _rollup_failures(self) -> sqs.Queue:
         """The rollup Lambda's on-failure destination: an invocation that still fails after its two
@@ -492,17 +508,18 @@ class BackfillStack(Stack):
                 machine.metric_failed(period=period, label="failed"), machine.metric_aborted(period=period, label="aborted"),
                 machine.metric_timed_out(period=period, label="timed out")]),
             cw.AlarmWidget(title="Failed executions", width=12, alarm=self.failed_alarm))
-        units = {name: self.functions[name] for name in ("scan", "write")}
+        dashboard.add_widgets(*(self._map_run_widget(label, name, period) for label, name in self.maps.items()))
+        items = {name: self.functions[name] for name in self.maps.values()}
         dashboard.add_widgets(
-            cw.GraphWidget(title="Map-run progress: pieces scanned and units written (running total)", width=12, left=[
+            cw.GraphWidget(title="Map-run progress: successful item Lambda invocations (running total)", width=12, left=[
                 cw.MathExpression(expression=f"RUNNING_SUM({name}_ok - {name}_err)", label=f"{name}: done", period=period,
                                   using_metrics={f"{name}_ok": fn.metric_invocations(period=period, statistic=cw.Stats.SUM),
                                                  f"{name}_err": fn.metric_errors(period=period, statistic=cw.Stats.SUM)})
-                for name, fn in units.items()]),
-            cw.GraphWidget(title="Map-run progress: units in flight and failing", width=12, left=[
+                for name, fn in items.items()]),
+            cw.GraphWidget(title="Map-run progress: item Lambdas in flight and failing", width=12, left=[
                 *(fn.metric("ConcurrentExecutions", statistic=cw.Stats.MAXIMUM, period=period, label=f"{name}: in flight")
-                  for name, fn in units.items()),
-                *(fn.metric_errors(period=period, statistic=cw.Stats.SUM, label=f"{name}: failed attempts") for name, fn in units.items())]))
+                  for name, fn in items.items()),
+                *(fn.metric_errors(period=period, statistic=cw.Stats.SUM, label=f"{name}: failed attempts") for name, fn in items.items())]))
         dashboard.add_widgets(
             cw.GraphWidget(title="Rows scanned and written", width=8, left=[
                 search("RowsScanned", "Sum", "SUM", "rows scanned"), search("RowsWritten", "Sum", "SUM", "rows written")]),
@@ -512,10 +529,67 @@ class BackfillStack(Stack):
         dashboard.add_widgets(
             per_function("Lambda errors", "Errors", cw.Stats.SUM), per_function("Lambda throttles", "Throttles", cw.Stats.SUM),
             per_function("Lambda duration p95 (ms)", "Duration", cw.Stats.percentile(95)))
+        dashboard.add_widgets(
+            cw.GraphWidget(title="Follow-up work: rollup pieces queued, in flight and failed", width=12, left=[
+                self.rollup_work.metric_approximate_number_of_messages_visible(period=period, label="RollupWork: waiting"),
+                self.rollup_work.metric_approximate_number_of_messages_not_visible(period=period, label="RollupWork: in flight"),
+                self.rollup_failures.metric_approximate_number_of_messages_visible(period=period, label="RollupFailures"),
+                self.rollup_dead_letters.metric_approximate_number_of_messages_visible(period=period, label="RollupDeadLetters")]),
+            cw.AlarmWidget(title="Follow-up work: age of the oldest waiting piece (s)", width=12, alarm=self.rollup_work_age_alarm))
         return dashboard
+
+    def _map_run_widget(self, label: str, name: str, period: Duration) -> cw.GraphWidget:
+        """One Distributed Map's items: its child executions report the execution metrics under the
+        dimension ``StateMachineArn = <state machine ARN>/<Label>`` (one child per item, no batching).
+        Left, running totals over the graph's time range; right, per period, the items that ended
+        badly (after the item task's retries, which the item Lambda's errors on the next row show)."""
+        dimensions = {"StateMachineArn": f"{self.state_machine.state_machine_arn}/{label}"}
+
+        def child(metric: str, label_text: str) -> cw.Metric:
+            return cw.Metric(namespace="AWS/States", metric_name=metric, dimensions_map=dimensions, statistic=cw.Stats.SUM,
+                             period=period, label=label_text)
+
+        key = label.lower()
+        return cw.GraphWidget(
+            title=f"Map-run progress: {label} ({name} Lambda, one child execution per item)", width=8,
+            left=[cw.MathExpression(expression=f"RUNNING_SUM({key}_{event})", label=f"items {text} (running total)", period=period,
+                                    using_metrics={f"{key}_{event}": child(metric, text)})
+                  for event, metric, text in (("started", "ExecutionsStarted", "started"), ("done", "ExecutionsSucceeded", "done"))],
+            right=[child("ExecutionsFailed", "items failed"), child("ExecutionsTimedOut", "items timed out"),
+                   child("ExecutionsAborted", "items aborted")])
 
 
 _ATTRIBUTE_TYPES = {"S": "STRING", "N": "NUMBER", "B": "BINARY"}
+
+
+def distributed_maps(asl_path: Path = ASL) -> dict[str, str]:
+    """Each Distributed Map of the workflow, by its ``Label``, with the function its item task runs
+    (``{"ScanSource": "scan", ...}``), so the dashboard follows the workflow file. A Map Run's child
+    executions report their metrics under ``<state machine ARN>/<Label>``; without a label that is a
+    per-run UUID no dashboard can name, so an unlabelled Distributed Map is refused."""
+    functions = {f"${{{_pascal(name)}FunctionArn}}": name for name in WORKFLOW_FUNCTIONS}
+    found: dict[str, str] = {}
+
+    def walk(states: dict[str, Any]) -> None:
+        for state_name, state in states.items():
+            for branch in state.get("Branches", []):
+                walk(branch["States"])
+            processor = state.get("ItemProcessor")
+            if processor is None:
+                continue
+            walk(processor["States"])
+            if processor.get("ProcessorConfig", {}).get("Mode") != "DISTRIBUTED":
+                continue
+            if not state.get("Label"):
+                raise ValueError(f"{asl_path.name}: Distributed Map '{state_name}' has no Label, so its items' metrics have no fixed name")
+            names = {functions[task["Parameters"]["FunctionName"]] for task in processor["States"].values()
+                     if task.get("Parameters", {}).get("FunctionName") in functions}
+            if len(names) != 1:
+                raise ValueError(f"{asl_path.name}: Distributed Map '{state_name}' runs {sorted(names) or 'no'} functions, expected one")
+            found[state["Label"]] = names.pop()
+
+    walk(json.loads(asl_path.read_text())["States"])
+    return found
 
 
 def _pascal(name: str) -> str:

@@ -13,7 +13,7 @@ from aws_cdk.assertions import Match, Template
 from infra.app import STACK_NAME, build_app, feature_flags
 from infra.layer import LAYERS
 from infra.stack import (ASL, DATABASE, EVENT_BUS, FUNCTIONS, FUNCTIONS_DIR, LAYER_DESCRIPTIONS, ROLLUP_CONCURRENCY,
-                         WORKFLOW_FUNCTIONS, Settings)
+                         WORKFLOW_FUNCTIONS, Settings, distributed_maps)
 from timelake.aws.store import TTL_ATTRIBUTE, table_definition
 from timelake.ports.runtime import LakeConfig
 
@@ -327,6 +327,7 @@ def test_defaults_run_the_readme_example(synthesized: Synthesized) -> None:
     ("writeConcurrency", "many", "context writeConcurrency must be a whole number, got 'many'"),
     ("scanConcurrency", "0", "context scanConcurrency must be at least 1, got 0"),
     ("glueDatabases", "Bad-Name", "context glueDatabases: 'Bad-Name' is not a Glue database name"),
+    ("rollupWorkMaxAgeHours", "0", "context rollupWorkMaxAgeHours must be at least 1, got 0"),
 ])
 def test_bad_context_is_refused_with_its_name(key: str, value: str, message: str) -> None:
     with pytest.raises(ValueError, match=re.escape(message)):
@@ -383,7 +384,21 @@ def test_alarms_on_lambda_errors_and_throttles_per_function_and_on_both_rollup_q
         assert ("AWS/SQS", "ApproximateNumberOfMessagesVisible",
                 json.dumps([{"Name": "QueueName", "Value": {"Fn::GetAtt": [queue, "QueueName"]}}])) in found, queue
     assert ("AWS/States", "ExecutionsFailed") in {f[:2] for f in found}
-    assert all(a["Threshold"] == 1 and a["ComparisonOperator"] == "GreaterThanOrEqualToThreshold" for a in alarms(synthesized).values())
+    events = {k: a for k, a in alarms(synthesized).items() if a["MetricName"] != "ApproximateAgeOfOldestMessage"}
+    assert len(events) == len(alarms(synthesized)) - 1  # the work queue's age alarm is the one that is not an event count
+    assert all(a["Threshold"] == 1 and a["ComparisonOperator"] == "GreaterThanOrEqualToThreshold" for a in events.values())
+
+
+def test_an_alarm_tells_the_operators_when_follow_up_work_waits_too_long(synthesized: Synthesized) -> None:
+    """A piece on RollupWork for 12 h (``rollupWorkMaxAgeHours``): longer than a headline year's follow-up
+    takes to drain 4 at once, so only a consumer that stopped, or a backlog it cannot keep up with, pages."""
+    (work,) = (q for q in synthesized.resources("AWS::SQS::Queue") if q.startswith("RollupWork"))
+    (topic,) = (k for k in synthesized.resources("AWS::SNS::Topic") if k.startswith("OperatorsTopic"))
+    (age,) = (a for a in alarms(synthesized).values() if a["MetricName"] == "ApproximateAgeOfOldestMessage")
+    assert (age["Namespace"], age["Dimensions"]) == ("AWS/SQS", [{"Name": "QueueName", "Value": {"Fn::GetAtt": [work, "QueueName"]}}])
+    assert (age["Statistic"], age["Period"], age["EvaluationPeriods"]) == ("Maximum", 300, 1)
+    assert (age["Threshold"], age["ComparisonOperator"]) == (12 * 3600, "GreaterThanOrEqualToThreshold")
+    assert age["AlarmActions"] == [{"Ref": topic}] and age["TreatMissingData"] == "notBreaching"
 
 
 def test_the_rollup_lambda_sends_what_still_fails_after_two_retries_to_a_queue(synthesized: Synthesized) -> None:
@@ -403,8 +418,9 @@ def test_finished_jobs_units_expire_and_the_jobs_table_cannot_be_deleted(synthes
 
 
 def test_alarm_context_subscribes_an_email_or_uses_an_existing_topic() -> None:
-    app, _ = build_app({**feature_flags(), **NO_BUNDLING, "alarmEmail": "ops@example.com", "unitTtlDays": "7"})
+    app, _ = build_app({**feature_flags(), **NO_BUNDLING, "alarmEmail": "ops@example.com", "unitTtlDays": "7", "rollupWorkMaxAgeHours": "2"})
     with_email = Synthesized(app.synth().get_stack_by_name(STACK_NAME).template, {}, Path())
+    assert [a["Threshold"] for a in alarms(with_email).values() if a["MetricName"] == "ApproximateAgeOfOldestMessage"] == [7200]
     (subscription,) = with_email.resources("AWS::SNS::Subscription").values()
     assert (subscription["Properties"]["Protocol"], subscription["Properties"]["Endpoint"]) == ("email", "ops@example.com")
     env = next(iter(functions(with_email).values()))[1]["Environment"]["Variables"]
@@ -417,11 +433,59 @@ def test_alarm_context_subscribes_an_email_or_uses_an_existing_topic() -> None:
     assert alarms(existing) and all(a["AlarmActions"] == [arn] for a in alarms(existing).values())
 
 
+MAPS = {"ScanSource": "scan", "WriteUnits": "write", "CheckFiles": "validate_item"}  # each Distributed Map's label and item function
+
+
+def dashboard_metrics(synthesized: Synthesized) -> set[tuple[str, ...]]:
+    """(namespace, metric, dimension, value) of every metric the dashboard plots; the state machine
+    renders as ``MACHINE``, a function as its logical id in brackets, a queue as ``<logical.QueueName>``."""
+    (machine, _), = synthesized.resources("AWS::StepFunctions::StateMachine").items()
+    (dashboard,) = synthesized.resources("AWS::CloudWatch::Dashboard").values()
+    body = json.loads(render(dashboard["Properties"]["DashboardBody"], {machine: "MACHINE"}))
+    return {tuple(m[:4]) for w in body["widgets"] for m in w["properties"].get("metrics", []) if isinstance(m[0], str) and len(m) > 3}
+
+
 def test_the_dashboard_shows_map_run_progress(synthesized: Synthesized) -> None:
     (dashboard,) = synthesized.resources("AWS::CloudWatch::Dashboard").values()
     body = json.dumps(dashboard["Properties"]["DashboardBody"])
     assert "Map-run progress" in body and "RUNNING_SUM(write_ok - write_err)" in body and "RUNNING_SUM(scan_ok - scan_err)" in body
     assert "ConcurrentExecutions" in body
+
+
+def test_the_dashboard_follows_each_distributed_map_by_its_child_executions_and_item_lambda(synthesized: Synthesized) -> None:
+    """All three Maps of the workflow: their child executions report under ``<state machine ARN>/<Label>``
+    (started, done, failed, timed out, aborted), and their item Lambda's invocations, errors and concurrency."""
+    definition = json.loads(ASL.read_text())
+    labels = {s["Label"] for s in definition["States"].values()
+              if s["Type"] == "Map" and s["ItemProcessor"]["ProcessorConfig"]["Mode"] == "DISTRIBUTED"}
+    assert labels == set(MAPS) and distributed_maps() == MAPS
+    (dashboard,) = synthesized.resources("AWS::CloudWatch::Dashboard").values()
+    body, plotted, fns = json.dumps(dashboard["Properties"]["DashboardBody"]), dashboard_metrics(synthesized), functions(synthesized)
+    for label, name in MAPS.items():
+        for metric in ("ExecutionsStarted", "ExecutionsSucceeded", "ExecutionsFailed", "ExecutionsTimedOut", "ExecutionsAborted"):
+            assert ("AWS/States", metric, "StateMachineArn", f"MACHINE/{label}") in plotted, (label, metric)
+        assert f"RUNNING_SUM({label.lower()}_done)" in body and f"Map-run progress: {label} ({name} Lambda" in body, label
+        for metric in ("Invocations", "Errors", "ConcurrentExecutions"):
+            assert ("AWS/Lambda", metric, "FunctionName", f"<{fns[name][0]}>") in plotted, (name, metric)
+        assert f"RUNNING_SUM({name}_ok - {name}_err)" in body, name
+
+
+def test_the_dashboard_shows_the_follow_up_queues_and_the_age_alarm(synthesized: Synthesized) -> None:
+    plotted = dashboard_metrics(synthesized)
+    for queue in synthesized.resources("AWS::SQS::Queue"):
+        assert ("AWS/SQS", "ApproximateNumberOfMessagesVisible", "QueueName", f"<{queue}.QueueName>") in plotted, queue
+    (age,) = (k for k, a in alarms(synthesized).items() if a["MetricName"] == "ApproximateAgeOfOldestMessage")
+    (dashboard,) = synthesized.resources("AWS::CloudWatch::Dashboard").values()
+    assert f"<{age}.Arn>" in render(dashboard["Properties"]["DashboardBody"], {})
+
+
+def test_an_unlabelled_distributed_map_is_refused(tmp_path: Path) -> None:
+    """Its child executions would report under a per-run UUID that no dashboard can name."""
+    definition = json.loads(ASL.read_text())
+    del definition["States"]["Check files"]["Label"]
+    (tmp_path / "backfill.asl.json").write_text(json.dumps(definition))
+    with pytest.raises(ValueError, match=re.escape("backfill.asl.json: Distributed Map 'Check files' has no Label")):
+        distributed_maps(tmp_path / "backfill.asl.json")
 
 
 def test_a_published_chunk_longer_than_a_piece_is_refreshed_piece_by_piece_from_a_queue(synthesized: Synthesized) -> None:
