@@ -30,7 +30,6 @@ import json
 import os
 import pstats
 import shutil
-import statistics
 import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path

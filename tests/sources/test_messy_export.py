@@ -4,7 +4,7 @@ run's counts, and the published rows must equal an independent pandas reference 
 
 from __future__ import annotations
 
-from datetime import date, datetime, timedelta, timezone
+from datetime import date, timedelta
 from pathlib import Path
 
 import numpy as np
