@@ -70,7 +70,8 @@ def on_published(rt: Runtime, event: PublishedEvent, progress: Callable[[dict[st
     if event.evaluate_rules:
         tell(chunks[0], chunks[0], "rules")
         lo, hi = to_micros(parse_instant(event.start)), to_micros(parse_instant(event.end))
-        done["events"] = evaluate_published(rt, event.table, event.job_id, lo, hi)
+        spans = [(to_micros(parse_instant(p.start)), to_micros(parse_instant(p.end))) for p in pieces(rt, event)]
+        done["events"] = evaluate_published(rt, event.table, event.job_id, lo, hi, spans)
         tell(chunks[0] + 1, chunks[0], "rules")
     return done
 

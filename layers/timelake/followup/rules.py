@@ -286,15 +286,23 @@ def record(rt: Runtime, base: str, events: pa.Table, source: str, job_id: str | 
     return rows.num_rows
 
 
-def evaluate_published(rt: Runtime, base: str, job_id: str, start_us: int, end_us: int) -> int:
+def evaluate_published(rt: Runtime, base: str, job_id: str, start_us: int, end_us: int,
+                       spans: list[tuple[int, int]] | None = None) -> int:
     """Historical mode, after a publish: the events of [start, end) into the events table with
-    ``source = 'backfill'``. Never calls the alarm sink. Returns the number of events."""
+    ``source = 'backfill'``, in one commit. Never calls the alarm sink. Returns the number of events.
+
+    ``spans`` cut the range into pieces evaluated one at a time (a published year, a day at a time),
+    so memory is set by a piece, not by the job; each piece reads its own look-back, so the events are
+    those of the whole range at once."""
     table = rt.load_table(base)
     rules = rules_of(table)
     if not rules:
         return 0
     contract = Contract.from_table(table)
-    events = evaluate(context_rows(table, contract, rules, start_us, end_us), contract, rules, start_us, end_us)
+    parts = [evaluate(context_rows(table, contract, rules, lo, hi), contract, rules, lo, hi)
+             for lo, hi in (spans or [(start_us, end_us)])]
+    events = parts[0] if len(parts) == 1 else pa.concat_tables(parts).sort_by(
+        [(name, "ascending") for name in parts[0].column_names])
     return record(rt, base, events, "backfill", job_id, replace=(start_us, end_us))
 
 
