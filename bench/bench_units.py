@@ -2,11 +2,14 @@
 
 Not a test: it prints times, bytes and ratios beside their targets and asserts nothing about speed.
 
-    .venv/bin/python bench/bench_units.py             # 2,000 devices x 3 days at 1/min = 8.64M rows
-    .venv/bin/python bench/bench_units.py --devices 200
+    .venv/bin/python bench/bench_units.py             # one dense day: 20,000 devices at 1/min = 28.8M rows
+    .venv/bin/python bench/bench_units.py --devices 2000 --days 3
 
 The job's steps run one by one in this process: plan and scan once per case, then every unit's write
-on one thread, timed alone. Targets: write seconds per row at 26 units / at 1 unit <= 1.2, and bytes
+on one thread, timed alone. The 26-unit case's target file size is a day's bytes / 26, as the planner
+estimates them (its scan sample's bytes a row), so the cut makes 26 units a day. The day is dense (28.8M rows, a 1-unit file of about 70 MB) so that each of the 26 units holds
+about a million rows: on 2,000 devices a unit's file is 350 KB, and a unit's fixed costs (a Parquet
+writer, the table's load, the unit's record: about 8 ms) are then as large as its rows' work. Targets: write seconds per row at 26 units / at 1 unit <= 1.2, and bytes
 the writes read / bytes the scan spilled <= 1.1 in both cases.
 """
 
@@ -42,11 +45,11 @@ def readings(devices: int, days: int) -> pa.Table:
     return pa.table({"ts": pa.array(ts).cast(SCHEMA.field("ts").type), "device_id": dev, "value": value}, schema=SCHEMA)
 
 
-def run(source: pa.Table, days: int, units_a_day: int | None) -> dict[str, float]:
+def run(source: pa.Table, days: int, day_bytes: float | None, units_a_day: int) -> dict[str, float]:
+    """``day_bytes``: a day's file bytes as the planner estimates them (None: one unit a day, the case that measures them)."""
     with tempfile.TemporaryDirectory() as warehouse:
         lake = timelake.connect(warehouse=warehouse)
-        day_bytes = source.num_rows / days * 3.2  # about 3.2 zstd Parquet bytes a row for this shape (the plan measures it)
-        size = "1GB" if units_a_day is None else str(int(day_bytes / units_a_day))
+        size = "1GB" if day_bytes is None else str(int(day_bytes / units_a_day))
         lake.create_table("bench.sensor", schema=SCHEMA, time_column="ts", series_key=["device_id"],
                           partition_by="day", target_file_size=size)
         rt = lake.runtime
@@ -55,25 +58,28 @@ def run(source: pa.Table, days: int, units_a_day: int | None) -> dict[str, float
         tasks = pending_pieces(rt, job.id)
         for task in tasks:
             scan(rt, job.id, task, source)
-        spilled = sum(p.spill_bytes for t in tasks for p in read_result(rt, job.id, t).partitions.values())
+        scanned = [read_result(rt, job.id, t) for t in tasks]
+        spilled = sum(p.spill_bytes for r in scanned for p in r.partitions.values())
+        per_row = sum(r.sample_bytes for r in scanned) / sum(r.sample_rows for r in scanned)
         cut(rt, job.id)
         units = rt.store.units(job.id)
         started = time.perf_counter()
-        read = sum(write_unit(rt, job.id, u.unit_id)["spill_bytes_read"] for u in units)
+        results = [write_unit(rt, job.id, u.unit_id) for u in units]
         seconds = time.perf_counter() - started
-    return {"units": len(units), "seconds": seconds, "spilled": spilled, "read": read}
+    return {"units": len(units), "seconds": seconds, "spilled": spilled, "read": sum(r["spill_bytes_read"] for r in results),
+            "day_bytes": per_row * source.num_rows / days}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--devices", type=int, default=2_000)
-    parser.add_argument("--days", type=int, default=3)
+    parser.add_argument("--devices", type=int, default=20_000)
+    parser.add_argument("--days", type=int, default=1)
     parser.add_argument("--units", type=int, default=26)
     args = parser.parse_args()
     source = readings(args.devices, args.days)
     print(f"{source.num_rows:,} rows: {args.devices:,} devices x {args.days} days at 1/min")
-    one = run(source, args.days, None)
-    many = run(source, args.days, args.units)
+    one = run(source, args.days, None, 1)
+    many = run(source, args.days, one["day_bytes"], args.units)
     for name, case in (("1 unit a day", one), (f"{args.units} units a day", many)):
         print(f"{name:<16} {case['units'] / args.days:>5.1f} units/day  write {case['seconds']:6.2f} s  "
               f"{case['seconds'] / source.num_rows * 1e9:6.1f} ns/row  read/spilled {case['read'] / case['spilled']:.3f}"
