@@ -339,3 +339,30 @@ def _replace_reference(existing: pa.Table, live: pa.Table, source: pa.Table, sta
                 WHERE ts >= '{start}'::TIMESTAMPTZ AND ts < '{end}'::TIMESTAMPTZ) WHERE r = 1
         ) ANTI JOIN live USING (device_id, ts)
         ORDER BY device_id, ts""").to_arrow_table().cast(SCHEMA)
+
+
+@pytest.mark.parametrize("keys", [{"series_key": ["device_id", "site"]},
+                                  {"series_key": ["device_id"], "dedup_key": ["device_id", "ts", "site"]}])
+def test_merge_with_a_key_of_three_columns_checks_overlap_with_main(lake, readings, keys):
+    """A key that does not pack into one integer (two series columns, or a dedup key wider than series
+    and time) takes the other overlap check of validation, which matches each staged batch against
+    main's rows of its partition."""
+    def with_site(rows: pa.Table) -> pa.Table:
+        site = pc.if_else(pc.equal(rows.column("device_id"), "d01"), "north", "south")
+        return rows.append_column("site", site)
+
+    existing = with_site(readings(recent(10), days=3, devices=3, seed=1))
+    table = lake.create_table("iot.sites", schema=existing.schema, time_column="ts", partition_by="day", retention="P3Y", **keys)
+    table.append(existing)
+    source = with_site(readings(recent(9), days=4, devices=4, seed=2))
+    report = table.backfill(source=source, mode="merge").wait().report()
+    assert report["phase"] == "published" and all(c["passed"] for c in report["checks"]), report["checks"]
+    con = duckdb.connect()
+    con.register("existing", existing)
+    con.register("source", source)
+    expected = con.sql("""SELECT * FROM existing UNION ALL SELECT * FROM source ANTI JOIN existing USING (device_id, site, ts)
+                          ORDER BY device_id, site, ts""").to_arrow_table()
+    got = table.to_arrow().sort_by([("device_id", "ascending"), ("site", "ascending"), ("ts", "ascending")])
+    assert got.select(expected.column_names).cast(expected.schema).equals(expected)
+    overlap = con.sql("SELECT count(*) FROM source SEMI JOIN existing USING (device_id, site, ts)").fetchall()[0][0]
+    assert report["rows_conflicting_existing"] == overlap > 0

@@ -37,6 +37,7 @@ from timelake.model.timeutil import iso
 from timelake.ports.files import filesystem, make_parent
 from timelake.ports.runtime import Runtime
 from timelake.steps.plan import write_json
+from timelake.steps.spill import is_text
 from timelake.steps.write import KeyPacker, existing_mask, packed_series, sort_key_codes
 
 if TYPE_CHECKING:
@@ -339,7 +340,9 @@ def _file_facts(contract: Contract, state: dict[str, Any], mains: dict[str, Snap
     offset = 0
     fs, path = filesystem(file)
     with fs.open_input_file(path) as handle:
-        parquet = pq.ParquetFile(handle)
+        stored = pq.read_metadata(handle)
+        text = [n for n in contract.series_key if n in stored.schema.names and is_text(stored.schema.to_arrow_schema().field(n).type)]
+        parquet = pq.ParquetFile(handle, metadata=stored, read_dictionary=text or None)  # codes, not a string a row
         if contract.series_key:
             facts.series = _distinct(parquet, contract.series_key[0])
         series = packed_series(contract)
@@ -389,9 +392,24 @@ def _file_facts(contract: Contract, state: dict[str, Any], mains: dict[str, Snap
 
 
 def _distinct(parquet: pq.ParquetFile, column: str) -> pa.Array:
-    """A file's distinct values of one column, sorted: one read of that column alone, a batch at a time."""
-    seen = [pc.unique(batch.column(0)) for batch in parquet.iter_batches(batch_size=BATCH_ROWS, columns=[column])]
-    return pc.unique(pa.chunked_array(seen)).sort() if seen else pa.array([], parquet.schema_arrow.field(column).type)
+    """A file's distinct values of one column, sorted and plain: one read of that column alone, a batch at a time."""
+    seen = [_unique(batch.column(0)) for batch in parquet.iter_batches(batch_size=BATCH_ROWS, columns=[column])]
+    kind = parquet.schema_arrow.field(column).type
+    return pc.unique(pa.chunked_array(seen)).sort() if seen else pa.array([], kind.value_type if pa.types.is_dictionary(kind) else kind)
+
+
+def _unique(column: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """The distinct values of a column, plain even when it is read dictionary-encoded (found among its codes)."""
+    values = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if pa.types.is_dictionary(values.type):
+        return values.dictionary.take(pc.unique(values.indices))
+    return pc.unique(values)
+
+
+def _plain(rows: pa.Table) -> pa.Table:
+    """``rows`` with dictionary-encoded columns decoded."""
+    return pa.table({name: pc.cast(column, column.type.value_type) if pa.types.is_dictionary(column.type) else column
+                     for name, column in zip(rows.column_names, rows.columns)})
 
 
 class _Near:
@@ -412,9 +430,10 @@ class _Near:
     def hits(self, rows: pa.Table, codes: Any) -> pa.Table:
         """The keys of ``rows`` (a batch of a staged file) that main holds."""
         keys = list(self.contract.dedup_key)
+        rows = _plain(rows)
         near = self.rows
         if self.distinct is not None and near.num_rows:
-            mine_values = _distinct(rows.column(self.series))
+            mine_values = _unique(rows.column(self.series))
             mine = pc.index_in(mine_values, value_set=self.distinct.cast(mine_values.type))
             present = mine.drop_null().to_numpy(zero_copy_only=False)
             if not len(present):
