@@ -35,7 +35,7 @@ DAYS = 10  # 4 devices x 10 days x 30 min: with one publish commit per day the j
 RANGE_END = RANGE_START + timedelta(days=DAYS)
 LIVE_START = RANGE_END + timedelta(days=20)  # the live writer's "now", well outside the backfill range
 INTERVAL = 0.05
-JOB_TIMEOUT = 120
+JOB_TIMEOUT = 300  # a guard against a hang, not a speed target: under a loaded CI machine publish may lose many races to the 50 ms live writer
 
 
 def _collision_keys(rounds: int) -> list[Key]:
