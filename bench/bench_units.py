@@ -45,13 +45,12 @@ def readings(devices: int, days: int) -> pa.Table:
     return pa.table({"ts": pa.array(ts).cast(SCHEMA.field("ts").type), "device_id": dev, "value": value}, schema=SCHEMA)
 
 
-def run(source: pa.Table, days: int, day_bytes: float | None, units_a_day: int) -> dict[str, float]:
-    """``day_bytes``: a day's file bytes as the planner estimates them (None: one unit a day, the case that measures them)."""
+def run(source: pa.Table, days: int, target_file_size: str) -> dict[str, float]:
+    """One case; its ``day_bytes`` are a day's file bytes as the planner estimates them (its scan sample)."""
     with tempfile.TemporaryDirectory() as warehouse:
         lake = timelake.connect(warehouse=warehouse)
-        size = "1GB" if day_bytes is None else str(int(day_bytes / units_a_day))
         lake.create_table("bench.sensor", schema=SCHEMA, time_column="ts", series_key=["device_id"],
-                          partition_by="day", target_file_size=size)
+                          partition_by="day", target_file_size=target_file_size)
         rt = lake.runtime
         job = lake.create_job(JobSpec(table="bench.sensor", source="<pyarrow.Table>"))
         plan(rt, job.id, source)
@@ -78,8 +77,8 @@ def main() -> None:
     args = parser.parse_args()
     source = readings(args.devices, args.days)
     print(f"{source.num_rows:,} rows: {args.devices:,} devices x {args.days} days at 1/min")
-    one = run(source, args.days, None, 1)
-    many = run(source, args.days, one["day_bytes"], args.units)
+    one = run(source, args.days, "1GB")
+    many = run(source, args.days, str(int(one["day_bytes"] / args.units)))
     for name, case in (("1 unit a day", one), (f"{args.units} units a day", many)):
         print(f"{name:<16} {case['units'] / args.days:>5.1f} units/day  write {case['seconds']:6.2f} s  "
               f"{case['seconds'] / source.num_rows * 1e9:6.1f} ns/row  read/spilled {case['read'] / case['spilled']:.3f}"

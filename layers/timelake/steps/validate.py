@@ -341,7 +341,8 @@ def _file_facts(contract: Contract, state: dict[str, Any], mains: dict[str, Snap
     fs, path = filesystem(file)
     with fs.open_input_file(path) as handle:
         stored = pq.read_metadata(handle)
-        text = [n for n in contract.series_key if n in stored.schema.names and is_text(stored.schema.to_arrow_schema().field(n).type)]
+        schema = stored.schema.to_arrow_schema()
+        text = [n for n in contract.series_key if n in schema.names and is_text(schema.field(n).type)]
         parquet = pq.ParquetFile(handle, metadata=stored, read_dictionary=text or None)  # codes, not a string a row
         if contract.series_key:
             facts.series = _distinct(parquet, contract.series_key[0])
