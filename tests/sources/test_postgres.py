@@ -116,6 +116,42 @@ def test_each_piece_reads_only_its_range(postgres, readings_table, sensor):
     assert job.report()["rows_in_source"] == _count(_rows(postgres), bounds[0][0], bounds[-1][1])
 
 
+@pytest.mark.parametrize("piece_rows, days_a_piece", [("2000", 4), ("400", 1), ("100000", 24)])
+def test_pieces_are_cut_on_day_edges_and_each_day_is_written_by_its_scan_task(postgres, readings_table, sensor, lake,
+                                                                              piece_rows, days_a_piece):
+    """A day holds 480 rows. Pieces are whole days: as many as fit the piece size (at least one), so no
+    day straddles two pieces and each day is written by the scan task that read it, with no spill and
+    no write step. The table is what the rows are, each piece's range is read once, and days of the
+    gap (no rows) write nothing."""
+    start, end = _window(90, 114)  # 10 days of rows, the 30-day gap, nothing after it in range
+    mark = postgres.log_mark()
+    job = sensor.backfill(source=postgres.uri(table=readings_table, piece_rows=piece_rows), start=start, end=end).wait()
+    record = job.record()
+    edges = record.state["source_plan"]["edges"]
+    day = 86_400_000_000
+    assert all(edge % day == 0 for edge in edges[1:-1]) and edges[0] == _us(start)
+    assert {b - a for a, b in zip(edges[1:-2], edges[2:-1])} <= {days_a_piece * day}
+    reads = sorted((lo, hi) for lo, hi, _ in _piece_reads(postgres, mark))
+    assert reads == list(zip(edges, edges[1:]))
+    units = lake.runtime.store.units(job.id)
+    assert record.state["units_total"] == 10 == len([u for u in units if u.info.get("direct")])
+    assert all(u.result["spill_bytes_read"] == 0 for u in units)
+    assert sort_rows(sensor.to_arrow()).equals(sort_rows(_rows(postgres, f"ts >= '{start}' AND ts < '{end}'")))
+    assert all(c["passed"] for c in job.report()["checks"])
+
+
+def test_a_local_time_column_keeps_even_pieces_and_the_spill(postgres, readings_table, sensor, lake):
+    """Wall-clock times cannot tell which UTC day a piece holds exactly (a DST fold), so the pieces stay
+    even spans of the range and every day goes through the spill."""
+    start, end = _window(10, 14)
+    job = sensor.backfill(source=postgres.uri(piece_rows="400"), tz="Europe/Berlin", start=start, end=end,
+                          query="SELECT ts AT TIME ZONE 'Europe/Berlin' AS ts, device_id, value FROM readings").wait()
+    edges = job.record().state["source_plan"]["edges"]
+    assert len(edges) > 3 and any(edge % 86_400_000_000 for edge in edges[1:-1])
+    assert not any(u.info.get("direct") for u in lake.runtime.store.units(job.id))
+    assert sort_rows(sensor.to_arrow()).equals(sort_rows(_rows(postgres, f"ts >= '{start}' AND ts < '{end}'")))
+
+
 def test_pieces_follow_timescaledb_chunks_when_the_catalog_is_there(postgres, readings_table, sensor):
     """A stand-in for TimescaleDB's ``timescaledb_information.chunks`` (same columns) over monthly
     chunk tables: pieces are the chunks, sized by each chunk's statistics (the gap month is small)."""

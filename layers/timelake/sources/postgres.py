@@ -44,7 +44,7 @@ from zoneinfo import ZoneInfo
 import pyarrow as pa
 
 from timelake.model.limits import POSTGRES_SCHEMES
-from timelake.model.timeutil import US_PER_DAY, from_micros, iso, to_micros
+from timelake.model.timeutil import US_PER_DAY, from_micros, iso, next_boundary, to_micros
 from timelake.sources.base import Source, SourceBatch, SourceError, _rebatch
 
 SCHEMES = POSTGRES_SCHEMES
@@ -68,12 +68,14 @@ def is_postgres(uri: Any) -> bool:
     return isinstance(uri, str) and uri.startswith(SCHEMES)
 
 
-def open_for_job(spec: Any, time_column: str, planned: dict[str, Any] | None = None) -> "PostgresSource":
-    """The source of a job (a `JobSpec`) whose table's time column is ``time_column``."""
+def open_for_job(spec: Any, time_column: str, planned: dict[str, Any] | None = None,
+                 partition: str | None = None) -> "PostgresSource":
+    """The source of a job (a `JobSpec`) whose table's time column is ``time_column``, partitioned by
+    the time transform ``partition`` (None when the table has several tiers)."""
     return PostgresSource(
         spec.source, time_column=spec.map.get(time_column, time_column), query=spec.query, tz=spec.tz,
         time_unit=spec.time_unit, start_us=to_micros(spec.start) if spec.start else None,
-        end_us=to_micros(spec.end) if spec.end else None, planned=planned,
+        end_us=to_micros(spec.end) if spec.end else None, planned=planned, partition=partition,
     )
 
 
@@ -142,7 +144,7 @@ class PostgresSource(Source):
     def __init__(
         self, uri: str, *, time_column: str, query: str | None = None, tz: str | None = None,
         time_unit: str | None = None, start_us: int | None = None, end_us: int | None = None,
-        batch_rows: int = 262_144, planned: dict[str, Any] | None = None,
+        batch_rows: int = 262_144, planned: dict[str, Any] | None = None, partition: str | None = None,
     ) -> None:
         self._con: Any = None
         self.uri = uri
@@ -159,6 +161,7 @@ class PostgresSource(Source):
         self._using = threading.RLock()  # the connection, shared by the caller and the read-ahead thread
         self._next: list[str] = []  # read_next's hint
         self._early: dict[str, Future] = {}  # a piece read before the read() that wants it
+        self._partition = partition
         self._plan = planned or self._make_plan()
 
     # --- Source ---------------------------------------------------------------------------------
@@ -224,6 +227,14 @@ class PostgresSource(Source):
         width = self._plan["width"]
         return [max(1, round(rows * width)) for rows in self._plan["piece_rows"]]
 
+    def column_bounds(self, column: str) -> list[tuple[pa.DataType, int, int, int]] | None:
+        """Each piece's time range as bounds of the time column (its rows: the planner's estimate): a
+        piece holds exactly the rows of its range, whatever they are."""
+        if column != self._time_column or self._plan["kind"] != "timestamptz":
+            return None
+        kind = self.schema().field(self._source_field()).type
+        return [(kind, lo, hi - 1, rows) for (lo, hi), rows in zip(self._ranges(), self._plan["piece_rows"], strict=True)]
+
     def plan_state(self) -> dict[str, Any]:
         """What another process needs to see the same pieces (stored with the job)."""
         return dict(self._plan)
@@ -261,14 +272,36 @@ class PostgresSource(Source):
             return plan
         hi += 1
         chunks = self._chunks(lo, hi) if kind != "integer" and self._target.table else None
+        aligned = self._aligned(lo, hi, rows) if not chunks else None
         if chunks:
             plan["edges"] = [lo, *[c[1] for c in chunks[:-1]], hi]
             plan["piece_rows"] = [round(c[2]) for c in chunks]
+        elif aligned:
+            plan["edges"] = aligned
+            plan["piece_rows"] = [round(rows * (b - a) / (hi - lo)) for a, b in zip(aligned, aligned[1:])]
         else:  # equal spans: rows are assumed to spread evenly over the range
             count = min(MAX_PIECES, max(1, math.ceil(rows / self._target.piece_rows)))
             plan["edges"] = sorted({lo + (hi - lo) * i // count for i in range(count)} | {hi})
             plan["piece_rows"] = [round(rows / count)] * (len(plan["edges"]) - 1)
         return plan
+
+    def _aligned(self, lo: int, hi: int, rows: float) -> list[int] | None:
+        """Edges on the table's partition boundaries, a whole number of partitions a piece, when the
+        time column is absolute (UTC microseconds) and a partition holds at most two pieces' rows: then
+        no partition straddles two pieces, and a scan task writes each partition itself as soon as its
+        piece is read (`plan.plan_direct`), without the spill's round trip."""
+        if self._partition is None or self._kind != "timestamptz":
+            return None
+        boundaries = [lo]
+        while boundaries[-1] < hi and len(boundaries) <= MAX_PIECES * 8:
+            boundaries.append(next_boundary(boundaries[-1], self._partition))
+        if boundaries[-1] < hi:
+            return None
+        partitions = len(boundaries) - 1
+        if rows / partitions > 2 * self._target.piece_rows:
+            return None
+        per_piece = max(1, round(self._target.piece_rows / max(rows / partitions, 1)), math.ceil(partitions / MAX_PIECES))
+        return [*boundaries[:-1:per_piece], hi]
 
     def _source_field(self) -> str:
         if self._time_column not in self.schema().names:

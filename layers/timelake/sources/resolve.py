@@ -22,7 +22,9 @@ def open_spec_source(spec: JobSpec, table: Any = None, planned: dict | None = No
     pinned of it (its plan_state())."""
     uri = spec.source
     if is_postgres(uri):
-        return open_for_job(spec, Contract.from_table(table).time_column, planned)
+        contract = Contract.from_table(table)
+        single = contract.tiers[0].transform if len(contract.tiers) == 1 else None
+        return open_for_job(spec, contract.time_column, planned, partition=single)
     measurement = spec.measurement or spec.table.rsplit(".", 1)[-1]
     if is_influx_uri(uri):
         return InfluxServerSource(uri, measurement, batch_rows)

@@ -22,7 +22,8 @@ from timelake.model.contract import Contract
 from timelake.model.cost import estimate_cost
 from timelake.model.layout import PartitionKey, partition_codes
 from timelake.model.spec import FIRST_YEAR, LAST_MICROS, LAST_YEAR, JobSpec
-from timelake.model.timeutil import US_PER_DAY, floor_to, from_micros, iso, next_boundary, subtract_duration, to_micros
+from timelake.model.timeutil import (US_PER_DAY, floor_to, from_micros, iso, next_boundary, subtract_duration, to_micros,
+                                     transform_range, transform_values)
 from timelake.ports.files import filesystem, make_parent
 from timelake.ports.runtime import Runtime
 from timelake.ports.store import Lease, UnitRecord
@@ -39,6 +40,8 @@ from timelake.steps.scan import (
 MAX_UNIT_ROWS = 1 << 25
 MIN_TASK_BYTES = 8 << 20  # a scan task has a fixed cost (a Lambda, a connection): none reads less than this
 DIRECT_MAX_PIECES = 10_000  # telling those partitions reads every piece's footer at plan time
+DIRECT_SPAN_PARTITIONS = 64  # a piece over more partitions than this leaves them to the spill
+_GRAIN = ["hour", "day", "month", "year"]
 
 
 def plan(rt: Runtime, job_id: str, source: Any = None, parallelism: int | None = None) -> dict[str, Any]:
@@ -105,21 +108,23 @@ def plan_direct(rt: Runtime, job_id: str, spec: JobSpec, ctx: ScanContext, src: 
     for task, (first, last) in enumerate(tasks):
         task_of[first:last] = task
     found: dict[PartitionKey, dict[str, Any]] = {}
-    wide: list[tuple[int, int]] = []  # time spans of pieces over several partitions: those partitions are shared
+    wide: list[tuple[int, int]] = []  # time spans of pieces over too many partitions to list: those are shared
+    finest = min((tier.transform for tier in ctx.contract.tiers), key=_GRAIN.index)
     for piece, (kind, low, high, rows) in enumerate(bounds):
         if not rows:
             continue
         span = mapper.utc_bounds(kind, low, high)
         if span is None:
             return 0
-        codes, keys = partition_codes(np.array(span, dtype=np.int64), ctx.contract, ctx.cutoffs)
-        if codes[0] != codes[1]:
+        keys = _partitions_within(span[0], span[1], finest, ctx)
+        if keys is None:
             wide.append((span[0], span[1] + 1))
             continue
-        entry = found.setdefault(keys[0], {"tasks": set(), "rows": 0, "last": piece})
-        entry["tasks"].add(int(task_of[piece]))
-        entry["rows"] += rows
-        entry["last"] = max(entry["last"], piece)
+        for key in keys:  # a piece over several whole partitions (database pieces cut on their edges)
+            entry = found.setdefault(key, {"tasks": set(), "rows": 0, "last": piece})
+            entry["tasks"].add(int(task_of[piece]))
+            entry["rows"] += rows / len(keys)
+            entry["last"] = max(entry["last"], piece)
     per_task: dict[int, dict[str, dict[str, Any]]] = {}
     for key, entry in found.items():
         lo, hi = key.range
@@ -130,6 +135,17 @@ def plan_direct(rt: Runtime, job_id: str, spec: JobSpec, ctx: ScanContext, src: 
     for task, partitions in per_task.items():
         write_json(rt, job_id, direct_name(task), partitions)
     return sum(len(p) for p in per_task.values())
+
+
+def _partitions_within(low: int, high: int, finest: str, ctx: ScanContext) -> list[PartitionKey] | None:
+    """The partitions that UTC microseconds [low, high] touch, found at each boundary of the finest
+    granularity; None past DIRECT_SPAN_PARTITIONS of them."""
+    first, last = transform_values(np.array([low, high], dtype=np.int64), finest).tolist()
+    if last - first >= DIRECT_SPAN_PARTITIONS:
+        return None
+    points = [low, *(transform_range(finest, value)[0] for value in range(first + 1, last + 1)), high]
+    codes, keys = partition_codes(np.array(points, dtype=np.int64), ctx.contract, ctx.cutoffs)
+    return [keys[code] for code in sorted(set(codes.tolist()))]
 
 
 def context(spec: JobSpec, table: Any, now_us: int) -> ScanContext:
