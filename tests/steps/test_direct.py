@@ -86,24 +86,6 @@ def _day_number(day: str) -> int:
                // 86_400_000_000)
 
 
-def test_a_file_over_whole_days_no_other_task_reads_writes_each_of_them(sensor, lake, tmp_path):
-    """A file holding days 5 and 4 whole (a database piece cut on day edges is alike) beside a file of
-    day 6: no other task reads those days, so each is written by the scan task, the two of the wide
-    file both once that file is read."""
-    folder = tmp_path / "export"
-    folder.mkdir()
-    wide = pa.concat_tables([make_readings(recent(day), days=1, devices=3, step_minutes=30, seed=day) for day in (5, 4)])
-    single = make_readings(recent(6), days=1, devices=3, step_minutes=30, seed=6)
-    pq.write_table(single, folder / "a-day.parquet")
-    pq.write_table(wide, folder / "b-two-days.parquet")
-    job = sensor.backfill(source=str(folder / "*.parquet"), max_concurrency=2).wait()
-    record = job.record()
-    assert record.state["direct_partitions"] == 3
-    assert _direct_units(lake, job.id) == sorted(f"day-{_day_number(recent(d))}-s0-0of1" for d in (6, 5, 4))
-    assert all(u.result["spill_bytes_read"] == 0 for u in lake.runtime.store.units(job.id))
-    assert _main(lake).equals(sort_rows(reference_merge(SCHEMA.empty_table(), pa.concat_tables([single, wide]))))
-
-
 def test_a_task_holding_too_many_rows_spills_its_largest_partition(sensor, lake, tmp_path, monkeypatch):
     """Files of two days interleaved in one task: both days are the task's alone, so it holds both until
     their last file; past its budget it spills the larger one, and the table ends the same."""

@@ -118,6 +118,11 @@ class Source(ABC):
         footers); None when a piece cannot tell (another format, another type, no statistics, nulls)."""
         return None
 
+    def on_partition_edges(self) -> bool:
+        """Whether the pieces were cut on the table's partition edges, so that a piece over several
+        partitions holds each of them whole (a database cut by time); files are whatever was exported."""
+        return False
+
     def plan_state(self) -> dict | None:
         """What a scan in another process needs to see the same pieces, kept with the job; None when
         listing the pieces again gives the same list (files), not so for a live database."""

@@ -227,6 +227,9 @@ class PostgresSource(Source):
         width = self._plan["width"]
         return [max(1, round(rows * width)) for rows in self._plan["piece_rows"]]
 
+    def on_partition_edges(self) -> bool:
+        return bool(self._plan.get("aligned"))
+
     def column_bounds(self, column: str) -> list[tuple[pa.DataType, int, int, int]] | None:
         """Each piece's time range as bounds of the time column (its rows: the planner's estimate): a
         piece holds exactly the rows of its range, whatever they are."""
@@ -277,7 +280,7 @@ class PostgresSource(Source):
             plan["edges"] = [lo, *[c[1] for c in chunks[:-1]], hi]
             plan["piece_rows"] = [round(c[2]) for c in chunks]
         elif aligned:
-            plan["edges"] = aligned
+            plan["edges"], plan["aligned"] = aligned, True
             plan["piece_rows"] = [round(rows * (b - a) / (hi - lo)) for a, b in zip(aligned, aligned[1:])]
         else:  # equal spans: rows are assumed to spread evenly over the range
             count = min(MAX_PIECES, max(1, math.ceil(rows / self._target.piece_rows)))

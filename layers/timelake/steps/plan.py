@@ -108,8 +108,8 @@ def plan_direct(rt: Runtime, job_id: str, spec: JobSpec, ctx: ScanContext, src: 
     for task, (first, last) in enumerate(tasks):
         task_of[first:last] = task
     found: dict[PartitionKey, dict[str, Any]] = {}
-    wide: list[tuple[int, int]] = []  # time spans of pieces over too many partitions to list: those are shared
-    finest = min((tier.transform for tier in ctx.contract.tiers), key=_GRAIN.index)
+    wide: list[tuple[int, int]] = []  # time spans of pieces over several partitions: those partitions are shared
+    finest = min((tier.transform for tier in ctx.contract.tiers), key=_GRAIN.index) if src.on_partition_edges() else None
     for piece, (kind, low, high, rows) in enumerate(bounds):
         if not rows:
             continue
@@ -117,7 +117,7 @@ def plan_direct(rt: Runtime, job_id: str, spec: JobSpec, ctx: ScanContext, src: 
         if span is None:
             return 0
         keys = _partitions_within(span[0], span[1], finest, ctx)
-        if keys is None:
+        if keys is None:  # a file over several days may share them with other files
             wide.append((span[0], span[1] + 1))
             continue
         for key in keys:  # a piece over several whole partitions (database pieces cut on their edges)
@@ -137,9 +137,13 @@ def plan_direct(rt: Runtime, job_id: str, spec: JobSpec, ctx: ScanContext, src: 
     return sum(len(p) for p in per_task.values())
 
 
-def _partitions_within(low: int, high: int, finest: str, ctx: ScanContext) -> list[PartitionKey] | None:
-    """The partitions that UTC microseconds [low, high] touch, found at each boundary of the finest
-    granularity; None past DIRECT_SPAN_PARTITIONS of them."""
+def _partitions_within(low: int, high: int, finest: str | None, ctx: ScanContext) -> list[PartitionKey] | None:
+    """The partitions that UTC microseconds [low, high] touch, found at each boundary of the ``finest``
+    granularity; None past DIRECT_SPAN_PARTITIONS of them, or past one when ``finest`` is None (the
+    pieces were not cut on partition edges)."""
+    if finest is None:
+        codes, keys = partition_codes(np.array([low, high], dtype=np.int64), ctx.contract, ctx.cutoffs)
+        return [keys[0]] if codes[0] == codes[1] else None
     first, last = transform_values(np.array([low, high], dtype=np.int64), finest).tolist()
     if last - first >= DIRECT_SPAN_PARTITIONS:
         return None
