@@ -21,6 +21,7 @@ import pytest
 
 from tests.aws_fixtures import aws, moto_server  # noqa: F401
 from tests.conftest import SCHEMA, make_readings, reference_merge, sort_rows
+from tests.runner.scenario import run_cli
 from tests.sources.conftest import READER_PASSWORD, PgServer, year_start
 from timelake.model.timeutil import iso, to_micros
 
@@ -138,6 +139,28 @@ def test_pieces_are_cut_on_day_edges_and_each_day_is_written_by_its_scan_task(po
     assert all(u.result["spill_bytes_read"] == 0 for u in units)
     assert sort_rows(sensor.to_arrow()).equals(sort_rows(_rows(postgres, f"ts >= '{start}' AND ts < '{end}'")))
     assert all(c["passed"] for c in job.report()["checks"])
+
+
+def test_days_the_scan_wrote_survive_a_crash_and_publish_once(postgres, readings_table, sensor, lake, warehouse):
+    """The `timelake` process dies after the scan wrote its third day, with pieces still to read; resume
+    reads the source again from the plan it pinned and publishes each day's file once."""
+    start, end = _window(40, 48)
+    uri = postgres.uri(table=readings_table, piece_rows="1000")
+    crashed = run_cli(warehouse, "backfill", "iot.sensor", "--from", uri, "--start", start, "--end", end,
+                      "--max-concurrency", "1", "--json", crash_at="scan.direct:3")
+    assert crashed.returncode == 137, crashed.stderr[-2000:]
+    [job_id] = [job.id for job in lake.jobs()]
+    record = lake.job(job_id).record()
+    assert record.phase == "scanning" and record.state["direct_partitions"] == 8
+    assert sensor.refresh().to_arrow().num_rows == 0
+    resumed = run_cli(warehouse, "backfill", "resume", job_id, "--json")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert json.loads(resumed.stdout)["phase"] == "published"
+    units = lake.runtime.store.units(job_id)
+    assert len(units) == 8 and all(u.info.get("direct") for u in units)
+    assert sort_rows(sensor.refresh().to_arrow()).equals(sort_rows(_rows(postgres, f"ts >= '{start}' AND ts < '{end}'")))
+    publishes = [s for s in sensor.iceberg.snapshots() if (s.summary or {}).get("timelake.step") == "publish"]
+    assert len(publishes) == 1
 
 
 def test_a_local_time_column_keeps_even_pieces_and_the_spill(postgres, readings_table, sensor, lake):
