@@ -46,11 +46,17 @@ def micros(table: pa.Table, column: str) -> np.ndarray:
     return pc.cast(table.column(column), pa.int64()).to_numpy()
 
 
-def partition_codes(ts: np.ndarray, contract: Contract, cutoffs: list[int]) -> tuple[np.ndarray, list[PartitionKey]]:
-    """Per row an index into the returned list of partition keys."""
+def partition_codes(ts: np.ndarray, contract: Contract, cutoffs: list[int],
+                    days: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, list[PartitionKey]]:
+    """Per row an index into the returned list of partition keys. ``days``: the rows' distinct UTC day
+    numbers and each row's index into them, when the caller has them already (a day-partitioned
+    table's partitions are those days)."""
     if len(contract.tiers) == 1:  # one partition spec: no tier masks to build and apply
         tier = contract.tiers[0]
-        uniques, inverse, _ = dense_unique(transform_values(ts, tier.transform))
+        if days is not None and tier.transform == "day":
+            uniques, inverse = days
+        else:
+            uniques, inverse, _ = dense_unique(transform_values(ts, tier.transform))
         return inverse, [PartitionKey(tier.spec_id, tier.transform, int(v)) for v in uniques]
     tiers = contract.tier_index(ts, cutoffs)
     codes = np.empty(len(ts), dtype=np.int64)

@@ -450,18 +450,19 @@ def _scan_batch(
         rows, ts = rows.filter(pa.array(keep)), ts[keep]
     if rows.num_rows == 0:
         return
-    days, _, counts = dense_unique(np.floor_divide(ts, US_PER_DAY))
+    days, day_of_row, counts = dense_unique(np.floor_divide(ts, US_PER_DAY))
     result.days.update(dict(zip(days.tolist(), counts.tolist())))
     if result.sample_rows == 0:
         result.sample_rows, result.sample_bytes = _measure(rows.slice(0, SAMPLE_ROWS), ctx.contract)
     if overlap is not None:
         overlap.add(rows)
-    codes, keys = partition_codes(ts, ctx.contract, ctx.cutoffs)
+    codes, keys = partition_codes(ts, ctx.contract, ctx.cutoffs, days=(days, day_of_row))
     buckets = series_bucket(rows, ctx.contract.series_key) if ctx.contract.series_key else None
     sums = None
     if ctx.contract.check_column:
-        values = pc.fill_null(rows.column(ctx.contract.check_column), 0)
-        sums = np.bincount(codes, weights=values.to_numpy().astype(np.float64), minlength=len(keys))
+        values = rows.column(ctx.contract.check_column)
+        values = pc.fill_null(values, 0) if values.null_count else values
+        sums = np.bincount(codes, weights=values.to_numpy().astype(np.float64, copy=False), minlength=len(keys))
     if spiller:
         rows = spiller.code(rows)
     counts = None  # rows per (partition, bucket), one count for the whole batch
