@@ -37,7 +37,7 @@ from timelake.steps.plan import cut, pending_pieces, plan, scan
 from timelake.steps.publish import publish
 from timelake.steps.scan import open_job_source
 from timelake.steps.stage import stage
-from timelake.steps.validate import check_file, check_items, plan_checks, validate
+from timelake.steps.validate import CheckContext, check_file, check_items, plan_checks, validate
 from timelake.steps.write import write_unit
 
 WAITING = {canary.AWAITING}  # the job stops here until a person approves (continue) or aborts it
@@ -177,7 +177,7 @@ def _write_all(rt: Runtime, job_id: str, cancel: threading.Event | None, only: l
             checkpoint("write.unit")
     else:
         threads = job.state.get("rows_in_scope", 0) < IN_PROCESS_ROWS
-        _fan_out(rt, job_id, "write", pending, workers, lambda: None, cancel, threads=threads, main=main)
+        _fan_out(rt, job_id, "write", pending, workers, lambda: None, cancel, threads=threads, shared=main)
     if only is None:
         rt.store.update_job(job_id, "written")
 
@@ -196,7 +196,7 @@ def _check_all(rt: Runtime, job_id: str, cancel: threading.Event | None) -> None
 
         rt.store.note_progress(job_id, "validate", {"done": 0, "total": len(items), "of": "files"})
         _fan_out(rt, job_id, "check", items, min(spec.max_concurrency or os.cpu_count() or 1, len(items)),
-                 tick, cancel, threads=True)
+                 tick, cancel, threads=True, shared=CheckContext.of(rt, job_id))
 
 
 def _check(cancel: threading.Event | None, job_id: str, doing: str, rt: Runtime | None = None) -> None:
@@ -209,10 +209,11 @@ def _check(cancel: threading.Event | None, job_id: str, doing: str, rt: Runtime 
 
 def _fan_out(
     rt: Runtime, job_id: str, step: str, items: list[Any], workers: int, tick: Callable[[], None],
-    cancel: threading.Event | None, threads: bool = False, main: MainReader | None = None,
+    cancel: threading.Event | None, threads: bool = False, shared: MainReader | CheckContext | None = None,
 ) -> None:
     """Run ``step`` (scan, write or check) over ``items`` on a pool of processes, or of ``threads`` (which
-    share ``main``, merge mode's reader of main), recording progress as items finish."""
+    share ``shared``: merge mode's reader of main for writes, the job's check context for checks),
+    recording progress as items finish."""
     config = rt.config.model_dump()
     if threads:
         pool: Executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"timelake-{step}")
@@ -228,7 +229,7 @@ def _fan_out(
                 while queue and len(running) < workers * 2:
                     item = queue.pop()
                     if threads:
-                        future = pool.submit(_run_item, rt, step, job_id, item, main)
+                        future = pool.submit(_run_item, rt, step, job_id, item, shared)
                     else:
                         future = pool.submit(_in_worker, config, step, job_id, item)
                     running[future] = item
@@ -273,12 +274,14 @@ def _in_worker(config: dict[str, Any], step: str, job_id: str, item: Any) -> dic
     return _run_item(runtime_for(config), step, job_id, item)
 
 
-def _run_item(rt: Runtime, step: str, job_id: str, item: Any, main: MainReader | None = None) -> dict[str, Any]:
+def _run_item(rt: Runtime, step: str, job_id: str, item: Any,
+              shared: MainReader | CheckContext | None = None) -> dict[str, Any]:
     if step == "scan":
         return scan(rt, job_id, item)
     if step == "write":
-        return write_unit(rt, job_id, item, main)
-    return check_file(rt, job_id, item["file"], item["spec_id"], item["partition"])
+        return write_unit(rt, job_id, item, shared if isinstance(shared, MainReader) else None)
+    return check_file(rt, job_id, item["file"], item["spec_id"], item["partition"],
+                      shared if isinstance(shared, CheckContext) else None)
 
 
 class _Heartbeat:

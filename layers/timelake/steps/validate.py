@@ -17,7 +17,7 @@ import threading
 import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -87,19 +87,34 @@ def check_items(rt: Runtime, job_id: str) -> list[dict[str, Any]]:
         return json.loads(handle.read())
 
 
-def check_file(rt: Runtime, job_id: str, file: str, spec_id: int, partition: int) -> dict[str, Any]:
+@dataclass(frozen=True)
+class CheckContext:
+    """What every per-file check of a job reads first: the job's state, its table and contract. Checks
+    on threads of one process share it, so the job record and the table's metadata are read and
+    parsed once, not once per file while the other checks wait for the interpreter."""
+
+    state: dict[str, Any]
+    table: Any
+    contract: Contract
+
+    @classmethod
+    def of(cls, rt: Runtime, job_id: str) -> "CheckContext":
+        job = rt.store.get_job(job_id)
+        table = rt.load_table(JobSpec.model_validate(job.spec).table)
+        return cls(job.state, table, Contract.from_table(table))
+
+
+def check_file(rt: Runtime, job_id: str, file: str, spec_id: int, partition: int,
+               context: CheckContext | None = None) -> dict[str, Any]:
     """Validation, per staged file: one pass over its key and value columns, a batch at a time (sortedness,
     duplicates, overlap with main in its partition, its check sum), kept beside the job's scratch files
     for `validate` to combine. A work item holds one file's columns, whatever the job's size."""
-    job = rt.store.get_job(job_id)
-    spec = JobSpec.model_validate(job.spec)
-    table = rt.load_table(spec.table)
-    contract = Contract.from_table(table)
-    snapshots = job.state["validation_snapshots"]
+    context = context or CheckContext.of(rt, job_id)
+    contract, snapshots = context.contract, context.state["validation_snapshots"]
     lo, hi = _partition_range(contract, spec_id, partition)
-    mains = {name: SnapshotRange(table, contract.time_column, lo, hi, contract.dedup_key, snapshot_id=snapshot_id)
+    mains = {name: SnapshotRange(context.table, contract.time_column, lo, hi, contract.dedup_key, snapshot_id=snapshot_id)
              for name, snapshot_id in snapshots.items()}
-    facts = _file_facts(contract, job.state, mains, file, spec_id, partition)
+    facts = _file_facts(contract, context.state, mains, file, spec_id, partition)
     _store_facts(rt, job_id, snapshots, facts)
     return {"file": file, "passed": facts.unsorted_at is None and not facts.duplicate_count and not facts.overlap.get("base")}
 
@@ -254,7 +269,10 @@ class _FileFacts:
     overlap_samples: dict[str, list[dict[str, Any]]]
 
     def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "series": pc.cast(self.series, pa.string()).to_pylist()}
+        """Field by field: ``dataclasses.asdict`` deep-copies every value, the series array through a
+        pickle, which made this most of a small file's check, holding the interpreter."""
+        return {**{f.name: getattr(self, f.name) for f in fields(self)},
+                "series": pc.cast(self.series, pa.string()).to_pylist()}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "_FileFacts":
@@ -344,14 +362,20 @@ def _file_facts(contract: Contract, state: dict[str, Any], mains: dict[str, Snap
         schema = stored.schema.to_arrow_schema()
         text = [n for n in contract.series_key if n in schema.names and is_text(schema.field(n).type)]
         parquet = pq.ParquetFile(handle, metadata=stored, read_dictionary=text or None)  # codes, not a string a row
-        if contract.series_key:
-            facts.series = _distinct(parquet, contract.series_key[0])
         series = packed_series(contract)
+        # the series are needed before the pass only to pack keys against main; else the pass collects them
+        first_series = contract.series_key[0] if contract.series_key else None
+        early = first_series is not None and (bool(mains and series) or first_series not in columns)
+        if early:
+            facts.series = _distinct(parquet, first_series)
+        seen: list[pa.Array] = []
         packer = KeyPacker.fit(series, contract.time_column, facts.series, lo, hi - 1) if mains and series else None
         packed = np.full(parquet.metadata.num_rows, -1, dtype=np.int64) if packer is not None else None
         nears = {name: _Near(main.batches(lo, hi).read_all(), contract) for name, main in mains.items()} if packer is None else {}
-        for batch in parquet.iter_batches(batch_size=BATCH_ROWS, columns=columns):
+        for batch in parquet.iter_batches(batch_size=BATCH_ROWS, columns=columns, use_threads=False):
             rows = pa.Table.from_batches([batch])
+            if first_series is not None and not early:
+                seen.append(_unique(rows.column(first_series)))
             codes = sort_key_codes(rows, contract)
             unsorted_at, dup_mask = _order(codes.columns)
             first = {k: rows.column(k)[0].as_py() for k in keys}
@@ -380,6 +404,8 @@ def _file_facts(contract: Contract, state: dict[str, Any], mains: dict[str, Snap
             last = {k: rows.column(k)[rows.num_rows - 1].as_py() for k in keys}
             offset += rows.num_rows
         time_type = parquet.schema_arrow.field(contract.time_column).type
+        if first_series is not None and not early:
+            facts.series = _sorted_distinct(seen, parquet.schema_arrow.field(first_series).type)
     if packed is not None:
         for name, main in mains.items():
             hits = np.flatnonzero(packer.mark(packed, main.batches(lo, hi)))
@@ -395,7 +421,11 @@ def _file_facts(contract: Contract, state: dict[str, Any], mains: dict[str, Snap
 def _distinct(parquet: pq.ParquetFile, column: str) -> pa.Array:
     """A file's distinct values of one column, sorted and plain: one read of that column alone, a batch at a time."""
     seen = [_unique(batch.column(0)) for batch in parquet.iter_batches(batch_size=BATCH_ROWS, columns=[column])]
-    kind = parquet.schema_arrow.field(column).type
+    return _sorted_distinct(seen, parquet.schema_arrow.field(column).type)
+
+
+def _sorted_distinct(seen: list[pa.Array], kind: pa.DataType) -> pa.Array:
+    """The distinct values of a column's batches (each batch's own distinct values), sorted and plain."""
     return pc.unique(pa.chunked_array(seen)).sort() if seen else pa.array([], kind.value_type if pa.types.is_dictionary(kind) else kind)
 
 
