@@ -242,6 +242,8 @@ class BackfillStack(Stack):
             "events": f"eventbridge://{self.bus.event_bus_name}",
             # The live path publishes here; no role of this stack may (historical data never pages anyone).
             "alarms": f"sns://{self.alarm_topic.topic_arn}",
+            # The scan role reads lake data only: every partition goes through the spill to the write Lambdas.
+            "scan_writes": False,
         })
 
     def _access_log_bucket(self) -> s3.Bucket:

@@ -128,6 +128,7 @@ def _deploy(aws: str, monkeypatch: pytest.MonkeyPatch, dispatch: Dispatch) -> Cl
                        "s3.endpoint": aws, "s3.region": "us-east-1", "s3.access-key-id": "testing",
                        "s3.secret-access-key": "testing"},
         store=f"dynamodb://{JOBS}", staging=f"s3://{BUCKET}/_backfill", events=f"eventbridge://{BUS}",
+        scan_writes=False,  # as the stack deploys it: only the write Lambdas put data files
     )
     monkeypatch.setenv("TIMELAKE_CONFIG", config.model_dump_json())
     monkeypatch.setenv("POWERTOOLS_TRACE_DISABLED", "true")

@@ -20,6 +20,7 @@ import io
 import json
 import multiprocessing
 import os
+import re
 from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import unquote
@@ -220,7 +221,8 @@ def deployment(aws: str, synthesized: Synthesized, monkeypatch: pytest.MonkeyPat
     # Like the deployed config: no keys, so every client takes the role's credentials from the environment.
     config = LakeConfig(catalog_name="glue", catalog_props={"type": "glue", "warehouse": f"s3://{BUCKET}/warehouse", "glue.endpoint": aws,
                                                             "glue.region": REGION, "s3.endpoint": aws, "s3.region": REGION},
-                        store=f"dynamodb://{JOBS}", staging=f"s3://{BUCKET}/_backfill", events=f"eventbridge://{BUS}")
+                        store=f"dynamodb://{JOBS}", staging=f"s3://{BUCKET}/_backfill", events=f"eventbridge://{BUS}",
+                        scan_writes=_deployed_scan_writes(fns))
     base_env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_ACCESS") and not k.startswith("AWS_SECRET")}
     base_env |= {"TIMELAKE_TEST_BUCKET": BUCKET, "TIMELAKE_CONFIG": config.model_dump_json(), "POWERTOOLS_TRACE_DISABLED": "true", "POWERTOOLS_SERVICE_NAME": "timelake-backfill",
                  "POWERTOOLS_METRICS_NAMESPACE": "Timelake", "PYTHONPATH": f"{ROOT / 'layers'}{os.pathsep}{ROOT}",
@@ -286,6 +288,16 @@ def deployment(aws: str, synthesized: Synthesized, monkeypatch: pytest.MonkeyPat
             pool.shutdown(cancel_futures=True)
 
 
+def _deployed_scan_writes(fns: dict[str, tuple[str, dict[str, Any]]]) -> bool:
+    """``scan_writes`` as the stack sets it in the scan function's TIMELAKE_CONFIG (a join of text and
+    deploy-time tokens; the flag is in the text)."""
+    value = fns["scan"][1]["Environment"]["Variables"]["TIMELAKE_CONFIG"]
+    parts = value["Fn::Join"][1] if isinstance(value, dict) else [value]
+    found = re.search(r'"scan_writes":\s*(true|false)', "".join(p for p in parts if isinstance(p, str)))
+    assert found, "the stack's TIMELAKE_CONFIG has no scan_writes"
+    return found[1] == "true"
+
+
 def synth_functions(synth: Synthesized) -> list[tuple[str, dict[str, Any]]]:
     return list(synth.resources("AWS::Lambda::Function").items())
 
@@ -324,6 +336,25 @@ def test_the_readme_example_runs_with_each_function_on_its_own_role(deployment: 
     assert {"plan", "scan", "cut", "write", "stage", "validate", "validate_item", "publish"} <= set(deployment.invocations)
     files = deployment.lake.job("readme-example").report()["files"]
     assert deployment.invocations.count("validate_item") == files > 1  # one per staged file
+
+    # A file per day with absolute times: embedded, each day's scan task would write its file itself; the
+    # scan's role may not put data files, so on AWS every day is spilled for the write Lambdas.
+    days = deployment.lake.create_table("iot.sensor_days", schema=SCHEMA, time_column="ts", series_key=["device_id"],
+                                        partition_by="day", retention="P3Y")
+    export = _export(3)
+    export = export.set_column(0, "timestamp", export.column("timestamp").cast(pa.timestamp("us", "UTC")))
+    for day in range(3):
+        buffer = io.BytesIO()
+        pq.write_table(export.slice(day * 24, 24), buffer)
+        boto3.client("s3").put_object(Bucket=SOURCE_BUCKET, Key=f"days/{day}.parquet", Body=buffer.getvalue())
+    writes = deployment.invocations.count("write")
+    job = {**{k: v for k, v in EXAMPLE.items() if k != "tz"}, "table": "iot.sensor_days",
+           "source": f"s3://{SOURCE_BUCKET}/days/*.parquet"}
+    result = deployment.run(job, "day-files")
+    assert result["status"] == "SUCCEEDED", result.get("cause")
+    assert days.refresh().to_arrow().num_rows == 72
+    assert not any(u.info.get("direct") for u in deployment.lake.runtime.store.units("day-files"))
+    assert deployment.invocations.count("write") - writes == 3
 
     # Positive controls: calls outside a role are denied, so the success above means something.
     assert _denied(deployment.as_role("validate", "put-data-file"))

@@ -35,6 +35,9 @@ class LakeConfig(BaseModel):
     events: str | None = Field(default=None, description="eventbridge://BUS on AWS; None: the in-process bus")
     alarms: str | None = Field(default=None, description="sns://TOPIC_ARN for the live path's real-time alarms; "
                                "None: in-process. Backfills never send to it")
+    scan_writes: bool = Field(default=True, description="whether a scan task may write a partition it holds whole as "
+                              "its final file (no spill, no write step); False where the scan may not put data files "
+                              "(the AWS stack: only the write Lambdas may)")
 
     @classmethod
     def from_env(cls) -> "LakeConfig":

@@ -97,8 +97,9 @@ def plan_direct(rt: Runtime, job_id: str, spec: JobSpec, ctx: ScanContext, src: 
     pieces' footer statistics of the time column tell (a day-ordered export: a file per day), and are
     few enough for the task to hold; the task writes it once it has read the last of those pieces,
     exactly as the write step would, and the spill's round trip is saved. Not for a dry run, which writes
-    nothing, nor a canary, which writes one day before the person approves the rest."""
-    if spec.dry_run or spec.canary:
+    nothing, nor a canary, which writes one day before the person approves the rest, nor where the scan
+    may not put data files (``scan_writes``: the AWS stack's scan role reads only)."""
+    if spec.dry_run or spec.canary or not rt.config.scan_writes:
         return 0
     pieces = src.pieces()
     bounds = src.column_bounds(mapper.source_of[ctx.contract.time_column]) if len(pieces) <= DIRECT_MAX_PIECES else None
