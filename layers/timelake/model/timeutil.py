@@ -152,6 +152,15 @@ def floor_to(micros: int, transform: str) -> int:
     return transform_range(transform, value)[0]
 
 
+def partition_starts(low: int, high: int, transform: str, most: int) -> list[int] | None:
+    """The starts (UTC microseconds) of the partitions after the one that holds ``low``, up to the one
+    that holds ``high``; None when there are more than ``most`` of them."""
+    first, last = transform_values(np.array([low, high], dtype=np.int64), transform).tolist()
+    if last - first > most:
+        return None
+    return [transform_range(transform, value)[0] for value in range(first + 1, last + 1)]
+
+
 def next_boundary(micros: int, transform: str) -> int:
     """Start of the partition after the one that holds ``micros``."""
     if transform == "week":

@@ -44,7 +44,7 @@ from zoneinfo import ZoneInfo
 import pyarrow as pa
 
 from timelake.model.limits import POSTGRES_SCHEMES
-from timelake.model.timeutil import US_PER_DAY, from_micros, iso, next_boundary, to_micros
+from timelake.model.timeutil import US_PER_DAY, from_micros, iso, partition_starts, to_micros
 from timelake.sources.base import Source, SourceBatch, SourceError, _rebatch
 
 SCHEMES = POSTGRES_SCHEMES
@@ -295,16 +295,14 @@ class PostgresSource(Source):
         piece is read (`plan.plan_direct`), without the spill's round trip."""
         if self._partition is None or self._kind != "timestamptz":
             return None
-        boundaries = [lo]
-        while boundaries[-1] < hi and len(boundaries) <= MAX_PIECES * 8:
-            boundaries.append(next_boundary(boundaries[-1], self._partition))
-        if boundaries[-1] < hi:
+        starts = partition_starts(lo, hi - 1, self._partition, MAX_PIECES * 8)
+        if starts is None:
             return None
-        partitions = len(boundaries) - 1
+        partitions = len(starts) + 1
         if rows / partitions > 2 * self._target.piece_rows:
             return None
         per_piece = max(1, round(self._target.piece_rows / max(rows / partitions, 1)), math.ceil(partitions / MAX_PIECES))
-        return [*boundaries[:-1:per_piece], hi]
+        return [*[lo, *starts][::per_piece], hi]
 
     def _source_field(self) -> str:
         if self._time_column not in self.schema().names:

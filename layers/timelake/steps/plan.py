@@ -22,8 +22,8 @@ from timelake.model.contract import Contract
 from timelake.model.cost import estimate_cost
 from timelake.model.layout import PartitionKey, partition_codes
 from timelake.model.spec import FIRST_YEAR, LAST_MICROS, LAST_YEAR, JobSpec
-from timelake.model.timeutil import (US_PER_DAY, floor_to, from_micros, iso, next_boundary, subtract_duration, to_micros,
-                                     transform_range, transform_values)
+from timelake.model.timeutil import (US_PER_DAY, floor_to, from_micros, iso, next_boundary, partition_starts,
+                                     subtract_duration, to_micros)
 from timelake.ports.files import filesystem, make_parent
 from timelake.ports.runtime import Runtime
 from timelake.ports.store import Lease, UnitRecord
@@ -41,7 +41,6 @@ MAX_UNIT_ROWS = 1 << 25
 MIN_TASK_BYTES = 8 << 20  # a scan task has a fixed cost (a Lambda, a connection): none reads less than this
 DIRECT_MAX_PIECES = 10_000  # telling those partitions reads every piece's footer at plan time
 DIRECT_SPAN_PARTITIONS = 64  # a piece over more partitions than this leaves them to the spill
-_GRAIN = ["hour", "day", "month", "year"]
 
 
 def plan(rt: Runtime, job_id: str, source: Any = None, parallelism: int | None = None) -> dict[str, Any]:
@@ -110,7 +109,7 @@ def plan_direct(rt: Runtime, job_id: str, spec: JobSpec, ctx: ScanContext, src: 
         task_of[first:last] = task
     found: dict[PartitionKey, dict[str, Any]] = {}
     wide: list[tuple[int, int]] = []  # time spans of pieces over several partitions: those partitions are shared
-    finest = min((tier.transform for tier in ctx.contract.tiers), key=_GRAIN.index) if src.on_partition_edges() else None
+    finest = ctx.contract.tiers[0].transform if src.on_partition_edges() else None  # tiers go from fine to coarse
     for piece, (kind, low, high, rows) in enumerate(bounds):
         if not rows:
             continue
@@ -145,11 +144,10 @@ def _partitions_within(low: int, high: int, finest: str | None, ctx: ScanContext
     if finest is None:
         codes, keys = partition_codes(np.array([low, high], dtype=np.int64), ctx.contract, ctx.cutoffs)
         return [keys[0]] if codes[0] == codes[1] else None
-    first, last = transform_values(np.array([low, high], dtype=np.int64), finest).tolist()
-    if last - first >= DIRECT_SPAN_PARTITIONS:
+    starts = partition_starts(low, high, finest, DIRECT_SPAN_PARTITIONS - 1)
+    if starts is None:
         return None
-    points = [low, *(transform_range(finest, value)[0] for value in range(first + 1, last + 1)), high]
-    codes, keys = partition_codes(np.array(points, dtype=np.int64), ctx.contract, ctx.cutoffs)
+    codes, keys = partition_codes(np.array([low, *starts, high], dtype=np.int64), ctx.contract, ctx.cutoffs)
     return [keys[code] for code in sorted(set(codes.tolist()))]
 
 
