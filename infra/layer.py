@@ -291,8 +291,9 @@ def bundle(output_dir: Path, layer: str = ENGINE_LAYER, deps: Path | None = None
             shutil.copytree(entry, site / entry.name, copy_function=_link_or_copy, dirs_exist_ok=True)
         else:
             _link_or_copy(str(entry), str(site / entry.name))
-    if layer == ENGINE_LAYER:
-        shutil.copytree(ENGINE, site / "timelake", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"), dirs_exist_ok=True)
+    if layer == ENGINE_LAYER:  # not the line-protocol reader built for this machine: Lambda's is aarch64
+        shutil.copytree(ENGINE, site / "timelake", ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.so", "*.c"),
+                        dirs_exist_ok=True)
 
 
 @jsii.implements(ILocalBundling)

@@ -207,9 +207,11 @@ def test_small_chunks_read_the_same_points_and_later_lines_win(tmp_path: Path, m
 
 
 def test_plain_chunks_split_in_one_pass_read_as_the_general_path(tmp_path: Path, monkeypatch):
-    """Chunks go through Arrow's CSV reader, cut at their spaces; lines it cannot read exactly (escapes,
-    another number of spaces) go through the general split, and so do whole chunks with a carriage
-    return. The result is the same as the general split's alone, whatever the keys and their sides."""
+    """Chunks go through the compiled reader or, without it, Arrow's CSV reader, cut at their spaces;
+    lines they cannot read exactly (escapes, another number of spaces) go through the general split,
+    and so do whole chunks with a carriage return. The result is the same as the general split's
+    alone, whatever the keys and their sides."""
+    assert line_protocol._lineproto is not None, "the install did not build timelake/sources/_lineproto.c"
     ns = 1_700_000_000_000_000_000
     lines = [f"sensor,device_id=d{i % 3:02d},site=north value={i / 4},count={i}i {ns + i}" for i in range(30)]
     lines += [f"sensor,device_id=d{i % 3:02d},site=north state=\"s {i}, x=1\" {ns + i}" for i in range(30)]  # same points
@@ -231,11 +233,14 @@ def test_plain_chunks_split_in_one_pass_read_as_the_general_path(tmp_path: Path,
         read()
     lines[-3] = "sensor,device_id=d02 other=4i,value=9.5 1700000000000000999"
     path.write_text("\n".join(lines) + "\n")
+    compiled = read()
     split, aside, real, lines_of = [], [], line_protocol._plain, line_protocol._lines_of
+    monkeypatch.setattr(line_protocol, "_lineproto", None)  # as installed without a compiler, or on Lambda
     monkeypatch.setattr(line_protocol, "_plain", lambda chunk, first_line: split.append(real(chunk, first_line)) or split[-1])
-    monkeypatch.setattr(line_protocol, "_lines_of", lambda chunk, numbers: aside.extend(numbers) or lines_of(chunk, numbers))
+    monkeypatch.setattr(line_protocol, "_lines_of", lambda *args, **kwargs: aside.extend(args[2]) or lines_of(*args, **kwargs))
     fast = read()
     assert None in split and len(split) > split.count(None) and aside == [31]  # every path ran
+    assert fast.equals(compiled)
     monkeypatch.setattr(line_protocol, "_plain", lambda chunk, first_line: None)
     assert fast.equals(read())
     assert fast.num_rows == 32 and sorted(fast["value"].to_pylist()[-2:]) == [1.25, 9.5]

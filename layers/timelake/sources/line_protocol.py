@@ -29,6 +29,11 @@ import pyarrow.csv as pcsv
 
 from timelake.sources.base import SourceError, _line_chunks
 
+try:
+    from timelake.sources import _lineproto  # compiled at install (_lineproto.c)
+except ImportError:  # no compiler where it was installed, or a build for another machine (a Lambda layer)
+    _lineproto = None
+
 TIME = "time"
 LINE = "__line"
 TIME_TYPE = pa.timestamp("ns", tz="UTC")
@@ -63,6 +68,79 @@ _NOT_PLAIN = (b"\r", *(c.encode() for c in _MASK.values()))  # one byte each: me
 
 class InfluxError(SourceError):
     """Line protocol that cannot be read, or a field whose type changes between points."""
+
+
+Typed = tuple[dict[str, int], pa.Array | None, InfluxError | None]  # kind -> first line; the column; why it has none
+
+
+@dataclass
+class _Cells:
+    """Field values the compiled reader typed, grouped by key; within a key, in file order.
+
+    ``row`` is each cell's row among the lines the reader kept, ``value`` a double's bits, an integer,
+    a boolean, or a string's offset in ``text`` (low 32 bits) and length (high 32 bits); ``kinds``
+    has a bit per kind (numbered as in _KINDS) each key is spelled in.
+    """
+
+    counts: np.ndarray
+    kinds: np.ndarray
+    row: np.ndarray
+    kind: np.ndarray
+    value: np.ndarray
+    text: np.ndarray
+
+    def column(self, key: int, at: np.ndarray | None, lines: np.ndarray) -> Typed:
+        """The kinds one key is spelled in (kind -> first line) and, when spelled one way, its column.
+
+        ``at`` is the row in ``lines`` of each row the reader kept (-1: not the job's), None when the same.
+        """
+        start = int(self.counts[:key].sum())
+        end = start + int(self.counts[key])
+        rows, kinds, values = self.row[start:end], self.kind[start:end], self.value[start:end]
+        if at is not None:
+            rows = at[rows]
+            keep = rows >= 0
+            if not keep.all():
+                rows, kinds, values = rows[keep], kinds[keep], values[keep]
+        if not len(rows):
+            return {}, None, None
+        bits = int(self.kinds[key])
+        if bits & (bits - 1):  # spelled more than one way in the chunk; maybe in the job's lines too
+            spelled = sorted((int(lines[rows[int(np.argmax(kinds == code))]]), code)
+                             for code in np.flatnonzero(np.bincount(kinds, minlength=len(_KINDS))))
+            if len(spelled) > 1:
+                return {_KINDS[code]: line for line, code in spelled}, None, None
+        kind, size = _KINDS[int(kinds[0])], len(lines)
+        found = {kind: int(lines[rows[0]])}
+        if kind == "string":
+            return found, self._strings(values & np.uint64(0xFFFFFFFF), values >> np.uint64(32), rows, size), None
+        typed = {"float": values.view(np.float64), "integer": values.view(np.int64), "unsigned": values,
+                 "boolean": values.astype(bool)}[kind]
+        if len(rows) == size:  # a key at most once per line: then every line has it, in order
+            return found, pa.array(typed), None
+        full = np.zeros(size, dtype=typed.dtype)
+        full[rows] = typed
+        missing = np.ones(size, dtype=bool)
+        missing[rows] = False
+        return found, pa.array(full, mask=missing), None
+
+    def _strings(self, starts: np.ndarray, lengths: np.ndarray, rows: np.ndarray, size: int) -> pa.Array:
+        """Strings gathered from the chunk into one buffer (lines without the key are null)."""
+        starts, lengths = starts.astype(np.int64), lengths.astype(np.int64)
+        sizes = np.zeros(size, dtype=np.int64)
+        sizes[rows] = lengths
+        offsets = np.zeros(size + 1, dtype=np.int64)
+        np.cumsum(sizes, out=offsets[1:])
+        total = int(offsets[-1])
+        gather = np.repeat(starts - offsets[rows], lengths) + np.arange(total)
+        data = pa.py_buffer(self.text[gather].tobytes())
+        valid = None
+        if len(rows) < size:
+            present = np.zeros(size, dtype=bool)
+            present[rows] = True
+            valid = pa.py_buffer(np.packbits(present, bitorder="little").tobytes())
+        return pa.StringArray.from_buffers(size, pa.py_buffer(offsets.astype(np.int32).tobytes()), data, valid,
+                                           size - len(rows))
 
 
 @dataclass
@@ -196,6 +274,9 @@ class LineProtocol:
                 yield pending.popleft().result()
 
     def _parts(self, chunk: bytes, first_line: int) -> list[_Part]:
+        native = self._native(chunk, first_line) if _lineproto is not None else None
+        if native is not None:
+            return native
         split = _plain(chunk, first_line)
         return self._from_split(split, chunk) if split is not None else [self._whole(chunk, first_line)]
 
@@ -220,7 +301,7 @@ class LineProtocol:
         odd = np.sort(np.concatenate([split.odd, split.lines[~ok]]))
         if len(odd) > _ODD_LINES:
             return [self._whole(chunk, split.first_line)]
-        parts = [self._general(_lines_of(split, odd), odd)] if len(odd) else []
+        parts = [self._general(_lines_of(split.text, split.first_line, odd, split.masked), odd)] if len(odd) else []
         if not ok.any():
             return parts
         present = np.bincount(codes[ok], minlength=len(measurement)) > 0
@@ -231,14 +312,55 @@ class LineProtocol:
         ours = _mask(pc.equal(measurement, self.measurement))[codes]
         wanted = ours[ok]
         mine = ok & ours
-        rows = pa.array(codes[mine])
-        tag_columns = {key: column for key, column in ((key, values.take(rows)) for key, values in tags.items())
-                       if column.null_count < len(column)}
+        tag_columns = _tag_columns(tags, codes[mine])
         if not wanted.all():
             cells = {key: values.filter(pa.array(wanted)) for key, values in cells.items()}
         fields = {key: values for key, values in cells.items() if values.null_count < len(values)}
         stamps = split.time if mine.all() else split.time.filter(pa.array(mine))
-        self._fill(part, part.lines[wanted], stamps, tag_columns, fields, masked=split.masked)
+        lines = part.lines[wanted]
+        self._fill(part, lines, stamps, tag_columns, self._typed_all(fields, lines, split.masked))
+        return parts
+
+    # --- lines cut by the compiled reader --------------------------------------------------------
+
+    def _native(self, chunk: bytes, first_line: int) -> list[_Part] | None:
+        """Rows of the lines the compiled reader cut and typed; every other line goes to the general split.
+
+        None when more than _ODD_LINES lines are set aside: then the CSV split, which reads some
+        spellings the compiled reader leaves alone (``+1``, ``inf``), gets the chunk.
+        """
+        got = _lineproto.split(chunk, _ODD_LINES)
+        if got is None:
+            return None
+        _, odd, rows, codes, stamps, offsets, text, keys, counts, kinds, cell_row, cell_kind, cell_value = got
+        rows, codes = np.frombuffer(rows, np.int32), np.frombuffer(codes, np.int32)
+        distinct = pa.StringArray.from_buffers(len(offsets) // 4 - 1, pa.py_buffer(offsets), pa.py_buffer(text))
+        measurement, tags, readable = _series(distinct)
+        ok = readable[codes]
+        odd = np.sort(np.concatenate([np.frombuffer(odd, np.int32), rows[~ok]])).astype(np.int64) + first_line
+        if len(odd) > _ODD_LINES:
+            return None
+        parts = [self._general(_lines_of(chunk, first_line, odd, masked=False), odd)] if len(odd) else []
+        present = np.bincount(codes[ok], minlength=len(measurement)) > 0
+        part = _Part(rows[ok].astype(np.int64) + first_line, set(measurement.filter(pa.array(present)).to_pylist()))
+        if not len(part.lines):
+            return parts
+        parts.insert(0, part)
+        if self.measurement not in part.seen:
+            return parts
+        mine = ok & _mask(pc.equal(measurement, self.measurement))[codes]
+        stamps, at = np.frombuffer(stamps, np.int64), None
+        if not mine.all():
+            at = np.full(len(rows), -1, dtype=np.int64)
+            at[mine] = np.arange(int(mine.sum()))
+            rows, codes, stamps = rows[mine], codes[mine], stamps[mine]
+        lines = rows.astype(np.int64) + first_line
+        tag_columns = _tag_columns(tags, codes)
+        cells = _Cells(np.frombuffer(counts, np.int64), np.frombuffer(kinds, np.uint8), np.frombuffer(cell_row, np.int32),
+                       np.frombuffer(cell_kind, np.uint8), np.frombuffer(cell_value, np.uint64), np.frombuffer(chunk, np.uint8))
+        typed = {key: cells.column(index, at, lines) for index, key in enumerate(keys)}
+        stamps = pa.array(stamps)
+        self._fill(part, lines, stamps, tag_columns, {key: t for key, t in typed.items() if t[0]})
         return parts
 
     # --- the general split -----------------------------------------------------------------------
@@ -330,28 +452,32 @@ class LineProtocol:
             return at[mine], keys.filter(pa.array(mine)), values.filter(pa.array(mine))
 
         at, keys, values = triples("tag")
-        tags = {key: _scatter(at[pick], values.filter(pa.array(pick)), len(lines)) for key, pick in _groups(keys)}
+        tags = {key: _scatter(at[pick], values.filter(pa.array(pick)), len(lines)).dictionary_encode()
+                for key, pick in _groups(keys)}
         at, keys, values = triples("field")
         fields = {key: _scatter(at[pick], values.filter(pa.array(pick)), len(lines)) for key, pick in _groups(keys)}
-        self._fill(part, lines, stamps, tags, fields, masked=True)
+        self._fill(part, lines, stamps, tags, self._typed_all(fields, lines, masked=True))
         return part
 
     # --- typing ----------------------------------------------------------------------------------
 
     def _fill(self, part: _Part, lines: np.ndarray, stamps: pa.Array, tags: dict[str, pa.Array],
-              fields: dict[str, pa.Array], masked: bool) -> None:
+              fields: dict[str, Typed]) -> None:
         """The part's batch: time, line numbers, tags, and each field typed by its spelling (all or nothing)."""
         part.tags = set(tags)
         time = self._time(stamps, lines, part)
         columns: dict[str, pa.Array] = {TIME: time, LINE: pa.array(lines, pa.int64()), **dict(sorted(tags.items()))}
-        for key, raw in sorted(fields.items()):
-            part.kinds[key], typed, error = self._typed(key, raw, lines, masked)
+        for key, (kinds, typed, error) in sorted(fields.items(), key=lambda item: item[0]):
+            part.kinds[key] = kinds
             if error is not None:
                 part.cast_errors[key] = error
             if typed is not None:
                 columns[key] = typed
         if time is not None:
             part.batch = pa.RecordBatch.from_pydict(columns)
+
+    def _typed_all(self, fields: dict[str, pa.Array], lines: np.ndarray, masked: bool) -> dict[str, Typed]:
+        return {key: self._typed(key, raw, lines, masked) for key, raw in fields.items()}
 
     def _time(self, stamps: pa.Array, lines: np.ndarray, part: _Part) -> pa.Array | None:
         missing = np.flatnonzero(_mask(stamps.is_null()))
@@ -369,8 +495,7 @@ class LineProtocol:
             return None
         return ns.cast(TIME_TYPE)
 
-    def _typed(self, key: str, raw: pa.Array, lines: np.ndarray,
-               masked: bool) -> tuple[dict[str, int], pa.Array | None, InfluxError | None]:
+    def _typed(self, key: str, raw: pa.Array, lines: np.ndarray, masked: bool) -> Typed:
         """The kinds a field is spelled in (kind -> first line) and, when it is spelled one way, its typed values.
 
         The first value's spelling is checked over all values with one kernel (a float needs none:
@@ -490,6 +615,22 @@ def _series(distinct: pa.Array) -> tuple[pa.Array, dict[str, pa.Array], np.ndarr
                          for key, at in _groups(keys)}, readable
 
 
+def _tag_columns(tags: dict[str, pa.Array], codes: np.ndarray) -> dict[str, pa.DictionaryArray]:
+    """Tag columns of the rows of series ``codes``, from each tag's value per distinct series.
+
+    Dictionary-encoded, the dictionary being the series' values: no string is copied per row, and
+    the merge numbers the series of the whole file by unifying the chunks' small dictionaries.
+    """
+    columns = {}
+    for key, values in tags.items():
+        valid = _mask(values.is_valid())
+        if not valid[codes].any():
+            continue
+        index = np.cumsum(valid, dtype=np.int32) - 1
+        columns[key] = pa.DictionaryArray.from_arrays(pa.array(index[codes], mask=~valid[codes]), values.drop_null())
+    return columns
+
+
 def _field_cells(fields: pa.Array, depth: int = 0) -> tuple[dict[str, pa.Array], np.ndarray]:
     """Field sets cut at their commas into ``key -> raw value`` columns (null where a line lacks the key),
     and which lines were cut exactly (every part ``key=value``): only those lines' values count.
@@ -595,15 +736,15 @@ def _widen(values: pa.Array, rows: np.ndarray, size: int) -> pa.Array:
     return _scatter(rows, values, size)
 
 
-def _lines_of(split: _Split, numbers: np.ndarray) -> pa.Array:
-    """The text of some lines of a split (binary, separators unmasked), by line number."""
-    text = np.frombuffer(split.text, np.uint8)
+def _lines_of(chunk: bytes | bytearray, first_line: int, numbers: np.ndarray, masked: bool) -> pa.Array:
+    """The text of some lines of a chunk (binary, separators unmasked when ``masked``), by line number."""
+    text = np.frombuffer(chunk, np.uint8)
     ends = np.flatnonzero(text == ord("\n"))
     starts = np.concatenate([[0], ends + 1])
     ends = np.concatenate([ends, [len(text)]])
-    at = numbers - split.first_line
-    lines = [bytes(split.text[starts[i]:ends[i]]) for i in at]
-    if split.masked:
+    at = numbers - first_line
+    lines = [bytes(chunk[starts[i]:ends[i]]) for i in at]
+    if masked:
         lines = [line.translate(_UNMASK_BYTES.tobytes()) for line in lines]
     return pa.array(lines, pa.binary())
 
@@ -701,8 +842,8 @@ def points(parser: LineProtocol, lines: Iterator[pa.RecordBatch], batch_rows: in
             held.add(batch)
         schema = parser.schema()  # every tag and field of the file: each part of a spill has only its own
         for table in held.merged(sorted(parser.tags)):
-            columns = [table.column(f.name) if f.name in table.column_names else pa.nulls(table.num_rows, f.type)
-                       for f in schema]
+            columns = [_plain_type(table.column(f.name)) if f.name in table.column_names
+                       else pa.nulls(table.num_rows, f.type) for f in schema]
             yield from pa.table(columns, schema=schema).to_batches(max_chunksize=batch_rows)
     finally:
         held.close()
@@ -735,6 +876,7 @@ class _Held:
 
     def _spill(self, batch: pa.RecordBatch) -> None:
         """The batch cut by a hash of its time into the part files, all written with the widest schema so far."""
+        batch = pa.RecordBatch.from_arrays([_plain_type(column) for column in batch.columns], names=batch.schema.names)
         grown = pa.unify_schemas([self.schema, batch.schema])
         if not grown.equals(self.schema):
             self.schema = grown
@@ -791,6 +933,11 @@ class _Held:
         if self.folder is not None:
             self.folder.cleanup()
             self.folder = None
+
+
+def _plain_type(column: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
+    """A dictionary-encoded tag column as plain strings, as the source's schema says."""
+    return column.cast(column.type.value_type) if pa.types.is_dictionary(column.type) else column
 
 
 def _time_hash(time: pa.Array, level: int) -> np.ndarray:

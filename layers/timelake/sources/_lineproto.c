@@ -1,0 +1,491 @@
+/* Line protocol cut into columns in one pass over a chunk of whole lines, without the GIL.
+ *
+ * Only lines of the plain shape are read here: `series fieldset timestamp`, no backslash, carriage
+ * return or masked separator, quotes only around a string field's value, every value spelled in
+ * the strict form its kind casts from. Any other line is set aside by number, and the Python
+ * module reads it with its general split, which skips it, reads it or names what is wrong with
+ * it. So this code never has to report an error: it only has to be right about what it accepts.
+ *
+ * Series (measurement and tags, up to the first space) are numbered by a hash table; the Python
+ * side splits each distinct series once. Field values are typed by their spelling and parsed
+ * here: a cell is (row, key, kind, value), the value a double's bits, an integer, a boolean, or
+ * for a string the offset of its text in the chunk (low 32 bits) and its length (high 32 bits).
+ * Cells are returned grouped by key, with each key's count and the kinds it is spelled in.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_KEYS 64 /* field keys per chunk: a line's keys are a bit mask, to find a key given twice */
+
+enum { KIND_FLOAT = 0, KIND_STRING = 1, KIND_INTEGER = 2, KIND_UNSIGNED = 3, KIND_BOOLEAN = 4 };
+
+typedef struct {
+    char *data;
+    size_t len, cap;
+} Buf;
+
+static int buf_reserve(Buf *b, size_t more) {
+    if (b->len + more <= b->cap) return 0;
+    size_t cap = b->cap ? b->cap : 4096;
+    while (cap < b->len + more) cap *= 2;
+    char *grown = realloc(b->data, cap);
+    if (!grown) return -1;
+    b->data = grown;
+    b->cap = cap;
+    return 0;
+}
+
+/* Room is reserved before the push: the per-line buffers for every line of the chunk, the cells by cells_grow. */
+#define PUSH(buf, type, value)                                        \
+    do {                                                              \
+        *(type *)((buf).data + (buf).len) = (type)(value);            \
+        (buf).len += sizeof(type);                                    \
+    } while (0)
+
+typedef struct {
+    uint64_t hash;
+    int64_t start; /* first occurrence in the chunk */
+    int32_t len;
+    int32_t id; /* -1: empty slot */
+} Slot;
+
+typedef struct {
+    Slot *slots;
+    size_t mask, count;
+} Table;
+
+static uint64_t hash_bytes(const char *p, size_t n) {
+    uint64_t h = 0x9E3779B97F4A7C15ull ^ n;
+    while (n >= 8) {
+        uint64_t w;
+        memcpy(&w, p, 8);
+        h = (h ^ w) * 0xFF51AFD7ED558CCDull;
+        h ^= h >> 32;
+        p += 8;
+        n -= 8;
+    }
+    if (n) {
+        uint64_t w = 0;
+        memcpy(&w, p, n);
+        h = (h ^ w) * 0xC4CEB9FE1A85EC53ull;
+    }
+    return h ^ (h >> 29);
+}
+
+static int table_grow(Table *t) {
+    size_t size = t->slots ? (t->mask + 1) * 2 : 1024;
+    Slot *slots = malloc(size * sizeof(Slot));
+    if (!slots) return -1;
+    for (size_t i = 0; i < size; i++) slots[i].id = -1;
+    if (t->slots) {
+        for (size_t i = 0; i <= t->mask; i++) {
+            if (t->slots[i].id < 0) continue;
+            size_t j = t->slots[i].hash & (size - 1);
+            while (slots[j].id >= 0) j = (j + 1) & (size - 1);
+            slots[j] = t->slots[i];
+        }
+        free(t->slots);
+    }
+    t->slots = slots;
+    t->mask = size - 1;
+    return 0;
+}
+
+/* The number of the series text at `p`, a new one when first seen; -1 when out of memory. */
+static int32_t table_id(Table *t, const char *base, const char *p, int32_t n) {
+    if ((t->count + 1) * 2 > t->mask + 1 && table_grow(t)) return -1;
+    uint64_t h = hash_bytes(p, (size_t)n);
+    size_t j = h & t->mask;
+    for (;;) {
+        Slot *s = &t->slots[j];
+        if (s->id < 0) {
+            s->hash = h;
+            s->start = p - base;
+            s->len = n;
+            s->id = (int32_t)t->count++;
+            return s->id;
+        }
+        if (s->hash == h && s->len == n && memcmp(base + s->start, p, (size_t)n) == 0) return s->id;
+        j = (j + 1) & t->mask;
+    }
+}
+
+static const double POW10[] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,  1e8,  1e9,  1e10, 1e11,
+                               1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
+
+static int is_digit(char c) { return c >= '0' && c <= '9'; }
+
+/* A float spelled -?digits(.digits)?([eE][+-]?digits)?; 0 when spelled otherwise. Exact when the
+ * digits fit 2^53 and the power of ten is at most 22 (both exact doubles, one rounding); else strtod,
+ * which rounds correctly as well. */
+static int parse_float(const char *p, const char *e, double *out) {
+    const char *s = p;
+    int negative = 0;
+    if (p < e && *p == '-') negative = 1, p++;
+    if (p == e || !is_digit(*p)) return 0;
+    uint64_t mantissa = 0;
+    int digits = 0, scale = 0;
+    for (; p < e && is_digit(*p); p++) {
+        if (digits < 19) mantissa = mantissa * 10 + (uint64_t)(*p - '0'), digits += mantissa > 0;
+        else scale++;
+    }
+    if (p < e && *p == '.') {
+        p++;
+        if (p == e || !is_digit(*p)) return 0;
+        for (; p < e && is_digit(*p); p++) {
+            if (digits < 19) mantissa = mantissa * 10 + (uint64_t)(*p - '0'), digits += mantissa > 0, scale--;
+        }
+    }
+    int exponent = 0;
+    if (p < e && (*p == 'e' || *p == 'E')) {
+        p++;
+        int minus = 0;
+        if (p < e && (*p == '+' || *p == '-')) minus = *p == '-', p++;
+        if (p == e || !is_digit(*p)) return 0;
+        for (; p < e && is_digit(*p); p++) {
+            if (exponent < 100000) exponent = exponent * 10 + (*p - '0');
+        }
+        if (minus) exponent = -exponent;
+    }
+    if (p != e) return 0;
+    int power = scale + exponent;
+    if (digits < 19 && mantissa <= (1ull << 53) && power >= -22 && power <= 22) {
+        double value = (double)mantissa;
+        value = power < 0 ? value / POW10[-power] : value * POW10[power];
+        *out = negative ? -value : value;
+        return 1;
+    }
+    char text[80];
+    size_t n = (size_t)(e - s);
+    if (n >= sizeof text) return 0;
+    memcpy(text, s, n);
+    text[n] = 0;
+    char *end;
+    *out = strtod(text, &end);
+    return end == text + n;
+}
+
+/* -?digits within int64 (the minus only when `sign`), or digits within uint64. */
+static int parse_integer(const char *p, const char *e, int sign, uint64_t *out) {
+    int negative = 0;
+    if (sign && p < e && *p == '-') negative = 1, p++;
+    if (p == e || e - p > 20) return 0;
+    uint64_t value = 0;
+    const char *safe = e - p > 19 ? e - 1 : e; /* 19 digits cannot overflow; the 20th is checked */
+    for (; p < safe; p++) {
+        if (!is_digit(*p)) return 0;
+        value = value * 10 + (uint64_t)(*p - '0');
+    }
+    if (p < e) {
+        if (!is_digit(*p) || value > (UINT64_MAX - (uint64_t)(*p - '0')) / 10) return 0;
+        value = value * 10 + (uint64_t)(*p - '0');
+    }
+    if (sign) {
+        if (negative ? value > (1ull << 63) : value > (uint64_t)INT64_MAX) return 0;
+        *out = negative ? (uint64_t)0 - value : value;
+    } else {
+        *out = value;
+    }
+    return 1;
+}
+
+static int boolean(const char *p, size_t n, int *out) {
+    static const char *truth[] = {"t", "T", "true", "True", "TRUE"};
+    static const char *falsity[] = {"f", "F", "false", "False", "FALSE"};
+    for (int i = 0; i < 5; i++) {
+        if (strlen(truth[i]) == n && memcmp(truth[i], p, n) == 0) return *out = 1, 1;
+        if (strlen(falsity[i]) == n && memcmp(falsity[i], p, n) == 0) return *out = 0, 1;
+    }
+    return 0;
+}
+
+static int utf8_valid(const unsigned char *p, const unsigned char *e) {
+    while (p < e) {
+        unsigned c = *p;
+        if (c < 0x80) { p++; continue; }
+        int n;
+        uint32_t cp;
+        if (c >= 0xC2 && c <= 0xDF) n = 1, cp = c & 0x1F;
+        else if (c >= 0xE0 && c <= 0xEF) n = 2, cp = c & 0x0F;
+        else if (c >= 0xF0 && c <= 0xF4) n = 3, cp = c & 0x07;
+        else return 0;
+        if (e - p <= n) return 0;
+        for (int i = 1; i <= n; i++) {
+            if ((p[i] & 0xC0) != 0x80) return 0;
+            cp = (cp << 6) | (p[i] & 0x3F);
+        }
+        if ((n == 2 && (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF))) || (n == 3 && (cp < 0x10000 || cp > 0x10FFFF)))
+            return 0;
+        p += n + 1;
+    }
+    return 1;
+}
+
+typedef struct {
+    Buf odd, rows, codes, stamps, cell_row, cell_key, cell_kind, cell_value;
+    Buf by_row, by_kind, by_value; /* the cells again, grouped by key (in file order within a key) */
+    int64_t key_cells[MAX_KEYS];
+    uint8_t key_kinds[MAX_KEYS]; /* a bit per kind the key is spelled in */
+    size_t cell_room;            /* cells the cell buffers have room for */
+    Table series;
+    int64_t key_start[MAX_KEYS];
+    int32_t key_len[MAX_KEYS];
+    int keys;
+    int64_t lines;
+} Out;
+
+/* Room for twice the cells: the four cell buffers grow together. */
+static int cells_grow(Out *o) {
+    size_t cells = o->cell_room ? o->cell_room * 2 : 4096;
+    Buf *bufs[] = {&o->cell_row, &o->cell_key, &o->cell_kind, &o->cell_value};
+    size_t widths[] = {4, 1, 1, 8};
+    for (size_t i = 0; i < 4; i++) {
+        if (buf_reserve(bufs[i], cells * widths[i] - bufs[i]->len)) return -1;
+    }
+    o->cell_room = cells;
+    return 0;
+}
+
+/* The key's number in this chunk, a new one when first seen; -1 when the chunk has MAX_KEYS already. */
+static int key_id(Out *o, const char *base, const char *p, int32_t n, int guess) {
+    if (guess < o->keys && o->key_len[guess] == n && memcmp(base + o->key_start[guess], p, (size_t)n) == 0) return guess;
+    for (int k = 0; k < o->keys; k++) {
+        if (o->key_len[k] == n && memcmp(base + o->key_start[k], p, (size_t)n) == 0) return k;
+    }
+    if (o->keys == MAX_KEYS) return -1;
+    o->key_start[o->keys] = p - base;
+    o->key_len[o->keys] = n;
+    return o->keys++;
+}
+
+/* One line [p, e): its row and cells appended, 1; or 0 to set it aside (nothing appended); -1 out of memory. */
+static int read_line(Out *o, const char *base, const char *p, const char *e, int careful, int quotes) {
+    if (p == e) return 0;
+    if (careful) {
+        for (const char *c = p; c < e; c++) {
+            if (*c == '\\' || *c == '\r' || (*c >= 1 && *c <= 3)) return 0;
+        }
+        if (!utf8_valid((const unsigned char *)p, (const unsigned char *)e)) return 0;
+    }
+    const char *space = memchr(p, ' ', (size_t)(e - p));
+    if (!space || space == p || *p == '#' || (quotes && memchr(p, '"', (size_t)(space - p)))) return 0;
+    size_t cells = o->cell_key.len;
+    const char *q = space + 1;
+    uint64_t seen = 0;
+    int index = 0;
+    int64_t row = (int64_t)(o->rows.len / sizeof(int32_t));
+    for (;;) {
+        const char *k = q;
+        while (q < e && *q != '=' && *q != ',' && *q != ' ' && *q != '"') q++;
+        if (q == k || q == e || *q != '=') goto aside;
+        int key = key_id(o, base, k, (int32_t)(q - k), index++);
+        if (key < 0 || (seen >> key & 1)) goto aside;
+        seen |= 1ull << key;
+        const char *v = ++q;
+        uint64_t value;
+        int kind;
+        if (v < e && *v == '"') {
+            const char *close = memchr(v + 1, '"', (size_t)(e - v - 1));
+            if (!close) goto aside;
+            kind = KIND_STRING;
+            value = (uint64_t)(v + 1 - base) | (uint64_t)(close - v - 1) << 32; /* offset, length: < 2^31 */
+            q = close + 1;
+            if (q == e || (*q != ',' && *q != ' ')) goto aside;
+        } else {
+            while (q < e && *q != ',' && *q != ' ' && *q != '"' && *q != '=') q++;
+            if (q == v || q == e || (*q != ',' && *q != ' ')) goto aside;
+            char last = q[-1];
+            int truth;
+            double real;
+            if (last == 'i') {
+                if (!parse_integer(v, q - 1, 1, &value)) goto aside;
+                kind = KIND_INTEGER;
+            } else if (last == 'u') {
+                if (!parse_integer(v, q - 1, 0, &value)) goto aside;
+                kind = KIND_UNSIGNED;
+            } else if ((*v == 't' || *v == 'T' || *v == 'f' || *v == 'F') && boolean(v, (size_t)(q - v), &truth)) {
+                kind = KIND_BOOLEAN;
+                value = (uint64_t)truth;
+            } else if (parse_float(v, q, &real)) {
+                kind = KIND_FLOAT;
+                memcpy(&value, &real, sizeof value);
+            } else {
+                goto aside;
+            }
+        }
+        if (o->cell_key.len == o->cell_room && cells_grow(o)) return -1;
+        PUSH(o->cell_row, int32_t, row);
+        PUSH(o->cell_key, uint8_t, key);
+        PUSH(o->cell_kind, uint8_t, kind);
+        PUSH(o->cell_value, uint64_t, value);
+        if (*q++ == ' ') break;
+    }
+    uint64_t stamp;
+    if (!parse_integer(q, e, 1, &stamp)) goto aside;
+    int32_t code = table_id(&o->series, base, p, (int32_t)(space - p));
+    if (code < 0) return -1;
+    PUSH(o->rows, int32_t, o->lines);
+    PUSH(o->codes, int32_t, code);
+    PUSH(o->stamps, int64_t, stamp);
+    return 1;
+aside:
+    o->cell_row.len = cells * sizeof(int32_t);
+    o->cell_key.len = cells;
+    o->cell_kind.len = cells;
+    o->cell_value.len = cells * sizeof(uint64_t);
+    return 0;
+}
+
+static int read_chunk(Out *o, const char *base, size_t size, int64_t most_odd) {
+    const char *end = base + size;
+    size_t lines = 1;
+    for (const char *c = base; (c = memchr(c, '\n', (size_t)(end - c))); c++) lines++;
+    Buf *per_line[] = {&o->odd, &o->rows, &o->codes, &o->stamps};
+    for (size_t i = 0; i < 4; i++) {
+        if (buf_reserve(per_line[i], lines * 8)) return -1;
+    }
+    int quotes = memchr(base, '"', size) != NULL;
+    int careful = memchr(base, '\\', size) || memchr(base, '\r', size) || memchr(base, 1, size) ||
+                  memchr(base, 2, size) || memchr(base, 3, size);
+    for (size_t i = 0; !careful && i < size; i += 8) {
+        uint64_t w = 0;
+        memcpy(&w, base + i, size - i < 8 ? size - i : 8);
+        careful = (w & 0x8080808080808080ull) != 0; /* a byte of a multi-byte character: validate */
+    }
+    for (const char *p = base; p < end; o->lines++) {
+        const char *e = memchr(p, '\n', (size_t)(end - p));
+        if (!e) e = end;
+        int got = read_line(o, base, p, e, careful, quotes);
+        if (got < 0) return -1;
+        if (!got) {
+            PUSH(o->odd, int32_t, o->lines);
+            if ((int64_t)(o->odd.len / sizeof(int32_t)) > most_odd) return 1;
+        }
+        p = e + 1;
+    }
+    return 0;
+}
+
+/* The cells grouped by key with a counting sort, so each key's values are one slice for the caller. */
+static int group_cells(Out *o) {
+    size_t cells = o->cell_key.len;
+    const uint8_t *key = (const uint8_t *)o->cell_key.data, *kind = (const uint8_t *)o->cell_kind.data;
+    int64_t at[MAX_KEYS];
+    for (size_t i = 0; i < cells; i++) o->key_cells[key[i]]++, o->key_kinds[key[i]] |= (uint8_t)(1u << kind[i]);
+    int64_t total = 0;
+    for (int k = 0; k < o->keys; k++) at[k] = total, total += o->key_cells[k];
+    if (buf_reserve(&o->by_row, cells * 4) || buf_reserve(&o->by_kind, cells) || buf_reserve(&o->by_value, cells * 8))
+        return -1;
+    int32_t *row = (int32_t *)o->by_row.data;
+    uint8_t *by_kind = (uint8_t *)o->by_kind.data;
+    uint64_t *value = (uint64_t *)o->by_value.data;
+    const int32_t *cell_row = (const int32_t *)o->cell_row.data;
+    const uint64_t *cell_value = (const uint64_t *)o->cell_value.data;
+    for (size_t i = 0; i < cells; i++) {
+        int64_t j = at[key[i]]++;
+        row[j] = cell_row[i], by_kind[j] = kind[i], value[j] = cell_value[i];
+    }
+    o->by_row.len = cells * 4, o->by_kind.len = cells, o->by_value.len = cells * 8;
+    return 0;
+}
+
+/* Each thread keeps its buffers for its next chunk: fresh ones cost a page fault every 4 KiB. */
+#define BUFS 11
+#define KEPT_BYTES (64u << 20)
+static __thread Buf kept[BUFS];
+
+static PyObject *as_bytes(Buf *b) { return PyBytes_FromStringAndSize(b->data ? b->data : "", (Py_ssize_t)b->len); }
+
+static PyObject *split(PyObject *Py_UNUSED(self), PyObject *args) {
+    Py_buffer chunk;
+    long long most_odd;
+    if (!PyArg_ParseTuple(args, "y*L", &chunk, &most_odd)) return NULL;
+    if (chunk.len >= INT32_MAX) { /* offsets are 32-bit, as in Arrow's strings */
+        PyBuffer_Release(&chunk);
+        return Py_NewRef(Py_None);
+    }
+    Out o;
+    memset(&o, 0, sizeof o);
+    Buf *bufs[] = {&o.odd, &o.rows, &o.codes, &o.stamps, &o.cell_row, &o.cell_key, &o.cell_kind, &o.cell_value,
+                   &o.by_row, &o.by_kind, &o.by_value};
+    for (size_t i = 0; i < BUFS; i++) *bufs[i] = kept[i], bufs[i]->len = 0;
+    int status;
+    Py_BEGIN_ALLOW_THREADS
+    status = table_grow(&o.series) ? -1 : read_chunk(&o, chunk.buf, (size_t)chunk.len, most_odd);
+    if (status == 0 && group_cells(&o)) status = -1;
+    Py_END_ALLOW_THREADS
+    PyObject *result = NULL;
+    if (status < 0) {
+        PyErr_NoMemory();
+    } else if (status > 0) {
+        result = Py_NewRef(Py_None);
+    } else {
+        Buf series = {0}, offsets = {0};
+        int ok = 1;
+        {
+            int64_t total = 0;
+            int32_t *lengths = malloc((o.series.count + 1) * sizeof(int32_t));
+            int64_t *where = malloc((o.series.count + 1) * sizeof(int64_t));
+            ok = lengths && where;
+            for (size_t i = 0; ok && i <= o.series.mask; i++) {
+                Slot *s = &o.series.slots[i];
+                if (s->id >= 0) lengths[s->id] = s->len, where[s->id] = s->start;
+            }
+            for (size_t i = 0; ok && i < o.series.count; i++) {
+                ok = !buf_reserve(&offsets, 4) && !buf_reserve(&series, (size_t)lengths[i]);
+                if (!ok) break;
+                *(int32_t *)(offsets.data + offsets.len) = (int32_t)total;
+                offsets.len += 4;
+                memcpy(series.data + series.len, (const char *)chunk.buf + where[i], (size_t)lengths[i]);
+                series.len += (size_t)lengths[i];
+                total += lengths[i];
+            }
+            if (ok && !buf_reserve(&offsets, 4)) {
+                *(int32_t *)(offsets.data + offsets.len) = (int32_t)total;
+                offsets.len += 4;
+            } else {
+                ok = 0;
+            }
+            free(lengths);
+            free(where);
+        }
+        PyObject *names = ok ? PyList_New(o.keys) : NULL;
+        for (int k = 0; names && k < o.keys; k++) {
+            PyObject *name = PyUnicode_DecodeUTF8((const char *)chunk.buf + o.key_start[k], o.key_len[k], "strict");
+            if (!name) Py_CLEAR(names);
+            else PyList_SET_ITEM(names, k, name);
+        }
+        if (!ok) {
+            Py_XDECREF(names);
+            PyErr_NoMemory();
+        } else if (names) {
+            Buf counts = {(char *)o.key_cells, (size_t)o.keys * 8, 0}, kinds = {(char *)o.key_kinds, (size_t)o.keys, 0};
+            result = Py_BuildValue("(LNNNNNNNNNNNN)", (long long)o.lines, as_bytes(&o.odd), as_bytes(&o.rows),
+                                   as_bytes(&o.codes), as_bytes(&o.stamps), as_bytes(&offsets), as_bytes(&series), names,
+                                   as_bytes(&counts), as_bytes(&kinds), as_bytes(&o.by_row), as_bytes(&o.by_kind),
+                                   as_bytes(&o.by_value));
+        }
+        free(series.data);
+        free(offsets.data);
+    }
+    for (size_t i = 0; i < BUFS; i++) {
+        if (bufs[i]->cap > KEPT_BYTES) free(bufs[i]->data), bufs[i]->data = NULL, bufs[i]->cap = 0;
+        kept[i] = *bufs[i];
+    }
+    free(o.series.slots);
+    PyBuffer_Release(&chunk);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"split", split, METH_VARARGS,
+     "split(chunk, most_odd) -> None when more than most_odd lines are set aside, else (lines, odd, rows, codes, "
+     "stamps, series_offsets, series_data, keys, key_cells, key_kinds, cell_row, cell_kind, cell_value)"},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_lineproto", NULL, -1, methods, NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__lineproto(void) { return PyModule_Create(&module); }

@@ -1,0 +1,119 @@
+"""The compiled line-protocol reader against the Arrow one: for any file, the same rows or the same error.
+
+The compiled reader (timelake/sources/_lineproto.c) reads only lines of the plain shape and sets
+every other line aside for the general split, so what it must never do is accept a line and read it
+differently. Generated files mix plain lines with every spelling at the edge of a kind (a sign, an
+exponent, an integer one past 64 bits, a quoted separator, an escape), comments and blank lines.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from timelake.sources import line_protocol
+from timelake.sources.influx import open_influx_files
+
+NS = 1_700_000_000_000_000_000
+FLOATS = ["1", "-0", "0.5", "-2.25e3", "1E-5", "12.000", "+1.5", "1.", ".5", "inf", "NaN", "1.2.3", "1e",
+          "123456789012345678901234", "0.1e400", "4.9e-324", "9007199254740993", "0.30000000000000004", "x"]
+BOOLEANS = ["t", "T", "true", "True", "TRUE", "f", "F", "false", "False", "FALSE", "tRUE", "yes"]
+
+
+def _value(key: str, clean: bool) -> st.SearchStrategy[str]:
+    """Any spelling; or, for a clean file, one kind per key spelled in the forms a reader must accept."""
+    if clean:
+        return {"value": st.one_of(st.sampled_from(FLOATS[:6]), st.floats(allow_nan=False, allow_infinity=False).map(repr)),
+                "count": st.integers(-(2**63), 2**63 - 1).map(lambda i: f"{i}i"),
+                "state": st.text(alphabet=' ab,=é', max_size=5).map(lambda t: '"' + t + '"'),
+                "ok": st.sampled_from(BOOLEANS[:10])}[key]
+    return st.one_of(
+        st.sampled_from(FLOATS),
+        st.floats(allow_nan=False, allow_infinity=False).map(repr),
+        st.integers(-(2**64), 2**64).map(lambda i: f"{i}i"),
+        st.integers(-3, 2**65).map(lambda i: f"{i}u"),
+        st.sampled_from(BOOLEANS),
+        st.text(alphabet=' ab,="é\\', max_size=5).map(lambda t: '"' + t + '"'),
+    )
+
+
+@st.composite
+def _line(draw: st.DrawFn, index: int, clean: bool) -> str:
+    shape = draw(st.integers(1 if clean else 0, 19))
+    if shape == 0:
+        return draw(st.sampled_from(["", "# a comment", "CREATE DATABASE x", "sensor value=1", "sensor"]))
+    measurement = draw(st.sampled_from(["sensor", "sensor", "sensor", "other", *([] if clean else ["sen\\ sor"])]))
+    tags = draw(st.lists(st.sampled_from(["device_id=d0", "device_id=d1", "site=north", "site=north\\ wing",
+                                          "zone=é"]), max_size=2, unique_by=lambda t: t.split("=")[0]))
+    keys = draw(st.lists(st.sampled_from(["value", "count", "state", "ok"]), min_size=1, max_size=3))
+    fields = ",".join(f"{key}={draw(_value(key, clean))}" for key in keys)
+    stamps = [str(NS + index), f"-{index}"] + ([] if clean else ["", "12x", "99999999999999999999"])
+    line = " ".join(part for part in (",".join([measurement, *tags]), fields, draw(st.sampled_from(stamps))) if part)
+    return line + draw(st.sampled_from([""] if clean else ["", "", "", "\r", " "]))
+
+
+@st.composite
+def _file(draw: st.DrawFn) -> list[str]:
+    """Half the files clean (rows to compare), half with any spelling (mostly an error to compare)."""
+    clean = draw(st.booleans())
+    return [draw(_line(index, clean)) for index in range(draw(st.integers(1, 30)))]
+
+
+def _read(path: Path) -> pa.Table | str:
+    try:
+        batches = [b.data for b in open_influx_files(str(path), "sensor", "ns", 1_000).batches()]
+    except line_protocol.InfluxError as e:
+        return f"InfluxError: {e}"
+    if not batches:
+        return "no rows"
+    table = pa.Table.from_batches(batches)  # rows in any order: lines set aside may come after their chunk's
+    return table.select(sorted(table.column_names)).sort_by([(name, "ascending") for name in sorted(table.column_names)])
+
+
+@settings(max_examples=300, derandomize=True, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(lines=_file(), chunk=st.sampled_from([60, 300, 1 << 20]))
+def test_compiled_reader_reads_any_file_as_the_arrow_reader(tmp_path: Path, monkeypatch, lines: list[str],
+                                                            chunk: int) -> None:
+    assert line_protocol._lineproto is not None, "the install did not build timelake/sources/_lineproto.c"
+    path = tmp_path / "export.lp"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    with monkeypatch.context() as patch:
+        patch.setattr(line_protocol, "_CHUNK_BYTES", chunk)
+        compiled = _read(path)
+        patch.setattr(line_protocol, "_lineproto", None)
+        arrow = _read(path)
+    if isinstance(arrow, str) or isinstance(compiled, str):
+        assert compiled == arrow
+        event("error or no rows")
+    else:
+        assert compiled.equals(arrow), (compiled.to_pylist(), arrow.to_pylist())
+        event("rows")
+
+
+@pytest.mark.parametrize(("spelled", "typed", "kind"), [
+    ("0.1", 0.1, pa.float64()), ("-2.5e-3", -0.0025, pa.float64()), ("9007199254740993", 9007199254740992.0, pa.float64()),
+    ("123456789012345678901234.5", 1.2345678901234568e23, pa.float64()), ("-9223372036854775808i", -(2**63), pa.int64()),
+    ("18446744073709551615u", 2**64 - 1, pa.uint64()), ('"a, b=c d"', "a, b=c d", pa.string()), ("FALSE", False, pa.bool_()),
+])
+def test_compiled_reader_types_each_spelling_exactly(tmp_path: Path, spelled: str, typed: object, kind: pa.DataType) -> None:
+    path = tmp_path / "one.lp"
+    path.write_text(f"sensor,device_id=d0 x={spelled} {NS}\n" * 3)
+    assert line_protocol._lineproto.split(path.read_bytes(), 0) is not None  # no line set aside
+    table = _read(path)
+    assert table["x"].type == kind and table["x"].to_pylist() == [typed]  # one point: the three lines merged
+
+
+def test_compiled_reader_sets_aside_what_it_does_not_read(tmp_path: Path) -> None:
+    """Lines it leaves to the general split come back by number; beyond ``most_odd`` it gives the chunk up."""
+    lines = [f"sensor,device_id=d0 x=1.5 {NS}", "# comment", f"sensor,site=a\\ b x=1 {NS}", f"sensor x=+1 {NS}",
+             f"sensor x=1,x=2 {NS}", f"sensor x=9223372036854775808i {NS}", f"sensor x=1 {NS} extra", "",
+             f"sensor x=1.5 {NS}"]
+    got = line_protocol._lineproto.split("\n".join(lines).encode(), 10)
+    lines_read, odd, rows = got[0], memoryview(got[1]).cast("i").tolist(), memoryview(got[2]).cast("i").tolist()
+    assert lines_read == len(lines) and rows == [0, 8] and odd == [1, 2, 3, 4, 5, 6, 7]
+    assert line_protocol._lineproto.split("\n".join(lines).encode(), 6) is None
