@@ -9,8 +9,9 @@
  * Series (measurement and tags, up to the first space) are numbered by a hash table; the Python
  * side splits each distinct series once. Field values are typed by their spelling and parsed
  * here: a cell is (row, key, kind, value), the value a double's bits, an integer, a boolean, or
- * for a string the offset of its text in the chunk (low 32 bits) and its length (high 32 bits).
- * Cells are returned grouped by key, with each key's count and the kinds it is spelled in.
+ * for a string the offset of its text (low 32 bits) and its length (high 32 bits). Cells are returned
+ * grouped by key, with each key's count and the kinds it is spelled in, and the string values copied
+ * end to end in that order.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -227,6 +228,7 @@ static int utf8_valid(const unsigned char *p, const unsigned char *e) {
 typedef struct {
     Buf odd, rows, codes, stamps, cell_row, cell_key, cell_kind, cell_value;
     Buf by_row, by_kind, by_value; /* the cells again, grouped by key (in file order within a key) */
+    Buf strings;
     int64_t key_cells[MAX_KEYS];
     uint8_t key_kinds[MAX_KEYS]; /* a bit per kind the key is spelled in */
     size_t cell_room;            /* cells the cell buffers have room for */
@@ -369,31 +371,44 @@ static int read_chunk(Out *o, const char *base, size_t size, int64_t most_odd) {
     return 0;
 }
 
-/* The cells grouped by key with a counting sort, so each key's values are one slice for the caller. */
-static int group_cells(Out *o) {
+/* The cells grouped by key with a counting sort, so each key's values are one slice for the caller,
+ * and the string values copied in that order into `strings`, their offsets now into it. */
+static int group_cells(Out *o, const char *base) {
     size_t cells = o->cell_key.len;
     const uint8_t *key = (const uint8_t *)o->cell_key.data, *kind = (const uint8_t *)o->cell_kind.data;
     int64_t at[MAX_KEYS];
-    for (size_t i = 0; i < cells; i++) o->key_cells[key[i]]++, o->key_kinds[key[i]] |= (uint8_t)(1u << kind[i]);
+    const uint64_t *cell_value = (const uint64_t *)o->cell_value.data;
+    size_t text = 0;
+    for (size_t i = 0; i < cells; i++) {
+        o->key_cells[key[i]]++, o->key_kinds[key[i]] |= (uint8_t)(1u << kind[i]);
+        if (kind[i] == KIND_STRING) text += cell_value[i] >> 32;
+    }
     int64_t total = 0;
     for (int k = 0; k < o->keys; k++) at[k] = total, total += o->key_cells[k];
-    if (buf_reserve(&o->by_row, cells * 4) || buf_reserve(&o->by_kind, cells) || buf_reserve(&o->by_value, cells * 8))
+    if (buf_reserve(&o->by_row, cells * 4) || buf_reserve(&o->by_kind, cells) || buf_reserve(&o->by_value, cells * 8) ||
+        buf_reserve(&o->strings, text))
         return -1;
     int32_t *row = (int32_t *)o->by_row.data;
     uint8_t *by_kind = (uint8_t *)o->by_kind.data;
     uint64_t *value = (uint64_t *)o->by_value.data;
     const int32_t *cell_row = (const int32_t *)o->cell_row.data;
-    const uint64_t *cell_value = (const uint64_t *)o->cell_value.data;
     for (size_t i = 0; i < cells; i++) {
         int64_t j = at[key[i]]++;
         row[j] = cell_row[i], by_kind[j] = kind[i], value[j] = cell_value[i];
     }
     o->by_row.len = cells * 4, o->by_kind.len = cells, o->by_value.len = cells * 8;
+    for (size_t j = 0; j < cells; j++) { /* in grouped order: a key's strings end to end, as Arrow keeps them */
+        if (by_kind[j] != KIND_STRING) continue;
+        size_t start = value[j] & 0xFFFFFFFFu, length = value[j] >> 32;
+        memcpy(o->strings.data + o->strings.len, base + start, length);
+        value[j] = (uint64_t)o->strings.len | (uint64_t)length << 32;
+        o->strings.len += length;
+    }
     return 0;
 }
 
 /* Each thread keeps its buffers for its next chunk: fresh ones cost a page fault every 4 KiB. */
-#define BUFS 11
+#define BUFS 12
 #define KEPT_BYTES (64u << 20)
 static __thread Buf kept[BUFS];
 
@@ -410,12 +425,12 @@ static PyObject *split(PyObject *Py_UNUSED(self), PyObject *args) {
     Out o;
     memset(&o, 0, sizeof o);
     Buf *bufs[] = {&o.odd, &o.rows, &o.codes, &o.stamps, &o.cell_row, &o.cell_key, &o.cell_kind, &o.cell_value,
-                   &o.by_row, &o.by_kind, &o.by_value};
+                   &o.by_row, &o.by_kind, &o.by_value, &o.strings};
     for (size_t i = 0; i < BUFS; i++) *bufs[i] = kept[i], bufs[i]->len = 0;
     int status;
     Py_BEGIN_ALLOW_THREADS
     status = table_grow(&o.series) ? -1 : read_chunk(&o, chunk.buf, (size_t)chunk.len, most_odd);
-    if (status == 0 && group_cells(&o)) status = -1;
+    if (status == 0 && group_cells(&o, chunk.buf)) status = -1;
     Py_END_ALLOW_THREADS
     PyObject *result = NULL;
     if (status < 0) {
@@ -463,10 +478,10 @@ static PyObject *split(PyObject *Py_UNUSED(self), PyObject *args) {
             PyErr_NoMemory();
         } else if (names) {
             Buf counts = {(char *)o.key_cells, (size_t)o.keys * 8, 0}, kinds = {(char *)o.key_kinds, (size_t)o.keys, 0};
-            result = Py_BuildValue("(LNNNNNNNNNNNN)", (long long)o.lines, as_bytes(&o.odd), as_bytes(&o.rows),
+            result = Py_BuildValue("(LNNNNNNNNNNNNN)", (long long)o.lines, as_bytes(&o.odd), as_bytes(&o.rows),
                                    as_bytes(&o.codes), as_bytes(&o.stamps), as_bytes(&offsets), as_bytes(&series), names,
                                    as_bytes(&counts), as_bytes(&kinds), as_bytes(&o.by_row), as_bytes(&o.by_kind),
-                                   as_bytes(&o.by_value));
+                                   as_bytes(&o.by_value), as_bytes(&o.strings));
         }
         free(series.data);
         free(offsets.data);
@@ -483,7 +498,7 @@ static PyObject *split(PyObject *Py_UNUSED(self), PyObject *args) {
 static PyMethodDef methods[] = {
     {"split", split, METH_VARARGS,
      "split(chunk, most_odd) -> None when more than most_odd lines are set aside, else (lines, odd, rows, codes, "
-     "stamps, series_offsets, series_data, keys, key_cells, key_kinds, cell_row, cell_kind, cell_value)"},
+     "stamps, series_offsets, series_data, keys, key_cells, key_kinds, cell_row, cell_kind, cell_value, strings)"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_lineproto", NULL, -1, methods, NULL, NULL, NULL, NULL};

@@ -97,11 +97,12 @@ class _Cells:
         start = int(self.counts[:key].sum())
         end = start + int(self.counts[key])
         rows, kinds, values = self.row[start:end], self.kind[start:end], self.value[start:end]
+        whole = True  # the key's cells of every line the reader kept: its strings are one run of ``text``
         if at is not None:
             rows = at[rows]
             keep = rows >= 0
             if not keep.all():
-                rows, kinds, values = rows[keep], kinds[keep], values[keep]
+                rows, kinds, values, whole = rows[keep], kinds[keep], values[keep], False
         if not len(rows):
             return {}, None, None
         bits = int(self.kinds[key])
@@ -113,7 +114,7 @@ class _Cells:
         kind, size = _KINDS[int(kinds[0])], len(lines)
         found = {kind: int(lines[rows[0]])}
         if kind == "string":
-            return found, self._strings(values & np.uint64(0xFFFFFFFF), values >> np.uint64(32), rows, size), None
+            return found, self._strings(values & np.uint64(0xFFFFFFFF), values >> np.uint64(32), rows, size, whole), None
         typed = {"float": values.view(np.float64), "integer": values.view(np.int64), "unsigned": values,
                  "boolean": values.astype(bool)}[kind]
         if len(rows) == size:  # a key at most once per line: then every line has it, in order
@@ -124,16 +125,21 @@ class _Cells:
         missing[rows] = False
         return found, pa.array(full, mask=missing), None
 
-    def _strings(self, starts: np.ndarray, lengths: np.ndarray, rows: np.ndarray, size: int) -> pa.Array:
-        """Strings gathered from the chunk into one buffer (lines without the key are null)."""
+    def _strings(self, starts: np.ndarray, lengths: np.ndarray, rows: np.ndarray, size: int, whole: bool) -> pa.Array:
+        """A string column (lines without the key are null): a run of ``text`` as it is, or gathered."""
         starts, lengths = starts.astype(np.int64), lengths.astype(np.int64)
-        sizes = np.zeros(size, dtype=np.int64)
-        sizes[rows] = lengths
+        if len(rows) == size:
+            sizes = lengths
+        else:
+            sizes = np.zeros(size, dtype=np.int64)
+            sizes[rows] = lengths
         offsets = np.zeros(size + 1, dtype=np.int64)
         np.cumsum(sizes, out=offsets[1:])
         total = int(offsets[-1])
-        gather = np.repeat(starts - offsets[rows], lengths) + np.arange(total)
-        data = pa.py_buffer(self.text[gather].tobytes())
+        if whole:
+            data = pa.py_buffer(self.text[int(starts[0]):int(starts[0]) + total])
+        else:
+            data = pa.py_buffer(self.text[np.repeat(starts - offsets[rows], lengths) + np.arange(total)].tobytes())
         valid = None
         if len(rows) < size:
             present = np.zeros(size, dtype=bool)
@@ -332,7 +338,7 @@ class LineProtocol:
         got = _lineproto.split(chunk, _ODD_LINES)
         if got is None:
             return None
-        _, odd, rows, codes, stamps, offsets, text, keys, counts, kinds, cell_row, cell_kind, cell_value = got
+        _, odd, rows, codes, stamps, offsets, text, keys, counts, kinds, cell_row, cell_kind, cell_value, strings = got
         rows, codes = np.frombuffer(rows, np.int32), np.frombuffer(codes, np.int32)
         distinct = pa.StringArray.from_buffers(len(offsets) // 4 - 1, pa.py_buffer(offsets), pa.py_buffer(text))
         measurement, tags, readable = _series(distinct)
@@ -357,7 +363,7 @@ class LineProtocol:
         lines = rows.astype(np.int64) + first_line
         tag_columns = _tag_columns(tags, codes)
         cells = _Cells(np.frombuffer(counts, np.int64), np.frombuffer(kinds, np.uint8), np.frombuffer(cell_row, np.int32),
-                       np.frombuffer(cell_kind, np.uint8), np.frombuffer(cell_value, np.uint64), np.frombuffer(chunk, np.uint8))
+                       np.frombuffer(cell_kind, np.uint8), np.frombuffer(cell_value, np.uint64), np.frombuffer(strings, np.uint8))
         typed = {key: cells.column(index, at, lines) for index, key in enumerate(keys)}
         stamps = pa.array(stamps)
         self._fill(part, lines, stamps, tag_columns, {key: t for key, t in typed.items() if t[0]})
@@ -957,12 +963,15 @@ def _merge(batches: list[pa.RecordBatch], tags: list[str]) -> pa.Table:
     ticks = since // step
     width = int(ticks.max()) + 1
     if span * width < 2**62:
-        for key in (ticks * span + series, series * width + ticks):  # time-major, then series-major
-            if (np.diff(key) > 0).all():
-                return table  # strictly increasing: no point has two lines
-        if len(pc.unique(pa.array(key))) == len(key):  # a hash pass is cheaper than the sort
-            return table
-        order = np.lexsort((table.column(LINE).to_numpy(), key))
+        keys = (ticks * span + series, series * width + ticks)  # time-major, series-major
+        falls = [int(np.count_nonzero(np.diff(key) <= 0)) for key in keys]
+        if min(falls) == 0:
+            return table  # strictly increasing: no point has two lines
+        key = keys[int(np.argmin(falls))]  # the nearer to sorted: the sort merges fewer, longer runs
+        if min(falls) > len(key) // 64 and len(pc.unique(pa.array(key))) == len(key):
+            return table  # far from sorted: one hash pass is cheaper than the sort
+        line = table.column(LINE).to_numpy()
+        order = np.argsort(key, kind="stable") if (np.diff(line) > 0).all() else np.lexsort((line, key))
         key = key[order]
         first = np.concatenate([[True], key[1:] != key[:-1]])
     else:
