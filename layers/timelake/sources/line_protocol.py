@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 import tempfile
+import threading
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -36,6 +37,8 @@ except ImportError:  # no compiler where it was installed, or a build for anothe
 
 TIME = "time"
 LINE = "__line"
+SERIES = "__series"  # a number per series of the file, from the compiled and CSV splits (not the general one)
+_SERIES_MOST = 4_096  # distinct series of a chunk numbered in Python; beyond, unless few per line, the merge hashes the tags
 TIME_TYPE = pa.timestamp("ns", tz="UTC")
 _NS_PER = {"ns": 1, "us": 1_000, "ms": 1_000_000, "s": 1_000_000_000}
 _CHUNK_BYTES = 8 << 20
@@ -210,6 +213,8 @@ class LineProtocol:
         self.kinds: dict[str, tuple[str, int]] = {}
         self.tags: set[str] = set()
         self.seen: set[str] = set()
+        self.series: dict[tuple[tuple[str, str], ...], int] = {}  # tag pairs -> number, for SERIES
+        self._numbering = threading.Lock()
 
     def batches(self, stream: pa.NativeFile) -> Iterator[pa.RecordBatch]:
         """The points of the measurement, one row per line (with its line number in LINE)."""
@@ -273,7 +278,7 @@ class LineProtocol:
             line = 1
             for chunk in _line_chunks(stream, _CHUNK_BYTES):
                 pending.append(pool.submit(self._parts, chunk, line))
-                line += chunk.count(b"\n") + (not chunk.endswith(b"\n"))
+                line += int(np.count_nonzero(np.frombuffer(chunk, np.uint8) == 10)) + (not chunk.endswith(b"\n"))
                 if len(pending) > _AHEAD:
                     yield pending.popleft().result()
             while pending:
@@ -318,13 +323,13 @@ class LineProtocol:
         ours = _mask(pc.equal(measurement, self.measurement))[codes]
         wanted = ours[ok]
         mine = ok & ours
-        tag_columns = _tag_columns(tags, codes[mine])
+        tag_columns, series = self._tags(tags, codes[mine], len(measurement))
         if not wanted.all():
             cells = {key: values.filter(pa.array(wanted)) for key, values in cells.items()}
         fields = {key: values for key, values in cells.items() if values.null_count < len(values)}
         stamps = split.time if mine.all() else split.time.filter(pa.array(mine))
         lines = part.lines[wanted]
-        self._fill(part, lines, stamps, tag_columns, self._typed_all(fields, lines, split.masked))
+        self._fill(part, lines, stamps, tag_columns, self._typed_all(fields, lines, split.masked), series)
         return parts
 
     # --- lines cut by the compiled reader --------------------------------------------------------
@@ -361,12 +366,12 @@ class LineProtocol:
             at[mine] = np.arange(int(mine.sum()))
             rows, codes, stamps = rows[mine], codes[mine], stamps[mine]
         lines = rows.astype(np.int64) + first_line
-        tag_columns = _tag_columns(tags, codes)
+        tag_columns, series = self._tags(tags, codes, len(measurement))
         cells = _Cells(np.frombuffer(counts, np.int64), np.frombuffer(kinds, np.uint8), np.frombuffer(cell_row, np.int32),
                        np.frombuffer(cell_kind, np.uint8), np.frombuffer(cell_value, np.uint64), np.frombuffer(strings, np.uint8))
         typed = {key: cells.column(index, at, lines) for index, key in enumerate(keys)}
         stamps = pa.array(stamps)
-        self._fill(part, lines, stamps, tag_columns, {key: t for key, t in typed.items() if t[0]})
+        self._fill(part, lines, stamps, tag_columns, {key: t for key, t in typed.items() if t[0]}, series)
         return parts
 
     # --- the general split -----------------------------------------------------------------------
@@ -458,8 +463,7 @@ class LineProtocol:
             return at[mine], keys.filter(pa.array(mine)), values.filter(pa.array(mine))
 
         at, keys, values = triples("tag")
-        tags = {key: _scatter(at[pick], values.filter(pa.array(pick)), len(lines)).dictionary_encode()
-                for key, pick in _groups(keys)}
+        tags = {key: _scatter(at[pick], values.filter(pa.array(pick)), len(lines)) for key, pick in _groups(keys)}
         at, keys, values = triples("field")
         fields = {key: _scatter(at[pick], values.filter(pa.array(pick)), len(lines)) for key, pick in _groups(keys)}
         self._fill(part, lines, stamps, tags, self._typed_all(fields, lines, masked=True))
@@ -468,11 +472,13 @@ class LineProtocol:
     # --- typing ----------------------------------------------------------------------------------
 
     def _fill(self, part: _Part, lines: np.ndarray, stamps: pa.Array, tags: dict[str, pa.Array],
-              fields: dict[str, Typed]) -> None:
+              fields: dict[str, Typed], series: pa.Array | None = None) -> None:
         """The part's batch: time, line numbers, tags, and each field typed by its spelling (all or nothing)."""
         part.tags = set(tags)
         time = self._time(stamps, lines, part)
         columns: dict[str, pa.Array] = {TIME: time, LINE: pa.array(lines, pa.int64()), **dict(sorted(tags.items()))}
+        if series is not None:
+            columns[SERIES] = series
         for key, (kinds, typed, error) in sorted(fields.items(), key=lambda item: item[0]):
             part.kinds[key] = kinds
             if error is not None:
@@ -481,6 +487,25 @@ class LineProtocol:
                 columns[key] = typed
         if time is not None:
             part.batch = pa.RecordBatch.from_pydict(columns)
+
+    def _tags(self, tags: dict[str, pa.Array], codes: np.ndarray,
+              distinct: int) -> tuple[dict[str, pa.Array], pa.Array | None]:
+        """Tag columns of the rows of series ``codes``, from each tag's value per distinct series, and
+        each row's series numbered for the whole file (None when the chunk has too many series).
+
+        The merge then finds the lines of a point without hashing the tag strings of every row.
+        """
+        columns = {key: column for key, column in ((key, values.take(pa.array(codes))) for key, values in tags.items())
+                   if column.null_count < len(column)}
+        if distinct > _SERIES_MOST and distinct * 8 > len(codes):
+            return columns, None
+        keys = sorted(tags)
+        pairs = zip(*(tags[key].to_pylist() for key in keys)) if keys else [()] * distinct
+        with self._numbering:
+            numbers = np.fromiter((self.series.setdefault(tuple((key, value) for key, value in zip(keys, values)
+                                                               if value is not None), len(self.series))
+                                   for values in pairs), dtype=np.int64, count=distinct)
+        return columns, pa.array(numbers[codes])
 
     def _typed_all(self, fields: dict[str, pa.Array], lines: np.ndarray, masked: bool) -> dict[str, Typed]:
         return {key: self._typed(key, raw, lines, masked) for key, raw in fields.items()}
@@ -619,22 +644,6 @@ def _series(distinct: pa.Array) -> tuple[pa.Array, dict[str, pa.Array], np.ndarr
     keys, values = pc.list_element(pairs, 0), pc.list_element(pairs, 1)
     return measurement, {key: _scatter(rows[at], values.filter(pa.array(at)), len(distinct))
                          for key, at in _groups(keys)}, readable
-
-
-def _tag_columns(tags: dict[str, pa.Array], codes: np.ndarray) -> dict[str, pa.DictionaryArray]:
-    """Tag columns of the rows of series ``codes``, from each tag's value per distinct series.
-
-    Dictionary-encoded, the dictionary being the series' values: no string is copied per row, and
-    the merge numbers the series of the whole file by unifying the chunks' small dictionaries.
-    """
-    columns = {}
-    for key, values in tags.items():
-        valid = _mask(values.is_valid())
-        if not valid[codes].any():
-            continue
-        index = np.cumsum(valid, dtype=np.int32) - 1
-        columns[key] = pa.DictionaryArray.from_arrays(pa.array(index[codes], mask=~valid[codes]), values.drop_null())
-    return columns
 
 
 def _field_cells(fields: pa.Array, depth: int = 0) -> tuple[dict[str, pa.Array], np.ndarray]:
@@ -848,8 +857,8 @@ def points(parser: LineProtocol, lines: Iterator[pa.RecordBatch], batch_rows: in
             held.add(batch)
         schema = parser.schema()  # every tag and field of the file: each part of a spill has only its own
         for table in held.merged(sorted(parser.tags)):
-            columns = [_plain_type(table.column(f.name)) if f.name in table.column_names
-                       else pa.nulls(table.num_rows, f.type) for f in schema]
+            columns = [table.column(f.name) if f.name in table.column_names else pa.nulls(table.num_rows, f.type)
+                       for f in schema]
             yield from pa.table(columns, schema=schema).to_batches(max_chunksize=batch_rows)
     finally:
         held.close()
@@ -882,7 +891,6 @@ class _Held:
 
     def _spill(self, batch: pa.RecordBatch) -> None:
         """The batch cut by a hash of its time into the part files, all written with the widest schema so far."""
-        batch = pa.RecordBatch.from_arrays([_plain_type(column) for column in batch.columns], names=batch.schema.names)
         grown = pa.unify_schemas([self.schema, batch.schema])
         if not grown.equals(self.schema):
             self.schema = grown
@@ -941,11 +949,6 @@ class _Held:
             self.folder = None
 
 
-def _plain_type(column: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
-    """A dictionary-encoded tag column as plain strings, as the source's schema says."""
-    return column.cast(column.type.value_type) if pa.types.is_dictionary(column.type) else column
-
-
 def _time_hash(time: pa.Array, level: int) -> np.ndarray:
     """Which of _SPILL_PARTS parts each time goes to; each level uses other bits of one multiplicative hash."""
     ns = time.cast(pa.int64()).to_numpy().view(np.uint64)
@@ -957,7 +960,11 @@ def _merge(batches: list[pa.RecordBatch], tags: list[str]) -> pa.Table:
     """One row per (series, time), a field's value from the last line (by LINE) that has it."""
     table = pa.concat_tables([pa.Table.from_batches([b]) for b in batches], promote_options="default")
     time = table.column(TIME).cast(pa.int64()).to_numpy()
-    series, span = _series_codes(table, tags)
+    if (np.diff(time) > 0).all():
+        return table  # each time once: no point has two lines
+    numbered = SERIES in table.column_names and table.column(SERIES).null_count == 0
+    series, span = ((table.column(SERIES).to_numpy(), int(pc.max(table.column(SERIES)).as_py()) + 1) if numbered
+                    else _series_codes(table, tags))
     since = time - time.min()
     step = int(np.gcd.reduce(since)) or 1
     ticks = since // step
@@ -985,7 +992,7 @@ def _merge(batches: list[pa.RecordBatch], tags: list[str]) -> pa.Table:
     columns = {name: table.column(name).take(keys) for name in (TIME, *(t for t in tags if t in table.column_names))}
     at = np.arange(len(order))
     for name in table.column_names:
-        if name in columns or name == LINE:
+        if name in columns or name in (LINE, SERIES):
             continue
         valid = _mask(table.column(name).is_valid())[order]
         last = np.maximum.reduceat(np.where(valid, at, -1), starts)
