@@ -58,22 +58,47 @@ typedef struct {
     size_t mask, count;
 } Table;
 
-static uint64_t hash_bytes(const char *p, size_t n) {
-    uint64_t h = 0x9E3779B97F4A7C15ull ^ n;
-    while (n >= 8) {
+#define ONES 0x0101010101010101ull
+#define HIGHS 0x8080808080808080ull
+
+static inline uint64_t zero_bytes(uint64_t x) { return (x - ONES) & ~x & HIGHS; } /* lowest flag exact */
+
+static inline uint64_t mix(uint64_t h, uint64_t w) {
+    h = (h ^ w) * 0xFF51AFD7ED558CCDull;
+    return h ^ (h >> 32);
+}
+
+/* The first space of [p, e) and the hash of the series before it, reading 8 bytes at a time (the
+ * bytes past the space masked off, so equal series hash alike); NULL without a space, or with a
+ * quote before it when `quotes`. Words are little-endian, as on the machines we build for. */
+static const char *series_end(const char *p, const char *e, int quotes, uint64_t *hash) {
+    uint64_t h = 0x9E3779B97F4A7C15ull;
+    const char *q = p;
+    while (e - q >= 8) {
         uint64_t w;
-        memcpy(&w, p, 8);
-        h = (h ^ w) * 0xFF51AFD7ED558CCDull;
-        h ^= h >> 32;
-        p += 8;
-        n -= 8;
+        memcpy(&w, q, 8);
+        uint64_t found = zero_bytes(w ^ (ONES * ' ')) | (quotes ? zero_bytes(w ^ (ONES * '"')) : 0);
+        if (found) {
+            int k = __builtin_ctzll(found) / 8;
+            q += k;
+            if (*q != ' ') return NULL;
+            if (k) h = mix(h, w & (~0ull >> (64 - 8 * k)));
+            *hash = h ^ (uint64_t)(q - p) * 0xC4CEB9FE1A85EC53ull;
+            return q;
+        }
+        h = mix(h, w);
+        q += 8;
     }
-    if (n) {
-        uint64_t w = 0;
-        memcpy(&w, p, n);
-        h = (h ^ w) * 0xC4CEB9FE1A85EC53ull;
+    uint64_t w = 0;
+    int n = 0;
+    for (; q < e && *q != ' '; q++, n++) {
+        if (quotes && *q == '"') return NULL;
+        w |= (uint64_t)(unsigned char)*q << (8 * n);
     }
-    return h ^ (h >> 29);
+    if (q == e) return NULL;
+    if (n) h = mix(h, w);
+    *hash = h ^ (uint64_t)(q - p) * 0xC4CEB9FE1A85EC53ull;
+    return q;
 }
 
 static int table_grow(Table *t) {
@@ -96,9 +121,8 @@ static int table_grow(Table *t) {
 }
 
 /* The number of the series text at `p`, a new one when first seen; -1 when out of memory. */
-static int32_t table_id(Table *t, const char *base, const char *p, int32_t n) {
+static int32_t table_id(Table *t, const char *base, const char *p, int32_t n, uint64_t h) {
     if ((t->count + 1) * 2 > t->mask + 1 && table_grow(t)) return -1;
-    uint64_t h = hash_bytes(p, (size_t)n);
     size_t j = h & t->mask;
     for (;;) {
         Slot *s = &t->slots[j];
@@ -169,6 +193,20 @@ static int parse_float(const char *p, const char *e, double *out) {
     return end == text + n;
 }
 
+/* Whether 8 bytes are all ASCII digits, and their value: the SWAR forms of the fast_float library. */
+static inline int eight_digits(uint64_t w) {
+    return ((w & 0xF0F0F0F0F0F0F0F0ull) | (((w + 0x0606060606060606ull) & 0xF0F0F0F0F0F0F0F0ull) >> 4)) ==
+           0x3333333333333333ull;
+}
+
+static inline uint32_t parse_eight(uint64_t w) {
+    w -= 0x3030303030303030ull;
+    w = (w * 10) + (w >> 8);
+    w = (((w & 0x000000FF000000FFull) * 0x000F424000000064ull) +
+         (((w >> 16) & 0x000000FF000000FFull) * 0x0000271000000001ull)) >> 32;
+    return (uint32_t)w;
+}
+
 /* -?digits within int64 (the minus only when `sign`), or digits within uint64. */
 static int parse_integer(const char *p, const char *e, int sign, uint64_t *out) {
     int negative = 0;
@@ -176,6 +214,11 @@ static int parse_integer(const char *p, const char *e, int sign, uint64_t *out) 
     if (p == e || e - p > 20) return 0;
     uint64_t value = 0;
     const char *safe = e - p > 19 ? e - 1 : e; /* 19 digits cannot overflow; the 20th is checked */
+    for (uint64_t w; safe - p >= 8; p += 8) {
+        memcpy(&w, p, 8);
+        if (!eight_digits(w)) return 0;
+        value = value * 100000000u + parse_eight(w);
+    }
     for (; p < safe; p++) {
         if (!is_digit(*p)) return 0;
         value = value * 10 + (uint64_t)(*p - '0');
@@ -272,8 +315,9 @@ static int read_line(Out *o, const char *base, const char *p, const char *e, int
         }
         if (!utf8_valid((const unsigned char *)p, (const unsigned char *)e)) return 0;
     }
-    const char *space = memchr(p, ' ', (size_t)(e - p));
-    if (!space || space == p || *p == '#' || (quotes && memchr(p, '"', (size_t)(space - p)))) return 0;
+    uint64_t hash;
+    const char *space = series_end(p, e, quotes, &hash);
+    if (!space || space == p || *p == '#') return 0;
     size_t cells = o->cell_key.len;
     const char *q = space + 1;
     uint64_t seen = 0;
@@ -327,7 +371,7 @@ static int read_line(Out *o, const char *base, const char *p, const char *e, int
     }
     uint64_t stamp;
     if (!parse_integer(q, e, 1, &stamp)) goto aside;
-    int32_t code = table_id(&o->series, base, p, (int32_t)(space - p));
+    int32_t code = table_id(&o->series, base, p, (int32_t)(space - p), hash);
     if (code < 0) return -1;
     PUSH(o->rows, int32_t, o->lines);
     PUSH(o->codes, int32_t, code);
