@@ -396,11 +396,11 @@ static int read_chunk(Out *o, const char *base, size_t size, int64_t most_odd) {
     int quotes = memchr(base, '"', size) != NULL;
     int careful = memchr(base, '\\', size) || memchr(base, '\r', size) || memchr(base, 1, size) ||
                   memchr(base, 2, size) || memchr(base, 3, size);
-    for (size_t i = 0; !careful && i < size; i += 8) {
-        uint64_t w = 0;
-        memcpy(&w, base + i, size - i < 8 ? size - i : 8);
-        careful = (w & 0x8080808080808080ull) != 0; /* a byte of a multi-byte character: validate */
-    }
+    uint64_t high = 0; /* a byte of a multi-byte character anywhere: validate the lines */
+    size_t i = 0;
+    for (uint64_t w; i + 8 <= size; i += 8) memcpy(&w, base + i, 8), high |= w;
+    for (; i < size; i++) high |= (unsigned char)base[i];
+    careful |= (high & HIGHS) != 0;
     for (const char *p = base; p < end; o->lines++) {
         const char *e = memchr(p, '\n', (size_t)(end - p));
         if (!e) e = end;
