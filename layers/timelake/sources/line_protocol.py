@@ -990,13 +990,16 @@ def _merge(batches: list[pa.RecordBatch], tags: list[str]) -> pa.Table:
     starts = np.flatnonzero(first)
     keys = pa.array(order[starts])
     columns = {name: table.column(name).take(keys) for name in (TIME, *(t for t in tags if t in table.column_names))}
-    at = np.arange(len(order))
+    point = np.cumsum(first) - 1  # the point of each line, in sorted order
     for name in table.column_names:
         if name in columns or name in (LINE, SERIES):
             continue
-        valid = _mask(table.column(name).is_valid())[order]
-        last = np.maximum.reduceat(np.where(valid, at, -1), starts)
-        pick = np.where(last >= 0, order[np.maximum(last, 0)], -1)
+        at = np.flatnonzero(_mask(table.column(name).is_valid())[order])  # sorted lines that have the field
+        owner = point[at]
+        last = np.ones(len(at), dtype=bool)  # the last of a point's lines with the field wins
+        last[:-1] = owner[1:] != owner[:-1]
+        pick = np.full(len(starts), -1, dtype=np.int64)
+        pick[owner[last]] = order[at[last]]
         columns[name] = table.column(name).take(pa.array(pick, mask=pick < 0))
     return pa.table(columns)
 
