@@ -1,9 +1,12 @@
 """InfluxDB line protocol: export files parsed into Arrow a chunk of whole lines at a time.
 
-A chunk is first cut at its spaces by Arrow's CSV reader (space as the delimiter, three columns:
-series, field set, timestamp). The distinct series of a chunk, a few hundred in a typical export,
-are split into measurement and tags with Arrow kernels, and the field sets are cut at their commas
-by a second CSV pass; separators inside quoted strings are masked first. Lines this cannot read
+Where the package was built with a C compiler, a chunk's plain lines are cut and typed in one pass
+by ``_lineproto`` (see ``_lineproto.c``), and only the lines it sets aside take the paths below.
+Otherwise a chunk is first cut at its spaces by Arrow's CSV reader (space as the delimiter, three
+columns: series, field set, timestamp), and the field sets are cut at their commas by a second CSV
+pass; separators inside quoted strings are masked first. Either way the distinct series of a
+chunk, a few hundred in a typical export, are split into measurement and tags with Arrow kernels
+and numbered for the whole file (``SERIES``), which the merge keys on. Lines this cannot read
 exactly (escapes, comments, blank lines, another number of spaces, a field without ``=``) go, with
 their line numbers, through the general split: Arrow kernels over the lines, and a per-line
 tokenizer for lines with backslash escapes. Types come from each value's spelling (``1i``, ``1u``,
