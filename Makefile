@@ -12,7 +12,7 @@ NPM_LOCK := $(wildcard package-lock.json)
 PG_BIN := /usr/lib/postgresql/15/bin
 
 # The runtime alone (what `make demo` needs): no CDK, no moto, no npm.
-$(RUNTIME): pyproject.toml layers/timelake/sources/_lineproto.c
+$(RUNTIME): pyproject.toml setup.py layers/timelake/sources/_lineproto.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e .
