@@ -117,3 +117,17 @@ def test_compiled_reader_sets_aside_what_it_does_not_read(tmp_path: Path) -> Non
     lines_read, odd, rows = got[0], memoryview(got[1]).cast("i").tolist(), memoryview(got[2]).cast("i").tolist()
     assert lines_read == len(lines) and rows == [0, 8] and odd == [1, 2, 3, 4, 5, 6, 7]
     assert line_protocol._lineproto.split("\n".join(lines).encode(), 6) is None
+
+
+def test_series_numbered_or_not_the_points_merge_alike(tmp_path: Path, monkeypatch) -> None:
+    """Lines of one point are merged by the series numbers the reader keeps; past what it keeps (many
+    series) the merge hashes the tags instead, and the rows are the same."""
+    lines = [f"sensor,device_id=d{i % 40},site=s{i % 3} {key}={i}{suffix} {NS + (i // 40) * 1_000}"
+             for key, suffix in (("value", ""), ("count", "i")) for i in range(400)]
+    path = tmp_path / "export.lp"
+    path.write_text("\n".join(lines) + "\n")
+    monkeypatch.setattr(line_protocol, "_CHUNK_BYTES", 2_000)
+    numbered = _read(path)
+    monkeypatch.setattr(line_protocol, "_SERIES_KEPT", 50)  # numbering stops partway through the file
+    assert _read(path).equals(numbered)
+    assert numbered.num_rows == 400 and numbered["count"].null_count == 0 and numbered["value"].null_count == 0

@@ -41,7 +41,8 @@ except ImportError:  # no compiler where it was installed, or a build for anothe
 TIME = "time"
 LINE = "__line"
 SERIES = "__series"  # a number per series of the file, from the compiled and CSV splits (not the general one)
-_SERIES_MOST = 4_096  # distinct series of a chunk numbered in Python; beyond, unless few per line, the merge hashes the tags
+_SERIES_MOST = 4_096  # new series of a chunk numbered in Python; beyond, unless few per line, the merge hashes the tags
+_SERIES_KEPT = 100_000  # series a file's parser remembers; past that, the merge hashes the tags
 TIME_TYPE = pa.timestamp("ns", tz="UTC")
 _NS_PER = {"ns": 1, "us": 1_000, "ms": 1_000_000, "s": 1_000_000_000}
 _CHUNK_BYTES = 8 << 20
@@ -217,6 +218,7 @@ class LineProtocol:
         self.tags: set[str] = set()
         self.seen: set[str] = set()
         self.series: dict[tuple[tuple[str, str], ...], int] = {}  # tag pairs -> number, for SERIES
+        self._known: dict[str, tuple[str | None, dict[str, str], bool, int]] = {}  # series text -> _distinct's answer
         self._numbering = threading.Lock()
 
     def batches(self, stream: pa.NativeFile) -> Iterator[pa.RecordBatch]:
@@ -304,7 +306,7 @@ class LineProtocol:
         """Rows of the split whose series and fields read exactly; every other line goes to the general split."""
         encoded = split.series  # read dictionary-encoded: each series once
         codes = encoded.indices.to_numpy(zero_copy_only=False)
-        measurement, tags, readable = _series(encoded.dictionary)
+        measurement, tags, readable, numbers = self._distinct(encoded.dictionary, len(codes))
         ok = readable[codes] & _mask(split.time.is_valid())
         if _has_byte(split.fields, ord("\\")):  # escapes: the tokenizer reads those lines
             ok &= ~_mask(pc.match_substring(split.fields, "\\"))
@@ -326,7 +328,7 @@ class LineProtocol:
         ours = _mask(pc.equal(measurement, self.measurement))[codes]
         wanted = ours[ok]
         mine = ok & ours
-        tag_columns, series = self._tags(tags, codes[mine], len(measurement))
+        tag_columns, series = _tag_columns(tags, codes[mine], numbers)
         if not wanted.all():
             cells = {key: values.filter(pa.array(wanted)) for key, values in cells.items()}
         fields = {key: values for key, values in cells.items() if values.null_count < len(values)}
@@ -349,7 +351,7 @@ class LineProtocol:
         _, odd, rows, codes, stamps, offsets, text, keys, counts, kinds, cell_row, cell_kind, cell_value, strings = got
         rows, codes = np.frombuffer(rows, np.int32), np.frombuffer(codes, np.int32)
         distinct = pa.StringArray.from_buffers(len(offsets) // 4 - 1, pa.py_buffer(offsets), pa.py_buffer(text))
-        measurement, tags, readable = _series(distinct)
+        measurement, tags, readable, numbers = self._distinct(distinct, len(codes))
         ok = readable[codes]
         odd = np.sort(np.concatenate([np.frombuffer(odd, np.int32), rows[~ok]])).astype(np.int64) + first_line
         if len(odd) > _ODD_LINES:
@@ -369,7 +371,7 @@ class LineProtocol:
             at[mine] = np.arange(int(mine.sum()))
             rows, codes, stamps = rows[mine], codes[mine], stamps[mine]
         lines = rows.astype(np.int64) + first_line
-        tag_columns, series = self._tags(tags, codes, len(measurement))
+        tag_columns, series = _tag_columns(tags, codes, numbers)
         cells = _Cells(np.frombuffer(counts, np.int64), np.frombuffer(kinds, np.uint8), np.frombuffer(cell_row, np.int32),
                        np.frombuffer(cell_kind, np.uint8), np.frombuffer(cell_value, np.uint64), np.frombuffer(strings, np.uint8))
         typed = {key: cells.column(index, at, lines) for index, key in enumerate(keys)}
@@ -491,24 +493,33 @@ class LineProtocol:
         if time is not None:
             part.batch = pa.RecordBatch.from_pydict(columns)
 
-    def _tags(self, tags: dict[str, pa.Array], codes: np.ndarray,
-              distinct: int) -> tuple[dict[str, pa.Array], pa.Array | None]:
-        """Tag columns of the rows of series ``codes``, from each tag's value per distinct series, and
-        each row's series numbered for the whole file (None when the chunk has too many series).
+    def _distinct(self, distinct: pa.Array,
+                  rows: int) -> tuple[pa.Array, dict[str, pa.Array], np.ndarray, np.ndarray | None]:
+        """What ``_series`` says of each distinct series text of a chunk, and each series' number for the
+        whole file (None when too many are new to number here: then the merge hashes the tags).
 
-        The merge then finds the lines of a point without hashing the tag strings of every row.
+        Texts seen in an earlier chunk are answered from memory: an export repeats its few hundred
+        series in every chunk, and splitting and numbering them again cost a tenth of the reading.
         """
-        columns = {key: column for key, column in ((key, values.take(pa.array(codes))) for key, values in tags.items())
-                   if column.null_count < len(column)}
-        if distinct > _SERIES_MOST and distinct * 8 > len(codes):
-            return columns, None
-        keys = sorted(tags)
-        pairs = zip(*(tags[key].to_pylist() for key in keys)) if keys else [()] * distinct
-        with self._numbering:
-            numbers = np.fromiter((self.series.setdefault(tuple((key, value) for key, value in zip(keys, values)
-                                                               if value is not None), len(self.series))
-                                   for values in pairs), dtype=np.int64, count=distinct)
-        return columns, pa.array(numbers[codes])
+        texts = distinct.to_pylist()
+        new = [i for i, text in enumerate(texts) if text not in self._known]
+        if len(new) > _SERIES_MOST and len(new) * 8 > rows or len(self.series) + len(new) > _SERIES_KEPT:
+            measurement, tags, readable = _series(distinct)
+            return measurement, tags, readable, None
+        if new:
+            measurement, tags, readable = _series(distinct.take(pa.array(new, pa.int64())))
+            names, values = measurement.to_pylist(), {key: column.to_pylist() for key, column in tags.items()}
+            with self._numbering:
+                for j, i in enumerate(new):
+                    pairs = {key: column[j] for key, column in sorted(values.items()) if column[j] is not None}
+                    number = self.series.setdefault(tuple(pairs.items()), len(self.series))
+                    self._known[texts[i]] = (names[j], pairs, bool(readable[j]), number)
+        known = [self._known[text] for text in texts]
+        keys = sorted({key for _, pairs, _, _ in known for key in pairs})
+        return (pa.array([name for name, *_ in known], pa.string()),
+                {key: pa.array([pairs.get(key) for _, pairs, _, _ in known], pa.string()) for key in keys},
+                np.fromiter((readable for _, _, readable, _ in known), bool, len(known)),
+                np.fromiter((number for *_, number in known), np.int64, len(known)))
 
     def _typed_all(self, fields: dict[str, pa.Array], lines: np.ndarray, masked: bool) -> dict[str, Typed]:
         return {key: self._typed(key, raw, lines, masked) for key, raw in fields.items()}
@@ -647,6 +658,15 @@ def _series(distinct: pa.Array) -> tuple[pa.Array, dict[str, pa.Array], np.ndarr
     keys, values = pc.list_element(pairs, 0), pc.list_element(pairs, 1)
     return measurement, {key: _scatter(rows[at], values.filter(pa.array(at)), len(distinct))
                          for key, at in _groups(keys)}, readable
+
+
+def _tag_columns(tags: dict[str, pa.Array], codes: np.ndarray,
+                 numbers: np.ndarray | None) -> tuple[dict[str, pa.Array], pa.Array | None]:
+    """Tag columns of the rows of series ``codes``, from each tag's value per distinct series, and
+    each row's series number (for the merge, which then hashes no tag strings)."""
+    columns = {key: column for key, column in ((key, values.take(pa.array(codes))) for key, values in tags.items())
+               if column.null_count < len(column)}
+    return columns, (pa.array(numbers[codes]) if numbers is not None else None)
 
 
 def _field_cells(fields: pa.Array, depth: int = 0) -> tuple[dict[str, pa.Array], np.ndarray]:
