@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -91,3 +92,42 @@ def test_a_series_lands_in_the_same_bucket_whether_read_as_text_or_dictionary_en
     plain = series_bucket(pa.table({"device_id": devices}), ("device_id",))
     coded = series_bucket(pa.table({"device_id": pc.dictionary_encode(devices)}), ("device_id",))
     assert plain.tolist() == coded.tolist() and len(set(plain.tolist())) > 50
+
+
+@pytest.mark.parametrize("pieces", ["a_piece_per_series", "pieces_of_many_series"])
+def test_small_runs_share_record_batches_and_a_read_still_gets_only_its_buckets(tmp_path, pieces):
+    """Runs of a few rows each (a file per device, cut by day) are joined into record batches of up to
+    ``join_bytes``, each run's rows indexed within its batch: fewer batches than runs, the same rows read
+    back per bucket, and a read of some buckets fetches at most a joined batch more at each end."""
+    from timelake.steps import spill
+    from timelake.steps.scan import series_bucket
+
+    source = make_readings(recent(2), days=1, devices=120, step_minutes=10)
+    source = source.take(pc.sort_indices(source, [("device_id", "ascending"), ("ts", "ascending")]))
+    buckets = series_bucket(source, ("device_id",))
+    written = {}
+    for join_bytes in (0, 64 << 10):
+        dictionaries = spill.Dictionaries(SCHEMA, ("device_id",))
+        uri = str(tmp_path / f"join-{join_bytes}-{pieces}.arrow")
+        file = spill.SpillFile(uri, dictionaries, join_bytes)
+        coded = dictionaries.code(source)
+        if pieces == "a_piece_per_series":
+            cuts = [0, *(i for i in range(1, source.num_rows) if buckets[i] != buckets[i - 1]), source.num_rows]
+        else:
+            cuts = list(range(0, source.num_rows, 1000)) + [source.num_rows]
+        file.write([(coded.slice(lo, hi - lo), buckets[lo:hi]) for lo, hi in zip(cuts, cuts[1:])], coded.nbytes)
+        size = file.close()
+        runs = len(file.index)
+        batches = pa.ipc.open_stream(pa.OSFile(uri)).read_all().to_batches()
+        written[join_bytes] = (uri, size, runs, len(batches))
+    (_, _, runs, batches_apart), (joined_uri, joined_size, _, batches_joined) = written[0], written[64 << 10]
+    assert batches_apart >= runs > 50 and batches_joined < runs / 10
+    present = sorted(set(buckets.tolist()))
+    for wanted in (present[:1], present[10:40], present[-5:], present):
+        expected = source.filter(pa.array(np.isin(buckets, wanted)))
+        counter = spill.SpillRead()
+        got = pa.concat_tables(list(spill.read([joined_uri], wanted, counter))).cast(SCHEMA)
+        assert sort_rows(got).equals(sort_rows(expected))
+        own = expected.num_rows * 20  # spilled bytes a row: ts, value and the series code
+        assert counter.bytes_read <= own + 2 * (64 << 10) + (16 << 10), (wanted[:3], counter.bytes_read, own)
+    assert joined_size < written[0][1]

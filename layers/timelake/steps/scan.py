@@ -181,7 +181,7 @@ class _Spiller:
 
     def __init__(self, rt: Runtime, job_id: str, task: int, schema: pa.Schema, series_key: tuple[str, ...],
                  direct: dict[str, dict[str, Any]] | None = None,
-                 finish: Callable[[PartitionStats, pa.Table], bool] | None = None) -> None:
+                 finish: Callable[[PartitionStats, pa.Table], bool] | None = None, join_bytes: int = 0) -> None:
         self.uri = rt.staging_path(job_id, "spill")
         fs, root = filesystem(self.uri)
         fs.create_dir(root, recursive=True)
@@ -193,6 +193,7 @@ class _Spiller:
         self.finish = finish
         self.whole: dict[PartitionKey, tuple[PartitionStats, list[pa.Table], list[np.ndarray | None]]] = {}
         self.whole_rows = 0
+        self.join_bytes = join_bytes
 
     def code(self, rows: pa.Table) -> pa.Table:
         return self.dictionaries.code(rows)
@@ -213,7 +214,7 @@ class _Spiller:
             if len(self.open) >= MAX_OPEN_SPILLS:
                 self._close(next(iter(self.open)))
             uri = f"{self.uri}/{part.key.name}-t{self.task:05d}-{len(part.spill)}.arrow"
-            self.open[part.key] = (part, spill.SpillFile(uri, self.dictionaries))
+            self.open[part.key] = (part, spill.SpillFile(uri, self.dictionaries, self.join_bytes))
             part.spill.append(uri)
         else:
             self.open[part.key] = self.open.pop(part.key)  # most recently used last
@@ -342,7 +343,8 @@ def scan_task(rt: Runtime, ctx: ScanContext, job_id: str, task: int, pieces: ran
     spiller = None
     if not ctx.spec.dry_run:
         spiller = _Spiller(rt, job_id, task, ctx.target, ctx.contract.series_key, direct_plan(rt, job_id, task),
-                           lambda part, rows: _write_whole(table, ctx, job_id, result, spiller, part, rows))
+                           lambda part, rows: _write_whole(table, ctx, job_id, result, spiller, part, rows),
+                           spill.join_bytes(ctx.contract.target_file_size))
     overlap = _OverlapCounter(ctx.contract) if ctx.spec.dry_run else None
     index = {names[p]: p for p in pieces}
     batches = throttle.read(src, [names[p] for p in pieces], throttle.budget(rt.store, ctx.spec, job_id))
