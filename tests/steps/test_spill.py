@@ -98,36 +98,43 @@ def test_a_series_lands_in_the_same_bucket_whether_read_as_text_or_dictionary_en
 def test_small_runs_share_record_batches_and_a_read_still_gets_only_its_buckets(tmp_path, pieces):
     """Runs of a few rows each (a file per device, cut by day) are joined into record batches of up to
     ``join_bytes``, each run's rows indexed within its batch: fewer batches than runs, the same rows read
-    back per bucket, and a read of some buckets fetches at most a joined batch more at each end."""
+    back per bucket and partition (two partitions share the task's file), and a read of some buckets
+    fetches at most a joined batch more at each end."""
     from timelake.steps import spill
     from timelake.steps.scan import series_bucket
 
     source = make_readings(recent(2), days=1, devices=120, step_minutes=10)
     source = source.take(pc.sort_indices(source, [("device_id", "ascending"), ("ts", "ascending")]))
     buckets = series_bucket(source, ("device_id",))
+    if pieces == "a_piece_per_series":
+        cuts = [0, *(i for i in range(1, source.num_rows) if buckets[i] != buckets[i - 1]), source.num_rows]
+    else:
+        cuts = list(range(0, source.num_rows, 1000)) + [source.num_rows]
+    other = pa.table({"ts": source.column("ts"), "device_id": pa.array(["other"] * source.num_rows),
+                      "value": source.column("value")}, schema=SCHEMA)
     written = {}
     for join_bytes in (0, 64 << 10):
         dictionaries = spill.Dictionaries(SCHEMA, ("device_id",))
         uri = str(tmp_path / f"join-{join_bytes}-{pieces}.arrow")
         file = spill.SpillFile(uri, dictionaries, join_bytes)
-        coded = dictionaries.code(source)
-        if pieces == "a_piece_per_series":
-            cuts = [0, *(i for i in range(1, source.num_rows) if buckets[i] != buckets[i - 1]), source.num_rows]
-        else:
-            cuts = list(range(0, source.num_rows, 1000)) + [source.num_rows]
-        file.write([(coded.slice(lo, hi - lo), buckets[lo:hi]) for lo, hi in zip(cuts, cuts[1:])], coded.nbytes)
-        size = file.close()
-        runs = len(file.index)
+        for partition, rows in (((0, 1), source), ((0, 2), other)):
+            coded = dictionaries.code(rows)
+            file.write(partition, [(coded.slice(lo, hi - lo), buckets[lo:hi]) for lo, hi in zip(cuts, cuts[1:])], coded.nbytes)
+            file.flush(partition)
+        runs = len(file.partitions[(0, 1)].index)
+        size = file.close()[(0, 1)]
         batches = pa.ipc.open_stream(pa.OSFile(uri)).read_all().to_batches()
         written[join_bytes] = (uri, size, runs, len(batches))
     (_, _, runs, batches_apart), (joined_uri, joined_size, _, batches_joined) = written[0], written[64 << 10]
-    assert batches_apart >= runs > 50 and batches_joined < runs / 10
+    assert batches_apart >= 2 * runs > 100 and batches_joined < runs / 5
     present = sorted(set(buckets.tolist()))
     for wanted in (present[:1], present[10:40], present[-5:], present):
         expected = source.filter(pa.array(np.isin(buckets, wanted)))
         counter = spill.SpillRead()
-        got = pa.concat_tables(list(spill.read([joined_uri], wanted, counter))).cast(SCHEMA)
+        got = pa.concat_tables(list(spill.read([joined_uri], (0, 1), wanted, counter))).cast(SCHEMA)
         assert sort_rows(got).equals(sort_rows(expected))
         own = expected.num_rows * 20  # spilled bytes a row: ts, value and the series code
         assert counter.bytes_read <= own + 2 * (64 << 10) + (16 << 10), (wanted[:3], counter.bytes_read, own)
+    assert pa.concat_tables(spill.read([joined_uri], (0, 2), None)).column("device_id").cast(pa.string()).unique().to_pylist() == ["other"]
+    assert list(spill.read([joined_uri], (0, 3), None)) == []
     assert joined_size < written[0][1]
