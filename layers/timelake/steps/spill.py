@@ -172,54 +172,59 @@ class SpillFile:
             return
         self.row_bytes = held_bytes / sum(rows.num_rows for rows, _ in held)
         if held[0][1] is None:
-            self._write_runs(part, [(WHOLE, pa.concat_tables([rows for rows, _ in held]))])
+            self._write_runs(part, [(WHOLE, [rows for rows, _ in held])])
             return
-        if all(buckets[0] == buckets[-1] and (buckets == buckets[0]).all() for _, buckets in held):
-            firsts = np.array([int(buckets[0]) for _, buckets in held])
+        buckets = np.concatenate([b for _, b in held])
+        ends = np.cumsum([len(b) for _, b in held])
+        changes = np.flatnonzero(buckets[1:] != buckets[:-1]) + 1
+        if np.isin(changes, ends).all():  # every piece of one bucket: pieces are moved whole
+            firsts = buckets[np.concatenate(([0], ends[:-1]))]
             order = np.argsort(firsts, kind="stable")
             starts = np.concatenate(([0], np.flatnonzero(firsts[order][1:] != firsts[order][:-1]) + 1, [len(order)]))
-            self._write_runs(part, [(int(firsts[order[lo]]), pa.concat_tables([held[i][0] for i in order[lo:hi].tolist()]))
+            self._write_runs(part, [(int(firsts[order[lo]]), [held[i][0] for i in order[lo:hi].tolist()])
                                     for lo, hi in zip(starts[:-1].tolist(), starts[1:].tolist())])
             return
         rows = pa.concat_tables([r for r, _ in held]).combine_chunks()
-        buckets = np.concatenate([b for _, b in held])
         narrow = buckets.astype(np.uint16) if 0 <= buckets.min() and buckets.max() < 1 << 16 else buckets
         order = np.argsort(narrow, kind="stable")  # 16-bit keys: a radix sort, linear in rows
         ordered = buckets[order]
         batch = pa.Table.from_batches(rows.take(pa.array(order)).combine_chunks().to_batches())  # runs are its slices
         starts = np.concatenate(([0], np.flatnonzero(ordered[1:] != ordered[:-1]) + 1, [len(ordered)]))
-        self._write_runs(part, [(int(ordered[lo]), batch.slice(lo, hi - lo))
+        self._write_runs(part, [(int(ordered[lo]), [batch.slice(lo, hi - lo)])
                                 for lo, hi in zip(starts[:-1].tolist(), starts[1:].tolist())])
 
-    def _write_runs(self, part: _Held, runs: list[tuple[int, pa.Table]]) -> None:
-        """Writes ``runs`` (bucket, rows) in order: consecutive runs that fit in ``join_bytes`` together as
-        one record batch, a larger run as its own batches, uncopied."""
-        joined: list[tuple[int, pa.Table]] = []
+    def _write_runs(self, part: _Held, runs: list[tuple[int, list[pa.Table]]]) -> None:
+        """Writes ``runs`` (bucket, its rows in pieces) in order: consecutive runs that fit in ``join_bytes``
+        together as one record batch, a larger run as its own batches, uncopied."""
+        joined: list[tuple[int, list[pa.Table]]] = []
         size = 0.0
-        for bucket, rows in runs:
-            nbytes = rows.num_rows * self.row_bytes  # as the scan measured them: a table's own count is slow on slices
+        for bucket, pieces in runs:
+            nbytes = sum(rows.num_rows for rows in pieces) * self.row_bytes  # a table's own count is slow on slices
             if joined and size + nbytes > self.join_bytes:
                 self._write_batch(part, joined)
                 joined, size = [], 0.0
             if nbytes >= self.join_bytes:
-                self._write_batch(part, [(bucket, rows)])
+                self._write_batch(part, [(bucket, pieces)])
                 continue
-            joined.append((bucket, rows))
+            joined.append((bucket, pieces))
             size += nbytes
         if joined:
             self._write_batch(part, joined)
 
-    def _write_batch(self, part: _Held, runs: list[tuple[int, pa.Table]]) -> None:
+    def _write_batch(self, part: _Held, runs: list[tuple[int, list[pa.Table]]]) -> None:
         """One run as its own batches, or several runs joined into one batch; indexes each run."""
         start = self.stream.tell()
-        tables = [rows for _, rows in runs]
-        for batch in (tables[0] if len(tables) == 1 else pa.concat_tables(tables).combine_chunks()).to_batches():
+        tables = [rows for _, pieces in runs for rows in pieces]
+        batches = [b for rows in tables for b in rows.to_batches()] if len(runs) == 1 else \
+            pa.concat_tables(tables).combine_chunks().to_batches()
+        for batch in batches:
             self.writer.write_batch(batch)
         length, first = self.stream.tell() - start, 0
         part.written += length
-        for bucket, rows in runs:
-            part.index.append([bucket, start, length, first, rows.num_rows])
-            first += rows.num_rows
+        for bucket, pieces in runs:
+            rows = sum(piece.num_rows for piece in pieces)
+            part.index.append([bucket, start, length, first, rows])
+            first += rows
 
     def close(self) -> dict[tuple[int, int], int]:
         """Writes what it holds, closes the file and writes its index; returns the bytes spilled per
