@@ -138,3 +138,42 @@ def test_small_runs_share_record_batches_and_a_read_still_gets_only_its_buckets(
     assert pa.concat_tables(spill.read([joined_uri], (0, 2), None)).column("device_id").cast(pa.string()).unique().to_pylist() == ["other"]
     assert list(spill.read([joined_uri], (0, 3), None)) == []
     assert joined_size < written[0][1]
+
+
+def test_a_scan_task_runs_with_the_collector_paused_and_restores_it(lake, tmp_path):
+    """Inside a scan task the collector does not run (its passes over the whole heap would hold the other
+    scan threads), however much the task allocates; outside it, it runs as before."""
+    import gc
+    import sys
+
+    folder = tmp_path / "devices"
+    lake.create_table("iot.sensor", schema=SCHEMA, time_column="ts", series_key=["device_id"], partition_by="day")
+    folder.mkdir()
+    source = make_readings(recent(4), days=2, devices=40, step_minutes=30)
+    for device in set(source.column("device_id").to_pylist()):
+        pq.write_table(source.filter(pc.equal(source.column("device_id"), device)), folder / f"{device}.parquet")
+    rt = lake.runtime
+    job = lake.create_job(JobSpec(table="iot.sensor", source=str(folder / "*.parquet")))
+    plan(rt, job.id, None)
+    inside, outside = [], []
+
+    def note(phase: str, info: dict) -> None:
+        if phase == "start":
+            frame, names = sys._getframe(1), set()
+            while frame is not None:
+                names.add(frame.f_code.co_name)
+                frame = frame.f_back
+            (inside if "scan_task" in names else outside).append(info["generation"])
+
+    threshold = gc.get_threshold()
+    gc.set_threshold(20, 5, 5)  # a collection every few allocations: the task would set off hundreds
+    gc.callbacks.append(note)
+    try:
+        for task in pending_pieces(rt, job.id):
+            scan(rt, job.id, task, None)
+    finally:
+        gc.callbacks.remove(note)
+        gc.set_threshold(*threshold)
+    assert gc.isenabled() and outside and not inside, (len(outside), len(inside))
+    assert sum(read_result(rt, job.id, t).rows_in_source for t in range(len(rt.store.get_job(job.id).state["scan_tasks"]))) \
+        == source.num_rows
