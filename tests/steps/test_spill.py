@@ -121,7 +121,7 @@ def test_small_runs_share_record_batches_and_a_read_still_gets_only_its_buckets(
             coded = dictionaries.code(rows)
             file.write(partition, [(coded.slice(lo, hi - lo), buckets[lo:hi]) for lo, hi in zip(cuts, cuts[1:])], coded.nbytes)
             file.flush(partition)
-        runs = len(file.partitions[(0, 1)].index)
+        runs = sum(len(block) for block in file.partitions[(0, 1)].index)
         size = file.close()[(0, 1)]
         batches = pa.ipc.open_stream(pa.OSFile(uri)).read_all().to_batches()
         written[join_bytes] = (uri, size, runs, len(batches))

@@ -123,7 +123,7 @@ class Dictionaries:
 class _Held:
     """One partition's part of a spill file: rows held until its next flush, and its runs written so far."""
 
-    index: list[list[int]] = field(default_factory=list)  # [bucket, offset, length, first row, rows] per run
+    index: list[np.ndarray] = field(default_factory=list)  # [bucket, offset, length, first row, rows] per run, a block per batch
     rows: list[tuple[pa.Table, np.ndarray | None]] = field(default_factory=list)
     bytes: int = 0  # of the rows held
     written: int = 0  # bytes of the batches written
@@ -219,12 +219,11 @@ class SpillFile:
             pa.concat_tables(tables).combine_chunks().to_batches()
         for batch in batches:
             self.writer.write_batch(batch)
-        length, first = self.stream.tell() - start, 0
+        length = self.stream.tell() - start
         part.written += length
-        for bucket, pieces in runs:
-            rows = sum(piece.num_rows for piece in pieces)
-            part.index.append([bucket, start, length, first, rows])
-            first += rows
+        rows = np.array([sum(piece.num_rows for piece in pieces) for _, pieces in runs], dtype=np.int64)
+        part.index.append(np.column_stack([[bucket for bucket, _ in runs], np.full(len(runs), start),
+                                           np.full(len(runs), length), np.cumsum(rows) - rows, rows]))
 
     def close(self) -> dict[tuple[int, int], int]:
         """Writes what it holds, closes the file and writes its index; returns the bytes spilled per
@@ -243,7 +242,7 @@ class SpillFile:
         at = HEADER + PARTITION * len(keys)  # int64s before the first partition's section
         for key in keys:
             part = self.partitions[key]
-            runs = np.array(part.index, dtype=np.int64).reshape(-1, 5)
+            runs = np.concatenate(part.index).astype(np.int64) if part.index else np.empty((0, 5), dtype=np.int64)
             runs = runs[np.argsort(runs[:, 0], kind="stable")]
             lowest = int(runs[0, 0]) if len(runs) else 0
             slots = int(runs[-1, 0]) - lowest + 1 if len(runs) else 0
