@@ -98,6 +98,9 @@ def test_canary_day_is_staged_alone_and_equals_the_reference(lake, scene):
     assert (columns["value"]["staged"]["min"], columns["value"]["staged"]["max"], columns["value"]["staged"]["rows"]) == expected
     expected = duckdb.sql("SELECT min(value), max(value), count(*) FROM day_source").fetchall()[0]
     assert (columns["value"]["source"]["min"], columns["value"]["source"]["max"], columns["value"]["source"]["rows"]) == expected
+    # the series column as its values, not the codes the spill stores it as
+    assert (columns["device_id"]["source"]["min"], columns["device_id"]["source"]["max"]) == \
+        duckdb.sql("SELECT min(device_id), max(device_id) FROM day_source").fetchall()[0]
     projected = canary["projected"]
     assert projected["rows_in_scope"] == utc.num_rows and projected["units"] == 3
     assert projected["estimated_cost"]["aws_usd"] > 0

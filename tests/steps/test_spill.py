@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -91,3 +92,89 @@ def test_a_series_lands_in_the_same_bucket_whether_read_as_text_or_dictionary_en
     plain = series_bucket(pa.table({"device_id": devices}), ("device_id",))
     coded = series_bucket(pa.table({"device_id": pc.dictionary_encode(devices)}), ("device_id",))
     assert plain.tolist() == coded.tolist() and len(set(plain.tolist())) > 50
+
+
+@pytest.mark.parametrize("pieces", ["a_piece_per_series", "pieces_of_many_series"])
+def test_small_runs_share_record_batches_and_a_read_still_gets_only_its_buckets(tmp_path, pieces):
+    """Runs of a few rows each (a file per device, cut by day) are joined into record batches of up to
+    ``join_bytes``, each run's rows indexed within its batch: fewer batches than runs, the same rows read
+    back per bucket and partition (two partitions share the task's file), and a read of some buckets
+    fetches at most a joined batch more at each end."""
+    from timelake.steps import spill
+    from timelake.steps.scan import series_bucket
+
+    source = make_readings(recent(2), days=1, devices=120, step_minutes=10)
+    source = source.take(pc.sort_indices(source, [("device_id", "ascending"), ("ts", "ascending")]))
+    buckets = series_bucket(source, ("device_id",))
+    if pieces == "a_piece_per_series":
+        cuts = [0, *(i for i in range(1, source.num_rows) if buckets[i] != buckets[i - 1]), source.num_rows]
+    else:
+        cuts = list(range(0, source.num_rows, 1000)) + [source.num_rows]
+    other = pa.table({"ts": source.column("ts"), "device_id": pa.array(["other"] * source.num_rows),
+                      "value": source.column("value")}, schema=SCHEMA)
+    written = {}
+    for join_bytes in (0, 64 << 10):
+        dictionaries = spill.Dictionaries(SCHEMA, ("device_id",))
+        uri = str(tmp_path / f"join-{join_bytes}-{pieces}.arrow")
+        file = spill.SpillFile(uri, dictionaries, join_bytes)
+        for partition, rows in (((0, 1), source), ((0, 2), other)):
+            coded = dictionaries.code(rows)
+            file.write(partition, [(coded.slice(lo, hi - lo), buckets[lo:hi]) for lo, hi in zip(cuts, cuts[1:])], coded.nbytes)
+            file.flush(partition)
+        runs = sum(len(block) for block in file.partitions[(0, 1)].index)
+        size = file.close()[(0, 1)]
+        batches = pa.ipc.open_stream(pa.OSFile(uri)).read_all().to_batches()
+        written[join_bytes] = (uri, size, runs, len(batches))
+    (_, _, runs, batches_apart), (joined_uri, joined_size, _, batches_joined) = written[0], written[64 << 10]
+    assert batches_apart >= 2 * runs > 100 and batches_joined < runs / 5
+    present = sorted(set(buckets.tolist()))
+    for wanted in (present[:1], present[10:40], present[-5:], present):
+        expected = source.filter(pa.array(np.isin(buckets, wanted)))
+        counter = spill.SpillRead()
+        got = pa.concat_tables(list(spill.read([joined_uri], (0, 1), wanted, counter))).cast(SCHEMA)
+        assert sort_rows(got).equals(sort_rows(expected))
+        own = expected.num_rows * 20  # spilled bytes a row: ts, value and the series code
+        assert counter.bytes_read <= own + 2 * (64 << 10) + (16 << 10), (wanted[:3], counter.bytes_read, own)
+    other_rows = pa.concat_tables(spill.read([joined_uri], (0, 2), None))  # the other partition of the same file
+    assert other_rows.column("device_id").cast(pa.string()).unique().to_pylist() == ["other"]
+    assert list(spill.read([joined_uri], (0, 3), None)) == []
+    assert joined_size < written[0][1]
+
+
+def test_a_scan_task_runs_with_the_collector_paused_and_restores_it(lake, tmp_path):
+    """Inside a scan task the collector does not run (its passes over the whole heap would hold the other
+    scan threads), however much the task allocates; outside it, it runs as before."""
+    import gc
+    import sys
+
+    folder = tmp_path / "devices"
+    lake.create_table("iot.sensor", schema=SCHEMA, time_column="ts", series_key=["device_id"], partition_by="day")
+    folder.mkdir()
+    source = make_readings(recent(4), days=2, devices=40, step_minutes=30)
+    for device in set(source.column("device_id").to_pylist()):
+        pq.write_table(source.filter(pc.equal(source.column("device_id"), device)), folder / f"{device}.parquet")
+    rt = lake.runtime
+    job = lake.create_job(JobSpec(table="iot.sensor", source=str(folder / "*.parquet")))
+    plan(rt, job.id, None)
+    inside, outside = [], []
+
+    def note(phase: str, info: dict) -> None:
+        if phase == "start":
+            frame, names = sys._getframe(1), set()
+            while frame is not None:
+                names.add(frame.f_code.co_name)
+                frame = frame.f_back
+            (inside if "scan_task" in names else outside).append(info["generation"])
+
+    threshold = gc.get_threshold()
+    gc.set_threshold(20, 5, 5)  # a collection every few allocations: the task would set off hundreds
+    gc.callbacks.append(note)
+    try:
+        for task in pending_pieces(rt, job.id):
+            scan(rt, job.id, task, None)
+    finally:
+        gc.callbacks.remove(note)
+        gc.set_threshold(*threshold)
+    assert gc.isenabled() and outside and not inside, (len(outside), len(inside))
+    assert sum(read_result(rt, job.id, t).rows_in_source for t in range(len(rt.store.get_job(job.id).state["scan_tasks"]))) \
+        == source.num_rows

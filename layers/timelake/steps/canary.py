@@ -30,6 +30,7 @@ from timelake.ports.files import filesystem
 from timelake.ports.runtime import Runtime
 from timelake.ports.store import JobRecord, UnitRecord
 from timelake.sources.base import SourceBatch
+from timelake.steps import spill
 from timelake.steps.abort import abort
 from timelake.steps.plan import context, fork_branch
 from timelake.steps.scan import mapper_for, open_job_source, read_result
@@ -286,12 +287,14 @@ def _column_stats(table: Any, units: list[UnitRecord]) -> list[dict[str, Any]]:
     (their Parquet footers); the difference is the duplicates and conflicts the units dropped."""
     schema = table.schema().as_arrow()
     source = {name: _Stats() for name in schema.names}
-    for path in sorted({p for u in units for p in u.info["spill"]}):
-        fs, local = filesystem(path)
-        with fs.open_input_stream(local) as stream:
-            for batch in pa.ipc.open_stream(stream):
-                for name in schema.names:
-                    source[name].add_values(batch.column(name))
+    partitions: dict[tuple[int, int], set[str]] = {}
+    for u in units:
+        partitions.setdefault((u.info["spec_id"], u.info["value"]), set()).update(u.info["spill"])
+    for partition, paths in sorted(partitions.items()):
+        for rows in spill.read(sorted(paths), partition, None):
+            for name in schema.names:
+                column = rows.column(name)
+                source[name].add_values(column.cast(column.type.value_type) if pa.types.is_dictionary(column.type) else column)
     staged = {name: _Stats() for name in schema.names}
     for u in units:
         if not u.result.get("path"):

@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from timelake.errors import InvalidJob
-from timelake.model.commit import with_retry
+from timelake.model.commit import collector_paused, with_retry
 from timelake.model.contract import Contract
 from timelake.model.cost import estimate_cost
 from timelake.model.layout import PartitionKey, partition_codes
@@ -172,7 +172,11 @@ def scan(rt: Runtime, job_id: str, piece: int, source: Any = None, opened: Sourc
     src = opened or open_job_source(spec, source, table, job.state.get("source_plan"))
     first, last = job.state["scan_tasks"][piece]
     try:
-        result = scan_task(rt, ctx, job_id, piece, range(first, last), src, table)
+        # a task allocates tens of thousands of short-lived, acyclic objects (batches, arrays, slices): the
+        # collector's full pass over the whole process heap they set off frees nothing, and holds the
+        # interpreter from the other scan threads meanwhile
+        with collector_paused():
+            result = scan_task(rt, ctx, job_id, piece, range(first, last), src, table)
     except Exception as exc:
         failures.note(rt, job_id, f"scan-task-{piece}", exc)
         raise

@@ -44,7 +44,6 @@ from timelake.steps.write import sorted_order, write_rows
 if TYPE_CHECKING:
     import duckdb
 
-MAX_OPEN_SPILLS = 128
 HELD_BYTES = 64 << 20  # rows a scan holds before spilling them (coded: about 20 bytes a row of three columns)
 SAMPLE_ROWS = 100_000
 COALESCE_ROWS = 1 << 18  # the rows of a source batch
@@ -170,10 +169,10 @@ def _max(a: int | None, b: int | None) -> int | None:
 
 
 class _Spiller:
-    """Spill files per partition (see `timelake.steps.spill`), at most MAX_OPEN_SPILLS open at once (a
-    piece spanning years touches thousands of partitions; a closed one continues in a new part file).
-    Rows wait in their file until HELD_BYTES are held in all, then the file holding most writes them:
-    a source batch spread over many partitions (a file per device) makes few long runs, not many short.
+    """The task's spill file (see `timelake.steps.spill`), opened at the first row spilled, which every
+    partition the task spills shares. Rows wait per partition until HELD_BYTES are held in all, then the
+    partition holding most writes them: a source batch spread over many partitions (a file per device)
+    makes few long runs, not many short.
 
     The partitions of ``direct`` (see `plan.plan_direct`) are held whole instead, and handed to
     ``finish`` once the piece after their last one is read (`advance`); one that ``finish`` declines
@@ -181,18 +180,18 @@ class _Spiller:
 
     def __init__(self, rt: Runtime, job_id: str, task: int, schema: pa.Schema, series_key: tuple[str, ...],
                  direct: dict[str, dict[str, Any]] | None = None,
-                 finish: Callable[[PartitionStats, pa.Table], bool] | None = None) -> None:
+                 finish: Callable[[PartitionStats, pa.Table], bool] | None = None, join_bytes: int = 0) -> None:
         self.uri = rt.staging_path(job_id, "spill")
-        fs, root = filesystem(self.uri)
-        fs.create_dir(root, recursive=True)
         self.task = task
         self.dictionaries = spill.Dictionaries(schema, series_key)
-        self.open: dict[PartitionKey, tuple[PartitionStats, spill.SpillFile]] = {}
+        self.file: spill.SpillFile | None = None
+        self.parts: dict[tuple[int, int], PartitionStats] = {}
         self.held = 0
         self.direct = dict(direct or {})
         self.finish = finish
         self.whole: dict[PartitionKey, tuple[PartitionStats, list[pa.Table], list[np.ndarray | None]]] = {}
         self.whole_rows = 0
+        self.join_bytes = join_bytes
 
     def code(self, rows: pa.Table) -> pa.Table:
         return self.dictionaries.code(rows)
@@ -209,22 +208,21 @@ class _Spiller:
                 largest = max(self.whole, key=lambda k: sum(t.num_rows for t in self.whole[k][1]))
                 self._settle(largest, spill_it=True)
             return
-        if part.key not in self.open:
-            if len(self.open) >= MAX_OPEN_SPILLS:
-                self._close(next(iter(self.open)))
-            uri = f"{self.uri}/{part.key.name}-t{self.task:05d}-{len(part.spill)}.arrow"
-            self.open[part.key] = (part, spill.SpillFile(uri, self.dictionaries))
-            part.spill.append(uri)
-        else:
-            self.open[part.key] = self.open.pop(part.key)  # most recently used last
-        file = self.open[part.key][1]
-        self.held -= file.held_bytes
-        file.write(pieces, round(bytes_per_row * sum(rows.num_rows for rows, _ in pieces)))
-        self.held += file.held_bytes
+        if self.file is None:
+            fs, root = filesystem(self.uri)
+            fs.create_dir(root, recursive=True)
+            self.file = spill.SpillFile(f"{self.uri}/t{self.task:05d}.arrow", self.dictionaries, self.join_bytes)
+        partition = (part.key.spec_id, part.key.value)
+        if partition not in self.parts:
+            self.parts[partition] = part
+            part.spill.append(self.file.uri)
+        self.held -= self.file.held_bytes(partition)
+        self.file.write(partition, pieces, round(bytes_per_row * sum(rows.num_rows for rows, _ in pieces)))
+        self.held += self.file.held_bytes(partition)
         while self.held > HELD_BYTES:
-            fullest = max((f for _, f in self.open.values()), key=lambda f: f.held_bytes)
-            self.held -= fullest.held_bytes
-            fullest.flush()
+            fullest = max(self.parts, key=self.file.held_bytes)
+            self.held -= self.file.held_bytes(fullest)
+            self.file.flush(fullest)
 
     def advance(self, piece: int) -> None:
         """The scan reads ``piece`` next: the partitions it holds whose last piece came before are whole."""
@@ -244,29 +242,23 @@ class _Spiller:
             del self.direct[key.name]
             self.write(part, list(zip(tables, runs)), rows.nbytes / max(rows.num_rows, 1))
 
-    def _close(self, key: PartitionKey) -> None:
-        part, file = self.open.pop(key)
-        self.held -= file.held_bytes
-        part.spill_bytes += file.close()
-
     def close(self) -> None:
-        """Closes every open file; when one fails (a full disk), the others are discarded."""
+        """Writes what is held and closes the file; when that fails (a full disk), the file is discarded."""
         self.whole.clear()
         self.whole_rows = 0
-        try:
-            for key in list(self.open):
-                self._close(key)
-        except BaseException:
-            self.discard()
-            raise
+        if self.file is None:
+            return
+        file, self.file, self.held = self.file, None, 0
+        for partition, spilled in file.close().items():
+            self.parts[partition].spill_bytes += spilled
 
     def discard(self) -> None:
-        """The task failed: its open files are closed without writing what they hold."""
+        """The task failed: its file is closed without writing what it holds."""
         self.whole.clear()
         self.whole_rows = 0
-        for _, file in self.open.values():
-            file.discard()
-        self.open.clear()
+        if self.file is not None:
+            self.file.discard()
+            self.file = None
 
 
 @dataclass(frozen=True)
@@ -342,7 +334,8 @@ def scan_task(rt: Runtime, ctx: ScanContext, job_id: str, task: int, pieces: ran
     spiller = None
     if not ctx.spec.dry_run:
         spiller = _Spiller(rt, job_id, task, ctx.target, ctx.contract.series_key, direct_plan(rt, job_id, task),
-                           lambda part, rows: _write_whole(table, ctx, job_id, result, spiller, part, rows))
+                           lambda part, rows: _write_whole(table, ctx, job_id, result, spiller, part, rows),
+                           spill.join_bytes(ctx.contract.target_file_size))
     overlap = _OverlapCounter(ctx.contract) if ctx.spec.dry_run else None
     index = {names[p]: p for p in pieces}
     batches = throttle.read(src, [names[p] for p in pieces], throttle.budget(rt.store, ctx.spec, job_id))

@@ -1,22 +1,35 @@
 """The scan's spill: a partition's mapped rows laid out so that a work unit reads only its own rows.
 
 A partition is cut into units by series bucket after the scan, so the scan cannot write a file per
-unit. Instead every record batch of a spill file holds the rows of ONE series bucket, and an index
-beside the file (``<file>.idx``) gives each batch run's byte offset and length, ordered by bucket
-behind a directory of the buckets present. A unit reads the index, then its buckets' byte ranges
-only, adjacent ranges joined into one read (one GET on S3), so the bytes the write step reads stay at
-the bytes spilled whatever the number of units per partition. Units take contiguous bucket ranges
-(see ``plan._balance``), and within each scan batch the buckets are written in order, so a unit's
+unit. Instead the rows of a flush are written in bucket order, and an index beside the file
+(``<file>.idx``) gives each bucket run's bytes (the record batches that hold it) and rows within them,
+ordered by bucket behind a directory of the buckets present. A unit reads the index, then its buckets'
+byte ranges only, adjacent ranges joined into one read (one GET on S3). Units take contiguous bucket
+ranges (see ``plan._balance``), and within each flush the buckets are written in order, so a unit's
 ranges are few and long.
 
-Text series-key columns are stored as int32 codes into a dictionary per spill file, kept in the
+A record batch costs its writer and its reader tens of microseconds whatever its rows, so runs of
+consecutive buckets smaller than ``join_bytes`` share one batch: a flush of a file per device over a
+month is otherwise thousands of batches of a few thousand rows. A unit then reads the runs of its
+neighbours' buckets that share a batch with its own, at most ``join_bytes`` at each end of its bucket
+range per flush; the scan sets ``join_bytes`` to a small fraction of the table's target file size (a
+partition has several units only when its rows exceed that size), so the bytes the write step reads
+stay close to the bytes spilled whatever the number of units per partition.
+
+Text series-key columns are stored as int32 codes into a dictionary per scan task, kept in the
 index: a few thousand series, not millions of strings, so rows are reordered, written and read back
 as fixed-width numbers, and a unit gets them dictionary-encoded, as its writer holds them anyway.
 
-Index layout, little-endian int64: ``[lowest bucket L, bucket slots B, schema bytes, dictionary bytes]``,
-then B rows ``[first run, runs]`` for buckets L .. L+B-1, then one row ``[offset, length, rows]`` per run,
-grouped by bucket, then the dictionaries (an Arrow IPC stream of one row, a list of values per coded
-column). A unit reads the header, the directory rows and the run rows of its buckets, and the dictionaries.
+A scan task spills every partition it does not write itself to ONE file; each flush writes one
+partition's runs, and the index keeps each partition's runs apart.
+
+Index layout, little-endian int64: ``[partitions P, schema bytes, dictionary bytes, 0]``, then P rows
+``[spec id, value, lowest bucket L, bucket slots B, section]`` ordered by (spec id, value), where section
+is the int64 at which the partition's B rows ``[first run, runs]`` for buckets L .. L+B-1 start, followed
+by one row ``[offset, length, first row, rows]`` per run (the bytes of the batches holding it, and its
+rows counted from the first of them), grouped by bucket; after the sections the dictionaries (an Arrow
+IPC stream of one row, a list of values per coded column). A unit reads the header and partition rows,
+the directory rows and the run rows of its buckets, and the dictionaries.
 """
 
 from __future__ import annotations
@@ -34,8 +47,19 @@ from timelake.ports.files import filesystem
 INDEX_SUFFIX = ".idx"
 MAX_READ = 32 << 20  # bytes of one read: touching runs are joined up to this, and a reader holds one read at a time
 WRITE_BUFFER = 1 << 18  # the IPC writer writes each batch in many small pieces: buffer them into few writes
+JOIN_BYTES = 1 << 20  # at most this many bytes of runs share one record batch (see the module docstring)
+JOIN_SHARE = 64  # ... and at most this share of the table's target file size
 WHOLE = -1  # the bucket of a batch written without series buckets (a table without a series key)
-HEADER = 4  # int64s before the directory
+HEADER = 4  # int64s of the index's header
+PARTITION = 5  # int64s of a partition's row in the index
+RUN = 4  # int64s of a run's row in the index
+
+
+def join_bytes(target_file_size: int) -> int:
+    """Bytes of runs that may share a record batch in a table of this target file size: a unit of a
+    partition cut into several holds about a target file's rows, which take more bytes spilled (numbers,
+    uncompressed) than in Parquet, so a unit reads at most 2 / JOIN_SHARE more than its own per flush."""
+    return min(JOIN_BYTES, target_file_size // JOIN_SHARE)
 
 
 def coded_columns(schema: pa.Schema, series_key: tuple[str, ...]) -> tuple[str, ...]:
@@ -49,7 +73,7 @@ def is_text(kind: pa.DataType) -> bool:
 
 class Dictionaries:
     """The values of a scan's coded columns, growing as batches bring new ones; a code never changes, so
-    every spill file of the scan can keep the dictionaries as they are when it closes."""
+    the task's spill file keeps the dictionaries as they are when it closes."""
 
     def __init__(self, schema: pa.Schema, series_key: tuple[str, ...]) -> None:
         self.schema = schema
@@ -57,7 +81,6 @@ class Dictionaries:
         self.stored = pa.schema([f.with_type(pa.int32()) if f.name in self.coded else f for f in schema],
                                 metadata=schema.metadata)
         self.values = {name: pa.array([], schema.field(name).type) for name in self.coded}
-        self._serialized: tuple[tuple[int, ...] | None, bytes] = (None, b"")
         # a batch of no rows: every spill file starts with one, so that its schema is up front
         self.empty = pa.RecordBatch.from_arrays([pa.array([], f.type) for f in self.stored], schema=self.stored)
 
@@ -86,109 +109,161 @@ class Dictionaries:
         return pa.array(codes, pa.int32(), mask=mask)
 
     def serialized(self) -> bytes:
-        """One row, a list of values per coded column, as an Arrow IPC stream (made again only when
-        values were added: the spill files of a task mostly close together, with the same values)."""
+        """One row, a list of values per coded column, as an Arrow IPC stream."""
         if not self.coded:
             return b""
-        size = tuple(len(values) for values in self.values.values())
-        if self._serialized[0] != size:
-            sink = pa.BufferOutputStream()
-            table = pa.table({name: pa.array([values], pa.list_(values.type)) for name, values in self.values.items()})
-            with pa.ipc.new_stream(sink, table.schema) as writer:
-                writer.write_table(table)
-            self._serialized = (size, sink.getvalue().to_pybytes())
-        return self._serialized[1]
+        sink = pa.BufferOutputStream()
+        table = pa.table({name: pa.array([values], pa.list_(values.type)) for name, values in self.values.items()})
+        with pa.ipc.new_stream(sink, table.schema) as writer:
+            writer.write_table(table)
+        return sink.getvalue().to_pybytes()
 
 
 @dataclass
+class _Held:
+    """One partition's part of a spill file: rows held until its next flush, and its runs written so far."""
+
+    index: list[np.ndarray] = field(default_factory=list)  # [bucket, offset, length, first row, rows] per run, a block per batch
+    rows: list[tuple[pa.Table, np.ndarray | None]] = field(default_factory=list)
+    bytes: int = 0  # of the rows held
+    written: int = 0  # bytes of the batches written
+
+
 class SpillFile:
-    """One open spill file: an Arrow IPC stream plus the index of its batches. Rows come coded by
-    ``dictionaries`` and are held until `flush` (the scan decides when, within its memory), so a
-    file has few long runs per bucket rather than one per source batch."""
+    """One scan task's spill file: an Arrow IPC stream that every partition the task spills shares, and
+    one index of the runs of each. Rows come coded by ``dictionaries`` and are held per partition until
+    its `flush` (the scan decides when, within its memory), so a partition has few long runs per bucket
+    rather than one per source batch. One file a task, not one a partition: a file per device over a
+    month touches every day in every task, and each file created costs a request on S3 (and about a
+    millisecond on some local disks)."""
 
-    uri: str
-    dictionaries: Dictionaries
-    index: list[list[int]] = field(default_factory=list)  # [bucket, offset, length, rows] per batch run
-    held: list[tuple[pa.Table, np.ndarray | None]] = field(default_factory=list)
-    held_bytes: int = 0
-
-    def __post_init__(self) -> None:
-        self.fs, path = filesystem(self.uri)
+    def __init__(self, uri: str, dictionaries: Dictionaries, join_bytes: int = 0) -> None:
+        """``join_bytes``: runs smaller than this share a record batch; 0: a batch (or more) per run."""
+        self.uri = uri
+        self.dictionaries = dictionaries
+        self.join_bytes = join_bytes
+        self.partitions: dict[tuple[int, int], _Held] = {}
+        self.fs, path = filesystem(uri)
         self.stream = self.fs.open_output_stream(path, buffer_size=WRITE_BUFFER)
-        self.writer = pa.ipc.new_stream(self.stream, self.dictionaries.stored)
-        self.writer.write_batch(self.dictionaries.empty)  # puts the schema up front
+        self.writer = pa.ipc.new_stream(self.stream, dictionaries.stored)
+        self.writer.write_batch(dictionaries.empty)  # puts the schema up front
         self.header = self.stream.tell()
+        self.row_bytes = 0.0  # of the rows being flushed
 
-    def write(self, pieces: list[tuple[pa.Table, np.ndarray | None]], nbytes: int) -> None:
-        """Holds pieces of rows (coded) with their series buckets, ``nbytes`` in all, until the next flush."""
-        self.held.extend(pieces)
-        self.held_bytes += nbytes
+    def write(self, partition: tuple[int, int], pieces: list[tuple[pa.Table, np.ndarray | None]], nbytes: int) -> None:
+        """Holds pieces of rows (coded) of ``partition`` (spec id, value) with their series buckets, ``nbytes``
+        in all, until the partition's next flush."""
+        held = self.partitions.setdefault(partition, _Held())
+        held.rows.extend(pieces)
+        held.bytes += nbytes
 
-    def flush(self) -> None:
-        """Writes the rows held, one run per bucket, in bucket order (within a bucket in the order they came).
-        Pieces of one bucket each (a source file per series) are moved whole; others are sorted by row."""
-        held, self.held, self.held_bytes = self.held, [], 0
+    def held_bytes(self, partition: tuple[int, int]) -> int:
+        held = self.partitions.get(partition)
+        return held.bytes if held is not None else 0
+
+    def flush(self, partition: tuple[int, int]) -> None:
+        """Writes the rows held of ``partition``, one run per bucket, in bucket order (within a bucket in
+        the order they came). Pieces of one bucket each (a source file per series) are moved whole; others
+        are sorted by row."""
+        part = self.partitions[partition]
+        held, held_bytes, part.rows, part.bytes = part.rows, part.bytes, [], 0
         held = [(rows, buckets) for rows, buckets in held if rows.num_rows]
         if not held:
             return
+        self.row_bytes = held_bytes / sum(rows.num_rows for rows, _ in held)
         if held[0][1] is None:
-            for rows, _ in held:
-                self._append(WHOLE, rows.to_batches())
+            self._write_runs(part, [(WHOLE, [rows for rows, _ in held])])
             return
-        if all(buckets[0] == buckets[-1] and (buckets == buckets[0]).all() for _, buckets in held):
-            firsts = np.array([int(buckets[0]) for _, buckets in held])
+        buckets = np.concatenate([b for _, b in held])
+        ends = np.cumsum([len(b) for _, b in held])
+        changes = np.flatnonzero(buckets[1:] != buckets[:-1]) + 1
+        if np.isin(changes, ends).all():  # every piece of one bucket: pieces are moved whole
+            firsts = buckets[np.concatenate(([0], ends[:-1]))]
             order = np.argsort(firsts, kind="stable")
             starts = np.concatenate(([0], np.flatnonzero(firsts[order][1:] != firsts[order][:-1]) + 1, [len(order)]))
-            for lo, hi in zip(starts[:-1].tolist(), starts[1:].tolist()):
-                pieces = [held[i][0] for i in order[lo:hi].tolist()]
-                self._append(int(firsts[order[lo]]), [batch for rows in pieces for batch in rows.to_batches()])
+            self._write_runs(part, [(int(firsts[order[lo]]), [held[i][0] for i in order[lo:hi].tolist()])
+                                    for lo, hi in zip(starts[:-1].tolist(), starts[1:].tolist())])
             return
         rows = pa.concat_tables([r for r, _ in held]).combine_chunks()
-        buckets = np.concatenate([b for _, b in held])
         narrow = buckets.astype(np.uint16) if 0 <= buckets.min() and buckets.max() < 1 << 16 else buckets
         order = np.argsort(narrow, kind="stable")  # 16-bit keys: a radix sort, linear in rows
         ordered = buckets[order]
-        batch = rows.take(pa.array(order)).combine_chunks().to_batches()[0]  # one batch: runs are its slices
+        batch = pa.Table.from_batches(rows.take(pa.array(order)).combine_chunks().to_batches())  # runs are its slices
         starts = np.concatenate(([0], np.flatnonzero(ordered[1:] != ordered[:-1]) + 1, [len(ordered)]))
-        for lo, hi in zip(starts[:-1].tolist(), starts[1:].tolist()):
-            self._append(int(ordered[lo]), [batch.slice(lo, hi - lo)])
+        self._write_runs(part, [(int(ordered[lo]), [batch.slice(lo, hi - lo)])
+                                for lo, hi in zip(starts[:-1].tolist(), starts[1:].tolist())])
 
-    def _append(self, bucket: int, batches: list[pa.RecordBatch]) -> None:
+    def _write_runs(self, part: _Held, runs: list[tuple[int, list[pa.Table]]]) -> None:
+        """Writes ``runs`` (bucket, its rows in pieces) in order: consecutive runs that fit in ``join_bytes``
+        together as one record batch, a larger run as its own batches, uncopied."""
+        joined: list[tuple[int, list[pa.Table]]] = []
+        size = 0.0
+        for bucket, pieces in runs:
+            nbytes = sum(rows.num_rows for rows in pieces) * self.row_bytes  # a table's own count is slow on slices
+            if joined and size + nbytes > self.join_bytes:
+                self._write_batch(part, joined)
+                joined, size = [], 0.0
+            if nbytes >= self.join_bytes:
+                self._write_batch(part, [(bucket, pieces)])
+                continue
+            joined.append((bucket, pieces))
+            size += nbytes
+        if joined:
+            self._write_batch(part, joined)
+
+    def _write_batch(self, part: _Held, runs: list[tuple[int, list[pa.Table]]]) -> None:
+        """One run as its own batches, or several runs joined into one batch; indexes each run."""
         start = self.stream.tell()
+        tables = [rows for _, pieces in runs for rows in pieces]
+        batches = [b for rows in tables for b in rows.to_batches()] if len(runs) == 1 else \
+            pa.concat_tables(tables).combine_chunks().to_batches()
         for batch in batches:
             self.writer.write_batch(batch)
-        self.index.append([bucket, start, self.stream.tell() - start, sum(b.num_rows for b in batches)])
+        length = self.stream.tell() - start
+        part.written += length
+        rows = np.array([sum(piece.num_rows for piece in pieces) for _, pieces in runs], dtype=np.int64)
+        part.index.append(np.column_stack([[bucket for bucket, _ in runs], np.full(len(runs), start),
+                                           np.full(len(runs), length), np.cumsum(rows) - rows, rows]))
 
-    def close(self) -> int:
-        """Writes what it holds, closes the file and writes its index; returns the bytes spilled (data and index)."""
+    def close(self) -> dict[tuple[int, int], int]:
+        """Writes what it holds, closes the file and writes its index; returns the bytes spilled per
+        partition (its batches and index rows, and the schema and dictionaries each of its reads takes)."""
         try:
-            self.flush()
+            for partition in self.partitions:
+                self.flush(partition)
             self.writer.close()
-            size = self.stream.tell()
             self.stream.close()
         except BaseException:
             self.discard()
             raise
-        runs = np.array(self.index, dtype=np.int64).reshape(-1, 4)
-        runs = runs[np.argsort(runs[:, 0], kind="stable")]
-        lowest = int(runs[0, 0]) if len(runs) else 0
-        slots = int(runs[-1, 0]) - lowest + 1 if len(runs) else 0
-        counts = np.bincount(runs[:, 0] - lowest, minlength=slots)
-        firsts = np.concatenate(([0], np.cumsum(counts)[:-1])) if slots else counts
         dictionaries = self.dictionaries.serialized()
-        body = b"".join(part.astype("<i8").tobytes() for part in (
-            np.array([lowest, slots, self.header, len(dictionaries)]), np.column_stack([firsts, counts]),
-            runs[:, 1:])) + dictionaries
+        keys = sorted(self.partitions)
+        table, sections, spilled = [], [], {}
+        at = HEADER + PARTITION * len(keys)  # int64s before the first partition's section
+        for key in keys:
+            part = self.partitions[key]
+            runs = np.concatenate(part.index).astype(np.int64) if part.index else np.empty((0, 5), dtype=np.int64)
+            runs = runs[np.argsort(runs[:, 0], kind="stable")]
+            lowest = int(runs[0, 0]) if len(runs) else 0
+            slots = int(runs[-1, 0]) - lowest + 1 if len(runs) else 0
+            counts = np.bincount(runs[:, 0] - lowest, minlength=slots)
+            firsts = np.concatenate(([0], np.cumsum(counts)[:-1])) if slots else counts
+            table.append([key[0], key[1], lowest, slots, at])
+            sections += [np.column_stack([firsts, counts]).reshape(-1), runs[:, 1:].reshape(-1)]
+            size = 2 * slots + RUN * len(runs)
+            at += size
+            spilled[key] = part.written + 8 * (size + PARTITION + HEADER) + self.header + len(dictionaries)
+        body = b"".join(np.asarray(part, dtype="<i8").tobytes() for part in (
+            [len(keys), self.header, len(dictionaries), 0], np.array(table, dtype=np.int64).reshape(-1), *sections)) + dictionaries
         with self.fs.open_output_stream(filesystem(self.uri + INDEX_SUFFIX)[1]) as out:
             out.write(body)
-        return size + len(body)
-
+        return spilled
 
     def discard(self) -> None:
         """Closes the file without writing what it holds, ignoring errors: its task failed (a full disk),
         and a resume spills it again. A buffered stream left open would try to flush when collected and
         print Arrow's error after the job's own."""
-        self.held, self.held_bytes = [], 0
+        self.partitions.clear()
         for end in (self.writer.close, self.stream.close):
             try:
                 end()
@@ -204,31 +279,41 @@ class SpillRead:
     reads: int = 0
 
 
-def read(uris: list[str], buckets: list[int] | None, counter: SpillRead | None = None) -> Iterator[pa.Table]:
-    """The rows of ``uris`` whose bucket is in ``buckets`` (all of them for None), reading only their bytes,
-    a table per read; coded columns come back dictionary-encoded."""
+def read(uris: list[str], partition: tuple[int, int], buckets: list[int] | None,
+         counter: SpillRead | None = None) -> Iterator[pa.Table]:
+    """The rows of ``partition`` (spec id, value) in ``uris`` whose bucket is in ``buckets`` (all of them for
+    None), reading only the bytes of the batches that hold them, a table per read; coded columns come back
+    dictionary-encoded."""
     counter = counter if counter is not None else SpillRead()
     for uri in uris:
         fs, path = filesystem(uri)
         with fs.open_input_file(path + INDEX_SUFFIX) as index:
-            ranges, schema_bytes, dictionaries = _ranges(index, buckets, counter)
-        if not ranges:
+            reads, schema_bytes, dictionaries = _ranges(index, partition, buckets, counter)
+        if not reads:
             continue
         with fs.open_input_file(path) as handle:
             schema = pa.ipc.read_schema(pa.py_buffer(handle.read_at(schema_bytes, 0)))
             counter.bytes_read += schema_bytes
-            for offset, length in ranges:
+            for offset, length, parts in reads:
                 body = pa.py_buffer(handle.read_at(length, offset))
                 counter.bytes_read += length
                 counter.reads += 1
-                messages = pa.ipc.MessageReader.open_stream(pa.BufferReader(body))
-                batches = []
-                while True:
-                    try:
-                        batches.append(pa.ipc.read_record_batch(messages.read_next_message(), schema))
-                    except StopIteration:
-                        break
-                yield decoded(pa.Table.from_batches(batches, schema), dictionaries)
+                tables = []
+                for at, size, slices in parts:
+                    held = _batches(body.slice(at - offset, size), schema)
+                    tables += [held.slice(first, rows) for first, rows in slices]
+                yield decoded(pa.concat_tables(tables), dictionaries)
+
+
+def _batches(body: pa.Buffer, schema: pa.Schema) -> pa.Table:
+    """The record batches of ``body`` (whole IPC messages), as one table over its buffers."""
+    messages = pa.ipc.MessageReader.open_stream(pa.BufferReader(body))
+    batches = []
+    while True:
+        try:
+            batches.append(pa.ipc.read_record_batch(messages.read_next_message(), schema))
+        except StopIteration:
+            return pa.Table.from_batches(batches, schema)
 
 
 def decoded(rows: pa.Table, dictionaries: dict[str, pa.Array]) -> pa.Table:
@@ -246,17 +331,27 @@ def decoded(rows: pa.Table, dictionaries: dict[str, pa.Array]) -> pa.Table:
     return pa.Table.from_arrays(columns, schema=pa.schema(fields, metadata=rows.schema.metadata))
 
 
-def _ranges(index: Any, buckets: list[int] | None, counter: SpillRead) -> tuple[list[tuple[int, int]], int, dict[str, pa.Array]]:
-    """(offset, length) of the runs of ``buckets``, runs that touch joined up to MAX_READ; the schema's
-    bytes; the file's dictionaries (when any run is wanted). Reads the index's header, then only the
-    directory rows and run rows of the wanted buckets (a unit's are contiguous), then the dictionaries."""
-    lowest, slots, schema_bytes, dictionary_bytes = _ints(index, 0, HEADER, counter).tolist()
-    if buckets is not None and not buckets:
+Read = tuple[int, int, list[tuple[int, int, list[tuple[int, int]]]]]
+
+
+def _ranges(index: Any, partition: tuple[int, int], buckets: list[int] | None,
+            counter: SpillRead) -> tuple[list[Read], int, dict[str, pa.Array]]:
+    """The reads that fetch the runs of ``buckets`` of ``partition``: (offset, length, parts), touching
+    batches joined up to MAX_READ, each part (offset, length, row slices) the batches that hold some of the
+    runs and the runs' (first row, rows) among their rows, runs that follow one another joined into one
+    slice; the schema's bytes; the file's dictionaries (when any run is wanted). Reads the index's header
+    and partition rows, then only the directory rows and run rows of the wanted buckets (a unit's are
+    contiguous), then the dictionaries."""
+    partitions, schema_bytes, dictionary_bytes, _ = _ints(index, 0, HEADER, counter).tolist()
+    table = _ints(index, 8 * HEADER, PARTITION * partitions, counter).reshape(-1, PARTITION)
+    found = np.flatnonzero((table[:, 0] == partition[0]) & (table[:, 1] == partition[1]))
+    if (buckets is not None and not buckets) or not len(found):
         return [], schema_bytes, {}
+    lowest, slots, section = table[found[0], 2:].tolist()
     lo, hi = (lowest, lowest + slots - 1) if buckets is None else (max(min(buckets), lowest), min(max(buckets), lowest + slots - 1))
     if lo > hi:
         return [], schema_bytes, {}
-    directory = _ints(index, 8 * (HEADER + 2 * (lo - lowest)), 2 * (hi - lo + 1), counter).reshape(-1, 2)
+    directory = _ints(index, 8 * (section + 2 * (lo - lowest)), 2 * (hi - lo + 1), counter).reshape(-1, 2)
     wanted = directory[:, 1] > 0
     if buckets is not None:
         wanted &= np.isin(np.arange(lo, hi + 1), buckets)
@@ -264,22 +359,32 @@ def _ranges(index: Any, buckets: list[int] | None, counter: SpillRead) -> tuple[
         return [], schema_bytes, {}
     firsts, counts = directory[wanted, 0], directory[wanted, 1]
     start, end = int(firsts.min()), int((firsts + counts).max())
-    runs = _ints(index, 8 * (HEADER + 2 * slots + 3 * start), 3 * (end - start), counter).reshape(-1, 3)
+    runs = _ints(index, 8 * (section + 2 * slots + RUN * start), RUN * (end - start), counter).reshape(-1, RUN)
     chosen = runs[np.concatenate([np.arange(f - start, f - start + n) for f, n in zip(firsts.tolist(), counts.tolist())])]
-    chosen = chosen[np.argsort(chosen[:, 0], kind="stable")]
-    joined: list[list[int]] = []
-    for offset, length in chosen[:, :2].tolist():
-        if joined and joined[-1][0] + joined[-1][1] == offset and joined[-1][1] + length <= MAX_READ:
-            joined[-1][1] += length
+    chosen = chosen[np.lexsort((chosen[:, 2], chosen[:, 0]))]
+    parts: list[list[Any]] = []  # [offset, length, [[first row, rows], ...]]
+    for offset, length, first, rows in chosen.tolist():
+        if not parts or parts[-1][0] != offset:
+            parts.append([offset, length, [[first, rows]]])
+        elif parts[-1][2][-1][0] + parts[-1][2][-1][1] == first:
+            parts[-1][2][-1][1] += rows
         else:
-            joined.append([offset, length])
+            parts[-1][2].append([first, rows])
+    reads: list[list[Any]] = []
+    for offset, length, slices in parts:
+        part = (offset, length, [(f, n) for f, n in slices])
+        if reads and reads[-1][0] + reads[-1][1] == offset and reads[-1][1] + length <= MAX_READ:
+            reads[-1][1] += length
+            reads[-1][2].append(part)
+        else:
+            reads.append([offset, length, [part]])
     dictionaries: dict[str, pa.Array] = {}
     if dictionary_bytes:
         raw = pa.py_buffer(index.read_at(dictionary_bytes, index.size() - dictionary_bytes))
         counter.bytes_read += dictionary_bytes
         table = pa.ipc.open_stream(raw).read_all()
         dictionaries = {name: table.column(name)[0].values for name in table.column_names}
-    return [(o, n) for o, n in joined], schema_bytes, dictionaries
+    return [(o, n, p) for o, n, p in reads], schema_bytes, dictionaries
 
 
 def _ints(handle: Any, offset: int, count: int, counter: SpillRead) -> np.ndarray:

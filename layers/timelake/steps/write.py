@@ -109,7 +109,7 @@ def _read_slice(unit: UnitRecord, target: pa.Schema, contract: Contract, counter
                 column.type) else column)
         pending.clear()
 
-    for rows in spill.read(unit.info["spill"], unit.info["buckets"], counter):
+    for rows in spill.read(unit.info["spill"], (unit.info["spec_id"], unit.info["value"]), unit.info["buckets"], counter):
         pending.append(rows)
         pending_rows += rows.num_rows
         if pending_rows >= COMPACT_ROWS:
