@@ -178,3 +178,25 @@ def test_a_scan_task_runs_with_the_collector_paused_and_restores_it(lake, tmp_pa
     assert gc.isenabled() and outside and not inside, (len(outside), len(inside))
     assert sum(read_result(rt, job.id, t).rows_in_source for t in range(len(rt.store.get_job(job.id).state["scan_tasks"]))) \
         == source.num_rows
+
+
+def test_a_spill_of_another_layout_is_refused_with_what_to_do(tmp_path):
+    """A job scanned by an earlier version and resumed by this one finds an index it cannot read (the
+    first layout had the dictionary bytes where this one has its format mark): one clear error, not rows
+    read from the wrong offsets."""
+    from timelake.errors import BackfillError
+    from timelake.steps import spill
+
+    source = make_readings(recent(2), days=1, devices=3, step_minutes=60)
+    dictionaries = spill.Dictionaries(SCHEMA, ("device_id",))
+    uri = str(tmp_path / "task.arrow")
+    file = spill.SpillFile(uri, dictionaries)
+    file.write((0, 1), [(dictionaries.code(source), None)], source.nbytes)
+    file.close()
+    assert pa.concat_tables(spill.read([uri], (0, 1), None)).num_rows == source.num_rows
+    index = Path(uri + spill.INDEX_SUFFIX)
+    body = bytearray(index.read_bytes())
+    body[24:32] = (4_321).to_bytes(8, "little")  # an index of the first layout: dictionary bytes in that place
+    index.write_bytes(bytes(body))
+    with pytest.raises(BackfillError, match=r"task\.arrow was spilled by an earlier version .* abort the job and submit it again"):
+        list(spill.read([uri], (0, 1), None))

@@ -23,7 +23,7 @@ as fixed-width numbers, and a unit gets them dictionary-encoded, as its writer h
 A scan task spills every partition it does not write itself to ONE file; each flush writes one
 partition's runs, and the index keeps each partition's runs apart.
 
-Index layout, little-endian int64: ``[partitions P, schema bytes, dictionary bytes, 0]``, then P rows
+Index layout, little-endian int64: ``[partitions P, schema bytes, dictionary bytes, FORMAT]``, then P rows
 ``[spec id, value, lowest bucket L, bucket slots B, section]`` ordered by (spec id, value), where section
 is the int64 at which the partition's B rows ``[first run, runs]`` for buckets L .. L+B-1 start, followed
 by one row ``[offset, length, first row, rows]`` per run (the bytes of the batches holding it, and its
@@ -42,6 +42,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from timelake.errors import BackfillError
 from timelake.ports.files import filesystem
 
 INDEX_SUFFIX = ".idx"
@@ -51,6 +52,7 @@ JOIN_BYTES = 1 << 20  # at most this many bytes of runs share one record batch (
 JOIN_SHARE = 64  # ... and at most this share of the table's target file size
 WHOLE = -1  # the bucket of a batch written without series buckets (a table without a series key)
 HEADER = 4  # int64s of the index's header
+FORMAT = int.from_bytes(b"tlspill2", "little")  # the header's last int64: this layout (the first had dictionary bytes there)
 PARTITION = 5  # int64s of a partition's row in the index
 RUN = 4  # int64s of a run's row in the index
 
@@ -254,7 +256,7 @@ class SpillFile:
             at += size
             spilled[key] = part.written + 8 * (size + PARTITION + HEADER) + self.header + len(dictionaries)
         body = b"".join(np.asarray(part, dtype="<i8").tobytes() for part in (
-            [len(keys), self.header, len(dictionaries), 0], np.array(table, dtype=np.int64).reshape(-1), *sections)) + dictionaries
+            [len(keys), self.header, len(dictionaries), FORMAT], np.array(table, dtype=np.int64).reshape(-1), *sections)) + dictionaries
         with self.fs.open_output_stream(filesystem(self.uri + INDEX_SUFFIX)[1]) as out:
             out.write(body)
         return spilled
@@ -288,7 +290,7 @@ def read(uris: list[str], partition: tuple[int, int], buckets: list[int] | None,
     for uri in uris:
         fs, path = filesystem(uri)
         with fs.open_input_file(path + INDEX_SUFFIX) as index:
-            reads, schema_bytes, dictionaries = _ranges(index, partition, buckets, counter)
+            reads, schema_bytes, dictionaries = _ranges(index, partition, buckets, counter, uri)
         if not reads:
             continue
         with fs.open_input_file(path) as handle:
@@ -335,14 +337,17 @@ Read = tuple[int, int, list[tuple[int, int, list[tuple[int, int]]]]]
 
 
 def _ranges(index: Any, partition: tuple[int, int], buckets: list[int] | None,
-            counter: SpillRead) -> tuple[list[Read], int, dict[str, pa.Array]]:
+            counter: SpillRead, uri: str) -> tuple[list[Read], int, dict[str, pa.Array]]:
     """The reads that fetch the runs of ``buckets`` of ``partition``: (offset, length, parts), touching
     batches joined up to MAX_READ, each part (offset, length, row slices) the batches that hold some of the
     runs and the runs' (first row, rows) among their rows, runs that follow one another joined into one
     slice; the schema's bytes; the file's dictionaries (when any run is wanted). Reads the index's header
     and partition rows, then only the directory rows and run rows of the wanted buckets (a unit's are
     contiguous), then the dictionaries."""
-    partitions, schema_bytes, dictionary_bytes, _ = _ints(index, 0, HEADER, counter).tolist()
+    partitions, schema_bytes, dictionary_bytes, layout = _ints(index, 0, HEADER, counter).tolist()
+    if layout != FORMAT:
+        raise BackfillError(f"{uri} was spilled by an earlier version of timelake, in another layout, and this "
+                            "version cannot read it: abort the job and submit it again")
     table = _ints(index, 8 * HEADER, PARTITION * partitions, counter).reshape(-1, PARTITION)
     found = np.flatnonzero((table[:, 0] == partition[0]) & (table[:, 1] == partition[1]))
     if (buckets is not None and not buckets) or not len(found):
