@@ -276,8 +276,8 @@ def _in_worker(config: dict[str, Any], step: str, job_id: str, item: Any) -> dic
 
 def _run_item(rt: Runtime, step: str, job_id: str, item: Any,
               shared: MainReader | CheckContext | None = None) -> dict[str, Any]:
-    if step == "scan":
-        return scan(rt, job_id, item)
+    if step == "scan":  # a worker of a fan-out, beside the others
+        return scan(rt, job_id, item, shares_cores=True)
     if step == "write":
         return write_unit(rt, job_id, item, shared if isinstance(shared, MainReader) else None)
     return check_file(rt, job_id, item["file"], item["spec_id"], item["partition"],

@@ -46,6 +46,23 @@ def test_parquet_batches_are_sliced_with_offsets(tmp_path: Path) -> None:
     assert source.schema() == _table().schema
 
 
+def test_parquet_read_beside_other_scans_decodes_on_the_callers_thread_alike(tmp_path: Path) -> None:
+    """A scan of a fan-out decodes on its own thread (`Source.share_cores`): same batches, offsets and
+    dictionaries as a read on Arrow's threads."""
+    rows = pa.table({"ts": list(range(3000)), "sensor": [f"s{i % 7}" for i in range(3000)], "v": [i / 3 for i in range(3000)]})
+    pq.write_table(rows, tmp_path / "a.parquet", row_group_size=1000)
+    read = []
+    for shared in (False, True):
+        source = open_source(str(tmp_path / "a.parquet"), batch_rows=1200)
+        source.read_dictionaries({"sensor"})
+        if shared:
+            source.share_cores()
+        read.append([(b.row_offset, b.data) for b in source.read(source.pieces())])
+    assert [offset for offset, _ in read[1]] == [0, 1200, 2400]
+    assert [(o, d.to_pydict(), d.schema) for o, d in read[0]] == [(o, d.to_pydict(), d.schema) for o, d in read[1]]
+    assert pa.types.is_dictionary(read[1][0][1].schema.field("sensor").type)
+
+
 def test_csv_reads_every_column_as_text(tmp_path: Path) -> None:
     (tmp_path / "a.csv").write_text(_csv_text(25) + "2024-01-01 00:01:00,,\n")
     source = open_source(str(tmp_path / "a.csv"), batch_rows=10)

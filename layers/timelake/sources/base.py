@@ -112,6 +112,11 @@ class Source(ABC):
         """A hint: the caller wants these source columns dictionary-encoded. A format that stores them
         so (Parquet) returns them so, without building each row's string; others ignore it."""
 
+    def share_cores(self) -> None:
+        """A hint: other scans run beside this one, a worker per core, so a read decodes on its caller's
+        thread. A format whose reader has threads of its own (Parquet) would only hand each batch's
+        columns to them and back; others ignore it."""
+
     def column_bounds(self, column: str) -> list[tuple[pa.DataType, int, int, int]] | None:
         """Per piece, an integer or timestamp ``column``'s type, least and greatest value (as the integers
         stored; meaningless for a piece of no rows) and the piece's rows, from metadata only (Parquet
@@ -144,6 +149,7 @@ class FileSource(Source):
         self._batch_rows = batch_rows
         self._csv_options = csv or CsvOptions()
         self._dictionaries: set[str] = set()
+        self._decode_threads = True  # see share_cores
 
     def pieces(self) -> list[str]:
         return list(self._paths)
@@ -201,6 +207,9 @@ class FileSource(Source):
     def read_dictionaries(self, columns: set[str]) -> None:
         self._dictionaries = set(columns)
 
+    def share_cores(self) -> None:
+        self._decode_threads = False
+
     def column_bounds(self, column: str) -> list[tuple[pa.DataType, int, int, int]] | None:
         if any(fmt != "parquet" for fmt in self._formats.values()):
             return None
@@ -212,7 +221,8 @@ class FileSource(Source):
         with self._fs.open_input_file(path) as f:
             metadata = pq.read_metadata(f)
             wanted = sorted(self._dictionaries & set(metadata.schema.names)) or None
-            yield from pq.ParquetFile(f, metadata=metadata, read_dictionary=wanted).iter_batches(batch_size=self._batch_rows)
+            yield from pq.ParquetFile(f, metadata=metadata, read_dictionary=wanted).iter_batches(
+                batch_size=self._batch_rows, use_threads=self._decode_threads)
 
     def _csv_names(self, path: str) -> list[str]:
         """Header names, found by a first short read; an entirely empty file has no columns."""

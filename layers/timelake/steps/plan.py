@@ -162,14 +162,18 @@ def context(spec: JobSpec, table: Any, now_us: int) -> ScanContext:
     )
 
 
-def scan(rt: Runtime, job_id: str, piece: int, source: Any = None, opened: Source | None = None) -> dict[str, Any]:
+def scan(rt: Runtime, job_id: str, piece: int, source: Any = None, opened: Source | None = None,
+         shares_cores: bool = False) -> dict[str, Any]:
     """Scan step. Input: job id and piece index. Output: the piece's row count. ``opened``: the job's
-    source, already open (one process scanning task after task keeps its connection and read-ahead)."""
+    source, already open (one process scanning task after task keeps its connection and read-ahead);
+    ``shares_cores``: other scans run beside this one, a worker per core (`Source.share_cores`)."""
     job = rt.store.get_job(job_id)
     spec = JobSpec.model_validate(job.spec)
     table = rt.load_table(spec.table)
     ctx = context(spec, table, job.state["planned_at_us"])
     src = opened or open_job_source(spec, source, table, job.state.get("source_plan"))
+    if shares_cores:
+        src.share_cores()
     first, last = job.state["scan_tasks"][piece]
     try:
         # a task allocates tens of thousands of short-lived, acyclic objects (batches, arrays, slices): the

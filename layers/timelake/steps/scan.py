@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     import duckdb
 
 HELD_BYTES = 64 << 20  # rows a scan holds before spilling them (coded: about 20 bytes a row of three columns)
-SAMPLE_ROWS = 100_000
+SAMPLE_ROWS = 1 << 15  # rows written to measure Parquet bytes per row: enough for the ratio, a few ms per task
 COALESCE_ROWS = 1 << 18  # the rows of a source batch
 # A partition whose rows all lie in the pieces of one scan task is written by that task itself (no spill, no
 # write step): the task holds its rows until the last of those pieces is read, so at most this many a
