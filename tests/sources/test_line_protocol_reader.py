@@ -8,6 +8,7 @@ exponent, an integer one past 64 bits, a quoted separator, an escape), comments 
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import pyarrow as pa
@@ -131,3 +132,21 @@ def test_series_numbered_or_not_the_points_merge_alike(tmp_path: Path, monkeypat
     monkeypatch.setattr(line_protocol, "_SERIES_KEPT", 50)  # numbering stops partway through the file
     assert _read(path).equals(numbered)
     assert numbered.num_rows == 400 and numbered["count"].null_count == 0 and numbered["value"].null_count == 0
+
+
+@settings(max_examples=200, derandomize=True, deadline=None, database=None)
+@given(data=st.binary(max_size=9000), newlines=st.integers(0, 400), seed=st.integers(0, 2**32 - 1))
+def test_compiled_newline_count_is_exact(data: bytes, newlines: int, seed: int) -> None:
+    """The compiled reader sizes a chunk's per-line buffers by this count and the reader numbers lines by
+    it: sixteen bytes at a time, 255 rounds between sums, then the tail, all must count alike."""
+    chunk = bytearray(data)
+    for position in random.Random(seed).choices(range(len(chunk) + 1), k=newlines):
+        chunk[position:position] = b"\n"
+    assert line_protocol._lineproto.newlines(chunk) == chunk.count(b"\n")
+    assert line_protocol._newlines(chunk) == chunk.count(b"\n")
+
+
+def test_compiled_newline_count_of_long_runs() -> None:
+    for size in (0, 1, 15, 16, 17, 255 * 16 - 1, 255 * 16, 255 * 16 + 1, 3 * 255 * 16 + 7):
+        assert line_protocol._lineproto.newlines(b"\n" * size) == size
+        assert line_protocol._lineproto.newlines(b"x" * size) == 0

@@ -283,7 +283,7 @@ class LineProtocol:
             line = 1
             for chunk in _line_chunks(stream, _CHUNK_BYTES):
                 pending.append(pool.submit(self._parts, chunk, line))
-                line += int(np.count_nonzero(np.frombuffer(chunk, np.uint8) == 10)) + (not chunk.endswith(b"\n"))
+                line += _newlines(chunk) + (not chunk.endswith(b"\n"))
                 if len(pending) > _AHEAD:
                     yield pending.popleft().result()
             while pending:
@@ -845,6 +845,13 @@ def _unmask(values: pa.Array) -> pa.Array:
         return values
     plain = pa.py_buffer(_UNMASK_BYTES[np.frombuffer(data, np.uint8)])
     return pa.StringArray.from_buffers(len(values), offsets, plain, validity, values.null_count, values.offset)
+
+
+def _newlines(chunk: bytearray) -> int:
+    """Newline bytes of a chunk: counted by the compiled reader when there is one (no temporary array)."""
+    if _lineproto is not None:
+        return _lineproto.newlines(chunk)
+    return int(np.count_nonzero(np.frombuffer(chunk, np.uint8) == 10))
 
 
 def _mask(values: pa.Array) -> np.ndarray:
