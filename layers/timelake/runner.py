@@ -46,6 +46,11 @@ WAITING = {canary.AWAITING}  # the job stops here until a person approves (conti
 # here) costs more than they save. bench/bench_backfill.py, 13M rows on 2 cores: threads 0.77 s,
 # processes 0.87 s; from a PostgreSQL source, which starts no processes for its scan, 0.7 s against 1.5 s.
 IN_PROCESS_ROWS = int(os.environ.get("TIMELAKE_IN_PROCESS_ROWS", 20_000_000))
+# At most this many writers are threads whatever the rows: two threads of one process keep two cores
+# busy (the GIL is held for a small part of a unit), and processes only add their start and their own
+# copies of the engine. bench/bench_backfill.py --days 120, 51.8M rows from a file per device on 2
+# cores: the write step 3.5 s on processes, 2.3 s on threads, and the peak memory 793 MB against 654.
+THREAD_WRITERS = int(os.environ.get("TIMELAKE_THREAD_WRITERS", 2))
 # Below this many source bytes (as the pieces report them), scan tasks run on threads too: Arrow
 # reads Parquet and CSV and does most of the mapping outside the GIL, and starting processes was
 # half of a 13M-row scan (bench/bench_backfill.py, day-ordered: 2.2 s on processes, 1.1 s on threads).
@@ -176,7 +181,7 @@ def _write_all(rt: Runtime, job_id: str, cancel: threading.Event | None, only: l
             write_unit(rt, job_id, unit_id, main)
             checkpoint("write.unit")
     else:
-        threads = job.state.get("rows_in_scope", 0) < IN_PROCESS_ROWS
+        threads = workers <= THREAD_WRITERS or job.state.get("rows_in_scope", 0) < IN_PROCESS_ROWS
         _fan_out(rt, job_id, "write", pending, workers, lambda: None, cancel, threads=threads, shared=main)
     if only is None:
         rt.store.update_job(job_id, "written")

@@ -31,7 +31,7 @@ def test_a_script_without_a_main_guard_runs_a_fanned_out_job(tmp_path):
         job = files.backfill(source={str(tmp_path)!r} + "/*.parquet", max_concurrency=2).wait()
         print(len(job.record().state["scan_tasks"]), job.report()["rows_written"], files.to_arrow().num_rows)
     """))
-    env = {**os.environ, "TIMELAKE_IN_PROCESS_ROWS": "0", "TIMELAKE_IN_PROCESS_SOURCE_BYTES": "0"}
+    env = {**os.environ, "TIMELAKE_IN_PROCESS_ROWS": "0", "TIMELAKE_IN_PROCESS_SOURCE_BYTES": "0", "TIMELAKE_THREAD_WRITERS": "0"}
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split() == ["288", "288", "4", "288", "288"]
