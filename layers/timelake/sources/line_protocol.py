@@ -352,25 +352,34 @@ class LineProtocol:
         rows, codes = np.frombuffer(rows, np.int32), np.frombuffer(codes, np.int32)
         distinct = pa.StringArray.from_buffers(len(offsets) // 4 - 1, pa.py_buffer(offsets), pa.py_buffer(text))
         measurement, tags, readable, numbers = self._distinct(distinct, len(codes))
-        ok = readable[codes]
-        odd = np.sort(np.concatenate([np.frombuffer(odd, np.int32), rows[~ok]])).astype(np.int64) + first_line
+        every = bool(readable.all())  # the common chunk: every series read, so no row to select (a row per line)
+        ok = None if every else readable[codes]
+        odd = np.frombuffer(odd, np.int32)  # in line order, as the reader set them aside
+        if ok is not None:
+            odd = np.sort(np.concatenate([odd, rows[~ok]]))
+        odd = odd.astype(np.int64) + first_line
         if len(odd) > _ODD_LINES:
             return None
         parts = [self._general(_lines_of(chunk, first_line, odd, masked=False), odd)] if len(odd) else []
-        present = np.bincount(codes[ok], minlength=len(measurement)) > 0
-        part = _Part(rows[ok].astype(np.int64) + first_line, set(measurement.filter(pa.array(present)).to_pylist()))
+        lines = rows.astype(np.int64) + first_line
+        if ok is None:  # each series the reader numbered has a line it read
+            part = _Part(lines, set(measurement.to_pylist()))
+        else:
+            present = np.bincount(codes[ok], minlength=len(measurement)) > 0
+            part = _Part(lines[ok], set(measurement.filter(pa.array(present)).to_pylist()))
         if not len(part.lines):
             return parts
         parts.insert(0, part)
         if self.measurement not in part.seen:
             return parts
-        mine = ok & _mask(pc.equal(measurement, self.measurement))[codes]
+        ours = _mask(pc.equal(measurement, self.measurement))
         stamps, at = np.frombuffer(stamps, np.int64), None
-        if not mine.all():
-            at = np.full(len(rows), -1, dtype=np.int64)
-            at[mine] = np.arange(int(mine.sum()))
-            rows, codes, stamps = rows[mine], codes[mine], stamps[mine]
-        lines = rows.astype(np.int64) + first_line
+        if ok is not None or not ours.all():
+            mine = ours[codes] if ok is None else ok & ours[codes]
+            if not mine.all():
+                at = np.full(len(rows), -1, dtype=np.int64)
+                at[mine] = np.arange(int(mine.sum()))
+                codes, stamps, lines = codes[mine], stamps[mine], lines[mine]
         tag_columns, series = _tag_columns(tags, codes, numbers)
         cells = _Cells(np.frombuffer(counts, np.int64), np.frombuffer(kinds, np.uint8), np.frombuffer(cell_row, np.int32),
                        np.frombuffer(cell_kind, np.uint8), np.frombuffer(cell_value, np.uint64), np.frombuffer(strings, np.uint8))
