@@ -510,10 +510,13 @@ def _line_chunks(stream: pa.NativeFile, size: int) -> Iterator[bytearray]:
     """Blocks of roughly ``size`` bytes that end on a line boundary, so that no JSON record is split.
 
     Each block is read straight into its own buffer behind the previous block's unfinished line and
-    cut at its last newline: a block is copied once, by the read, and never joined or sliced."""
+    cut at its last newline: a block is copied once, by the read, and never joined or sliced. Blocks
+    are allocated at one size (the unfinished line takes its room from the read): blocks of a few
+    bytes more each time were each mapped afresh by the C allocator, and touching new pages was about
+    half the reading (1M line-protocol points: 148 -> 134 ms CPU, median of 12)."""
     rest = b""
     while True:
-        block = bytearray(len(rest) + size)
+        block = bytearray(size if len(rest) < size // 2 else len(rest) + size)  # a longer line: room to grow
         block[:len(rest)] = rest
         got = stream.readinto(memoryview(block)[len(rest):])
         if not got:
