@@ -82,21 +82,23 @@ static size_t count_byte(const char *p, size_t n, char c) {
     return count;
 }
 
-/* The offset of every newline of [p, p + n) into `at` (room for all of them), in order; how many. One
- * pass sixteen bytes at a time, where finding each line's end with memchr was a call per line. */
-static size_t line_ends(const char *p, size_t n, int32_t *at) {
+/* The offset of every newline of [p, p + n) into `at`, in order, at most `room` of them; how many. One
+ * pass sixteen bytes at a time, where finding each line's end with memchr was a call per line. The
+ * room is the count taken before: a chunk changed meanwhile ends early, never past the buffer. */
+static size_t line_ends(const char *p, size_t n, int32_t *at, size_t room) {
     size_t count = 0, i = 0;
 #ifdef __SSE2__
     const __m128i newline = _mm_set1_epi8('\n');
     for (; i + 16 <= n; i += 16) {
         unsigned bits = (unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(_mm_loadu_si128((const __m128i *)(p + i)), newline));
         while (bits) {
+            if (count == room) return count;
             at[count++] = (int32_t)(i + (size_t)__builtin_ctz(bits));
             bits &= bits - 1;
         }
     }
 #endif
-    for (; i < n; i++) {
+    for (; i < n && count < room; i++) {
         if (p[i] == '\n') at[count++] = (int32_t)i;
     }
     return count;
@@ -444,7 +446,7 @@ static int read_chunk(Out *o, const char *base, size_t size, int64_t most_odd) {
         if (buf_reserve(per_line[i], lines * 8)) return -1;
     }
     const int32_t *ends = (const int32_t *)o->ends.data;
-    size_t found = line_ends(base, size, (int32_t *)o->ends.data), next = 0;
+    size_t found = line_ends(base, size, (int32_t *)o->ends.data, lines - 1), next = 0;
     int quotes = memchr(base, '"', size) != NULL;
     int careful = memchr(base, '\\', size) || memchr(base, '\r', size) || memchr(base, 1, size) ||
                   memchr(base, 2, size) || memchr(base, 3, size);
