@@ -65,7 +65,7 @@ typedef struct {
 #define HIGHS 0x8080808080808080ull
 
 /* How many bytes of [p, p + n) are `c`: sixteen at a time where the compiler has SSE2 (every x86-64),
- * else a byte at a time. A chunk's newlines are counted once, not found line by line twice. */
+ * else a byte at a time. The reading thread numbers each chunk's lines with it (`newlines`). */
 static size_t count_byte(const char *p, size_t n, char c) {
     size_t count = 0, i = 0;
 #ifdef __SSE2__
@@ -82,26 +82,31 @@ static size_t count_byte(const char *p, size_t n, char c) {
     return count;
 }
 
-/* The offset of every newline of [p, p + n) into `at`, in order, at most `room` of them; how many. One
- * pass sixteen bytes at a time, where finding each line's end with memchr was a call per line. The
- * room is the count taken before: a chunk changed meanwhile ends early, never past the buffer. */
-static size_t line_ends(const char *p, size_t n, int32_t *at, size_t room) {
+/* The offset of every newline of [p, p + n), in order, into `ends` (grown as it fills); -1 out of
+ * memory. One pass sixteen bytes at a time, where finding each line's end with memchr was a call per
+ * line; it also counts the lines, so the chunk is not counted first. */
+static int line_ends(Buf *ends, const char *p, size_t n) {
     size_t count = 0, i = 0;
+    ends->len = 0;
 #ifdef __SSE2__
     const __m128i newline = _mm_set1_epi8('\n');
     for (; i + 16 <= n; i += 16) {
         unsigned bits = (unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(_mm_loadu_si128((const __m128i *)(p + i)), newline));
-        while (bits) {
-            if (count == room) return count;
-            at[count++] = (int32_t)(i + (size_t)__builtin_ctz(bits));
-            bits &= bits - 1;
-        }
+        if (!bits) continue;
+        ends->len = count * sizeof(int32_t);
+        if (buf_reserve(ends, 16 * sizeof(int32_t))) return -1;
+        int32_t *at = (int32_t *)ends->data;
+        for (; bits; bits &= bits - 1) at[count++] = (int32_t)(i + (size_t)__builtin_ctz(bits));
     }
 #endif
-    for (; i < n && count < room; i++) {
-        if (p[i] == '\n') at[count++] = (int32_t)i;
+    for (; i < n; i++) {
+        if (p[i] != '\n') continue;
+        ends->len = count * sizeof(int32_t);
+        if (buf_reserve(ends, sizeof(int32_t))) return -1;
+        ((int32_t *)ends->data)[count++] = (int32_t)i;
     }
-    return count;
+    ends->len = count * sizeof(int32_t);
+    return 0;
 }
 
 static inline uint64_t zero_bytes(uint64_t x) { return (x - ONES) & ~x & HIGHS; } /* lowest flag exact */
@@ -440,13 +445,13 @@ aside:
 
 static int read_chunk(Out *o, const char *base, size_t size, int64_t most_odd) {
     const char *end = base + size;
-    size_t lines = count_byte(base, size, '\n') + 1;
-    Buf *per_line[] = {&o->odd, &o->rows, &o->codes, &o->stamps, &o->ends};
-    for (size_t i = 0; i < 5; i++) {
-        if (buf_reserve(per_line[i], lines * 8)) return -1;
-    }
+    if (line_ends(&o->ends, base, size)) return -1;
     const int32_t *ends = (const int32_t *)o->ends.data;
-    size_t found = line_ends(base, size, (int32_t *)o->ends.data, lines - 1), next = 0;
+    size_t found = o->ends.len / sizeof(int32_t), next = 0;
+    Buf *per_line[] = {&o->odd, &o->rows, &o->codes, &o->stamps};
+    for (size_t i = 0; i < 4; i++) {
+        if (buf_reserve(per_line[i], (found + 1) * 8)) return -1;
+    }
     int quotes = memchr(base, '"', size) != NULL;
     int careful = memchr(base, '\\', size) || memchr(base, '\r', size) || memchr(base, 1, size) ||
                   memchr(base, 2, size) || memchr(base, 3, size);
