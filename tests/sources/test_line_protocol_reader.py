@@ -150,3 +150,110 @@ def test_compiled_newline_count_of_long_runs() -> None:
     for size in (0, 1, 15, 16, 17, 255 * 16 - 1, 255 * 16, 255 * 16 + 1, 3 * 255 * 16 + 7):
         assert line_protocol._lineproto.newlines(b"\n" * size) == size
         assert line_protocol._lineproto.newlines(b"x" * size) == 0
+
+
+_TSM_FIELDS = {"value": "{}.5", "count": "{}i", "state": '"s{}"', "ok": "{}"}
+_TSM_SERIES = ["sensor,device_id=d0", "sensor,device_id=d1,site=a", "sensor,device_id=d2",
+               "other,device_id=d0", "sensor,site=a\\ b"]
+
+
+@st.composite
+def _tsm_export(draw: st.DrawFn) -> list[str]:
+    """An export as influx_inspect writes it: per shard, per series, per field a run of lines in time
+    order. With what real ones hold: a field missing at some times, shards that overlap in time (a
+    point given twice: the later line wins), another measurement and an escaped tag between runs,
+    and a value the compiled reader leaves to the general split (``+1.5``) inside a run."""
+    lines = []
+    for shard in range(draw(st.integers(1, 3))):
+        start = draw(st.integers(0, 40))
+        for series in draw(st.lists(st.sampled_from(_TSM_SERIES), min_size=1, max_size=4, unique=True)):
+            times = sorted(set(draw(st.lists(st.integers(start, start + 40), min_size=1, max_size=30))))
+            for key in draw(st.lists(st.sampled_from(list(_TSM_FIELDS)), min_size=1, max_size=4, unique=True)):
+                for t in times:
+                    if draw(st.integers(0, 9)) == 0:
+                        continue  # the field missing at this time
+                    value = _TSM_FIELDS[key].format("t" if key == "ok" and t % 2 else "F" if key == "ok" else t + shard)
+                    if key == "value" and draw(st.integers(0, 29)) == 0:
+                        value = "+" + value
+                    lines.append(f"{series} {key}={value} {NS + t * 1_000}")
+    return lines
+
+
+def _points(lines: list[str]) -> dict[tuple, dict[str, object]]:
+    """The points of measurement 'sensor', each field's value from its last line: a reader written apart."""
+    points: dict[tuple, dict[str, object]] = {}
+    for line in lines:
+        series, pairs, stamp = line.rsplit(" ", 2)
+        measurement, *tags = series.replace("\\ ", "\x00").split(",")
+        if measurement != "sensor":
+            continue
+        point = points.setdefault((tuple(sorted(t.replace("\x00", " ") for t in tags)), int(stamp)), {})
+        for pair in pairs.split(","):
+            key, value = pair.split("=", 1)
+            point[key] = (value[1:-1] if value.startswith('"') else int(value[:-1]) if value.endswith("i")
+                          else value in ("t", "T") if key == "ok" else float(value))
+    return points
+
+
+@settings(max_examples=150, derandomize=True, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(lines=_tsm_export(), chunk=st.sampled_from([150, 700, 1 << 20]))
+def test_export_of_one_line_per_field_reads_as_its_points(tmp_path: Path, monkeypatch, lines: list[str],
+                                                          chunk: int) -> None:
+    """The compiled reader joins a point's lines where a series' field runs share their times, and the
+    merge sorts only the series whose runs overlap; both readers must give every point once, with
+    the value of the last line of each field, whatever the chunks cut."""
+    path = tmp_path / "export.lp"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    expected = _points(lines)
+    with monkeypatch.context() as patch:
+        patch.setattr(line_protocol, "_CHUNK_BYTES", chunk)
+        compiled = _read(path)
+        patch.setattr(line_protocol, "_lineproto", None)
+        arrow = _read(path)
+    if not expected:
+        assert compiled == arrow == "no rows"
+        return
+    assert compiled.equals(arrow), (compiled.to_pylist(), arrow.to_pylist())
+    tags = [name for name in compiled.column_names if name in ("device_id", "site")]
+    got = {(tuple(sorted(f"{t}={row[t]}" for t in tags if row[t] is not None)), stamp):
+           {key: row[key] for key in _TSM_FIELDS if row.get(key) is not None}
+           for row, stamp in zip(compiled.to_pylist(), compiled["time"].cast(pa.int64()).to_pylist(), strict=True)}
+    assert len(got) == compiled.num_rows == len(expected)
+    assert got == expected
+
+
+def test_joined_lines_keep_their_own_line_numbers_in_errors(tmp_path: Path) -> None:
+    """A line joined to an earlier line's row is still named by its own number."""
+    lines = ["sensor,device_id=d0 value=1 1", "sensor,device_id=d0 value=2 2",
+             "sensor,device_id=d0 count=1i 1", "sensor,device_id=d0 count=2i 2",
+             "sensor,device_id=d1 count=1.5 1"]
+    path = tmp_path / "export.lp"
+    path.write_text("\n".join(lines) + "\n")
+    assert line_protocol._lineproto.split(path.read_bytes(), 0)[-1] == 2  # lines 3 and 4 joined rows 1 and 2
+    assert _read(path) == (f"InfluxError: field 'count' of measurement 'sensor' has two types in {path}: "
+                           "integer at line 3 and float at line 5")
+
+
+def test_the_first_bad_timestamp_is_named_whatever_its_fault(tmp_path: Path) -> None:
+    path = tmp_path / "export.lp"
+    path.write_text(f"sensor value=1 {NS}\nsensor value=1 12x\nsensor value=1\n")
+    assert _read(path) == (f"InfluxError: line 2 of {path}: timestamp '12x' is not an integer number of ns "
+                           "that fits 64-bit nanoseconds")
+
+
+@settings(max_examples=300, derandomize=True, deadline=None, database=None)
+@given(lines=st.lists(st.sampled_from(["a", "ab", "a b", "a,x=1", "", "a,x=1 f=1 2", "a,x=1 g=1 3", "b f=1 1",
+                                       "a,x=1 f=2 3", " x", "a,x=1  f"]), min_size=1, max_size=40))
+def test_chunks_are_cut_alike_with_or_without_the_compiled_reader(lines: list[str]) -> None:
+    """Both readers cut chunks before the last series' run of lines (when it is in the second half),
+    so they read a file in the same chunks."""
+    block = bytearray(("\n".join(lines) + "\n").encode())
+    compiled = line_protocol._series_tail(block, len(block))
+    assert line_protocol._lineproto is not None
+    try:
+        saved, line_protocol._lineproto = line_protocol._lineproto, None
+        assert line_protocol._series_tail(block, len(block)) == compiled
+    finally:
+        line_protocol._lineproto = saved
+    assert compiled == len(block) or block[compiled - 1:compiled] == b"\n" and compiled > len(block) // 2

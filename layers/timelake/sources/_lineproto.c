@@ -12,6 +12,15 @@
  * for a string the offset of its text (low 32 bits) and its length (high 32 bits). Cells are returned
  * grouped by key, with each key's count and the kinds it is spelled in, and the string values copied
  * end to end in that order.
+ *
+ * An export as influx_inspect writes it has one line per field: a series' fields one after another,
+ * each a run of lines over the same times. The lines of one point are then a run apart, and the
+ * merge after the read would sort every line to bring them together. So the reader joins them
+ * where it meets them (`join_row`): a line of the series of the block it is in, of fields that block
+ * has not had yet, at a time of the block's first run, puts its cells on that run's row instead of
+ * a row of its own. A block is consecutive lines and nothing else reads between them, so the row
+ * still stands for the block's lines in the order of the file; the caller gets the first line of
+ * each key and kind from `key_first`, since a joined cell's row names an earlier line.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -82,30 +91,46 @@ static size_t count_byte(const char *p, size_t n, char c) {
     return count;
 }
 
+/* A byte the plain lines never hold: a backslash, a carriage return, a control byte up to 3 (a masked
+ * separator) or, to be checked as UTF-8, one of a multi-byte character. NUL counts too: it only makes
+ * the lines of its chunk checked one by one. */
+static inline int odd_byte(unsigned char c) { return c == '\\' || c == '\r' || c < 4 || c >= 0x80; }
+
 /* The offset of every newline of [p, p + n), in order, into `ends` (grown as it fills); -1 out of
  * memory. One pass sixteen bytes at a time, where finding each line's end with memchr was a call per
- * line; it also counts the lines, so the chunk is not counted first. */
-static int line_ends(Buf *ends, const char *p, size_t n) {
+ * line; it also counts the lines, so the chunk is not counted first, and finds whether the chunk has
+ * a double quote and an odd byte (odd_byte), so that no other pass over it is needed. */
+static int line_ends(Buf *ends, const char *p, size_t n, int *quotes, int *odd) {
     size_t count = 0, i = 0;
+    int quoted = 0, strange = 0;
     ends->len = 0;
 #ifdef __SSE2__
-    const __m128i newline = _mm_set1_epi8('\n');
+    const __m128i newline = _mm_set1_epi8('\n'), quote = _mm_set1_epi8('"'), backslash = _mm_set1_epi8('\\'),
+                  cr = _mm_set1_epi8('\r'), four = _mm_set1_epi8(4);
+    __m128i quotes_seen = _mm_setzero_si128(), odd_seen = _mm_setzero_si128();
     for (; i + 16 <= n; i += 16) {
-        unsigned bits = (unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(_mm_loadu_si128((const __m128i *)(p + i)), newline));
+        __m128i v = _mm_loadu_si128((const __m128i *)(p + i));
+        quotes_seen = _mm_or_si128(quotes_seen, _mm_cmpeq_epi8(v, quote));
+        odd_seen = _mm_or_si128(odd_seen, _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(v, backslash), _mm_cmpeq_epi8(v, cr)),
+                                                       _mm_cmplt_epi8(v, four))); /* signed: also every byte >= 0x80 */
+        unsigned bits = (unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(v, newline));
         if (!bits) continue;
         ends->len = count * sizeof(int32_t);
         if (buf_reserve(ends, 16 * sizeof(int32_t))) return -1;
         int32_t *at = (int32_t *)ends->data;
         for (; bits; bits &= bits - 1) at[count++] = (int32_t)(i + (size_t)__builtin_ctz(bits));
     }
+    quoted = _mm_movemask_epi8(quotes_seen) != 0, strange = _mm_movemask_epi8(odd_seen) != 0;
 #endif
     for (; i < n; i++) {
+        quoted |= p[i] == '"', strange |= odd_byte((unsigned char)p[i]);
         if (p[i] != '\n') continue;
         ends->len = count * sizeof(int32_t);
         if (buf_reserve(ends, sizeof(int32_t))) return -1;
         ((int32_t *)ends->data)[count++] = (int32_t)i;
     }
     ends->len = count * sizeof(int32_t);
+    *quotes = quoted, *odd = strange;
     return 0;
 }
 
@@ -329,6 +354,18 @@ typedef struct {
     int32_t key_len[MAX_KEYS];
     int keys;
     int64_t lines;
+    int64_t key_first[MAX_KEYS][5]; /* the chunk line where each key is first spelled in each kind, -1 never */
+    int join;                       /* whether lines may join an earlier row (join_row) */
+    int64_t joined;                 /* lines that did */
+    /* The block: rows [block_row, block_end) are its first run (block_end grows while first_run), of
+     * one series and field set; `block_keys` the fields of all its runs, `run_keys` those of the run
+     * being read, and `run_at` the row the next line of that run is looked for from. */
+    int32_t block_code;
+    int first_run;
+    int64_t last_start; /* the series of the last line read, and its number */
+    int32_t last_len, last_code;
+    int64_t block_row, block_end, run_at;
+    uint64_t block_keys, run_keys;
 } Out;
 
 /* Room for twice the cells: the four cell buffers grow together. */
@@ -345,8 +382,12 @@ static int cells_grow(Out *o) {
 
 /* Field keys are short: compared in place, a call to memcmp per cell cost more than the comparing. */
 static inline int same(const char *a, const char *b, int32_t n) {
-    if (n > 16) return memcmp(a, b, (size_t)n) == 0;
-    for (int32_t i = 0; i < n; i++) {
+    int32_t i = 0;
+    for (uint64_t x, y; i + 8 <= n; i += 8) {
+        memcpy(&x, a + i, 8), memcpy(&y, b + i, 8);
+        if (x != y) return 0;
+    }
+    for (; i < n; i++) {
         if (a[i] != b[i]) return 0;
     }
     return 1;
@@ -364,6 +405,30 @@ static int key_id(Out *o, const char *base, const char *p, int32_t n, int guess)
     return o->keys++;
 }
 
+/* The row of the block's first run that a line of series `code`, fields `keys` and time `stamp` joins;
+ * -1 when the line is a row of its own, which then extends the block's first run or starts a block. */
+static int64_t join_row(Out *o, int32_t code, uint64_t keys, int64_t stamp) {
+    const int64_t *stamps = (const int64_t *)o->stamps.data;
+    int64_t rows = (int64_t)(o->rows.len / sizeof(int32_t));
+    if (o->join && code == o->block_code) {
+        if (o->first_run && keys == o->run_keys && stamp > stamps[rows - 1]) return -1;
+        if (o->first_run || keys != o->run_keys) { /* a run begins: of fields the block has not had */
+            if (keys & o->block_keys) goto start;
+            if (o->first_run) o->first_run = 0, o->block_end = rows;
+            o->run_keys = keys, o->block_keys |= keys, o->run_at = o->block_row;
+        }
+        int64_t at = o->run_at; /* the first run's times rise: a field missing at some times skips them */
+        while (at < o->block_end && stamps[at] < stamp) at++;
+        if (at < o->block_end && stamps[at] == stamp) {
+            o->run_at = at + 1;
+            return at;
+        }
+    }
+start:
+    o->block_code = code, o->block_row = rows, o->first_run = 1, o->run_keys = o->block_keys = keys;
+    return -1;
+}
+
 /* One line [p, e): its row and cells appended, 1; or 0 to set it aside (nothing appended); -1 out of memory. */
 static int read_line(Out *o, const char *base, const char *p, const char *e, int careful, int quotes) {
     if (p == e) return 0;
@@ -373,9 +438,15 @@ static int read_line(Out *o, const char *base, const char *p, const char *e, int
         }
         if (!utf8_valid((const unsigned char *)p, (const unsigned char *)e)) return 0;
     }
-    uint64_t hash;
-    const char *space = series_end(p, e, quotes, &hash);
-    if (!space || space == p || *p == '#') return 0;
+    uint64_t hash = 0;
+    int32_t code = -1, n = o->last_len; /* the previous line's series again (as in a run of an export): no hash */
+    const char *space;
+    if (n && e - p > n && p[n] == ' ' && same(p, base + o->last_start, n)) {
+        space = p + n, code = o->last_code;
+    } else {
+        space = series_end(p, e, quotes, &hash);
+        if (!space || space == p || *p == '#') return 0;
+    }
     size_t cells = o->cell_key.len;
     const char *q = space + 1;
     uint64_t seen = 0;
@@ -429,8 +500,22 @@ static int read_line(Out *o, const char *base, const char *p, const char *e, int
     }
     uint64_t stamp;
     if (!parse_integer(q, e, 1, &stamp)) goto aside;
-    int32_t code = table_id(&o->series, base, p, (int32_t)(space - p), hash);
-    if (code < 0) return -1;
+    if (code < 0) {
+        code = table_id(&o->series, base, p, (int32_t)(space - p), hash);
+        if (code < 0) return -1;
+        o->last_start = p - base, o->last_len = (int32_t)(space - p), o->last_code = code;
+    }
+    size_t last = o->cell_key.len;
+    for (size_t c = cells; c < last; c++) {
+        int64_t *first = &o->key_first[((uint8_t *)o->cell_key.data)[c]][((uint8_t *)o->cell_kind.data)[c]];
+        if (*first < 0) *first = o->lines;
+    }
+    int64_t joins = join_row(o, code, seen, (int64_t)stamp);
+    if (joins >= 0) {
+        for (size_t c = cells; c < last; c++) ((int32_t *)o->cell_row.data)[c] = (int32_t)joins;
+        o->joined++;
+        return 1;
+    }
     PUSH(o->rows, int32_t, o->lines);
     PUSH(o->codes, int32_t, code);
     PUSH(o->stamps, int64_t, stamp);
@@ -445,26 +530,20 @@ aside:
 
 static int read_chunk(Out *o, const char *base, size_t size, int64_t most_odd) {
     const char *end = base + size;
-    if (line_ends(&o->ends, base, size)) return -1;
+    int quotes, careful; /* careful: an odd byte anywhere, so each line is checked for them and as UTF-8 */
+    if (line_ends(&o->ends, base, size, &quotes, &careful)) return -1;
     const int32_t *ends = (const int32_t *)o->ends.data;
     size_t found = o->ends.len / sizeof(int32_t), next = 0;
     Buf *per_line[] = {&o->odd, &o->rows, &o->codes, &o->stamps};
     for (size_t i = 0; i < 4; i++) {
         if (buf_reserve(per_line[i], (found + 1) * 8)) return -1;
     }
-    int quotes = memchr(base, '"', size) != NULL;
-    int careful = memchr(base, '\\', size) || memchr(base, '\r', size) || memchr(base, 1, size) ||
-                  memchr(base, 2, size) || memchr(base, 3, size);
-    uint64_t high = 0; /* a byte of a multi-byte character anywhere: validate the lines */
-    size_t i = 0;
-    for (uint64_t w; i + 8 <= size; i += 8) memcpy(&w, base + i, 8), high |= w;
-    for (; i < size; i++) high |= (unsigned char)base[i];
-    careful |= (high & HIGHS) != 0;
     for (const char *p = base; p < end; o->lines++) {
         const char *e = next < found ? base + ends[next++] : end;
         int got = read_line(o, base, p, e, careful, quotes);
         if (got < 0) return -1;
         if (!got) {
+            o->block_code = -1; /* a line read elsewhere: no row may stand for lines on both sides of it */
             PUSH(o->odd, int32_t, o->lines);
             if ((int64_t)(o->odd.len / sizeof(int32_t)) > most_odd) return 1;
         }
@@ -578,13 +657,16 @@ static PyObject *as_block(Buf *b) {
 static PyObject *split(PyObject *Py_UNUSED(self), PyObject *args) {
     Py_buffer chunk;
     long long most_odd;
-    if (!PyArg_ParseTuple(args, "y*L", &chunk, &most_odd)) return NULL;
+    int join = 1;
+    if (!PyArg_ParseTuple(args, "y*L|p", &chunk, &most_odd, &join)) return NULL;
     if (chunk.len >= INT32_MAX) { /* offsets are 32-bit, as in Arrow's strings */
         PyBuffer_Release(&chunk);
         return Py_NewRef(Py_None);
     }
     Out o;
     memset(&o, 0, sizeof o);
+    memset(o.key_first, 0xFF, sizeof o.key_first);
+    o.join = join, o.block_code = -1;
     Buf *bufs[] = {&o.odd, &o.rows, &o.codes, &o.stamps, &o.cell_row, &o.cell_key, &o.cell_kind, &o.cell_value,
                    &o.by_row, &o.by_kind, &o.by_value, &o.strings, &o.ends};
     static const int handed[BUFS] = {1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0}; /* Blocks; the others stay with the thread */
@@ -640,10 +722,11 @@ static PyObject *split(PyObject *Py_UNUSED(self), PyObject *args) {
             PyErr_NoMemory();
         } else if (names) {
             Buf counts = {(char *)o.key_cells, (size_t)o.keys * 8, 0}, kinds = {(char *)o.key_kinds, (size_t)o.keys, 0};
-            result = Py_BuildValue("(LNNNNNNNNNNNNN)", (long long)o.lines, as_block(&o.odd), as_block(&o.rows),
+            Buf firsts = {(char *)o.key_first, (size_t)o.keys * sizeof o.key_first[0], 0};
+            result = Py_BuildValue("(LNNNNNNNNNNNNNNL)", (long long)o.lines, as_block(&o.odd), as_block(&o.rows),
                                    as_block(&o.codes), as_block(&o.stamps), as_bytes(&offsets), as_bytes(&series), names,
                                    as_bytes(&counts), as_bytes(&kinds), as_block(&o.by_row), as_block(&o.by_kind),
-                                   as_block(&o.by_value), as_block(&o.strings));
+                                   as_block(&o.by_value), as_block(&o.strings), as_bytes(&firsts), (long long)o.joined);
         }
         free(series.data);
         free(offsets.data);
@@ -672,11 +755,43 @@ static PyObject *newlines(PyObject *Py_UNUSED(self), PyObject *arg) {
     return PyLong_FromSize_t(count);
 }
 
+/* Where the lines at the end of [0, end) of the last line's series begin, when that is in the second
+ * half; else `end`. `end` follows a newline. A chunk cut there leaves a series' run of lines whole to
+ * the next chunk, where its lines of one point are joined (join_row); a longer run is cut anyway.
+ * line_protocol._series_tail does the same without this module. */
+static PyObject *series_tail(PyObject *Py_UNUSED(self), PyObject *args) {
+    Py_buffer chunk;
+    Py_ssize_t end;
+    if (!PyArg_ParseTuple(args, "y*n", &chunk, &end)) return NULL;
+    const char *base = chunk.buf;
+    Py_ssize_t cut = end;
+    if (end > 1 && end <= chunk.len && base[end - 1] == '\n') {
+        Py_ssize_t start = end - 1;
+        while (start > 0 && base[start - 1] != '\n') start--;
+        const char *space = memchr(base + start, ' ', (size_t)(end - 1 - start));
+        size_t n = space ? (size_t)(space - base - start) + 1 : 0; /* the series and its space */
+        while (n && start > end / 2) {
+            Py_ssize_t before = start - 1;
+            while (before > 0 && base[before - 1] != '\n') before--;
+            if ((size_t)(start - 1 - before) <= n || memcmp(base + before, base + start, n) != 0) {
+                cut = start;
+                break;
+            }
+            start = before;
+        }
+    }
+    PyBuffer_Release(&chunk);
+    return PyLong_FromSsize_t(cut);
+}
+
 static PyMethodDef methods[] = {
+    {"series_tail", series_tail, METH_VARARGS,
+     "series_tail(chunk, end) -> where the lines of the last line's series begin, if in the second half; else end"},
     {"newlines", newlines, METH_O, "newlines(chunk) -> how many newline bytes the chunk holds"},
     {"split", split, METH_VARARGS,
-     "split(chunk, most_odd) -> None when more than most_odd lines are set aside, else (lines, odd, rows, codes, "
-     "stamps, series_offsets, series_data, keys, key_cells, key_kinds, cell_row, cell_kind, cell_value, strings)"},
+     "split(chunk, most_odd, join=True) -> None when more than most_odd lines are set aside, else (lines, odd, rows, "
+     "codes, stamps, series_offsets, series_data, keys, key_cells, key_kinds, cell_row, cell_kind, cell_value, strings, "
+     "key_first, joined); with join, a line of a field that the point's row lacks joins that row"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_lineproto", NULL, -1, methods, NULL, NULL, NULL, NULL};

@@ -12,7 +12,9 @@ their line numbers, through the general split: Arrow kernels over the lines, and
 tokenizer for lines with backslash escapes. Types come from each value's spelling (``1i``, ``1u``,
 ``t``, ``"…"``, else float), and a field spelled two ways is an error that names both lines.
 Exports write one line per field of a point, so the lines of a point are merged into one row
-(``points``) before the rows leave this module.
+(``points``) before the rows leave this module. The compiled reader already joins the lines of a
+point that are a run apart within one series' lines, and chunks are cut between series, so the
+merge of such an export only has to confirm that no point has two rows.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ _AHEAD = 2  # chunks split ahead of the one being checked
 _ODD_LINES = 1_000  # lines of a chunk the general split takes beside the CSV reader before it takes the whole chunk
 _HOLD_BYTES = 256 << 20  # lines held in memory for the merge; beyond, they are spilled to disk by time
 _SPILL_PARTS = 16  # files a spill is cut into (by a hash of the time), and again for any still above _HOLD_BYTES
+_MERGE_SLICES = 256  # runs of rows the merge passes on as they are; with more, every row goes through the sort
 _TRUE = ["t", "T", "true", "True", "TRUE"]
 _FALSE = ["f", "F", "false", "False", "FALSE"]
 ARROW_TYPES = {"float": pa.float64(), "integer": pa.int64(), "unsigned": pa.uint64(), "string": pa.string(),
@@ -86,7 +89,9 @@ class _Cells:
 
     ``row`` is each cell's row among the lines the reader kept, ``value`` a double's bits, an integer,
     a boolean, or a string's offset in ``text`` (low 32 bits) and length (high 32 bits); ``kinds``
-    has a bit per kind (numbered as in _KINDS) each key is spelled in.
+    has a bit per kind (numbered as in _KINDS) each key is spelled in, and ``first`` the file line
+    where each key is first spelled in each kind (-1: never), exact where a cell joined an earlier
+    line's row; it is only used when every row is kept.
     """
 
     counts: np.ndarray
@@ -95,6 +100,7 @@ class _Cells:
     kind: np.ndarray
     value: np.ndarray
     text: np.ndarray
+    first: np.ndarray
 
     def column(self, key: int, at: np.ndarray | None, lines: np.ndarray) -> Typed:
         """The kinds one key is spelled in (kind -> first line) and, when spelled one way, its column.
@@ -113,13 +119,14 @@ class _Cells:
         if not len(rows):
             return {}, None, None
         bits = int(self.kinds[key])
-        if bits & (bits - 1):  # spelled more than one way in the chunk; maybe in the job's lines too
-            spelled = sorted((int(lines[rows[int(np.argmax(kinds == code))]]), code)
-                             for code in np.flatnonzero(np.bincount(kinds, minlength=len(_KINDS))))
+        if bits & (bits - 1) or at is None:  # spelled more than one way in the chunk; maybe in the job's lines too
+            spelled = sorted((int(line), code) for code, line in enumerate(self.first[key]) if line >= 0) if at is None \
+                else sorted((int(lines[rows[int(np.argmax(kinds == code))]]), code)
+                            for code in np.flatnonzero(np.bincount(kinds, minlength=len(_KINDS))))
             if len(spelled) > 1:
                 return {_KINDS[code]: line for line, code in spelled}, None, None
         kind, size = _KINDS[int(kinds[0])], len(lines)
-        found = {kind: int(lines[rows[0]])}
+        found = {kind: spelled[0][0] if at is None else int(lines[rows[0]])}
         if kind == "string":
             return found, self._strings(values & np.uint64(0xFFFFFFFF), values >> np.uint64(32), rows, size, whole), None
         typed = {"float": values.view(np.float64), "integer": values.view(np.int64), "unsigned": values,
@@ -281,7 +288,7 @@ class LineProtocol:
         with ThreadPoolExecutor(max_workers=_AHEAD, thread_name_prefix="line-protocol") as pool:
             pending: deque[Future] = deque()
             line = 1
-            for chunk in _line_chunks(stream, _CHUNK_BYTES):
+            for chunk in _line_chunks(stream, _CHUNK_BYTES, _series_tail):
                 pending.append(pool.submit(self._parts, chunk, line))
                 line += _newlines(chunk) + (not chunk.endswith(b"\n"))
                 if len(pending) > _AHEAD:
@@ -339,20 +346,25 @@ class LineProtocol:
 
     # --- lines cut by the compiled reader --------------------------------------------------------
 
-    def _native(self, chunk: bytes, first_line: int) -> list[_Part] | None:
+    def _native(self, chunk: bytes, first_line: int, join: bool = True) -> list[_Part] | None:
         """Rows of the lines the compiled reader cut and typed; every other line goes to the general split.
 
         None when more than _ODD_LINES lines are set aside: then the CSV split, which reads some
-        spellings the compiled reader leaves alone (``+1``, ``inf``), gets the chunk.
+        spellings the compiled reader leaves alone (``+1``, ``inf``), gets the chunk. Lines joined to
+        an earlier line's row are read again unjoined when some rows are not kept (another
+        measurement, a series for the general split): a row left out must leave out only its own line.
         """
-        got = _lineproto.split(chunk, _ODD_LINES)
+        got = _lineproto.split(chunk, _ODD_LINES, join)
         if got is None:
             return None
-        _, odd, rows, codes, stamps, offsets, text, keys, counts, kinds, cell_row, cell_kind, cell_value, strings = got
+        (_, odd, rows, codes, stamps, offsets, text, keys, counts, kinds, cell_row, cell_kind, cell_value, strings, first,
+         joined) = got
         rows, codes = np.frombuffer(rows, np.int32), np.frombuffer(codes, np.int32)
         distinct = pa.StringArray.from_buffers(len(offsets) // 4 - 1, pa.py_buffer(offsets), pa.py_buffer(text))
         measurement, tags, readable, numbers = self._distinct(distinct, len(codes))
         every = bool(readable.all())  # the common chunk: every series read, so no row to select (a row per line)
+        if joined and not (every and bool(pc.all(pc.equal(measurement, self.measurement)).as_py())):
+            return self._native(chunk, first_line, join=False)
         ok = None if every else readable[codes]
         odd = np.frombuffer(odd, np.int32)  # in line order, as the reader set them aside
         if ok is not None:
@@ -381,8 +393,10 @@ class LineProtocol:
                 at[mine] = np.arange(int(mine.sum()))
                 codes, stamps, lines = codes[mine], stamps[mine], lines[mine]
         tag_columns, series = _tag_columns(tags, codes, numbers)
+        first = np.frombuffer(first, np.int64).reshape(-1, len(_KINDS))
         cells = _Cells(np.frombuffer(counts, np.int64), np.frombuffer(kinds, np.uint8), np.frombuffer(cell_row, np.int32),
-                       np.frombuffer(cell_kind, np.uint8), np.frombuffer(cell_value, np.uint64), np.frombuffer(strings, np.uint8))
+                       np.frombuffer(cell_kind, np.uint8), np.frombuffer(cell_value, np.uint64), np.frombuffer(strings, np.uint8),
+                       np.where(first >= 0, first + first_line, -1))
         typed = {key: cells.column(index, at, lines) for index, key in enumerate(keys)}
         stamps = pa.array(stamps)
         self._fill(part, lines, stamps, tag_columns, {key: t for key, t in typed.items() if t[0]}, series)
@@ -534,20 +548,25 @@ class LineProtocol:
         return {key: self._typed(key, raw, lines, masked) for key, raw in fields.items()}
 
     def _time(self, stamps: pa.Array, lines: np.ndarray, part: _Part) -> pa.Array | None:
+        """The times in ns; else the part's first timestamp error by line, whichever kind it is, so
+        that the error named does not depend on where the file was cut into chunks."""
         missing = np.flatnonzero(_mask(stamps.is_null()))
         if len(missing):
             line = int(lines[missing[0]])
             part.time_error = (line, InfluxError(f"line {line} of {self.origin} has no timestamp (an export always has one)"))
-            return None
         try:
             ns = stamps.cast(pa.int64())
             if _NS_PER[self.precision] != 1:
                 ns = pc.multiply_checked(ns, _NS_PER[self.precision])
-        except pa.ArrowInvalid as e:
-            part.time_error = (_first_bad_stamp(stamps, lines, _NS_PER[self.precision]), InfluxError(
-                f"{self.origin}: a timestamp is not an integer number of {self.precision}: {e}"))
+        except pa.ArrowInvalid:
+            present = _mask(stamps.is_valid())
+            line, text = _first_bad_stamp(stamps.filter(pa.array(present)), lines[present], _NS_PER[self.precision])
+            if part.time_error is None or line < part.time_error[0]:
+                part.time_error = (line, InfluxError(
+                    f"line {line} of {self.origin}: timestamp {text!r} is not an integer number of {self.precision} "
+                    "that fits 64-bit nanoseconds"))
             return None
-        return ns.cast(TIME_TYPE)
+        return None if part.time_error else ns.cast(TIME_TYPE)
 
     def _typed(self, key: str, raw: pa.Array, lines: np.ndarray, masked: bool) -> Typed:
         """The kinds a field is spelled in (kind -> first line) and, when it is spelled one way, its typed values.
@@ -732,17 +751,19 @@ def _field_cells(fields: pa.Array, depth: int = 0) -> tuple[dict[str, pa.Array],
     return columns, fine
 
 
-def _first_bad_stamp(stamps: pa.Array, lines: np.ndarray, scale: int) -> int:
-    """The line of the first timestamp that is no integer, or whose nanoseconds do not fit 64 bits."""
+def _first_bad_stamp(stamps: pa.Array, lines: np.ndarray, scale: int) -> tuple[int, str]:
+    """The line and text of the first timestamp that is no integer, or whose nanoseconds do not fit 64 bits."""
     if pa.types.is_integer(stamps.type):
         ns = stamps.to_numpy()
     else:
         integer = _mask(pc.match_substring_regex(stamps, r"^[+-]?[0-9]+$"))
         if not integer.all():
-            return int(lines[np.argmin(integer)])
+            at = int(np.argmin(integer))
+            return int(lines[at]), str(stamps[at].as_py())
         ns = np.asarray([int(s) for s in stamps.to_pylist()], dtype=object)
     too_large = np.abs(ns) > (2**63 - 1) // scale
-    return int(lines[np.argmax(too_large)]) if too_large.any() else int(lines.min())
+    at = int(np.argmax(too_large)) if too_large.any() else int(np.argmin(lines))
+    return int(lines[at]), str(stamps[at].as_py())
 
 
 def _keyed_runs(cell: pa.Array, most: int = 8) -> tuple[dict[str, pa.Array], np.ndarray]:
@@ -856,6 +877,30 @@ def _unmask(values: pa.Array) -> pa.Array:
     return pa.StringArray.from_buffers(len(values), offsets, plain, validity, values.null_count, values.offset)
 
 
+def _series_tail(block: bytearray, end: int) -> int:
+    """Where the lines at the end of ``block[:end]`` of the last line's series begin, when that is in
+    the second half; else ``end`` (which follows a newline). Chunks cut there keep a series' run of
+    lines whole, where the compiled reader joins its lines of one point; the Arrow reader cuts the
+    same way, so both read a file in the same chunks and name the same first error."""
+    if _lineproto is not None:
+        return _lineproto.series_tail(block, end)
+    start = block.rfind(b"\n", 0, end - 1) + 1
+    space = block.find(b" ", start, end - 1)
+    if space < 0 or start <= end // 2:
+        return end
+    series = np.frombuffer(block, np.uint8, space + 1 - start, start)
+    view = np.frombuffer(block, np.uint8, end)
+    later = np.flatnonzero(view[end // 2:start - 1] == 10) + end // 2 + 1  # line starts past the half, but the last
+    first = int(later[0]) if len(later) else start
+    starts = np.concatenate([[block.rfind(b"\n", 0, first - 1) + 1], later, [start]])
+    long = np.diff(np.append(starts, end)) - 1 > len(series)
+    same = long.copy()
+    for i, byte in enumerate(series):
+        same[long] &= view[starts[long] + i] == byte
+    differ = np.flatnonzero(~same[:-1])
+    return int(starts[differ[-1] + 1]) if len(differ) else end
+
+
 def _newlines(chunk: bytearray) -> int:
     """Newline bytes of a chunk: counted by the compiled reader when there is one (no temporary array)."""
     if _lineproto is not None:
@@ -955,14 +1000,14 @@ class _Held:
         """The merged rows, one table per part when spilled (a part still too large is cut again)."""
         if self.folder is None:
             if self.batches:
-                yield _merge(self.batches, tags)
+                yield from _merge(self.batches, tags)
             return
         self._close_writers()
         for paths in self.files:
             if sum(path.stat().st_size for path in paths) <= _HOLD_BYTES or self.level >= 3:
                 batches = [b for path in paths for b in pa.ipc.open_stream(pa.memory_map(str(path))).read_all().to_batches()]
                 if batches:
-                    yield _merge(batches, tags)
+                    yield from _merge(batches, tags)
             else:
                 part = _Held(self.level + 1)
                 try:
@@ -995,15 +1040,56 @@ def _time_hash(time: pa.Array, level: int) -> np.ndarray:
     return ((mixed >> np.uint64(60 - 4 * level)) & np.uint64(_SPILL_PARTS - 1)).astype(np.int64)
 
 
-def _merge(batches: list[pa.RecordBatch], tags: list[str]) -> pa.Table:
-    """One row per (series, time), a field's value from the last line (by LINE) that has it."""
+def _merge(batches: list[pa.RecordBatch], tags: list[str]) -> list[pa.Table]:
+    """One row per (series, time), a field's value from the last line (by LINE) that has it.
+
+    Only the rows of series whose runs of rising time overlap are sorted: in an export whose reader
+    joined each point's lines, that is the few series cut by a chunk's end, or none. The other rows
+    are passed on as slices of the lines, not copied.
+    """
     table = pa.concat_tables([pa.Table.from_batches([b]) for b in batches], promote_options="default")
     time = table.column(TIME).cast(pa.int64()).to_numpy()
     if (np.diff(time) > 0).all():
-        return table  # each time once: no point has two lines
+        return [table]  # each time once: no point has two lines
     numbered = SERIES in table.column_names and table.column(SERIES).null_count == 0
     series, span = ((table.column(SERIES).to_numpy(), int(pc.max(table.column(SERIES)).as_py()) + 1) if numbered
                     else _series_codes(table, tags))
+    overlap = _overlapping(series, time)
+    if overlap is None or overlap.sum() > len(overlap) // 2:
+        return [_sorted_merge(table, series, span, time, tags)]
+    edges = np.flatnonzero(overlap[1:] != overlap[:-1]) + 1
+    if len(edges) > _MERGE_SLICES:
+        return [_sorted_merge(table, series, span, time, tags)]
+    bounds = [0, *edges.tolist(), len(overlap)]
+    kept = [table.slice(start, end - start) for start, end in zip(bounds, bounds[1:], strict=False) if not overlap[start]]
+    if not overlap.any():
+        return kept
+    return [*kept, _sorted_merge(table.filter(pa.array(overlap)), series[overlap], span, time[overlap], tags)]
+
+
+def _overlapping(series: np.ndarray, time: np.ndarray) -> np.ndarray | None:
+    """Which rows are of a series with two runs (rows of the series in rising time) that overlap in
+    time: only those can hold a point twice. None, to sort all, when runs are many and short."""
+    starts = np.flatnonzero((series[1:] != series[:-1]) | (time[1:] <= time[:-1])) + 1
+    if len(starts) > len(series) // 16:
+        return None
+    starts = np.concatenate([[0], starts])
+    ends = np.concatenate([starts[1:], [len(series)]])
+    order = np.lexsort((time[starts], series[starts]))
+    run_series, low, high = series[starts][order], time[starts][order], time[ends - 1][order]
+    # sorted by start, a series' runs overlap somewhere exactly when two consecutive ones do
+    clash = (run_series[1:] == run_series[:-1]) & (low[1:] <= high[:-1])
+    if not clash.any():
+        return np.zeros(len(series), dtype=bool)
+    first = np.flatnonzero(np.concatenate([[True], run_series[1:] != run_series[:-1]]))  # each series' first run
+    bad = np.logical_or.reduceat(np.append(clash, False), first)  # per series
+    run_bad = np.empty(len(order), dtype=bool)
+    run_bad[order] = np.repeat(bad, np.diff(np.append(first, len(order))))
+    return np.repeat(run_bad, ends - starts)
+
+
+def _sorted_merge(table: pa.Table, series: np.ndarray, span: int, time: np.ndarray, tags: list[str]) -> pa.Table:
+    """The merge by a sort on (series, time), then the last line of each field per point."""
     since = time - time.min()
     step = int(np.gcd.reduce(since)) or 1
     ticks = since // step
