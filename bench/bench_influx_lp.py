@@ -4,8 +4,9 @@ An InfluxDB export is text like a CSV but with the column names repeated on ever
 reading the same points as CSV (typed C++, multi-threaded and on one thread) is the floor; a scan
 task reads one file, several files run in parallel tasks. Prints rows/s and ratios, also for a
 file whose every line quotes a string field, for an export as ``influx_inspect`` writes it (one
-line per field, in runs per series and field, so every point is merged from its lines), and the
-rate of the parse alone (lines typed into batches, before the lines of each point are merged).
+line per field, in runs per series and field, so every point is merged from its lines), the same
+with what real ones hold (a tenth of the values missing, and the series listed again for a second
+shard of time), and the rate of the parse alone (lines typed into batches, before the merge).
 
 The sides run alternately, ``--repeat`` times; the best run of each is compared (the machine is
 shared, so the load average is printed with them, and the ratio of CPU seconds, which load moves less).
@@ -31,10 +32,12 @@ import pyarrow.csv as pcsv
 from timelake.sources.influx import open_influx_files
 from timelake.sources.line_protocol import LineProtocol
 
-FILES = {"plain": "plain fields", "quoted": "every line quotes a string", "tsm": "one line per field (TSM export)"}
+FILES = {"plain": "plain fields", "quoted": "every line quotes a string", "tsm": "one line per field (TSM export)",
+         "gaps": "TSM export, a tenth of the values missing, two shards"}
 
 
-def _files(folder: Path, rows: int, kind: str) -> tuple[Path, Path]:
+def _files(folder: Path, rows: int, kind: str) -> tuple[Path, Path, int]:
+    """The export, the same points as CSV, and how many points there are."""
     rng = np.random.default_rng(0)
     ts = 1_700_000_000_000_000_000 + np.arange(rows, dtype=np.int64) * 1_000_000_000
     device = np.char.add("d", (np.arange(rows) % 500).astype(str))
@@ -42,6 +45,8 @@ def _files(folder: Path, rows: int, kind: str) -> tuple[Path, Path]:
     count = (np.arange(rows) % 1000).astype(str)
     series = np.char.add(np.char.add("sensor,device_id=", device), ",site=north ")
     stamp = np.char.add(" ", ts.astype(str))
+    if kind == "gaps":
+        return _gaps(folder, ts, device, series, stamp, value, count, rng)
     if kind == "tsm":  # per series, a run of lines per field, each in time order: a point's lines are a run apart
         order = np.argsort(np.arange(rows) % 500, kind="stable")
         runs = [np.char.add(np.char.add(np.char.add(series, f"{name}="), text), stamp)[order].reshape(500, -1)
@@ -57,7 +62,32 @@ def _files(folder: Path, rows: int, kind: str) -> tuple[Path, Path]:
                       "count": count.astype(np.int64), **({"state": ["a b, c"] * rows} if kind == "quoted" else {})})
     csv = folder / f"export-{kind}.csv"
     pcsv.write_csv(table, csv)
-    return lp, csv
+    return lp, csv, rows
+
+
+def _gaps(folder: Path, ts: np.ndarray, device: np.ndarray, series: np.ndarray, stamp: np.ndarray, value: np.ndarray,
+          count: np.ndarray, rng: np.random.Generator) -> tuple[Path, Path, int]:
+    """Per shard (the first and second half of the time), per series, per field a run of lines, a tenth
+    of each field's values missing; a point whose values are all missing is not in the file."""
+    rows = len(ts)
+    kept = rng.uniform(size=(2, rows)) > 0.1
+    point = kept.any(axis=0)
+    shard = (np.arange(rows) // 500 >= rows // 1000).astype(np.int64)  # a series' points: the first half, then the rest
+    device_number = np.arange(rows) % 500
+    texts = [np.char.add(np.char.add(np.char.add(series, f"{name}="), text), stamp)
+             for name, text in (("value", value), ("count", np.char.add(count, "i")))]
+    field = np.repeat([0, 1], rows)
+    keep = np.concatenate(kept)
+    order = np.lexsort((np.tile(ts, 2), field, np.tile(device_number, 2), np.tile(shard, 2)))
+    order = order[keep[order]]
+    lp = folder / "export-gaps.lp"
+    lp.write_text("\n".join(np.concatenate(texts)[order].tolist()) + "\n")
+    table = pa.table({"time": ts, "device_id": device, "site": ["north"] * rows,
+                      "value": pa.array(value.astype(float), mask=~kept[0]),
+                      "count": pa.array(count.astype(np.int64), mask=~kept[1])}).filter(pa.array(point))
+    csv = folder / "export-gaps.csv"
+    pcsv.write_csv(table, csv)
+    return lp, csv, int(point.sum())
 
 
 def _seconds(fn: Callable[[], int], rows: int) -> tuple[float, float]:
@@ -78,13 +108,13 @@ def main() -> None:
     print(f"{os.cpu_count()} CPUs, pyarrow {pa.__version__}, {rows:,} points, best of {args.repeat} alternating runs")
     with tempfile.TemporaryDirectory() as tmp:
         for kind in args.only:
-            lp, csv = _files(Path(tmp), rows, kind)
+            lp, csv, points = _files(Path(tmp), rows, kind)
             sides: dict[str, Callable[[], int]] = {
                 "ours": lambda f=lp: sum(b.data.num_rows for b in open_influx_files(str(f), "sensor", "ns", 262_144).batches()),
                 "csv": lambda c=csv: pcsv.read_csv(c).num_rows,
                 "csv 1 thread": lambda c=csv: pcsv.read_csv(c, read_options=pcsv.ReadOptions(use_threads=False)).num_rows,
             }
-            if kind != "tsm":  # the parse alone: one line per point, so as many rows as points
+            if kind in ("plain", "quoted"):  # the parse alone: one line per point, so as many rows as points
                 sides["parse"] = lambda f=lp: sum(b.num_rows for b in LineProtocol("sensor", "ns", str(f)).batches(
                     pa.OSFile(str(f))))
             times: dict[str, list[float]] = {side: [] for side in sides}
@@ -92,12 +122,12 @@ def main() -> None:
             load = os.getloadavg()[0]
             for _ in range(args.repeat):
                 for side, fn in sides.items():
-                    wall, used = _seconds(fn, rows)
+                    wall, used = _seconds(fn, points)
                     times[side].append(wall)
                     cpu[side].append(used)
             load = (load + os.getloadavg()[0]) / 2
-            best = {side: rows / min(t) for side, t in times.items()}
-            median = {side: rows / statistics.median(t) for side, t in times.items()}
+            best = {side: points / min(t) for side, t in times.items()}
+            median = {side: points / statistics.median(t) for side, t in times.items()}
             least = {side: min(t) for side, t in cpu.items()}
             print(f"{FILES[kind]} (load average {load:.1f}): line protocol {best['ours']:,.0f} rows/s; pyarrow CSV "
                   f"{best['csv']:,.0f} rows/s (ratio {best['ours'] / best['csv']:.2f}, medians "

@@ -169,8 +169,9 @@ def _tsm_export(draw: st.DrawFn) -> list[str]:
         for series in draw(st.lists(st.sampled_from(_TSM_SERIES), min_size=1, max_size=4, unique=True)):
             times = sorted(set(draw(st.lists(st.integers(start, start + 40), min_size=1, max_size=30))))
             for key in draw(st.lists(st.sampled_from(list(_TSM_FIELDS)), min_size=1, max_size=4, unique=True)):
+                gaps = draw(st.sampled_from([0, 3, 10]))
                 for t in times:
-                    if draw(st.integers(0, 9)) == 0:
+                    if gaps and draw(st.integers(0, gaps)) == 0:
                         continue  # the field missing at this time
                     value = _TSM_FIELDS[key].format("t" if key == "ok" and t % 2 else "F" if key == "ok" else t + shard)
                     if key == "value" and draw(st.integers(0, 29)) == 0:
@@ -223,6 +224,19 @@ def test_export_of_one_line_per_field_reads_as_its_points(tmp_path: Path, monkey
     assert got == expected
 
 
+def test_a_time_the_first_run_lacks_is_one_row_for_every_later_field(tmp_path: Path) -> None:
+    lines = ["sensor,device_id=d0 value=1.5 1000", "sensor,device_id=d0 value=2.5 3000",
+             "sensor,device_id=d0 count=1i 1000", "sensor,device_id=d0 count=2i 2000", "sensor,device_id=d0 count=3i 3000",
+             'sensor,device_id=d0 state="a" 2000', 'sensor,device_id=d0 state="b" 3000']
+    path = tmp_path / "export.lp"
+    path.write_text("\n".join(lines) + "\n")
+    assert line_protocol._lineproto.split(path.read_bytes(), 0)[15] == 4  # only time 2000 needed a second row
+    assert _read(path).to_pydict() == {
+        "count": [1, 2, 3], "device_id": ["d0"] * 3, "state": [None, "a", "b"],
+        "time": pa.array([1000, 2000, 3000], pa.timestamp("ns", "UTC")).to_pylist(),
+        "value": [1.5, None, 2.5]}
+
+
 def test_joined_lines_keep_their_own_line_numbers_in_errors(tmp_path: Path) -> None:
     """A line joined to an earlier line's row is still named by its own number."""
     lines = ["sensor,device_id=d0 value=1 1", "sensor,device_id=d0 value=2 2",
@@ -230,7 +244,7 @@ def test_joined_lines_keep_their_own_line_numbers_in_errors(tmp_path: Path) -> N
              "sensor,device_id=d1 count=1.5 1"]
     path = tmp_path / "export.lp"
     path.write_text("\n".join(lines) + "\n")
-    assert line_protocol._lineproto.split(path.read_bytes(), 0)[-1] == 2  # lines 3 and 4 joined rows 1 and 2
+    assert line_protocol._lineproto.split(path.read_bytes(), 0)[15] == 2  # lines 3 and 4 joined rows 1 and 2
     assert _read(path) == (f"InfluxError: field 'count' of measurement 'sensor' has two types in {path}: "
                            "integer at line 3 and float at line 5")
 

@@ -17,10 +17,11 @@
  * each a run of lines over the same times. The lines of one point are then a run apart, and the
  * merge after the read would sort every line to bring them together. So the reader joins them
  * where it meets them (`join_row`): a line of the series of the block it is in, of fields that block
- * has not had yet, at a time of the block's first run, puts its cells on that run's row instead of
- * a row of its own. A block is consecutive lines and nothing else reads between them, so the row
- * still stands for the block's lines in the order of the file; the caller gets the first line of
- * each key and kind from `key_first`, since a joined cell's row names an earlier line.
+ * has not had yet, at a time the block has a row for, puts its cells on that row instead of a row of
+ * its own. A block is consecutive lines and nothing else reads between them, so the row still
+ * stands for the block's lines in the order of the file; the caller gets the first line of each key
+ * and kind from `key_first`, since a joined cell's row names an earlier line. A block's rows are one
+ * per time, which `block_start` tells the merge: it need not look for a point twice inside one.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -69,6 +70,12 @@ typedef struct {
     Slot *slots;
     size_t mask, count;
 } Table;
+
+/* The rows a block added for times its first run lacks, by time; slots of an older `gen` are empty. */
+typedef struct {
+    int64_t stamp, row;
+    uint32_t gen;
+} Extra;
 
 #define ONES 0x0101010101010101ull
 #define HIGHS 0x8080808080808080ull
@@ -346,6 +353,7 @@ typedef struct {
     Buf by_row, by_kind, by_value; /* the cells again, grouped by key (in file order within a key) */
     Buf strings;
     Buf ends; /* the offset of each newline of the chunk */
+    Buf block_start; /* a byte per row: 1 where a block (join_row) begins */
     int64_t key_cells[MAX_KEYS];
     uint8_t key_kinds[MAX_KEYS]; /* a bit per kind the key is spelled in */
     size_t cell_room;            /* cells the cell buffers have room for */
@@ -364,8 +372,11 @@ typedef struct {
     int first_run;
     int64_t last_start; /* the series of the last line read, and its number */
     int32_t last_len, last_code;
-    int64_t block_row, block_end, run_at;
+    int64_t block_row, block_end, run_at, run_last;
     uint64_t block_keys, run_keys;
+    Extra *extras;
+    size_t extras_mask, extras_count;
+    uint32_t gen;
 } Out;
 
 /* Room for twice the cells: the four cell buffers grow together. */
@@ -405,8 +416,34 @@ static int key_id(Out *o, const char *base, const char *p, int32_t n, int guess)
     return o->keys++;
 }
 
-/* The row of the block's first run that a line of series `code`, fields `keys` and time `stamp` joins;
- * -1 when the line is a row of its own, which then extends the block's first run or starts a block. */
+/* The block's row for `stamp` among those added for times its first run lacks; else `row` is
+ * recorded as that row and -1 returned; -2 when out of memory. */
+static int64_t extra_row(Out *o, int64_t stamp, int64_t row) {
+    if ((o->extras_count + 1) * 2 > (o->extras ? o->extras_mask + 1 : 0)) {
+        size_t size = o->extras ? (o->extras_mask + 1) * 2 : 256;
+        Extra *grown = calloc(size, sizeof(Extra));
+        if (!grown) return -2;
+        for (size_t i = 0; o->extras && i <= o->extras_mask; i++) {
+            if (o->extras[i].gen != o->gen) continue;
+            size_t j = ((uint64_t)o->extras[i].stamp * 0x9E3779B97F4A7C15ull) >> 20 & (size - 1);
+            while (grown[j].gen == o->gen) j = (j + 1) & (size - 1);
+            grown[j] = o->extras[i];
+        }
+        free(o->extras);
+        o->extras = grown, o->extras_mask = size - 1;
+    }
+    size_t j = ((uint64_t)stamp * 0x9E3779B97F4A7C15ull) >> 20 & o->extras_mask;
+    for (; o->extras[j].gen == o->gen; j = (j + 1) & o->extras_mask) {
+        if (o->extras[j].stamp == stamp) return o->extras[j].row;
+    }
+    o->extras[j] = (Extra){stamp, row, o->gen};
+    o->extras_count++;
+    return -1;
+}
+
+/* The row of its block that a line of series `code`, fields `keys` and time `stamp` joins, or the
+ * line is a row of its own: -1 in the block (its first run goes on, or a time the first run lacks),
+ * -2 the first of a new block; -3 out of memory. A later run's times must rise, as an export's do. */
 static int64_t join_row(Out *o, int32_t code, uint64_t keys, int64_t stamp) {
     const int64_t *stamps = (const int64_t *)o->stamps.data;
     int64_t rows = (int64_t)(o->rows.len / sizeof(int32_t));
@@ -416,17 +453,24 @@ static int64_t join_row(Out *o, int32_t code, uint64_t keys, int64_t stamp) {
             if (keys & o->block_keys) goto start;
             if (o->first_run) o->first_run = 0, o->block_end = rows;
             o->run_keys = keys, o->block_keys |= keys, o->run_at = o->block_row;
+        } else if (stamp <= o->run_last) {
+            goto start;
         }
+        o->run_last = stamp;
         int64_t at = o->run_at; /* the first run's times rise: a field missing at some times skips them */
         while (at < o->block_end && stamps[at] < stamp) at++;
+        o->run_at = at;
         if (at < o->block_end && stamps[at] == stamp) {
             o->run_at = at + 1;
             return at;
         }
+        int64_t extra = extra_row(o, stamp, rows); /* a time the first run lacks: a row later runs may join */
+        return extra == -2 ? -3 : extra;
     }
 start:
     o->block_code = code, o->block_row = rows, o->first_run = 1, o->run_keys = o->block_keys = keys;
-    return -1;
+    o->gen++, o->extras_count = 0;
+    return -2;
 }
 
 /* One line [p, e): its row and cells appended, 1; or 0 to set it aside (nothing appended); -1 out of memory. */
@@ -516,6 +560,8 @@ static int read_line(Out *o, const char *base, const char *p, const char *e, int
         o->joined++;
         return 1;
     }
+    if (joins == -3) return -1;
+    PUSH(o->block_start, uint8_t, joins == -2);
     PUSH(o->rows, int32_t, o->lines);
     PUSH(o->codes, int32_t, code);
     PUSH(o->stamps, int64_t, stamp);
@@ -534,8 +580,8 @@ static int read_chunk(Out *o, const char *base, size_t size, int64_t most_odd) {
     if (line_ends(&o->ends, base, size, &quotes, &careful)) return -1;
     const int32_t *ends = (const int32_t *)o->ends.data;
     size_t found = o->ends.len / sizeof(int32_t), next = 0;
-    Buf *per_line[] = {&o->odd, &o->rows, &o->codes, &o->stamps};
-    for (size_t i = 0; i < 4; i++) {
+    Buf *per_line[] = {&o->odd, &o->rows, &o->codes, &o->stamps, &o->block_start};
+    for (size_t i = 0; i < 5; i++) {
         if (buf_reserve(per_line[i], (found + 1) * 8)) return -1;
     }
     for (const char *p = base; p < end; o->lines++) {
@@ -589,7 +635,7 @@ static int group_cells(Out *o, const char *base) {
 }
 
 /* Each thread keeps its buffers for its next chunk: fresh ones cost a page fault every 4 KiB. */
-#define BUFS 13
+#define BUFS 14
 #define KEPT_BYTES (64u << 20)
 static __thread Buf kept[BUFS];
 
@@ -666,10 +712,10 @@ static PyObject *split(PyObject *Py_UNUSED(self), PyObject *args) {
     Out o;
     memset(&o, 0, sizeof o);
     memset(o.key_first, 0xFF, sizeof o.key_first);
-    o.join = join, o.block_code = -1;
+    o.join = join, o.block_code = -1, o.gen = 1;
     Buf *bufs[] = {&o.odd, &o.rows, &o.codes, &o.stamps, &o.cell_row, &o.cell_key, &o.cell_kind, &o.cell_value,
-                   &o.by_row, &o.by_kind, &o.by_value, &o.strings, &o.ends};
-    static const int handed[BUFS] = {1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0}; /* Blocks; the others stay with the thread */
+                   &o.by_row, &o.by_kind, &o.by_value, &o.strings, &o.ends, &o.block_start};
+    static const int handed[BUFS] = {1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0, 1}; /* Blocks; the others stay with the thread */
     for (size_t i = 0; i < BUFS; i++) *bufs[i] = handed[i] ? pool_take() : kept[i], bufs[i]->len = 0;
     int status;
     Py_BEGIN_ALLOW_THREADS
@@ -723,10 +769,11 @@ static PyObject *split(PyObject *Py_UNUSED(self), PyObject *args) {
         } else if (names) {
             Buf counts = {(char *)o.key_cells, (size_t)o.keys * 8, 0}, kinds = {(char *)o.key_kinds, (size_t)o.keys, 0};
             Buf firsts = {(char *)o.key_first, (size_t)o.keys * sizeof o.key_first[0], 0};
-            result = Py_BuildValue("(LNNNNNNNNNNNNNNL)", (long long)o.lines, as_block(&o.odd), as_block(&o.rows),
+            result = Py_BuildValue("(LNNNNNNNNNNNNNNLN)", (long long)o.lines, as_block(&o.odd), as_block(&o.rows),
                                    as_block(&o.codes), as_block(&o.stamps), as_bytes(&offsets), as_bytes(&series), names,
                                    as_bytes(&counts), as_bytes(&kinds), as_block(&o.by_row), as_block(&o.by_kind),
-                                   as_block(&o.by_value), as_block(&o.strings), as_bytes(&firsts), (long long)o.joined);
+                                   as_block(&o.by_value), as_block(&o.strings), as_bytes(&firsts), (long long)o.joined,
+                                   as_block(&o.block_start));
         }
         free(series.data);
         free(offsets.data);
@@ -740,6 +787,7 @@ static PyObject *split(PyObject *Py_UNUSED(self), PyObject *args) {
         kept[i] = *bufs[i];
     }
     free(o.series.slots);
+    free(o.extras);
     PyBuffer_Release(&chunk);
     return result;
 }
@@ -791,7 +839,7 @@ static PyMethodDef methods[] = {
     {"split", split, METH_VARARGS,
      "split(chunk, most_odd, join=True) -> None when more than most_odd lines are set aside, else (lines, odd, rows, "
      "codes, stamps, series_offsets, series_data, keys, key_cells, key_kinds, cell_row, cell_kind, cell_value, strings, "
-     "key_first, joined); with join, a line of a field that the point's row lacks joins that row"},
+     "key_first, joined, block_start); with join, a line of a field that the point's row lacks joins that row"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_lineproto", NULL, -1, methods, NULL, NULL, NULL, NULL};

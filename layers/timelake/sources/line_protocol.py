@@ -26,6 +26,7 @@ from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -43,6 +44,7 @@ except ImportError:  # no compiler where it was installed, or a build for anothe
 TIME = "time"
 LINE = "__line"
 SERIES = "__series"  # a number per series of the file, from the compiled and CSV splits (not the general one)
+BLOCK = "__block"  # true where a block of the compiled reader begins: rows up to the next are of one series, a time once
 _SERIES_MOST = 4_096  # new series of a chunk numbered in Python; beyond, unless few per line, the merge hashes the tags
 _SERIES_KEPT = 100_000  # series a file's parser remembers; past that, the merge hashes the tags
 TIME_TYPE = pa.timestamp("ns", tz="UTC")
@@ -91,7 +93,9 @@ class _Cells:
     a boolean, or a string's offset in ``text`` (low 32 bits) and length (high 32 bits); ``kinds``
     has a bit per kind (numbered as in _KINDS) each key is spelled in, and ``first`` the file line
     where each key is first spelled in each kind (-1: never), exact where a cell joined an earlier
-    line's row; it is only used when every row is kept.
+    line's row; it is only used when every row is kept. Where the reader joined lines to rows
+    (``joined``), a key's cells may come out of row order (a row added for a time a block's first run
+    lacks precedes a later line joining an earlier row): they are then placed by row.
     """
 
     counts: np.ndarray
@@ -101,6 +105,7 @@ class _Cells:
     value: np.ndarray
     text: np.ndarray
     first: np.ndarray
+    joined: bool
 
     def column(self, key: int, at: np.ndarray | None, lines: np.ndarray) -> Typed:
         """The kinds one key is spelled in (kind -> first line) and, when spelled one way, its column.
@@ -118,6 +123,7 @@ class _Cells:
                 rows, kinds, values, whole = rows[keep], kinds[keep], values[keep], False
         if not len(rows):
             return {}, None, None
+        ordered = not self.joined or bool((rows[1:] > rows[:-1]).all())
         bits = int(self.kinds[key])
         if bits & (bits - 1) or at is None:  # spelled more than one way in the chunk; maybe in the job's lines too
             spelled = sorted((int(line), code) for code, line in enumerate(self.first[key]) if line >= 0) if at is None \
@@ -128,10 +134,13 @@ class _Cells:
         kind, size = _KINDS[int(kinds[0])], len(lines)
         found = {kind: spelled[0][0] if at is None else int(lines[rows[0]])}
         if kind == "string":
+            if not ordered:
+                order = np.argsort(rows, kind="stable")
+                rows, values, whole = rows[order], values[order], False
             return found, self._strings(values & np.uint64(0xFFFFFFFF), values >> np.uint64(32), rows, size, whole), None
         typed = {"float": values.view(np.float64), "integer": values.view(np.int64), "unsigned": values,
                  "boolean": values.astype(bool)}[kind]
-        if len(rows) == size:  # a key at most once per line: then every line has it, in order
+        if len(rows) == size and ordered:  # a key at most once per row: then every row has it
             return found, pa.array(typed), None
         full = np.zeros(size, dtype=typed.dtype)
         full[rows] = typed
@@ -358,7 +367,7 @@ class LineProtocol:
         if got is None:
             return None
         (_, odd, rows, codes, stamps, offsets, text, keys, counts, kinds, cell_row, cell_kind, cell_value, strings, first,
-         joined) = got
+         joined, block) = got
         rows, codes = np.frombuffer(rows, np.int32), np.frombuffer(codes, np.int32)
         distinct = pa.StringArray.from_buffers(len(offsets) // 4 - 1, pa.py_buffer(offsets), pa.py_buffer(text))
         measurement, tags, readable, numbers = self._distinct(distinct, len(codes))
@@ -385,21 +394,22 @@ class LineProtocol:
         if self.measurement not in part.seen:
             return parts
         ours = _mask(pc.equal(measurement, self.measurement))
-        stamps, at = np.frombuffer(stamps, np.int64), None
+        stamps, at, block = np.frombuffer(stamps, np.int64), None, np.frombuffer(block, np.bool_)
         if ok is not None or not ours.all():
             mine = ours[codes] if ok is None else ok & ours[codes]
-            if not mine.all():
+            if not mine.all():  # whole series left out: whole blocks
                 at = np.full(len(rows), -1, dtype=np.int64)
                 at[mine] = np.arange(int(mine.sum()))
-                codes, stamps, lines = codes[mine], stamps[mine], lines[mine]
+                codes, stamps, lines, block = codes[mine], stamps[mine], lines[mine], block[mine]
         tag_columns, series = _tag_columns(tags, codes, numbers)
         first = np.frombuffer(first, np.int64).reshape(-1, len(_KINDS))
         cells = _Cells(np.frombuffer(counts, np.int64), np.frombuffer(kinds, np.uint8), np.frombuffer(cell_row, np.int32),
                        np.frombuffer(cell_kind, np.uint8), np.frombuffer(cell_value, np.uint64), np.frombuffer(strings, np.uint8),
-                       np.where(first >= 0, first + first_line, -1))
+                       np.where(first >= 0, first + first_line, -1), joined > 0)
         typed = {key: cells.column(index, at, lines) for index, key in enumerate(keys)}
         stamps = pa.array(stamps)
-        self._fill(part, lines, stamps, tag_columns, {key: t for key, t in typed.items() if t[0]}, series)
+        self._fill(part, lines, stamps, tag_columns, {key: t for key, t in typed.items() if t[0]}, series,
+                   pa.array(block) if join else None)
         return parts
 
     # --- the general split -----------------------------------------------------------------------
@@ -500,13 +510,15 @@ class LineProtocol:
     # --- typing ----------------------------------------------------------------------------------
 
     def _fill(self, part: _Part, lines: np.ndarray, stamps: pa.Array, tags: dict[str, pa.Array],
-              fields: dict[str, Typed], series: pa.Array | None = None) -> None:
+              fields: dict[str, Typed], series: pa.Array | None = None, block: pa.Array | None = None) -> None:
         """The part's batch: time, line numbers, tags, and each field typed by its spelling (all or nothing)."""
         part.tags = set(tags)
         time = self._time(stamps, lines, part)
         columns: dict[str, pa.Array] = {TIME: time, LINE: pa.array(lines, pa.int64()), **dict(sorted(tags.items()))}
         if series is not None:
             columns[SERIES] = series
+        if block is not None:
+            columns[BLOCK] = block
         for key, (kinds, typed, error) in sorted(fields.items(), key=lambda item: item[0]):
             part.kinds[key] = kinds
             if error is not None:
@@ -975,6 +987,8 @@ class _Held:
 
     def _spill(self, batch: pa.RecordBatch) -> None:
         """The batch cut by a hash of its time into the part files, all written with the widest schema so far."""
+        if BLOCK in batch.schema.names:  # cut by time into parts, a block no longer holds its rows together
+            batch = batch.drop_columns([BLOCK])
         grown = pa.unify_schemas([self.schema, batch.schema])
         if not grown.equals(self.schema):
             self.schema = grown
@@ -1054,29 +1068,37 @@ def _merge(batches: list[pa.RecordBatch], tags: list[str]) -> list[pa.Table]:
     numbered = SERIES in table.column_names and table.column(SERIES).null_count == 0
     series, span = ((table.column(SERIES).to_numpy(), int(pc.max(table.column(SERIES)).as_py()) + 1) if numbered
                     else _series_codes(table, tags))
-    overlap = _overlapping(series, time)
+    block = table.column(BLOCK) if BLOCK in table.column_names else None
+    overlap = _overlapping(series, time, None if block is None else (_mask(block.is_valid()), _mask(block.fill_null(False))))
     if overlap is None or overlap.sum() > len(overlap) // 2:
         return [_sorted_merge(table, series, span, time, tags)]
     edges = np.flatnonzero(overlap[1:] != overlap[:-1]) + 1
     if len(edges) > _MERGE_SLICES:
         return [_sorted_merge(table, series, span, time, tags)]
     bounds = [0, *edges.tolist(), len(overlap)]
-    kept = [table.slice(start, end - start) for start, end in zip(bounds, bounds[1:], strict=False) if not overlap[start]]
+    kept = [table.slice(start, end - start) for start, end in pairwise(bounds) if not overlap[start]]
     if not overlap.any():
         return kept
     return [*kept, _sorted_merge(table.filter(pa.array(overlap)), series[overlap], span, time[overlap], tags)]
 
 
-def _overlapping(series: np.ndarray, time: np.ndarray) -> np.ndarray | None:
-    """Which rows are of a series with two runs (rows of the series in rising time) that overlap in
-    time: only those can hold a point twice. None, to sort all, when runs are many and short."""
-    starts = np.flatnonzero((series[1:] != series[:-1]) | (time[1:] <= time[:-1])) + 1
+def _overlapping(series: np.ndarray, time: np.ndarray,
+                 block: tuple[np.ndarray, np.ndarray] | None) -> np.ndarray | None:
+    """Which rows are of a series with two runs that overlap in time: only those can hold a point twice.
+    A run is a block of the compiled reader (``block``: which rows it read, and where a block begins),
+    else rows of one series in rising time. None, to sort all, when runs are many and short."""
+    cut = (series[1:] != series[:-1]) | (time[1:] <= time[:-1])
+    if block is not None:  # a row of the reader's begins a run where its block does; another, where time falls
+        read, begins = block
+        cut = (series[1:] != series[:-1]) | np.where(read[1:], begins[1:], cut | read[:-1])
+    starts = np.flatnonzero(cut) + 1
     if len(starts) > len(series) // 16:
         return None
     starts = np.concatenate([[0], starts])
     ends = np.concatenate([starts[1:], [len(series)]])
-    order = np.lexsort((time[starts], series[starts]))
-    run_series, low, high = series[starts][order], time[starts][order], time[ends - 1][order]
+    low, high = np.minimum.reduceat(time, starts), np.maximum.reduceat(time, starts)
+    order = np.lexsort((low, series[starts]))
+    run_series, low, high = series[starts][order], low[order], high[order]
     # sorted by start, a series' runs overlap somewhere exactly when two consecutive ones do
     clash = (run_series[1:] == run_series[:-1]) & (low[1:] <= high[:-1])
     if not clash.any():
@@ -1117,7 +1139,7 @@ def _sorted_merge(table: pa.Table, series: np.ndarray, span: int, time: np.ndarr
     columns = {name: table.column(name).take(keys) for name in (TIME, *(t for t in tags if t in table.column_names))}
     point = np.cumsum(first) - 1  # the point of each line, in sorted order
     for name in table.column_names:
-        if name in columns or name in (LINE, SERIES):
+        if name in columns or name in (LINE, SERIES, BLOCK):
             continue
         at = np.flatnonzero(_mask(table.column(name).is_valid())[order])  # sorted lines that have the field
         owner = point[at]
