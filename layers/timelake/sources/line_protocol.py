@@ -294,6 +294,8 @@ class LineProtocol:
         Only parsing runs ahead, at most _AHEAD chunks: the checks stay in order, so the first line
         of each type, named when a type changes, is the first in the file.
         """
+        if _lineproto is not None:
+            _lineproto.hold_heap()
         with ThreadPoolExecutor(max_workers=_AHEAD, thread_name_prefix="line-protocol") as pool:
             pending: deque[Future] = deque()
             line = 1
