@@ -131,7 +131,8 @@ def test_pieces_are_cut_on_day_edges_and_each_day_is_written_by_its_scan_task(po
     edges = record.state["source_plan"]["edges"]
     day = 86_400_000_000
     assert all(edge % day == 0 for edge in edges[1:-1]) and edges[0] == _us(start)
-    assert {b - a for a, b in zip(edges[1:-2], edges[2:-1])} <= {days_a_piece * day}
+    widths = {b - a for a, b in zip(edges[1:-2], edges[2:-1])}  # days a piece come from the planner's row estimate,
+    assert len(widths) <= 1 and all(abs(w // day - days_a_piece) <= 1 for w in widths), widths  # which moves with ANALYZE
     reads = sorted((lo, hi) for lo, hi, _ in _piece_reads(postgres, mark))
     assert reads == list(zip(edges, edges[1:]))
     units = lake.runtime.store.units(job.id)
