@@ -21,6 +21,7 @@ in that process was about 15 % faster than in a new one.
 from __future__ import annotations
 
 import argparse
+import mmap
 import multiprocessing
 import os
 import statistics
@@ -117,6 +118,12 @@ def main() -> None:
                 fresh.submit(_measure, kind, lp, csv, points, args.repeat).result()
 
 
+def _parse(lp: Path) -> int:
+    """Rows of the lines typed into batches, read through a memory map as a backfill reads a local file."""
+    with lp.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+        return sum(b.num_rows for b in LineProtocol("sensor", "ns", str(lp)).batches(mapped))
+
+
 def _measure(kind: str, lp: Path, csv: Path, points: int, repeat: int) -> None:
     """Both readers on one file, alternating, in this (new) process; prints the rates and ratios."""
     sides: dict[str, Callable[[], int]] = {
@@ -125,8 +132,7 @@ def _measure(kind: str, lp: Path, csv: Path, points: int, repeat: int) -> None:
         "csv 1 thread": lambda c=csv: pcsv.read_csv(c, read_options=pcsv.ReadOptions(use_threads=False)).num_rows,
     }
     if kind in ("plain", "quoted"):  # the parse alone: one line per point, so as many rows as points
-        sides["parse"] = lambda f=lp: sum(b.num_rows for b in LineProtocol("sensor", "ns", str(f)).batches(
-            pa.OSFile(str(f))))
+        sides["parse"] = lambda f=lp: _parse(f)
     times: dict[str, list[float]] = {side: [] for side in sides}
     cpu: dict[str, list[float]] = {side: [] for side in sides}
     load = os.getloadavg()[0]

@@ -8,7 +8,10 @@ exponent, an integer one past 64 bits, a quoted separator, an escape), comments 
 
 from __future__ import annotations
 
+import gzip
+import mmap
 import random
+import threading
 from pathlib import Path
 
 import pyarrow as pa
@@ -16,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from timelake.sources import line_protocol
+from timelake.sources import base, line_protocol
 from timelake.sources.influx import open_influx_files
 
 NS = 1_700_000_000_000_000_000
@@ -271,3 +274,107 @@ def test_chunks_are_cut_alike_with_or_without_the_compiled_reader(lines: list[st
     finally:
         line_protocol._lineproto = saved
     assert compiled == len(block) or block[compiled - 1:compiled] == b"\n" and compiled > len(block) // 2
+
+
+@settings(max_examples=300, derandomize=True, deadline=None, database=None)
+@given(lines=st.lists(st.sampled_from(["a,x=1 f=1 1", "a,x=1 g=1 1", "b f=1 1", "", "  ", "\t", "a" * 70,
+                                       "a,x=1 f=1 " + "9" * 40]), max_size=60),
+       end=st.sampled_from(["\n", "", " "]), size=st.sampled_from([16, 50, 64, 200]), tail=st.booleans())
+def test_a_mapped_file_is_cut_into_the_chunks_of_its_stream(tmp_path_factory, lines: list[str], end: str, size: int,
+                                                             tail: bool) -> None:
+    """A local export is read through a memory map, a compressed or remote one as a stream; both must
+    be cut into the same chunks (blank ones too, whose lines count), whatever the line lengths."""
+    data = ("\n".join(lines) + end).encode()
+    if not data:
+        return
+    path = tmp_path_factory.mktemp("mapped") / "export.lp"
+    path.write_bytes(data)
+    cut = line_protocol._series_tail if tail else None
+    streamed = [bytes(chunk) for chunk in base._line_chunks(pa.BufferReader(data), size, cut, blank=True)]
+    with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+        views = list(base._mapped_line_chunks(mapped, size, cut))
+        chunks = [view.tobytes() for _, view in views]
+        starts = [start for start, _ in views]
+        for _, view in views:
+            view.release()
+    assert chunks == streamed
+    assert b"".join(chunks) == data
+    assert starts == [sum(map(len, chunks[:i])) for i in range(len(chunks))]
+
+
+@pytest.mark.parametrize("suffix", [".lp", ".lp.gz"])
+def test_lines_after_a_chunk_of_blank_lines_keep_their_numbers(tmp_path: Path, monkeypatch, suffix: str) -> None:
+    """A chunk holding only blank lines is still counted: the first bad line after it is named by its
+    own number, whether the file is mapped or streamed through gzip."""
+    monkeypatch.setattr(line_protocol, "_CHUNK_BYTES", 64)
+    text = f"sensor value=1 {NS}\n" + "\n" * 200 + f"sensor value=2 {NS + 1}\nsensor value=3i {NS + 2}\n"
+    path = tmp_path / f"export{suffix}"
+    with (gzip.open(path, "wt") if suffix.endswith(".gz") else path.open("w")) as f:
+        f.write(text)
+    assert _read(path) == (f"InfluxError: field 'value' of measurement 'sensor' has two types in {path}: "
+                           "float at line 1 and integer at line 203")
+
+
+def test_a_mapped_export_lets_go_of_the_pages_it_has_read(tmp_path: Path, monkeypatch) -> None:
+    """A mapped file's pages count in the process's memory (RssFile) while mapped; the reader lets
+    go of each chunk's pages once it is parsed, so reading a file larger than a few chunks does not
+    grow the process by the file's size."""
+    monkeypatch.setattr(line_protocol, "_CHUNK_BYTES", 1 << 20)
+    path = tmp_path / "export.lp"
+    path.write_text("".join(f"sensor,device_id=d{i % 50},site=north value=12.5,count={i}i {NS + i}\n"
+                            for i in range(800_000)))
+    assert path.stat().st_size > 48 << 20
+    before = _rss_file()
+    most = before
+    for batch in open_influx_files(str(path), "sensor", "ns", 100_000).batches():
+        most = max(most, _rss_file())
+        assert batch.data.num_rows
+    size = path.stat().st_size >> 20
+    assert most - before < 12 << 20, f"{(most - before) >> 20} MB of the {size} MB file stayed mapped"
+
+
+def test_a_chunk_that_fails_fails_the_read_without_leaving_later_chunks_waiting(tmp_path: Path, monkeypatch) -> None:
+    """Each thread waits for the line count of the chunk before its own: a cut that fails before it
+    counts must fail those after it too, and the read must end with the error rather than hang."""
+    monkeypatch.setattr(line_protocol, "_CHUNK_BYTES", 4_096)
+    path = tmp_path / "export.lp"
+    path.write_text("".join(f"sensor value={i} {NS + i}\n" for i in range(5_000)))
+    cut = line_protocol._lineproto.split
+    calls = iter(range(1_000))
+
+    def fails_third(*args):
+        if next(calls) == 2:
+            raise MemoryError("cutting chunk 3")
+        return cut(*args)
+
+    monkeypatch.setattr(line_protocol._lineproto, "split", fails_third)
+    outcome: list[BaseException] = []
+    reader = threading.Thread(target=lambda: outcome.append(pytest.raises(MemoryError, _read, path).value), daemon=True)
+    reader.start()
+    reader.join(30)
+    assert not reader.is_alive(), "the read hangs"
+    assert str(outcome[0]) == "cutting chunk 3"
+
+
+def test_a_mapped_export_cut_short_while_it_is_read_is_named(tmp_path: Path, monkeypatch) -> None:
+    """Pages of a mapped file past its new end cannot be read at all (the process would stop), so a
+    file cut short while it is read is an error that says so before the next chunk is handed on."""
+    monkeypatch.setattr(line_protocol, "_CHUNK_BYTES", 4_096)
+    path = tmp_path / "export.lp"
+    path.write_text("".join(f"sensor value={i} {NS + i}\n" for i in range(20_000)))
+    size = path.stat().st_size
+    parser = line_protocol.LineProtocol("sensor", "ns", str(path))
+    with path.open("rb") as f:
+        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)  # unmapped with the error's views
+    batches = parser.batches(mapped)
+    assert next(batches).num_rows
+    with path.open("r+b") as cut:
+        cut.truncate(size - 1)  # the last page stays: chunks already handed on read on safely
+    with pytest.raises(line_protocol.InfluxError) as error:
+        list(batches)
+    assert str(error.value) == f"{path} was cut short while it was read: {size - 1:,} bytes of {size:,}"
+
+
+def _rss_file() -> int:
+    status = Path("/proc/self/status").read_text()
+    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("RssFile:"))) << 10

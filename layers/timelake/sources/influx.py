@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import mmap
 import os
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any
 
 import numpy as np
@@ -30,6 +31,7 @@ from timelake.sources.base import FileSource, Source, SourceBatch, SourceError, 
 from timelake.sources.line_protocol import ARROW_TYPES, TIME, TIME_TYPE, InfluxError, LineProtocol, points
 
 _QUERY_CHUNK_ROWS = 50_000
+_COMPRESSED = (".bz2", ".gz", ".lz4", ".zst")  # what Arrow decompresses by name
 _BYTES_PER_POINT = 48  # a rough Parquet size of one point, only to balance pieces across scan tasks
 
 
@@ -56,7 +58,7 @@ class InfluxFileSource(FileSource):
         two types, and a missing measurement, before the job is planned."""
         piece = next(iter(self._paths))
         parser = self._parser(piece)
-        with self._readable(piece), self._open(self._paths[piece]) as stream:
+        with self._readable(piece), self._lines(self._paths[piece]) as stream:
             schema = parser.scan(stream)
         if not parser.kinds:
             seen = ", ".join(sorted(parser.seen)) or "none"
@@ -69,8 +71,27 @@ class InfluxFileSource(FileSource):
 
     def _influx(self, path: str) -> Iterator[pa.RecordBatch]:
         parser = self._parser(self._pieces_by_path[path])
-        with self._open(path) as stream:
+        with self._lines(path) as stream:
             yield from points(parser, parser.batches(stream), self._batch_rows)
+
+    @contextmanager
+    def _lines(self, path: str) -> Iterator[pa.NativeFile | mmap.mmap]:
+        """A local file that is not compressed is memory-mapped: the parsing threads then read their
+        chunks straight from the page cache, where a stream is copied by one thread. A file cut
+        short while it is read is named before each chunk (``LineProtocol._split``); cut inside a
+        chunk being read, it stops the process, as any reader of a mapped file."""
+        if isinstance(self._fs, pafs.LocalFileSystem) and not path.endswith(_COMPRESSED):
+            with open(path, "rb") as f:
+                if os.fstat(f.fileno()).st_size:  # an empty file cannot be mapped
+                    mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+                    try:
+                        yield mapped
+                    finally:
+                        with suppress(BufferError):  # views an error's traceback still holds: unmapped with them
+                            mapped.close()
+                    return
+        with self._open(path) as stream:
+            yield stream
 
 
 def open_influx_files(uri: str, measurement: str, precision: str | None, batch_rows: int) -> InfluxFileSource:

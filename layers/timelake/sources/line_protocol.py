@@ -19,6 +19,7 @@ merge of such an export only has to confirm that no point has two rows.
 
 from __future__ import annotations
 
+import mmap
 import re
 import tempfile
 import threading
@@ -34,7 +35,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pcsv
 
-from timelake.sources.base import SourceError, _line_chunks
+from timelake.sources.base import SourceError, _line_chunks, _mapped_line_chunks
 
 try:
     from timelake.sources import _lineproto  # compiled at install (_lineproto.c)
@@ -288,29 +289,71 @@ class LineProtocol:
     def _both(self, key: str) -> None:
         raise InfluxError(f"{self.origin}: '{key}' of measurement '{self.measurement}' is both a tag and a field")
 
-    def _split(self, stream: pa.NativeFile) -> Iterator[list[_Part]]:
+    def _split(self, stream: pa.NativeFile | mmap.mmap) -> Iterator[list[_Part]]:
         """Chunks parsed and typed on threads (Arrow kernels release the GIL), in file order.
 
         Only parsing runs ahead, at most _AHEAD chunks: the checks stay in order, so the first line
-        of each type, named when a type changes, is the first in the file.
+        of each type, named when a type changes, is the first in the file. A memory-mapped file is
+        cut into views that the threads read themselves, and each thread counts its chunk's lines, so
+        the reading thread only finds where chunks end; the pages a chunk was read from are let go
+        once it is parsed, so the map does not grow the process by the file's size.
         """
         if _lineproto is not None:
             _lineproto.hold_heap()
+        mapped = stream if isinstance(stream, mmap.mmap) and _lineproto is not None else None
+        chunks: Iterator[tuple[int, bytes | bytearray | memoryview]]
+        if mapped is not None:
+            mapped.madvise(mmap.MADV_SEQUENTIAL)
+            chunks = _mapped_line_chunks(mapped, _CHUNK_BYTES, _series_tail)
+        else:  # the Arrow reader's cut searches bytes: a map is read as a stream
+            reader = pa.BufferReader(pa.py_buffer(stream)) if isinstance(stream, mmap.mmap) else stream
+            chunks = ((0, chunk) for chunk in _line_chunks(reader, _CHUNK_BYTES, _series_tail, blank=True))
         with ThreadPoolExecutor(max_workers=_AHEAD, thread_name_prefix="line-protocol") as pool:
-            pending: deque[Future] = deque()
-            line = 1
-            for chunk in _line_chunks(stream, _CHUNK_BYTES, _series_tail):
-                pending.append(pool.submit(self._parts, chunk, line))
-                line += _newlines(chunk) + (not chunk.endswith(b"\n"))
+            pending: deque[tuple[int, Future]] = deque()
+            first: Future[int] = Future()
+            first.set_result(1)
+            released = 0
+            for start, chunk in chunks:
+                if mapped is not None and mapped.size() < len(mapped):  # the pages past its end cannot be read
+                    raise InfluxError(f"{self.origin} was cut short while it was read: {mapped.size():,} bytes "
+                                      f"of {len(mapped):,}")
+                following: Future[int] = Future()
+                pending.append((start, pool.submit(self._numbered, chunk, first, following)))
+                first = following
                 if len(pending) > _AHEAD:
-                    yield pending.popleft().result()
+                    yield pending.popleft()[1].result()
+                    if mapped is not None:  # pages wholly before the oldest chunk still being read
+                        released = _release(mapped, released, pending[0][0])
             while pending:
-                yield pending.popleft().result()
+                yield pending.popleft()[1].result()
 
-    def _parts(self, chunk: bytes, first_line: int) -> list[_Part]:
-        native = self._native(chunk, first_line) if _lineproto is not None else None
+    def _numbered(self, chunk: bytes | bytearray | memoryview, first: Future[int],
+                  following: Future[int]) -> list[_Part]:
+        """The chunk's parts, numbered from the line after the previous chunk's last.
+
+        The compiled reader cuts the chunk first, which needs no numbers and counts its lines. The
+        previous chunk was handed to the pool first, so it is being read on another thread (or is
+        done) and soon tells this one where to start. An error is passed down the chain, so no thread
+        waits on a chunk that failed.
+        """
+        try:
+            cut = _lineproto.split(chunk, _ODD_LINES, True) if _lineproto is not None else None
+            count = cut[0] if cut is not None else _newlines(chunk) + (len(chunk) > 0 and chunk[-1] != 10)
+            line = first.result()
+        except BaseException as e:
+            following.set_exception(e)
+            raise
+        following.set_result(line + count)
+        return self._parts(chunk, line, cut)
+
+    def _parts(self, chunk: bytes | bytearray | memoryview, first_line: int, cut: tuple | None) -> list[_Part]:
+        """The rows of the compiled reader's cut; without one (no compiled reader, or it set aside too
+        many lines), of the Arrow reader."""
+        native = self._native(chunk, first_line, cut) if cut is not None else None
         if native is not None:
             return native
+        if isinstance(chunk, memoryview):  # a view of a mapped file: the Arrow paths search it as bytes
+            chunk = chunk.tobytes()
         split = _plain(chunk, first_line)
         return self._from_split(split, chunk) if split is not None else [self._whole(chunk, first_line)]
 
@@ -357,17 +400,16 @@ class LineProtocol:
 
     # --- lines cut by the compiled reader --------------------------------------------------------
 
-    def _native(self, chunk: bytes, first_line: int, join: bool = True) -> list[_Part] | None:
-        """Rows of the lines the compiled reader cut and typed; every other line goes to the general split.
+    def _native(self, chunk: bytes | bytearray | memoryview, first_line: int, got: tuple,
+                join: bool = True) -> list[_Part] | None:
+        """Rows of the lines the compiled reader cut and typed (``got``, cut with ``join``); every other
+        line goes to the general split.
 
         None when more than _ODD_LINES lines are set aside: then the CSV split, which reads some
         spellings the compiled reader leaves alone (``+1``, ``inf``), gets the chunk. Lines joined to
         an earlier line's row are read again unjoined when some rows are not kept (another
         measurement, a series for the general split): a row left out must leave out only its own line.
         """
-        got = _lineproto.split(chunk, _ODD_LINES, join)
-        if got is None:
-            return None
         (_, odd, rows, codes, stamps, offsets, text, keys, counts, kinds, cell_row, cell_kind, cell_value, strings, first,
          joined, block) = got
         rows, codes = np.frombuffer(rows, np.int32), np.frombuffer(codes, np.int32)
@@ -375,7 +417,8 @@ class LineProtocol:
         measurement, tags, readable, numbers = self._distinct(distinct, len(codes))
         every = bool(readable.all())  # the common chunk: every series read, so no row to select (a row per line)
         if joined and not (every and bool(pc.all(pc.equal(measurement, self.measurement)).as_py())):
-            return self._native(chunk, first_line, join=False)
+            unjoined = _lineproto.split(chunk, _ODD_LINES, False)
+            return self._native(chunk, first_line, unjoined, join=False) if unjoined is not None else None
         ok = None if every else readable[codes]
         odd = np.frombuffer(odd, np.int32)  # in line order, as the reader set them aside
         if ok is not None:
@@ -891,11 +934,12 @@ def _unmask(values: pa.Array) -> pa.Array:
     return pa.StringArray.from_buffers(len(values), offsets, plain, validity, values.null_count, values.offset)
 
 
-def _series_tail(block: bytearray, end: int) -> int:
+def _series_tail(block: bytearray | memoryview, end: int) -> int:
     """Where the lines at the end of ``block[:end]`` of the last line's series begin, when that is in
     the second half; else ``end`` (which follows a newline). Chunks cut there keep a series' run of
     lines whole, where the compiled reader joins its lines of one point; the Arrow reader cuts the
-    same way, so both read a file in the same chunks and name the same first error."""
+    same way, so both read a file in the same chunks and name the same first error. (A view of a
+    mapped file comes only with the compiled reader: the Arrow reader's cut searches bytes.)"""
     if _lineproto is not None:
         return _lineproto.series_tail(block, end)
     start = block.rfind(b"\n", 0, end - 1) + 1
@@ -915,7 +959,15 @@ def _series_tail(block: bytearray, end: int) -> int:
     return int(starts[differ[-1] + 1]) if len(differ) else end
 
 
-def _newlines(chunk: bytearray) -> int:
+def _release(mapped: mmap.mmap, released: int, end: int) -> int:
+    """Let go of the mapped pages from ``released`` up to the page that holds ``end``; the new mark."""
+    end -= end % mmap.PAGESIZE
+    if end > released:
+        mapped.madvise(mmap.MADV_DONTNEED, released, end - released)
+    return max(end, released)
+
+
+def _newlines(chunk: bytes | bytearray | memoryview) -> int:
     """Newline bytes of a chunk: counted by the compiled reader when there is one (no temporary array)."""
     if _lineproto is not None:
         return _lineproto.newlines(chunk)
