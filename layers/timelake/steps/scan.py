@@ -170,11 +170,11 @@ def _max(a: int | None, b: int | None) -> int | None:
 
 class _Spiller:
     """The task's spill file (see `timelake.steps.spill`), opened at the first row spilled, which every
-    partition the task spills shares. Rows wait per partition until HELD_BYTES are held in all, then
-    every partition writes them: the rows held are slices of the source batches, and a batch spread
-    over many partitions (a file per device) is only freed once each of them has written its slice.
-    Writing the fullest partition alone kept nearly every batch read: over 120 days of files per
-    device, a scan's peak memory was 1.8× that over 30 days; now it is 1.2×.
+    partition the task spills shares. Batches wait whole until HELD_BYTES are held, then one flush
+    writes every partition's rows of them: a batch spread over many partitions (a file per device) is
+    only freed once each of them has written its rows. Writing the fullest partition alone kept nearly
+    every batch read: over 120 days of files per device, a scan's peak memory was 1.8× that over 30
+    days.
 
     The partitions of ``direct`` (see `plan.plan_direct`) are held whole instead, and handed to
     ``finish`` once the piece after their last one is read (`advance`); one that ``finish`` declines
@@ -188,7 +188,6 @@ class _Spiller:
         self.dictionaries = spill.Dictionaries(schema, series_key)
         self.file: spill.SpillFile | None = None
         self.parts: dict[tuple[int, int], PartitionStats] = {}
-        self.held = 0
         self.direct = dict(direct or {})
         self.finish = finish
         self.whole: dict[PartitionKey, tuple[PartitionStats, list[pa.Table], list[np.ndarray | None]]] = {}
@@ -198,33 +197,55 @@ class _Spiller:
     def code(self, rows: pa.Table) -> pa.Table:
         return self.dictionaries.code(rows)
 
-    def write(self, part: PartitionStats, pieces: list[tuple[pa.Table, np.ndarray | None]], bytes_per_row: float) -> None:
-        """Spill ``pieces`` of rows (coded by `code`) of ``part`` with their series buckets, or hold them
-        if the task writes ``part`` itself; ``bytes_per_row``: their average, for the budget of held rows."""
-        if part.key.name in self.direct:
-            _, tables, runs = self.whole.setdefault(part.key, (part, [], []))
-            tables.extend(rows for rows, _ in pieces)
-            runs.extend(buckets for _, buckets in pieces)
-            self.whole_rows += sum(rows.num_rows for rows, _ in pieces)
-            while self.whole_rows > DIRECT_MAX_ROWS:  # partitions of interleaved pieces: spill the largest
-                largest = max(self.whole, key=lambda k: sum(t.num_rows for t in self.whole[k][1]))
-                self._settle(largest, spill_it=True)
-            return
+    def write(self, parts: list[PartitionStats | None], codes: np.ndarray, rows: pa.Table,
+              buckets: np.ndarray | None) -> None:
+        """Spill ``rows`` (coded by `code`), row i of ``parts[codes[i]]`` with series bucket ``buckets[i]``,
+        or hold the rows of partitions the task writes itself."""
+        whole = {code: part for code, part in enumerate(parts) if part is not None and part.key.name in self.direct}
+        if whole:
+            mine = np.isin(codes, list(whole))
+            self._hold_whole(whole, codes[mine], rows if mine.all() else rows.filter(pa.array(mine)),
+                             buckets[mine] if buckets is not None else None)
+            if mine.all():
+                return
+            keep = ~mine
+            rows, codes, buckets = rows.filter(pa.array(keep)), codes[keep], buckets[keep] if buckets is not None else None
+            parts = [None if code in whole else part for code, part in enumerate(parts)]
+        self._spill(parts, codes, rows, buckets)
+
+    def _spill(self, parts: list[PartitionStats | None], codes: np.ndarray, rows: pa.Table,
+               buckets: np.ndarray | None) -> None:
         if self.file is None:
             fs, root = filesystem(self.uri)
             fs.create_dir(root, recursive=True)
             self.file = spill.SpillFile(f"{self.uri}/t{self.task:05d}.arrow", self.dictionaries, self.join_bytes)
-        partition = (part.key.spec_id, part.key.value)
-        if partition not in self.parts:
-            self.parts[partition] = part
-            part.spill.append(self.file.uri)
-        self.held -= self.file.held_bytes(partition)
-        self.file.write(partition, pieces, round(bytes_per_row * sum(rows.num_rows for rows, _ in pieces)))
-        self.held += self.file.held_bytes(partition)
-        if self.held > HELD_BYTES:
-            for held in self.parts:
-                self.file.flush(held)
-            self.held = 0
+        keys: list[tuple[int, int] | None] = []
+        for part in parts:
+            key = None if part is None else (part.key.spec_id, part.key.value)
+            if key is not None and key not in self.parts:
+                self.parts[key] = part
+                part.spill.append(self.file.uri)
+            keys.append(key)
+        self.file.hold(rows, keys, codes, buckets, rows.nbytes)
+        if self.file.held_bytes > HELD_BYTES:
+            self.file.flush()
+
+    def _hold_whole(self, parts: dict[int, PartitionStats], codes: np.ndarray, rows: pa.Table,
+                    buckets: np.ndarray | None) -> None:
+        """Holds rows of partitions the task writes itself, row i of ``parts[codes[i]]``, in runs."""
+        order, runs = code_runs(codes, repeats=True)  # joined time-ordered files: their runs, not a sort
+        if order is not None:
+            rows = rows.take(pa.array(order))
+            buckets = buckets[order] if buckets is not None else None
+        for code, lo, hi in runs:
+            part = parts[code]
+            _, tables, held = self.whole.setdefault(part.key, (part, [], []))
+            tables.append(rows.slice(lo, hi - lo))
+            held.append(buckets[lo:hi] if buckets is not None else None)
+            self.whole_rows += hi - lo
+        while self.whole_rows > DIRECT_MAX_ROWS:  # partitions of interleaved pieces: spill the largest
+            largest = max(self.whole, key=lambda k: sum(t.num_rows for t in self.whole[k][1]))
+            self._settle(largest, spill_it=True)
 
     def advance(self, piece: int) -> None:
         """The scan reads ``piece`` next: the partitions it holds whose last piece came before are whole."""
@@ -242,7 +263,8 @@ class _Spiller:
         self.whole_rows -= rows.num_rows
         if spill_it or self.finish is None or not self.finish(part, rows):
             del self.direct[key.name]
-            self.write(part, list(zip(tables, runs)), rows.nbytes / max(rows.num_rows, 1))
+            buckets = None if runs[0] is None else np.concatenate(runs)
+            self._spill([part], np.zeros(rows.num_rows, dtype=np.int64), rows, buckets)
 
     def close(self) -> None:
         """Writes what is held and closes the file; when that fails (a full disk), the file is discarded."""
@@ -250,7 +272,7 @@ class _Spiller:
         self.whole_rows = 0
         if self.file is None:
             return
-        file, self.file, self.held = self.file, None, 0
+        file, self.file = self.file, None
         for partition, spilled in file.close().items():
             self.parts[partition].spill_bytes += spilled
 
@@ -465,9 +487,10 @@ def _scan_batch(
         counts = np.bincount(codes * SERIES_BUCKETS + buckets, minlength=len(keys) * SERIES_BUCKETS)
         counts = counts.reshape(len(keys), SERIES_BUCKETS)
     bytes_per_row = rows.nbytes / rows.num_rows
-    per_code = np.bincount(codes, minlength=len(keys))
+    per_code = counts.sum(axis=1) if counts is not None else np.bincount(codes, minlength=len(keys))
+    parts: list[PartitionStats | None] = [None] * len(keys)
     for code in np.flatnonzero(per_code).tolist():
-        part = result.partitions.setdefault(keys[code], PartitionStats(keys[code]))
+        part = parts[code] = result.partitions.setdefault(keys[code], PartitionStats(keys[code]))
         part.rows += int(per_code[code])
         part.nbytes += round(bytes_per_row * int(per_code[code]))
         if counts is not None:
@@ -475,15 +498,7 @@ def _scan_batch(
         if sums is not None:
             part.check_sum += float(sums[code])
     if spiller:
-        order, runs = code_runs(codes, repeats=True)  # joined time-ordered files: their runs, not a sort
-        if order is not None:
-            rows = rows.take(pa.array(order))
-            buckets = buckets[order] if buckets is not None else None
-        pieces: dict[int, list[tuple[pa.Table, np.ndarray | None]]] = {}
-        for code, lo, hi in runs:
-            pieces.setdefault(code, []).append((rows.slice(lo, hi - lo), buckets[lo:hi] if buckets is not None else None))
-        for code, held in pieces.items():
-            spiller.write(result.partitions[keys[code]], held, bytes_per_row)
+        spiller.write(parts, codes, rows, buckets)
 
 
 def series_bucket(rows: pa.Table, series_key: tuple[str, ...]) -> np.ndarray:

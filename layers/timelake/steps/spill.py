@@ -20,8 +20,8 @@ Text series-key columns are stored as int32 codes into a dictionary per scan tas
 index: a few thousand series, not millions of strings, so rows are reordered, written and read back
 as fixed-width numbers, and a unit gets them dictionary-encoded, as its writer holds them anyway.
 
-A scan task spills every partition it does not write itself to ONE file; each flush writes one
-partition's runs, and the index keeps each partition's runs apart.
+A scan task spills every partition it does not write itself to ONE file; each flush writes the runs
+of every partition held, a partition's together, and the index keeps each partition's runs apart.
 
 Index layout, little-endian int64: ``[partitions P, schema bytes, dictionary bytes, FORMAT]``, then P rows
 ``[spec id, value, lowest bucket L, bucket slots B, section]`` ordered by (spec id, value), where section
@@ -51,6 +51,7 @@ WRITE_BUFFER = 1 << 18  # the IPC writer writes each batch in many small pieces:
 JOIN_BYTES = 1 << 20  # at most this many bytes of runs share one record batch (see the module docstring)
 JOIN_SHARE = 64  # ... and at most this share of the table's target file size
 WHOLE = -1  # the bucket of a batch written without series buckets (a table without a series key)
+RUN_ROWS = 256  # rows a held batch's runs must average to be left in place (fewer: its rows are ordered)
 HEADER = 4  # int64s of the index's header
 FORMAT = int.from_bytes(b"tlspill2", "little")  # the header's last int64: this layout (the first had dictionary bytes there)
 PARTITION = 5  # int64s of a partition's row in the index
@@ -123,21 +124,35 @@ class Dictionaries:
 
 @dataclass
 class _Held:
-    """One partition's part of a spill file: rows held until its next flush, and its runs written so far."""
+    """One partition's part of a spill file: its runs written so far."""
 
     index: list[np.ndarray] = field(default_factory=list)  # [bucket, offset, length, first row, rows] per run, a block per batch
-    rows: list[tuple[pa.Table, np.ndarray | None]] = field(default_factory=list)
-    bytes: int = 0  # of the rows held
     written: int = 0  # bytes of the batches written
+
+
+@dataclass
+class _Batch:
+    """A batch of rows held until the next flush, cut into runs of one partition and bucket: run i is
+    ``rows[starts[i]:starts[i + 1]]``, of the file's partition ``ids[i]`` and bucket ``buckets[i]``."""
+
+    rows: pa.Table
+    ids: np.ndarray
+    buckets: np.ndarray
+    starts: np.ndarray
 
 
 class SpillFile:
     """One scan task's spill file: an Arrow IPC stream that every partition the task spills shares, and
-    one index of the runs of each. Rows come coded by ``dictionaries`` and are held per partition until
-    its `flush` (the scan decides when, within its memory), so a partition has few long runs per bucket
-    rather than one per source batch. One file a task, not one a partition: a file per device over a
-    month touches every day in every task, and each file created costs a request on S3 (and about a
-    millisecond on some local disks)."""
+    one index of the runs of each. Batches of rows come coded by ``dictionaries`` and are held whole
+    until a `flush` (the scan decides when, within its memory), which writes every partition's rows held,
+    so a partition has few long runs per bucket rather than one per source batch. One file a task, not
+    one a partition: a file per device over a month touches every day in every task, and each file
+    created costs a request on S3 (and about a millisecond on some local disks).
+
+    A flush orders runs, not rows: a batch's rows of one partition and bucket lie together once it is
+    held (a file per device has them so; other batches are ordered by partition and bucket as they
+    come), and a flush sorts the runs of all batches held and copies each once, into the record batch
+    that writes it. Its work is per run and per record batch written, not per partition and piece."""
 
     def __init__(self, uri: str, dictionaries: Dictionaries, join_bytes: int = 0) -> None:
         """``join_bytes``: runs smaller than this share a record batch; 0: a batch (or more) per run."""
@@ -145,94 +160,89 @@ class SpillFile:
         self.dictionaries = dictionaries
         self.join_bytes = join_bytes
         self.partitions: dict[tuple[int, int], _Held] = {}
+        self.keys: list[tuple[int, int]] = []  # the file's partitions, by the id its runs carry
+        self.ids: dict[tuple[int, int], int] = {}
+        self.held: list[_Batch] = []
+        self.held_bytes = 0  # of the batches held, as the scan counts them
         self.fs, path = filesystem(uri)
         self.stream = self.fs.open_output_stream(path, buffer_size=WRITE_BUFFER)
         self.writer = pa.ipc.new_stream(self.stream, dictionaries.stored)
         self.writer.write_batch(dictionaries.empty)  # puts the schema up front
         self.header = self.stream.tell()
-        self.row_bytes = 0.0  # of the rows being flushed
 
-    def write(self, partition: tuple[int, int], pieces: list[tuple[pa.Table, np.ndarray | None]], nbytes: int) -> None:
-        """Holds pieces of rows (coded) of ``partition`` (spec id, value) with their series buckets, ``nbytes``
-        in all, until the partition's next flush."""
-        held = self.partitions.setdefault(partition, _Held())
-        held.rows.extend(pieces)
-        held.bytes += nbytes
+    def hold(self, rows: pa.Table, partitions: list[tuple[int, int] | None], codes: np.ndarray,
+             buckets: np.ndarray | None, nbytes: int) -> None:
+        """Holds ``rows`` (coded), ``nbytes`` in all, until the next flush: row i is of partition
+        ``partitions[codes[i]]`` (spec id, value; None for a code no row has) and series bucket
+        ``buckets[i]`` (None: the table has no series key)."""
+        if not rows.num_rows:
+            return
+        ids = np.array([-1 if key is None else self._id(key) for key in partitions], dtype=np.int64)[codes]
+        starts = _run_starts(ids, buckets)
+        if len(starts) > max(1, len(ids) // RUN_ROWS):  # runs of a few rows: order the rows, one copy now
+            order = _stable_order(ids, buckets)
+            rows, ids = rows.take(pa.array(order)), ids[order]
+            buckets = buckets[order] if buckets is not None else None
+            starts = _run_starts(ids, buckets)
+        self.held.append(_Batch(rows, ids[starts], np.full(len(starts), WHOLE) if buckets is None else buckets[starts],
+                                np.append(starts, len(ids))))
+        self.held_bytes += nbytes
 
-    def held_bytes(self, partition: tuple[int, int]) -> int:
-        held = self.partitions.get(partition)
-        return held.bytes if held is not None else 0
+    def _id(self, key: tuple[int, int]) -> int:
+        if key not in self.ids:
+            self.ids[key] = len(self.keys)
+            self.keys.append(key)
+            self.partitions[key] = _Held()
+        return self.ids[key]
 
-    def flush(self, partition: tuple[int, int]) -> None:
-        """Writes the rows held of ``partition``, one run per bucket, in bucket order (within a bucket in
-        the order they came). Pieces of one bucket each (a source file per series) are moved whole; others
-        are sorted by row."""
-        part = self.partitions[partition]
-        held, held_bytes, part.rows, part.bytes = part.rows, part.bytes, [], 0
-        held = [(rows, buckets) for rows, buckets in held if rows.num_rows]
+    def flush(self) -> None:
+        """Writes the rows held: each partition's runs together, in bucket order (a bucket's in the order
+        they came); consecutive runs that fit in ``join_bytes`` together as one record batch, a larger
+        run as its own."""
+        held, self.held = self.held, []
+        nbytes, self.held_bytes = self.held_bytes, 0
         if not held:
             return
-        self.row_bytes = held_bytes / sum(rows.num_rows for rows, _ in held)
-        if held[0][1] is None:
-            self._write_runs(part, [(WHOLE, [rows for rows, _ in held])])
-            return
-        buckets = np.concatenate([b for _, b in held])
-        ends = np.cumsum([len(b) for _, b in held])
-        changes = np.flatnonzero(buckets[1:] != buckets[:-1]) + 1
-        if np.isin(changes, ends).all():  # every piece of one bucket: pieces are moved whole
-            firsts = buckets[np.concatenate(([0], ends[:-1]))]
-            order = np.argsort(firsts, kind="stable")
-            starts = np.concatenate(([0], np.flatnonzero(firsts[order][1:] != firsts[order][:-1]) + 1, [len(order)]))
-            self._write_runs(part, [(int(firsts[order[lo]]), [held[i][0] for i in order[lo:hi].tolist()])
-                                    for lo, hi in zip(starts[:-1].tolist(), starts[1:].tolist())])
-            return
-        rows = pa.concat_tables([r for r, _ in held]).combine_chunks()
-        narrow = buckets.astype(np.uint16) if 0 <= buckets.min() and buckets.max() < 1 << 16 else buckets
-        order = np.argsort(narrow, kind="stable")  # 16-bit keys: a radix sort, linear in rows
-        ordered = buckets[order]
-        batch = pa.Table.from_batches(rows.take(pa.array(order)).combine_chunks().to_batches())  # runs are its slices
-        starts = np.concatenate(([0], np.flatnonzero(ordered[1:] != ordered[:-1]) + 1, [len(ordered)]))
-        self._write_runs(part, [(int(ordered[lo]), [batch.slice(lo, hi - lo)])
-                                for lo, hi in zip(starts[:-1].tolist(), starts[1:].tolist())])
-
-    def _write_runs(self, part: _Held, runs: list[tuple[int, list[pa.Table]]]) -> None:
-        """Writes ``runs`` (bucket, its rows in pieces) in order: consecutive runs that fit in ``join_bytes``
-        together as one record batch, a larger run as its own batches, uncopied."""
-        joined: list[tuple[int, list[pa.Table]]] = []
+        row_bytes = nbytes / sum(batch.rows.num_rows for batch in held)
+        runs = _Runs(held)
+        order = np.lexsort((runs.buckets, runs.ids)).tolist()  # a stable sort: a bucket's runs stay in order
+        ids, sizes = runs.ids.tolist(), (runs.sizes * row_bytes).tolist()
+        joined: list[int] = []
         size = 0.0
-        for bucket, pieces in runs:
-            nbytes = sum(rows.num_rows for rows in pieces) * self.row_bytes  # a table's own count is slow on slices
-            if joined and size + nbytes > self.join_bytes:
-                self._write_batch(part, joined)
+        for run in order:
+            if joined and (size + sizes[run] > self.join_bytes or ids[run] != ids[joined[0]]):
+                self._write_batch(runs, joined)
                 joined, size = [], 0.0
-            if nbytes >= self.join_bytes:
-                self._write_batch(part, [(bucket, pieces)])
+            if sizes[run] >= self.join_bytes:
+                self._write_batch(runs, [run])
                 continue
-            joined.append((bucket, pieces))
-            size += nbytes
+            joined.append(run)
+            size += sizes[run]
         if joined:
-            self._write_batch(part, joined)
+            self._write_batch(runs, joined)
 
-    def _write_batch(self, part: _Held, runs: list[tuple[int, list[pa.Table]]]) -> None:
-        """One run as its own batches, or several runs joined into one batch; indexes each run."""
+    def _write_batch(self, runs: "_Runs", chosen: list[int]) -> None:
+        """The ``chosen`` runs (of one partition, in order) as one record batch, copied once; a single run
+        as it is. Indexes them: runs of one bucket that follow one another as one."""
         start = self.stream.tell()
-        tables = [rows for _, pieces in runs for rows in pieces]
-        batches = [b for rows in tables for b in rows.to_batches()] if len(runs) == 1 else \
-            pa.concat_tables(tables).combine_chunks().to_batches()
-        for batch in batches:
+        tables = [runs.slice(run) for run in chosen]
+        rows = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
+        for batch in rows.combine_chunks().to_batches():
             self.writer.write_batch(batch)
         length = self.stream.tell() - start
+        part = self.partitions[self.keys[int(runs.ids[chosen[0]])]]
         part.written += length
-        rows = np.array([sum(piece.num_rows for piece in pieces) for _, pieces in runs], dtype=np.int64)
-        part.index.append(np.column_stack([[bucket for bucket, _ in runs], np.full(len(runs), start),
-                                           np.full(len(runs), length), np.cumsum(rows) - rows, rows]))
+        buckets, sizes = runs.buckets[chosen], runs.sizes[chosen]
+        firsts = np.flatnonzero(np.append(True, buckets[1:] != buckets[:-1]))
+        counts = np.add.reduceat(sizes, firsts)
+        part.index.append(np.column_stack([buckets[firsts], np.full(len(firsts), start), np.full(len(firsts), length),
+                                           np.cumsum(counts) - counts, counts]))
 
     def close(self) -> dict[tuple[int, int], int]:
         """Writes what it holds, closes the file and writes its index; returns the bytes spilled per
         partition (its batches and index rows, and the schema and dictionaries each of its reads takes)."""
         try:
-            for partition in self.partitions:
-                self.flush(partition)
+            self.flush()
             self.writer.close()
             self.stream.close()
         except BaseException:
@@ -265,12 +275,51 @@ class SpillFile:
         """Closes the file without writing what it holds, ignoring errors: its task failed (a full disk),
         and a resume spills it again. A buffered stream left open would try to flush when collected and
         print Arrow's error after the job's own."""
-        self.partitions.clear()
+        self.held.clear()
         for end in (self.writer.close, self.stream.close):
             try:
                 end()
             except (OSError, pa.ArrowException):
                 pass
+
+
+class _Runs:
+    """The runs of the batches held, as arrays: run i is rows ``starts[i]`` .. ``starts[i] + sizes[i]`` of
+    held batch ``batches[i]``."""
+
+    def __init__(self, held: list[_Batch]) -> None:
+        self.held = held
+        self.ids = np.concatenate([batch.ids for batch in held])
+        self.buckets = np.concatenate([batch.buckets for batch in held])
+        self.batches = np.repeat(np.arange(len(held)), [len(batch.ids) for batch in held])
+        self.starts = np.concatenate([batch.starts[:-1] for batch in held])
+        self.sizes = np.concatenate([np.diff(batch.starts) for batch in held])
+        self._where = list(zip(self.batches.tolist(), self.starts.tolist(), self.sizes.tolist()))
+
+    def slice(self, run: int) -> pa.Table:
+        batch, start, size = self._where[run]
+        return self.held[batch].rows.slice(start, size)
+
+
+def _run_starts(ids: np.ndarray, buckets: np.ndarray | None) -> np.ndarray:
+    """Where a run of one partition and bucket starts."""
+    change = ids[1:] != ids[:-1]
+    if buckets is not None:
+        change |= buckets[1:] != buckets[:-1]
+    return np.append(0, np.flatnonzero(change) + 1)
+
+
+def _stable_order(ids: np.ndarray, buckets: np.ndarray | None) -> np.ndarray:
+    """The stable order of rows by (partition, bucket): a stable sort by bucket, then by partition, each a
+    radix sort of 16-bit keys where they fit (linear in rows)."""
+    order = np.argsort(_narrow(buckets), kind="stable") if buckets is not None else None
+    if order is None:
+        return np.argsort(_narrow(ids), kind="stable")
+    return order[np.argsort(_narrow(ids[order]), kind="stable")]
+
+
+def _narrow(keys: np.ndarray) -> np.ndarray:
+    return keys.astype(np.uint16) if 0 <= int(keys.min()) and int(keys.max()) < 1 << 16 else keys
 
 
 @dataclass
