@@ -73,6 +73,9 @@ SINGLE_RUN = {"upsert_small"}  # minutes long; run once
 ENGINE_CASES = {"backfill_day", "backfill_device", "merge_day", "merge_small"}
 TARGETS = {"b/a day-ordered": 1.3, "b/a per-device": 1.6, "b/a2 day-ordered": 1.2, "b/a2 per-device": 1.4,
            "b/c": 1.2, "b'/b": 1.5}
+DEFAULT_ROWS = 300 * 30 * 1440  # the default run's rows
+# at 4x the default rows or more, fixed costs must have shrunk in share: the two-core targets tighten
+TARGETS_AT_4X = {"b/a2 day-ordered": 1.15, "b/a2 per-device": 1.3}
 
 
 # --------------------------------------------------------------------------------------------- data
@@ -674,7 +677,7 @@ def driver(args: argparse.Namespace) -> None:
                                ("b/a2 per-device", "backfill_device", "floor_threads"),
                                ("b/c", "backfill_day", "naive_append"), ("b'/b", "merge_day", "backfill_day")):
         value = _ratio(results, top, bottom)
-        target = TARGETS[label]
+        target = TARGETS_AT_4X.get(label, TARGETS[label]) if total_rows(args) >= 4 * DEFAULT_ROWS else TARGETS[label]
         shown = "-" if value is None else f"{value:.2f}"
         verdict = "" if value is None else ("ok" if value <= target else "OVER")
         print(f"{label:<40} {shown:>9} {'<= ' + str(target):>9}  {verdict:<5} "

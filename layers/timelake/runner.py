@@ -201,7 +201,7 @@ def _check_all(rt: Runtime, job_id: str, cancel: threading.Event | None) -> None
 
         rt.store.note_progress(job_id, "validate", {"done": 0, "total": len(items), "of": "files"})
         _fan_out(rt, job_id, "check", items, min(spec.max_concurrency or os.cpu_count() or 1, len(items)),
-                 tick, cancel, threads=True, shared=CheckContext.of(rt, job_id))
+                 tick, cancel, threads=True, shared=CheckContext.of(rt, job_id, shared=True))
 
 
 def _check(cancel: threading.Event | None, job_id: str, doing: str, rt: Runtime | None = None) -> None:

@@ -123,3 +123,43 @@ def test_checks_fanned_out_per_file_equal_the_checks_of_one_pass(lake, sensor, r
         [(c.name, c.passed, c.detail) for c in one_pass]
     stored = list(Path(rt.staging_path(job_id, "validate").removeprefix("file://")).glob("*.json"))
     assert len(stored) == 4 + 1  # one facts file per staged file, and the list of work items
+
+
+def test_checks_sharing_a_context_plan_main_once_and_find_what_a_check_alone_finds(lake, sensor, readings, monkeypatch):
+    """Checks on threads of one process share main's plan (one per snapshot, over the job's range); a
+    check on its own (a Lambda) plans its file's partition. Planning is pyiceberg reading manifests:
+    per file, it was most of a merge job's validation. Either way a key of main put into a staged file
+    in place of one of its rows is found, in that file only."""
+    from timelake.model.layout import SnapshotRange
+    from timelake.steps.validate import CheckContext, check_file, check_items, plan_checks
+
+    rt = lake.runtime
+    existing = readings(recent(4), days=3, devices=1, step_minutes=180, seed=1)  # d00 every 3 h, three days
+    sensor.append(existing)
+    job_id = stage_job(lake, readings(recent(4), days=3, devices=3, seed=2))  # the units drop those keys
+    last = max(rt.store.units(job_id), key=lambda u: u.info["start"])
+    path = last.result["path"].removeprefix("file://")
+    rows = pq.read_table(path)
+    ts = existing.column("ts")
+    key = ts.filter(pc.greater_equal(ts, pa.scalar(rows.column("ts")[0].as_py(), ts.type)))[1]
+    stolen = rows.slice(0, 1).set_column(0, rows.schema.field("ts"), pa.array([key.as_py()], rows.schema.field("ts").type))
+    pq.write_table(pa.concat_tables([stolen.cast(rows.schema), rows.slice(1)]).sort_by(
+        [("device_id", "ascending"), ("ts", "ascending")]), path)
+    plan_checks(rt, job_id)
+    items = check_items(rt, job_id)
+    plans: list[tuple[int, int]] = []
+    planned = SnapshotRange.__init__
+
+    def counted(self, table, column, start_us, end_us, *args, **kwargs):
+        plans.append((start_us, end_us))
+        planned(self, table, column, start_us, end_us, *args, **kwargs)
+
+    monkeypatch.setattr(SnapshotRange, "__init__", counted)
+    alone = [check_file(rt, job_id, i["file"], i["spec_id"], i["partition"]) for i in items]
+    assert len(plans) == len(items) == 3
+    plans.clear()
+    context = CheckContext.of(rt, job_id, shared=True)
+    shared = [check_file(rt, job_id, i["file"], i["spec_id"], i["partition"], context) for i in items]
+    state = rt.store.get_job(job_id).state
+    assert plans == [(state["range_start"], state["range_end"])]
+    assert shared == alone and [r["file"] for r in shared if not r["passed"]] == [last.result["path"]]

@@ -26,7 +26,7 @@ from timelake.errors import DstRefused, InvalidJob
 from timelake.model.contract import Contract
 from timelake.model.faults import checkpoint
 from timelake.model.layout import (
-    PartitionKey, code_runs, dense_unique, micros, partition_codes, read_range, series_hash,
+    MainReader, PartitionKey, code_runs, dense_unique, micros, partition_codes, read_range, series_hash,
 )
 from timelake.model.report import Tally
 from timelake.model.spec import JobSpec
@@ -357,8 +357,10 @@ def scan_task(rt: Runtime, ctx: ScanContext, job_id: str, task: int, pieces: ran
     result = ScanResult()
     spiller = None
     if not ctx.spec.dry_run:
-        spiller = _Spiller(rt, job_id, task, ctx.target, ctx.contract.series_key, direct_plan(rt, job_id, task),
-                           lambda part, rows: _write_whole(table, ctx, job_id, result, spiller, part, rows),
+        direct = direct_plan(rt, job_id, task)
+        main = _direct_main(ctx, direct)
+        spiller = _Spiller(rt, job_id, task, ctx.target, ctx.contract.series_key, direct,
+                           lambda part, rows: _write_whole(table, ctx, job_id, result, spiller, part, rows, main),
                            spill.join_bytes(ctx.contract.target_file_size))
     overlap = _OverlapCounter(ctx.contract) if ctx.spec.dry_run else None
     index = {names[p]: p for p in pieces}
@@ -426,8 +428,16 @@ class _Coalesced:
             self.scan(tables[0] if len(tables) == 1 else pa.concat_tables(tables).combine_chunks())
 
 
+def _direct_main(ctx: ScanContext, direct: dict[str, dict[str, Any]]) -> MainReader | None:
+    """In merge mode, main over the partitions the task writes itself, planned once for all of them."""
+    if ctx.spec.mode != "merge" or not direct:
+        return None
+    spans = [PartitionKey(p["spec_id"], p["transform"], p["value"]).range for p in direct.values()]
+    return MainReader(ctx.contract.time_column, min(lo for lo, _ in spans), max(hi for _, hi in spans), ctx.contract.dedup_key)
+
+
 def _write_whole(table: Any, ctx: ScanContext, job_id: str, result: ScanResult, spiller: _Spiller,
-                 part: PartitionStats, rows: pa.Table) -> bool:
+                 part: PartitionStats, rows: pa.Table, main: MainReader | None) -> bool:
     """Write a partition the task holds whole as its one unit's file, as the write step would have
     (`write.write_rows`); False, leaving it to the spill, when the file would pass the target size
     (measured by this task's sample) and so the partition needs several units."""
@@ -439,7 +449,7 @@ def _write_whole(table: Any, ctx: ScanContext, job_id: str, result: ScanResult, 
     unit = UnitRecord(unit_id=f"{part.key.name}-0of1",
                       info={"spec_id": part.key.spec_id, "value": part.key.value, "start": lo, "end": hi})
     rows = spill.decoded(rows, spiller.dictionaries.values)
-    part.direct = {**write_rows(table, ctx.contract, ctx.spec.mode, job_id, unit, rows), "spill_bytes_read": 0,
+    part.direct = {**write_rows(table, ctx.contract, ctx.spec.mode, job_id, unit, rows, main), "spill_bytes_read": 0,
                    "seconds": round(time.monotonic() - started, 3)}
     checkpoint("scan.direct")
     return True

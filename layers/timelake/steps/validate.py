@@ -91,17 +91,35 @@ def check_items(rt: Runtime, job_id: str) -> list[dict[str, Any]]:
 class CheckContext:
     """What every per-file check of a job reads first: the job's state, its table and contract. Checks
     on threads of one process share it, so the job record and the table's metadata are read and
-    parsed once, not once per file while the other checks wait for the interpreter."""
+    parsed once, not once per file while the other checks wait for the interpreter; and main is planned
+    once per snapshot over the job's range (``shared``), as the writers share `layout.MainReader`. A
+    check on its own (a Lambda) plans main over its file's partition only."""
 
     state: dict[str, Any]
     table: Any
     contract: Contract
+    plans: dict[str, SnapshotRange] | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock, compare=False)
 
     @classmethod
-    def of(cls, rt: Runtime, job_id: str) -> "CheckContext":
+    def of(cls, rt: Runtime, job_id: str, shared: bool = False) -> "CheckContext":
         job = rt.store.get_job(job_id)
         table = rt.load_table(JobSpec.model_validate(job.spec).table)
-        return cls(job.state, table, Contract.from_table(table))
+        return cls(job.state, table, Contract.from_table(table), {} if shared else None)
+
+    def mains(self, lo: int, hi: int) -> dict[str, SnapshotRange]:
+        """Main's snapshots a file of partition [lo, hi) is checked against, planned. Planning is pyiceberg
+        reading manifests under the interpreter lock: per file it was most of a merge job's validation."""
+        contract, snapshots = self.contract, self.state["validation_snapshots"]
+        if self.plans is None:
+            return {name: SnapshotRange(self.table, contract.time_column, lo, hi, contract.dedup_key, snapshot_id=snapshot_id)
+                    for name, snapshot_id in snapshots.items()}
+        with self.lock:  # a staged key lies in the job's range: main is planned over it, files read per partition
+            for name, snapshot_id in snapshots.items():
+                if name not in self.plans:
+                    self.plans[name] = SnapshotRange(self.table, contract.time_column, self.state["range_start"],
+                                                     self.state["range_end"], contract.dedup_key, snapshot_id=snapshot_id)
+            return {name: self.plans[name] for name in snapshots}
 
 
 def check_file(rt: Runtime, job_id: str, file: str, spec_id: int, partition: int,
@@ -110,12 +128,9 @@ def check_file(rt: Runtime, job_id: str, file: str, spec_id: int, partition: int
     duplicates, overlap with main in its partition, its check sum), kept beside the job's scratch files
     for `validate` to combine. A work item holds one file's columns, whatever the job's size."""
     context = context or CheckContext.of(rt, job_id)
-    contract, snapshots = context.contract, context.state["validation_snapshots"]
-    lo, hi = _partition_range(contract, spec_id, partition)
-    mains = {name: SnapshotRange(context.table, contract.time_column, lo, hi, contract.dedup_key, snapshot_id=snapshot_id)
-             for name, snapshot_id in snapshots.items()}
-    facts = _file_facts(contract, context.state, mains, file, spec_id, partition)
-    _store_facts(rt, job_id, snapshots, facts)
+    lo, hi = _partition_range(context.contract, spec_id, partition)
+    facts = _file_facts(context.contract, context.state, context.mains(lo, hi), file, spec_id, partition)
+    _store_facts(rt, job_id, context.state["validation_snapshots"], facts)
     return {"file": file, "passed": facts.unsorted_at is None and not facts.duplicate_count and not facts.overlap.get("base")}
 
 
