@@ -203,3 +203,28 @@ def test_a_spill_of_another_layout_is_refused_with_what_to_do(tmp_path):
     index.write_bytes(bytes(body))
     with pytest.raises(BackfillError, match=r"task\.arrow was spilled by an earlier version .* abort the job and submit it again"):
         list(spill.read([uri], (0, 1), None))
+
+
+@pytest.mark.parametrize("layout", ["runs_of_one_series", "rows_interleaved"])
+def test_rows_and_sums_per_partition_and_bucket_are_the_same_counted_per_run_or_per_row(layout):
+    """A batch of a file per series is counted per run of one partition and bucket, any other per row:
+    either way the rows per partition, per (partition, bucket) and the value sums come out exact."""
+    from timelake.steps import spill
+    from timelake.steps.scan import SERIES_BUCKETS, _partition_counts
+
+    rng = np.random.default_rng(7)
+    codes = np.repeat(rng.integers(0, 30, 400), rng.integers(300, 700, 400))  # runs of one partition
+    buckets = np.repeat(rng.integers(0, SERIES_BUCKETS, len(codes) // 2000 + 1), 2000)[:len(codes)]  # and of one bucket
+    values = rng.normal(20, 5, len(codes))
+    if layout == "rows_interleaved":
+        order = rng.permutation(len(codes))
+        codes, buckets, values = codes[order], buckets[order], values[order]
+    per_run = len(spill.run_starts(codes, buckets)) <= len(codes) // spill.RUN_ROWS
+    assert per_run == (layout == "runs_of_one_series")
+    per_code, counts, sums = _partition_counts(codes, buckets, values, 30)
+    assert per_code.tolist() == np.bincount(codes, minlength=30).tolist()
+    assert (counts == np.bincount(codes * SERIES_BUCKETS + buckets, minlength=30 * SERIES_BUCKETS).reshape(30, -1)).all()
+    assert np.allclose(sums, np.bincount(codes, weights=values, minlength=30), rtol=1e-12)
+    assert counts.dtype == per_code.dtype == np.int64
+    unbucketed, none, _ = _partition_counts(codes, None, None, 30)
+    assert unbucketed.tolist() == per_code.tolist() and none is None

@@ -485,19 +485,14 @@ def _scan_batch(
         overlap.add(rows)
     codes, keys = partition_codes(ts, ctx.contract, ctx.cutoffs, days=(days, day_of_row))
     buckets = series_bucket(rows, ctx.contract.series_key) if ctx.contract.series_key else None
-    sums = None
+    values = None
     if ctx.contract.check_column:
-        values = rows.column(ctx.contract.check_column)
-        values = pc.fill_null(values, 0) if values.null_count else values
-        sums = np.bincount(codes, weights=values.to_numpy().astype(np.float64, copy=False), minlength=len(keys))
+        column = rows.column(ctx.contract.check_column)
+        values = (pc.fill_null(column, 0) if column.null_count else column).to_numpy().astype(np.float64, copy=False)
     if spiller:
         rows = spiller.code(rows)
-    counts = None  # rows per (partition, bucket), one count for the whole batch
-    if buckets is not None:
-        counts = np.bincount(codes * SERIES_BUCKETS + buckets, minlength=len(keys) * SERIES_BUCKETS)
-        counts = counts.reshape(len(keys), SERIES_BUCKETS)
+    per_code, counts, sums = _partition_counts(codes, buckets, values, len(keys))
     bytes_per_row = rows.nbytes / rows.num_rows
-    per_code = counts.sum(axis=1) if counts is not None else np.bincount(codes, minlength=len(keys))
     parts: list[PartitionStats | None] = [None] * len(keys)
     for code in np.flatnonzero(per_code).tolist():
         part = parts[code] = result.partitions.setdefault(keys[code], PartitionStats(keys[code]))
@@ -509,6 +504,27 @@ def _scan_batch(
             part.check_sum += float(sums[code])
     if spiller:
         spiller.write(parts, codes, rows, buckets)
+
+
+def _partition_counts(codes: np.ndarray, buckets: np.ndarray | None, values: np.ndarray | None,
+                      partitions: int) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """Rows per partition code, rows per (code, series bucket) and the sum of ``values`` per code. A
+    batch of a file per series holds long runs of one code and bucket: they are counted and summed per
+    run (a sequential sum each), not per row (a scattered add each)."""
+    starts = spill.run_starts(codes, buckets)
+    if len(starts) <= len(codes) // spill.RUN_ROWS:
+        sizes = np.diff(np.append(starts, len(codes)))
+        codes, buckets = codes[starts], buckets[starts] if buckets is not None else None
+        values = np.add.reduceat(values, starts) if values is not None else None
+    else:
+        sizes = None
+    per_code = np.bincount(codes, weights=sizes, minlength=partitions).astype(np.int64)
+    sums = np.bincount(codes, weights=values, minlength=partitions) if values is not None else None
+    counts = None
+    if buckets is not None:
+        counts = np.bincount(codes * SERIES_BUCKETS + buckets, weights=sizes, minlength=partitions * SERIES_BUCKETS)
+        counts = counts.astype(np.int64).reshape(partitions, SERIES_BUCKETS)
+    return per_code, counts, sums
 
 
 def series_bucket(rows: pa.Table, series_key: tuple[str, ...]) -> np.ndarray:

@@ -178,12 +178,12 @@ class SpillFile:
         if not rows.num_rows:
             return
         ids = np.array([-1 if key is None else self._id(key) for key in partitions], dtype=np.int64)[codes]
-        starts = _run_starts(ids, buckets)
+        starts = run_starts(ids, buckets)
         if len(starts) > max(1, len(ids) // RUN_ROWS):  # runs of a few rows: order the rows, one copy now
             order = _stable_order(ids, buckets)
             rows, ids = rows.take(pa.array(order)), ids[order]
             buckets = buckets[order] if buckets is not None else None
-            starts = _run_starts(ids, buckets)
+            starts = run_starts(ids, buckets)
         self.held.append(_Batch(rows, ids[starts], np.full(len(starts), WHOLE) if buckets is None else buckets[starts],
                                 np.append(starts, len(ids))))
         self.held_bytes += nbytes
@@ -301,8 +301,8 @@ class _Runs:
         return self.held[batch].rows.slice(start, size)
 
 
-def _run_starts(ids: np.ndarray, buckets: np.ndarray | None) -> np.ndarray:
-    """Where a run of one partition and bucket starts."""
+def run_starts(ids: np.ndarray, buckets: np.ndarray | None) -> np.ndarray:
+    """Where a run of one partition (id or code) and bucket starts."""
     change = ids[1:] != ids[:-1]
     if buckets is not None:
         change |= buckets[1:] != buckets[:-1]
