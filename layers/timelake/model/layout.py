@@ -119,7 +119,14 @@ def series_codes(table: pa.Table, series_key: tuple[str, ...]) -> np.ndarray:
     return np.zeros(table.num_rows, dtype=np.int64) if codes is None else codes
 
 
-RUN_ROWS = 256  # rows a run of one code must average for `code_runs` to leave rows in place
+RUN_ROWS = 256  # rows a run of one code must average to be left in place, not ordered row by row
+
+
+def stable_argsort(keys: np.ndarray) -> np.ndarray:
+    """The stable order of integer ``keys``: keys in [0, 65536) sort as uint16, which numpy radix-sorts
+    in linear time."""
+    small = keys.dtype.kind in "iu" and len(keys) > 0 and 0 <= int(keys.min()) and int(keys.max()) < 1 << 16
+    return np.argsort(keys.astype(np.uint16) if small else keys, kind="stable")
 
 
 def split_by_code(table: pa.Table, codes: np.ndarray) -> list[tuple[int, pa.Table]]:
@@ -140,8 +147,7 @@ def code_runs(codes: np.ndarray, repeats: bool = False) -> tuple[np.ndarray | No
     cuts = np.flatnonzero(codes[1:] != codes[:-1]) + 1
     ordered = bool(np.all(codes[1:] >= codes[:-1]))
     if not ordered and not (repeats and len(cuts) + 1 <= len(codes) // RUN_ROWS):
-        narrow = codes.astype(np.uint16) if int(codes.max()) < 1 << 16 and int(codes.min()) >= 0 else codes
-        order = np.argsort(narrow, kind="stable")  # 16-bit codes: a radix sort
+        order = stable_argsort(codes)
         codes = codes[order]
         cuts = np.flatnonzero(codes[1:] != codes[:-1]) + 1
     bounds = np.concatenate(([0], cuts, [len(codes)])).tolist()

@@ -26,7 +26,7 @@ from timelake.errors import DstRefused, InvalidJob
 from timelake.model.contract import Contract
 from timelake.model.faults import checkpoint
 from timelake.model.layout import (
-    MainReader, PartitionKey, code_runs, dense_unique, micros, partition_codes, read_range, series_hash,
+    RUN_ROWS, MainReader, PartitionKey, code_runs, dense_unique, micros, partition_codes, read_range, series_hash,
 )
 from timelake.model.report import Tally
 from timelake.model.spec import JobSpec
@@ -512,7 +512,7 @@ def _partition_counts(codes: np.ndarray, buckets: np.ndarray | None, values: np.
     batch of a file per series holds long runs of one code and bucket: they are counted and summed per
     run (a sequential sum each), not per row (a scattered add each)."""
     starts = spill.run_starts(codes, buckets)
-    if len(starts) <= len(codes) // spill.RUN_ROWS:
+    if len(starts) <= len(codes) // RUN_ROWS:
         sizes = np.diff(np.append(starts, len(codes)))
         codes, buckets = codes[starts], buckets[starts] if buckets is not None else None
         values = np.add.reduceat(values, starts) if values is not None else None

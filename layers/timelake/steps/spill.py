@@ -43,6 +43,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from timelake.errors import BackfillError
+from timelake.model.layout import RUN_ROWS, stable_argsort
 from timelake.ports.files import filesystem
 
 INDEX_SUFFIX = ".idx"
@@ -51,7 +52,6 @@ WRITE_BUFFER = 1 << 18  # the IPC writer writes each batch in many small pieces:
 JOIN_BYTES = 1 << 20  # at most this many bytes of runs share one record batch (see the module docstring)
 JOIN_SHARE = 64  # ... and at most this share of the table's target file size
 WHOLE = -1  # the bucket of a batch written without series buckets (a table without a series key)
-RUN_ROWS = 256  # rows a held batch's runs must average to be left in place (fewer: its rows are ordered)
 HEADER = 4  # int64s of the index's header
 FORMAT = int.from_bytes(b"tlspill2", "little")  # the header's last int64: this layout (the first had dictionary bytes there)
 PARTITION = 5  # int64s of a partition's row in the index
@@ -288,17 +288,15 @@ class _Runs:
     held batch ``batches[i]``."""
 
     def __init__(self, held: list[_Batch]) -> None:
-        self.held = held
         self.ids = np.concatenate([batch.ids for batch in held])
         self.buckets = np.concatenate([batch.buckets for batch in held])
-        self.batches = np.repeat(np.arange(len(held)), [len(batch.ids) for batch in held])
-        self.starts = np.concatenate([batch.starts[:-1] for batch in held])
         self.sizes = np.concatenate([np.diff(batch.starts) for batch in held])
-        self._where = list(zip(self.batches.tolist(), self.starts.tolist(), self.sizes.tolist()))
+        self._where = [(batch.rows, start, size) for batch in held
+                       for start, size in zip(batch.starts[:-1].tolist(), np.diff(batch.starts).tolist())]
 
     def slice(self, run: int) -> pa.Table:
-        batch, start, size = self._where[run]
-        return self.held[batch].rows.slice(start, size)
+        rows, start, size = self._where[run]
+        return rows.slice(start, size)
 
 
 def run_starts(ids: np.ndarray, buckets: np.ndarray | None) -> np.ndarray:
@@ -310,16 +308,11 @@ def run_starts(ids: np.ndarray, buckets: np.ndarray | None) -> np.ndarray:
 
 
 def _stable_order(ids: np.ndarray, buckets: np.ndarray | None) -> np.ndarray:
-    """The stable order of rows by (partition, bucket): a stable sort by bucket, then by partition, each a
-    radix sort of 16-bit keys where they fit (linear in rows)."""
-    order = np.argsort(_narrow(buckets), kind="stable") if buckets is not None else None
-    if order is None:
-        return np.argsort(_narrow(ids), kind="stable")
-    return order[np.argsort(_narrow(ids[order]), kind="stable")]
-
-
-def _narrow(keys: np.ndarray) -> np.ndarray:
-    return keys.astype(np.uint16) if 0 <= int(keys.min()) and int(keys.max()) < 1 << 16 else keys
+    """The stable order of rows by (partition, bucket): a stable sort by bucket, then by partition."""
+    if buckets is None:
+        return stable_argsort(ids)
+    order = stable_argsort(buckets)
+    return order[stable_argsort(ids[order])]
 
 
 @dataclass

@@ -110,16 +110,17 @@ class CheckContext:
     def mains(self, lo: int, hi: int) -> dict[str, SnapshotRange]:
         """Main's snapshots a file of partition [lo, hi) is checked against, planned. Planning is pyiceberg
         reading manifests under the interpreter lock: per file it was most of a merge job's validation."""
-        contract, snapshots = self.contract, self.state["validation_snapshots"]
         if self.plans is None:
-            return {name: SnapshotRange(self.table, contract.time_column, lo, hi, contract.dedup_key, snapshot_id=snapshot_id)
-                    for name, snapshot_id in snapshots.items()}
+            return self._plan(lo, hi)
         with self.lock:  # a staged key lies in the job's range: main is planned over it, files read per partition
-            for name, snapshot_id in snapshots.items():
-                if name not in self.plans:
-                    self.plans[name] = SnapshotRange(self.table, contract.time_column, self.state["range_start"],
-                                                     self.state["range_end"], contract.dedup_key, snapshot_id=snapshot_id)
-            return {name: self.plans[name] for name in snapshots}
+            if not self.plans:
+                self.plans.update(self._plan(self.state["range_start"], self.state["range_end"]))
+            return self.plans
+
+    def _plan(self, lo: int, hi: int) -> dict[str, SnapshotRange]:
+        contract = self.contract
+        return {name: SnapshotRange(self.table, contract.time_column, lo, hi, contract.dedup_key, snapshot_id=snapshot_id)
+                for name, snapshot_id in self.state["validation_snapshots"].items()}
 
 
 def check_file(rt: Runtime, job_id: str, file: str, spec_id: int, partition: int,

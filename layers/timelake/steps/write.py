@@ -22,7 +22,7 @@ from pyiceberg.typedef import Record
 
 from timelake.model.commit import NAN_COUNTS, file_statistics
 from timelake.model.contract import Contract
-from timelake.model.layout import MainReader, stream_range
+from timelake.model.layout import MainReader, stable_argsort, stream_range
 from timelake.model.spec import JobSpec
 from timelake.ports.files import filesystem, make_parent
 from timelake.ports.runtime import Runtime
@@ -177,8 +177,7 @@ def _stable_order(columns: list[np.ndarray]) -> np.ndarray:
     not, a lexicographic sort of the columns so taken decides. Either way rows with equal keys stay
     in source order."""
     first = columns[0]
-    small = first.dtype.kind in "iu" and 0 <= int(first.min()) and int(first.max()) < 1 << 16
-    order = np.argsort(first.astype(np.uint16) if small else first, kind="stable")
+    order = stable_argsort(first)
     del first  # the list holds it until its sorted copy replaces it
     undecided = None
     for i, codes in enumerate(columns):
