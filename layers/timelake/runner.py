@@ -29,7 +29,7 @@ from timelake.model.limits import limits
 from timelake.model.report import NEXT_STEP
 from timelake.model.spec import JobSpec
 from timelake.ports.runtime import Runtime
-from timelake.ports.store import TERMINAL, JobRecord
+from timelake.ports.store import TERMINAL, JobRecord, Lease
 from timelake.sources.postgres import is_postgres
 from timelake.steps import canary
 from timelake.steps.abort import abort
@@ -128,18 +128,24 @@ def _full_disk(exc: BaseException) -> bool:
 
 
 def reopen(rt: Runtime, job_id: str) -> JobRecord:
-    """A failed job continues from the phase it failed in; any other job is returned as it is."""
+    """A failed job continues from the phase it failed in, taking its lease again (`LeaseConflict` if
+    another job took the range meanwhile); any other job is returned as it is."""
     job = rt.store.get_job(job_id)
     if job.phase == "failed":
+        if "range_start" in job.state and not job.spec.get("dry_run"):
+            rt.store.acquire_lease(Lease(job.table, job.state["range_start"], job.state["range_end"], job_id))
         job = rt.store.update_job(job_id, job.state.get("failed_phase", "created"), error=None)
     return job
 
 
 def record_failure(rt: Runtime, job_id: str, error: str) -> JobRecord:
-    """Mark a job failed, remembering the phase to resume from (a failed validation or an abort stays as it is)."""
+    """Mark a job failed, remembering the phase to resume from (a failed validation or an abort stays as
+    it is), and release its lease: a failed job holds no range until it is resumed, so the next job
+    on that range is not refused because of it."""
     job = rt.store.get_job(job_id)
     if job.phase in ("failed", "failed_validation", "aborted"):
         return rt.store.update_job(job_id, error=error) if job.phase == "failed" else job
+    rt.store.release_lease(job_id)
     return rt.store.update_job(job_id, "failed", failed_phase=job.phase, error=error)
 
 

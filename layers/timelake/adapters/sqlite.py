@@ -139,6 +139,11 @@ class SqliteJobStore:
             )
             return cur.rowcount == 1
 
+    def reopen_units(self, job_id: str, unit_ids: list[str]) -> None:
+        with self._tx() as con:
+            con.executemany("UPDATE units SET status='pending', result='{}' WHERE job_id=? AND unit_id=?",
+                            [(job_id, unit_id) for unit_id in unit_ids])
+
     def acquire_lease(self, lease: Lease) -> None:
         with self._tx() as con:
             other = con.execute(

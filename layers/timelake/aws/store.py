@@ -242,6 +242,18 @@ class DynamoJobStore:
             return False
         return True
 
+    def reopen_units(self, job_id: str, unit_ids: list[str]) -> None:
+        def reopen(unit_id: str) -> None:
+            self._client.update_item(
+                TableName=self.table_name, Key=_unit_key(job_id, unit_id),
+                UpdateExpression="SET #status = :pending, #result = :empty", ConditionExpression="attribute_exists(pk)",
+                ExpressionAttributeNames={"#status": "status", "#result": "result"},
+                ExpressionAttributeValues={":pending": {"S": "pending"}, ":empty": {"S": "{}"}},
+            )
+
+        with ThreadPoolExecutor(_WORKERS) as pool:
+            list(pool.map(reopen, unit_ids))
+
     def acquire_lease(self, lease: Lease) -> None:
         def change(item: Item | None) -> Item:
             held = _held(item)

@@ -147,7 +147,7 @@ def compute(
     buckets = [Bucket(a, b, grain_at(a)) for a, b in zip(edges, edges[1:])]
     interval = fixed_interval(table.properties[EXPECTED_INTERVAL]) if table.properties.get(EXPECTED_INTERVAL) else None
     fractions = _assign(stats, np.array(edges, dtype=np.int64), buckets, interval)
-    counts = _series_counts(stats, contract, fractions) if series else None
+    counts = _series_counts(stats, contract, fractions, table.io) if series else None
     series_count, source = _series_count(table, contract, interval, counts)
     leases = rt.store.leases(name)
     for k, b in enumerate(buckets):
@@ -368,7 +368,7 @@ def _split(total: int, weights: np.ndarray) -> np.ndarray:
 
 
 def _series_counts(
-    stats: FileStats, contract: Contract, fractions: Sequence[tuple[int, np.ndarray, np.ndarray]],
+    stats: FileStats, contract: Contract, fractions: Sequence[tuple[int, np.ndarray, np.ndarray]], io: Any,
 ) -> dict[int, dict[str, int]]:
     """Rows per series per bucket, reading ONLY the series-key column(s) of the files in range."""
     if not contract.series_key:
@@ -376,7 +376,7 @@ def _series_counts(
 
     def read(item: tuple[int, np.ndarray, np.ndarray]) -> list[tuple[int, str, int]]:
         i, span, share = item
-        fs, path = filesystem(stats.paths[i])
+        fs, path = filesystem(stats.paths[i], io)
         with fs.open_input_file(path) as handle:
             keys = pq.read_table(handle, columns=list(contract.series_key))
         labels = _series_labels(keys, contract.series_key)

@@ -92,8 +92,10 @@ PARTITION_SUMMARY_LIMIT = "write.summary.partition-limit"  # Iceberg's property;
 MANIFEST_BLOCK = 1000  # manifest entries per Avro block  # Parquet footer key: NaNs per float column, by name (Parquet has no such statistic)
 
 
-def data_file(table: IcebergTable, path: str, spec_id: int, partition_value: int) -> DataFile:
-    """A DataFile for a Parquet file we wrote, with column statistics read from its footer only."""
+def data_file(table: IcebergTable, path: str, spec_id: int, partition_value: int | Record) -> DataFile:
+    """A DataFile for a Parquet file we wrote, with column statistics read from its footer only.
+    ``partition_value``: the time partition's value, or a whole partition record (a rewrite of another
+    engine's file, whose spec may have more fields)."""
     fs, local = filesystem(path)
     with fs.open_input_file(local) as handle:
         size = handle.size()
@@ -145,10 +147,10 @@ def _statistics(table: IcebergTable, metadata: pq.FileMetaData) -> dict[str, Any
     return serialized
 
 
-def _data_file(table: IcebergTable, path: str, spec_id: int, partition_value: int, size: int, stats: dict[str, Any],
+def _data_file(table: IcebergTable, path: str, spec_id: int, partition_value: int | Record, size: int, stats: dict[str, Any],
                sort_order_id: int | None) -> DataFile:
     values = {"content": DataFileContent.DATA, "file_path": path, "file_format": FileFormat.PARQUET,
-              "partition": Record(partition_value), "file_size_in_bytes": size, "sort_order_id": sort_order_id,
+              "partition": partition_value if isinstance(partition_value, Record) else Record(partition_value), "file_size_in_bytes": size, "sort_order_id": sort_order_id,
               "equality_ids": None, "key_metadata": None, **stats}
     result = DataFile(*[values.get(name, default) for name, default in _DATA_FILE_FIELDS])  # = DataFile.from_args,
     result.spec_id = spec_id  # from_args does not keep it; the manifest writer needs it   # without its per-field lookups
@@ -405,14 +407,11 @@ def added_files(table: IcebergTable, snapshot_id: int) -> list[DataFile]:
     return files
 
 
-def marker_on_main(table: IcebergTable, job_id: str, chunk: str, base: int | None) -> list[int] | None:
-    """Snapshot ids of this job's chunk commit if it is already on main (walks back to the plan's base)."""
-    found = []
-    for snapshot in since(table, base):
-        summary = snapshot.summary or {}
-        if summary.get(JOB_PROPERTY) == job_id and summary.get(CHUNK_PROPERTY) == chunk:
-            found.append(snapshot.snapshot_id)
-    return sorted(found) or None
+def staged_files(table: IcebergTable, state: dict[str, Any]) -> list[DataFile]:
+    """The files a job staged on its branch: those its staging snapshot added, and those of the approved
+    canary's snapshot beneath it (``staged_on``), which stage built on rather than staged again."""
+    ids = [state.get("staged_on"), state.get("staged_snapshot_id")]
+    return [f for snapshot_id in ids if snapshot_id is not None for f in added_files(table, snapshot_id)]
 
 
 def since(table: IcebergTable, base: int | None) -> list[Snapshot]:
@@ -429,32 +428,63 @@ def ancestors(table: IcebergTable) -> set[int]:
     return {s.snapshot_id for s in since(table, None)}
 
 
-def forget_job_snapshots(table: IcebergTable, job_id: str) -> list[int]:
-    """Remove this job's snapshots that main does not need (staging and canary snapshots) from the
-    table metadata; returns their ids. No file is deleted: pyiceberg 0.12's expiry only edits the
-    metadata (tests/steps/test_metadata_hygiene.py checks every file main references still exists).
+def published_property(job_id: str) -> str:
+    """The table property a job's publish commits set to the chunk they commit (cleared by `retire`)."""
+    return f"timelake.published.{job_id}"
+
+
+def landed(table: IcebergTable, job_id: str, key: str, keys: list[str]) -> list[int] | None:
+    """Whether chunk ``key`` of the job is on main, from the table as it is now: each chunk commit sets
+    the job's marker property to its chunk, in the same commit as its rows, and chunks commit in
+    ``keys`` order. Properties survive every other engine's maintenance; snapshot summaries do not
+    (an expired publish snapshot takes its summary along). Returns the ids of the chunk's commits
+    still in the metadata (possibly none), or None when the chunk is not on main."""
+    through = table.properties.get(published_property(job_id))
+    if through is None or through not in keys or key not in keys or keys.index(through) < keys.index(key):
+        return None
+    return sorted(s.snapshot_id for s in table.snapshots()
+                  if (s.summary or {}).get(JOB_PROPERTY) == job_id and (s.summary or {}).get(CHUNK_PROPERTY) == key)
+
+
+def retire(table: IcebergTable, job_id: str, branch: str | None) -> list[int]:
+    """Remove what a job left in the table's metadata, in ONE commit: its branch, its snapshots main does
+    not need (staging and canary snapshots) and its publish marker. Returns the ids of the snapshots
+    removed. No file is deleted: pyiceberg 0.12's expiry only edits the metadata
+    (tests/steps/test_metadata_hygiene.py checks every file main references still exists).
 
     Why: Java's ExpireSnapshots (Spark, Athena VACUUM, the Glue optimizer) deletes every file a
-    non-ancestor snapshot added when that snapshot expires, and publish re-adds the staged files to
-    main in new manifests. A staging snapshot left behind would take the live files with it; an
-    aborted job's one would point at files abort deleted. Call after the job's branch is removed
-    (a branch head cannot be expired)."""
+    non-ancestor snapshot added when that snapshot expires, if the table has one ref
+    (`IncrementalFileCleanup`), and publish re-adds the staged files to main in new manifests. A
+    staging snapshot left behind, even for the moment between the branch's removal and its own,
+    would take the live files with it; an aborted job's one would point at files abort deleted."""
+    from pyiceberg.table.update.snapshot import ExpireSnapshots, ManageSnapshots
+
+    marker = published_property(job_id)
+
     def attempt(current: IcebergTable) -> list[int]:
-        heads = {ref.snapshot_id for ref in current.metadata.refs.values()}
+        has_branch = branch is not None and branch in current.metadata.refs
+        heads = {ref.snapshot_id for name, ref in current.metadata.refs.items() if name != branch}
         needed = ancestors(current) | heads
         ids = [s.snapshot_id for s in current.snapshots()
                if (s.summary or {}).get(JOB_PROPERTY) == job_id and s.snapshot_id not in needed]
-        if not ids:
+        if not (has_branch or ids or marker in current.properties):
             return ids
+        tx = without_blind_retries(current).transaction()
+        if has_branch:
+            ManageSnapshots(tx).remove_branch(branch).commit()
+        if ids:  # expiring a snapshot removes it from the metadata only (see above)
+            ExpireSnapshots(tx).by_ids(ids).commit()
+        if marker in current.properties:
+            tx.remove_properties(marker)
         try:
-            current.maintenance.expire_snapshots().by_ids(ids).commit()
+            tx.commit_transaction()
         except ValueError as exc:  # the catalog applies the removal to ITS latest metadata: a racing
-            if "does not exist" not in str(exc):  # abort of the same job expired one first
+            if "does not exist" not in str(exc):  # abort of the same job removed a snapshot first
                 raise
             return attempt(current.refresh())
         return ids
 
-    return with_retry(table.refresh(), attempt, f"forget the snapshots of job {job_id}")
+    return with_retry(table.refresh(), attempt, f"retire job {job_id} from the table metadata")
 
 
 _pauses = 0
@@ -485,11 +515,13 @@ def collector_paused() -> Iterator[None]:
 
 
 def is_conflict(exc: BaseException) -> bool:
-    """A concurrent commit won the race. pyiceberg 0.12 reports a commit built on metadata that another
-    branch's commit has moved on as a ValueError about sequence numbers, and does not retry it."""
+    """A concurrent commit won the race, or holds the catalog. pyiceberg 0.12 reports a commit built on
+    metadata that another branch's commit has moved on as a ValueError about sequence numbers, and does
+    not retry it; a SQLite catalog that another engine keeps locked past the busy timeout raises
+    SQLAlchemy's OperationalError "database is locked"."""
     return isinstance(exc, CommitFailedException | ValidationException) or (
         isinstance(exc, ValueError) and "sequence number" in str(exc)
-    )
+    ) or (type(exc).__name__ == "OperationalError" and "database is locked" in str(exc))
 
 
 def without_blind_retries(table: IcebergTable) -> IcebergTable:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import threading
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -199,7 +199,7 @@ def _stream_tasks(scan: Any, tasks: Any, column: str, start_us: int | None, end_
 
     def batches() -> Iterator[pa.RecordBatch]:
         for task in tasks:
-            fs, path = filesystem(task.file.file_path)
+            fs, path = filesystem(task.file.file_path, scan.io)
             with fs.open_input_file(path) as handle:
                 parquet = pq.ParquetFile(handle)
                 by_id = {int(f.metadata[b"PARQUET:field_id"]): f.name for f in parquet.schema_arrow
@@ -228,6 +228,18 @@ def _range_scan(table: "IcebergTable", column: str, start_us: int | None, end_us
     return scan.use_ref(ref) if ref else scan
 
 
+def read_task(table: "IcebergTable", task: Any, columns: tuple[str, ...] | None = None) -> pa.Table:
+    """The rows of one planned file of ``table`` (any writer's: its deletes applied, its columns found
+    by field id and named as the table names them now), in the table's current schema, with field ids:
+    what a rewrite of another engine's file writes back."""
+    from pyiceberg.expressions import AlwaysTrue
+    from pyiceberg.io.pyarrow import ArrowScan
+
+    schema = table.schema() if columns is None else table.schema().select(*columns)
+    rows = ArrowScan(table.metadata, table.io, schema, AlwaysTrue()).to_table([task])
+    return rows.cast(schema.as_arrow())
+
+
 class SnapshotRange:
     """One snapshot's rows in [start, end), planned once and then read piece by piece, as batches.
 
@@ -237,12 +249,16 @@ class SnapshotRange:
     """
 
     def __init__(self, table: "IcebergTable", column: str, start_us: int | None, end_us: int | None,
-                 columns: tuple[str, ...], snapshot_id: int | None = None) -> None:
+                 columns: tuple[str, ...], snapshot_id: int | None = None, keep: "Callable[[Any], bool] | None" = None) -> None:
+        """``keep``: only the snapshot's files whose manifest entries it accepts (`lineage.Lineage.accepts`)."""
+        from timelake.model.lineage import main_tasks
+
         self._column = column
         self._scan = table.scan(row_filter=time_filter(column, start_us, end_us), selected_fields=columns,
                                 snapshot_id=snapshot_id)
         field = table.schema().find_field(column)
-        self._tasks = [(*file_bounds(task.file, field), task) for task in self._scan.plan_files()]
+        tasks = self._scan.plan_files() if keep is None else main_tasks(table, self._scan.row_filter, keep, snapshot_id)
+        self._tasks = [(*file_bounds(task.file, field), task) for task in tasks]
 
     def batches(self, start_us: int, end_us: int) -> pa.RecordBatchReader:
         """The snapshot's rows in [start, end), which must lie inside the planned range."""

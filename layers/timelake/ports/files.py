@@ -16,22 +16,59 @@ from pyiceberg.io.pyarrow import PyArrowFileIO
 from pyiceberg.typedef import EMPTY_DICT, Properties
 
 
-def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
-    """A pyarrow file system and path for a local path, file:// or s3:// URI.
+S3_SCHEMES = ("s3", "s3a", "s3n")  # Hadoop's s3a/s3n name the same objects as s3 (Spark on S3 writes s3a://)
 
+
+def filesystem(uri: str, io: Any = None) -> tuple[pafs.FileSystem, str]:
+    """A pyarrow file system and path for a local path or a URI, spelled however an Iceberg writer
+    spelled it: Java writes local files as ``file:/path`` (one slash), pyiceberg as ``file:///path``,
+    Spark on S3 as ``s3a://``.
+
+    ``io``: the table's FileIO (pyiceberg's PyArrow FileIO), whose file systems carry the catalog's
+    properties (endpoint, region, credentials); without it, S3 is configured from the environment.
     An S3 file system is made once per bucket and credentials in a process and then reused: making
     one starts an AWS SDK client (about 10 ms) and, without an endpoint override, asks S3 for the
     bucket's region (one request), which a step that opens a file per unit would otherwise pay per file.
     Objects are uploaded with one PUT when they fit in one part (``allow_delayed_open``); otherwise
     every file, however small, takes three requests (create, upload part, complete)."""
-    if "://" not in uri:
+    scheme, sep, rest = uri.partition(":")
+    if not sep or len(scheme) == 1 or "/" in scheme:  # a plain path (or a Windows drive letter)
         return pafs.LocalFileSystem(), str(Path(uri).resolve())
-    if uri.startswith("s3://"):
-        path = uri.removeprefix("s3://")
+    scheme = scheme.lower()
+    if scheme == "file":
+        return pafs.LocalFileSystem(), _local(rest)
+    if isinstance(io, PyArrowFileIO):
+        _, netloc, path = PyArrowFileIO.parse_location(uri, io.properties)
+        return io.fs_by_scheme(scheme, netloc), path
+    if scheme in S3_SCHEMES:
+        path = rest.removeprefix("//")
         env = os.environ
         return _s3(path.split("/", 1)[0], env.get("TIMELAKE_S3_ENDPOINT"), env.get("AWS_DEFAULT_REGION"),
                    env.get("AWS_ACCESS_KEY_ID"), env.get("AWS_SESSION_TOKEN")), path
     return pafs.FileSystem.from_uri(uri)
+
+
+def location_key(uri: str) -> str:
+    """One spelling per file, to compare locations written by different engines: ``file:/p``,
+    ``file:///p`` and ``/p`` are the same file, as are ``s3a://b/k`` and ``s3://b/k``."""
+    scheme, sep, rest = uri.partition(":")
+    if not sep or len(scheme) == 1 or "/" in scheme:
+        return "file://" + str(Path(uri).resolve())
+    scheme = scheme.lower()
+    if scheme == "file":
+        return "file://" + _local(rest)
+    return ("s3" if scheme in S3_SCHEMES else scheme) + ":" + rest
+
+
+def _local(rest: str) -> str:
+    """The path of a ``file:`` URI's remainder: ``/p`` (Java), ``///p`` and ``//localhost/p`` (RFC 8089).
+    Not percent-decoded: neither Iceberg's Java writers (Hadoop paths) nor pyiceberg encode a location."""
+    if rest.startswith("//"):
+        host, _, path = rest[2:].partition("/")
+        if host not in ("", "localhost"):
+            raise ValueError(f"file URI 'file:{rest}' names host '{host}': only local files can be opened")
+        rest = "/" + path
+    return rest
 
 
 @functools.lru_cache(maxsize=32)

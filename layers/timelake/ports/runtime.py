@@ -25,6 +25,10 @@ from timelake.ports.store import JobStore
 
 DEFAULT_WAREHOUSE = "./.timelake"
 SHARED_FILE_IO = "timelake.ports.files.SharedFileIO"
+# Another engine on the embedded catalog's file (Spark with Iceberg's JdbcCatalog) holds SQLite's locks
+# during its own commits; a commit of ours waits this long for them instead of failing at once with
+# "database is locked" (and then retries as after any conflict).
+CATALOG_BUSY_SECONDS = 30.0
 
 
 class LakeConfig(BaseModel):
@@ -55,7 +59,8 @@ class LakeConfig(BaseModel):
             private_file(root / database)
         return cls(
             catalog_name="timelake",
-            catalog_props={"type": "sql", "uri": f"sqlite:///{root}/catalog.db", "warehouse": f"file://{root}/warehouse"},
+            catalog_props={"type": "sql", "uri": f"sqlite:///{root}/catalog.db?timeout={CATALOG_BUSY_SECONDS:g}",
+                           "warehouse": f"file://{root}/warehouse"},
             store=f"sqlite:///{root}/jobs.db",
             staging=f"file://{root}/_backfill",
         )

@@ -18,12 +18,13 @@ from typing import Any
 
 from timelake.errors import Aborted, BackfillError
 from timelake.followup import completion
-from timelake.model.commit import JOB_PROPERTY, added_files, forget_job_snapshots, marker_on_main, with_retry
+from timelake.model.commit import landed, retire
+from timelake.model.lineage import referenced_files
 from timelake.model.spec import JobSpec
-from timelake.ports.files import filesystem
+from timelake.ports.files import filesystem, location_key
 from timelake.ports.runtime import Runtime
 from timelake.ports.store import JobRecord, UnitRecord
-from timelake.steps.plan import clear_staging
+from timelake.steps.plan import chunk_keys, clear_staging
 from timelake.steps.scan import direct_plan
 from timelake.steps.write import unit_path
 
@@ -61,35 +62,30 @@ def start_publish(rt: Runtime, job_id: str) -> JobRecord:
 def abort(rt: Runtime, job_id: str, wait: float = ABORT_WAIT_SECONDS) -> dict[str, Any]:
     """Abort step. Input: job id. Output: what was removed. Idempotent.
 
-    Waits up to ``wait`` seconds for a chunk commit in flight to land, then refuses with one line."""
+    Waits up to ``wait`` seconds for a chunk commit in flight to land, then refuses with one line.
+    What is on main, and which files may go, is read from the table as it is right before the
+    deletes: a file that any snapshot still in the metadata references (main's chunks of this job,
+    compacted or not, and anything another ref holds) stays, whatever other engines expired."""
     job = rt.store.get_job(job_id)
     _abortable(job)
     spec = JobSpec.model_validate(job.spec)
     table = rt.load_table(spec.table)
     job = _fence(rt, job, table, wait)
     table = table.refresh()
-    on_main = {f.file_path for s in table.snapshots() if (s.summary or {}).get(JOB_PROPERTY) == job_id
-               and (s.summary or {}).get("timelake.step") == "publish" for f in added_files(table, s.snapshot_id)}
-    branch = job.state.get("branch") or f"backfill/{job_id}"
-
-    def drop_branch(current: Any) -> None:
-        if branch in current.metadata.refs:
-            current.manage_snapshots().remove_branch(branch).commit()
-
-    with_retry(table, drop_branch, "remove branch")
-    forget_job_snapshots(table, job_id)
-    deleted = 0
-    for path in {u.result.get("path") for u in rt.store.units(job_id)} | set(direct_paths(rt, job, table)):
-        if path and path not in on_main:
-            deleted += _delete(path)
+    keys = chunk_keys(rt, job_id, spec.publish_by)
+    chunks = sorted(set(job.state.get("published_chunks", {})) | {k for k in keys if landed(table, job_id, k, keys) is not None})
+    retire(table, job_id, job.state.get("branch") or f"backfill/{job_id}")
+    candidates = {u.result.get("path") for u in rt.store.units(job_id)} | set(direct_paths(rt, job, table))
+    candidates.discard(None)
+    referenced = {location_key(p) for p in referenced_files(table.refresh())}
+    kept = {p for p in candidates if location_key(p) in referenced}
+    deleted = sum(_delete(path, table.io) for path in sorted(candidates - kept))
     clear_staging(rt, job_id)
     rt.store.release_lease(job_id)
     if "range_start" in job.state:  # a refresh during the lease may have marked the range backfilling
         completion.update(rt, spec.table, job.state["range_start"], job.state["range_end"], create=False)
-    chunks = sorted({(s.summary or {}).get("timelake.chunk") for s in table.snapshots()
-                     if (s.summary or {}).get(JOB_PROPERTY) == job_id and (s.summary or {}).get("timelake.step") == "publish"})
     rt.store.update_job(job_id, "aborted", files_deleted=deleted, chunks_on_main=chunks)
-    return {"job_id": job_id, "phase": "aborted", "files_deleted": deleted, "files_kept_on_main": len(on_main)}
+    return {"job_id": job_id, "phase": "aborted", "files_deleted": deleted, "files_kept_on_main": len(kept)}
 
 
 def direct_paths(rt: Runtime, job: JobRecord, table: Any) -> list[str]:
@@ -111,13 +107,13 @@ def _fence(rt: Runtime, job: JobRecord, table: Any, wait: float) -> JobRecord:
     job_id, deadline = job.job_id, time.monotonic() + wait
     while True:
         flight = rt.store.get_job(job_id).state.get(IN_FLIGHT)
-        landed = flight is not None and marker_on_main(
-            table.refresh(), job_id, flight["chunk"], job.state.get("base_snapshot_id")) is not None
+        keys = chunk_keys(rt, job_id, job.spec.get("publish_by")) if flight is not None else []
+        done = flight is not None and landed(table.refresh(), job_id, flight["chunk"], keys) is not None
 
         def guard(current: JobRecord) -> None:
             _abortable(current)
             now = current.state.get(IN_FLIGHT)
-            if now is not None and not (landed and now == flight) and time.time() - now["since"] < COMMIT_STALE_SECONDS:
+            if now is not None and not (done and now == flight) and time.time() - now["since"] < COMMIT_STALE_SECONDS:
                 raise CommitInFlight(f"job {job_id} is committing chunk {now['chunk']} to main; "
                                      f"abort refused after waiting {wait:g} s, run it again")
 
@@ -141,8 +137,8 @@ def _not_aborted(job: JobRecord) -> None:
         raise Aborted(f"job {job.job_id} was aborted")
 
 
-def _delete(path: str) -> int:
-    fs, local = filesystem(path)
+def _delete(path: str, io: Any) -> int:
+    fs, local = filesystem(path, io)
     try:
         fs.delete_file(local)
     except FileNotFoundError:

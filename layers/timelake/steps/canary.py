@@ -4,9 +4,10 @@
 is planned and leased, but only the units whose partition holds the canary day are written and
 staged on the branch; the checks run over that day alone, and the job stops in phase
 ``awaiting-approval`` with a report a person can judge (counts and checks, sample rows through the
-mapping, column statistics, projections for the whole job). ``approve`` moves the branch back to the
-plan's base so that the normal stage step commits every unit's file once (the canary files are kept
-as they are, never rewritten); ``abort`` is the ordinary abort.
+mapping, column statistics, projections for the whole job). ``approve`` lets the job go on: the
+canary's snapshot stays at the branch head, where it keeps its files safe from other engines' cleanup
+while the other units are written, and the stage step commits the rest on top of it (the canary's
+files are never rewritten); ``abort`` is the ordinary abort.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from timelake.errors import Aborted, BackfillError, InvalidJob
-from timelake.model.commit import with_retry
 from timelake.model.layout import micros, read_range
 from timelake.model.report import AWAITING, approval_deadline
 from timelake.model.spec import JobSpec
@@ -32,7 +32,7 @@ from timelake.ports.store import JobRecord, UnitRecord
 from timelake.sources.base import SourceBatch
 from timelake.steps import spill
 from timelake.steps.abort import abort
-from timelake.steps.plan import context, fork_branch
+from timelake.steps.plan import context, job_table
 from timelake.steps.scan import mapper_for, open_job_source, read_result
 from timelake.steps.stage import stage_files
 from timelake.steps.validate import conclude, run_checks
@@ -83,7 +83,7 @@ def check(rt: Runtime, job_id: str, source: Any = None) -> dict[str, Any]:
     if missing:
         raise BackfillError(f"job {job_id}: {len(missing)} canary unit(s) not written yet (first: {missing[0]}); resume the job")
     spec = JobSpec.model_validate(job.spec)
-    table = rt.load_table(spec.table)
+    table = job_table(rt, job)
     written = [u.result for u in units if u.result.get("path")]
     snapshot_id = stage_files(table, job_id, job.state["branch"], written, STEP)
     scoped = _day_state(job.state, units, snapshot_id)
@@ -97,8 +97,9 @@ def check(rt: Runtime, job_id: str, source: Any = None) -> dict[str, Any]:
 
 
 def approve(rt: Runtime, job_id: str, in_time: bool = False) -> dict[str, Any]:
-    """Accept the canary: the branch goes back to the plan's base (the stage step then adds every
-    unit's file, the canary's included, in one commit) and the job continues with the other units.
+    """Accept the canary: the job continues with the other units, which the stage step commits on top of
+    the canary's snapshot. Nothing in the table changes here, so neither another engine's expiry of the
+    plan's snapshot nor main moving on can stand in the way.
 
     ``in_time``: an approval after the deadline aborts the job instead. Embedded, nothing else
     watches the clock; on AWS the workflow's own timeout aborts the job, and its approve step only
@@ -115,16 +116,6 @@ def approve(rt: Runtime, job_id: str, in_time: bool = False) -> dict[str, Any]:
         raise Aborted(f"job {job_id}: the canary waited since {iso_seconds(job.state['awaiting_since'])} and its "
                       f"approval ran out at {iso_seconds(deadline)} (approval_timeout_seconds="
                       f"{spec.approval_timeout_seconds}); the job was aborted, main is untouched")
-    table = rt.load_table(spec.table)
-    branch, base = job.state["branch"], job.state.get("base_snapshot_id")
-
-    def reset(current: Any) -> None:
-        if branch in current.metadata.refs:
-            current.manage_snapshots().remove_branch(branch).commit()
-
-    with_retry(table, reset, "reset branch")
-    if base is not None:
-        fork_branch(table.refresh(), branch, base)
     rt.store.update_job(job_id, "writing", canary_approved=True, approved_at=time.time(),
                         approval_token=None)
     return {"job_id": job_id, "phase": "writing", "approved": True}
@@ -152,7 +143,7 @@ def reject(rt: Runtime, job_id: str, reason: str | None) -> dict[str, str]:
 def build(rt: Runtime, job: JobRecord, units: list[UnitRecord], snapshot_id: int | None, source: Any = None) -> dict[str, Any]:
     """The canary report: what a person needs to judge the day before the rest runs."""
     spec = JobSpec.model_validate(job.spec)
-    table = rt.load_table(spec.table)
+    table = job_table(rt, job)
     state, chosen = job.state, job.state["canary"]
     results = [u.result for u in units]
     rows_in = sum(r.get("rows_in", 0) for r in results)
@@ -240,10 +231,7 @@ def _samples(rt: Runtime, job: JobRecord, spec: JobSpec, table: Any, source: Any
     if not candidates:
         return []
     mapped = pa.Table.from_pylist([m for _, m, _ in candidates], schema=table.schema().as_arrow())
-    existing = table.schema().as_arrow().empty_table()
-    if job.state.get("base_snapshot_id") is not None:
-        existing = read_range(table, contract.time_column, chosen["start"], chosen["end"],
-                              snapshot_id=job.state["base_snapshot_id"])
+    existing = read_range(table, contract.time_column, chosen["start"], chosen["end"])  # main as it is now
     hits = existing_mask(mapped, existing, contract) if existing.num_rows else [False] * len(candidates)
     order = [i for i, hit in enumerate(hits) if hit][:SAMPLES_WITH_EXISTING]
     order += [i for i in range(len(candidates)) if i not in order][: SAMPLES - len(order)]

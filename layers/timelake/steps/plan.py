@@ -21,12 +21,13 @@ from timelake.model.commit import collector_paused, with_retry
 from timelake.model.contract import Contract
 from timelake.model.cost import estimate_cost
 from timelake.model.layout import PartitionKey, partition_codes
+from timelake.model.lineage import PlanMark, planned_view
 from timelake.model.spec import FIRST_YEAR, LAST_MICROS, LAST_YEAR, JobSpec
 from timelake.model.timeutil import (US_PER_DAY, floor_to, from_micros, iso, next_boundary, partition_starts,
                                      subtract_duration, to_micros)
 from timelake.ports.files import filesystem, make_parent
 from timelake.ports.runtime import Runtime
-from timelake.ports.store import Lease, UnitRecord
+from timelake.ports.store import JobRecord, Lease, UnitRecord
 from timelake.sources.base import Source
 from timelake.steps import failures
 from timelake.steps.scan import (
@@ -60,6 +61,7 @@ def plan(rt: Runtime, job_id: str, source: Any = None, parallelism: int | None =
     manifest = write_json(rt, job_id, "scan/tasks.json", [{"job_id": job_id, "piece": i} for i in range(len(tasks))])
     direct = plan_direct(rt, job_id, spec, ctx, src, mapper, tasks)
     rt.store.update_job(job_id, "scanning", planned_at_us=to_micros(now), scan_tasks=tasks, source_bytes=sum(sizes),
+                        schema_id=table.schema().schema_id, spec_id=table.spec().spec_id,
                         direct_partitions=direct,
                         source_uri=src.uri, source_fingerprint=src.fingerprint(), source_plan=src.plan_state(),
                         columns_filled_with_null=mapper.filled_with_null,
@@ -169,7 +171,7 @@ def scan(rt: Runtime, job_id: str, piece: int, source: Any = None, opened: Sourc
     ``shares_cores``: other scans run beside this one, a worker per core (`Source.share_cores`)."""
     job = rt.store.get_job(job_id)
     spec = JobSpec.model_validate(job.spec)
-    table = rt.load_table(spec.table)
+    table = job_table(rt, job)
     ctx = context(spec, table, job.state["planned_at_us"])
     src = opened or open_job_source(spec, source, table, job.state.get("source_plan"))
     if shares_cores:
@@ -198,7 +200,7 @@ def cut(rt: Runtime, job_id: str) -> dict[str, Any]:
     """Cut step. Input: job id. Merges the scans, cuts units, takes the lease, creates the branch."""
     job = rt.store.get_job(job_id)
     spec = JobSpec.model_validate(job.spec)
-    table = rt.load_table(spec.table)
+    table = job_table(rt, job)
     contract = Contract.from_table(table)
     total = ScanResult()
     missing = []
@@ -247,14 +249,20 @@ def cut(rt: Runtime, job_id: str) -> dict[str, Any]:
     refuse_dst(total, spec.dst_policy)
     rt.store.acquire_lease(Lease(spec.table, range_start, range_end, job_id))
     branch = f"backfill/{job_id}"
-    base = table.current_snapshot()
-    if base is not None:  # on an empty table, stage creates the branch at its own snapshot: main gets no commit
-        fork_branch(table, branch, base.snapshot_id)
-    state.update(branch=branch, base_snapshot_id=base.snapshot_id if base else None)
+    mark = PlanMark.at(table)
+    if mark.snapshot_id is not None:  # on an empty table, stage creates the branch at its own snapshot: main gets no commit
+        fork_branch(table, branch, mark.snapshot_id)
+    state.update(branch=branch, **mark.state())
     rt.store.put_units(job_id, units)
     write_json(rt, job_id, "units.json", [{"job_id": job_id, "unit_id": u.unit_id} for u in units])
     rt.store.update_job(job_id, "planned", **state)
     return {"job_id": job_id, "dry_run": False, "units": len(units)}
+
+
+def job_table(rt: Runtime, job: JobRecord) -> Any:
+    """The job's table as its plan saw it (`lineage.planned_view`): the steps that map, write and check
+    the job's rows work in the schema and partition spec those rows were planned in."""
+    return planned_view(rt.load_table(job.table), job.state)
 
 
 def fork_branch(table: Any, branch: str, snapshot_id: int) -> None:
@@ -342,6 +350,24 @@ def clear_staging(rt: Runtime, job_id: str) -> None:
         fs.delete_dir(root)
     except FileNotFoundError:
         pass
+
+
+CHUNKS = "publish/chunks.json"  # the publish chunks, [start, end) each, as the first publish attempt cut them
+
+
+def chunk_keys(rt: Runtime, job_id: str, publish_by: str | None) -> list[str]:
+    """The keys of the job's publish chunks, in commit order (none before publish has cut them)."""
+    return [iso(lo) if publish_by else "all" for lo, _ in read_json(rt, job_id, CHUNKS) or []]
+
+
+def read_json(rt: Runtime, job_id: str, name: str) -> Any:
+    """A JSON document of the job's staging area, or None if there is none."""
+    fs, path = filesystem(rt.staging_path(job_id, name))
+    try:
+        with fs.open_input_stream(path) as handle:
+            return json.loads(handle.read())
+    except FileNotFoundError:
+        return None
 
 
 def write_json(rt: Runtime, job_id: str, name: str, payload: Any) -> dict[str, str]:

@@ -1,10 +1,12 @@
 """Publish: apply the staged files onto the CURRENT main in one atomic commit (or one per chunk).
 
-Exactly once: every publish commit carries the job id and chunk in its snapshot summary, written in
-the same commit as the data, so a retry or resume that finds its marker on main skips the commit.
-Live ingestion keeps committing meanwhile: before each commit the rows live writers added in the
-chunk's range since the plan are re-checked: they win over staged rows with the same key, and replace
-mode keeps them although it deletes the rest of the range.
+Exactly once: every publish commit sets the job's marker property to its chunk, in the same commit as
+the data, so a retry or resume that finds the marker at or past a chunk skips it. The marker is in the
+table's current metadata, where other engines' snapshot expiry, compaction and manifest rewrites leave
+it; the job id and chunk also go into the snapshot summary, for provenance. Live ingestion keeps
+committing meanwhile: before each commit the rows other writers added in the chunk's range since the
+plan (`lineage`) are re-checked: they win over staged rows with the same key, and replace mode keeps
+them although it deletes the rest of the range.
 """
 
 from __future__ import annotations
@@ -22,18 +24,21 @@ from pyiceberg.table import Table as IcebergTable
 from timelake.errors import BackfillError
 from timelake.followup import completion, provenance
 from timelake.model.commit import (
-    CHUNK_PROPERTY, JOB_PROPERTY, STEP_PROPERTY, ManifestCopy, added_files, collector_paused, data_file, data_files,
-    forget_job_snapshots, is_conflict, marker_on_main, overwrite_files, since, staged_manifests, with_retry, without_blind_retries,
+    CHUNK_PROPERTY, JOB_PROPERTY, STEP_PROPERTY, ManifestCopy, collector_paused, data_file, data_files, is_conflict, landed,
+    overwrite_files, published_property, retire, staged_manifests, with_retry, without_blind_retries,
 )
 from timelake.model.contract import Contract
 from timelake.model.faults import checkpoint
-from timelake.model.layout import PartitionKey, file_bounds, micros, time_filter
+from timelake.model.layout import PartitionKey, file_bounds, micros, read_task, time_filter
+from timelake.model.lineage import Lineage, Origin, PlanMark, planned_view
 from timelake.model.spec import JobSpec
 from timelake.model.timeutil import floor_to, iso, next_boundary
 from timelake.ports.events import BACKFILL_PUBLISHED
 from timelake.ports.files import filesystem
 from timelake.ports.runtime import Runtime
 from timelake.steps.abort import ALL_COMMITTED, IN_FLIGHT, claim_commit, claim_publish, start_publish
+from timelake.steps.plan import CHUNKS, read_json, write_json
+from timelake.steps.redo import refuse_drift, require_files
 from timelake.steps.write import drop_existing, write_parquet
 
 PUBLISH_ATTEMPTS = 50  # live writers may commit every few ms; each retry only re-checks the newest commits
@@ -59,13 +64,15 @@ def _publish(rt: Runtime, job_id: str, max_chunks: int | None) -> dict[str, Any]
     spec = JobSpec.model_validate(job.spec)
     state = job.state
     table = rt.load_table(spec.table)
-    contract = Contract.from_table(table)
+    planned = planned_view(table, state)  # the staged files' schema and spec, whatever changed since
+    contract = Contract.from_table(planned)
     units = rt.store.units(job_id)
+    done = bool(state.get(ALL_COMMITTED))
     # the files stage committed to the branch, as the units recorded them (stage built the same DataFiles
     # from the same records, and validation checked that the branch holds exactly those); once every
     # chunk is on main the staging snapshot may be gone from the metadata (forgotten below)
-    staged = data_files(table, [u.result for u in units if u.result.get("path")]) if state.get(
-        "staged_snapshot_id") and not state.get(ALL_COMMITTED) else []
+    staged = data_files(planned, [u.result for u in units if u.result.get("path")]) if state.get(
+        "staged_snapshot_id") and not done else []
     copy = staged_manifests(table, state["staged_snapshot_id"], staged) if staged else None
     written: dict[str, list[DataFile]] = {}  # manifests the chunk commits added -> their files, for the coverage update
     published: dict[str, list[int]] = dict(state.get("published_chunks", {}))
@@ -74,12 +81,12 @@ def _publish(rt: Runtime, job_id: str, max_chunks: int | None) -> dict[str, Any]
     start_publish(rt, job_id)
     checkpoint("publish.started")
     committed = 0
-    occupied = _planned_spans(table, contract, state) if spec.mode == "replace" and spec.publish_by and not state.get(
-        ALL_COMMITTED) else []
-    todo = [] if state.get(ALL_COMMITTED) else chunks(staged, contract, spec.publish_by, state["range_start"],
-                                                      state["range_end"], occupied)
+    mark = PlanMark.of(state, table)
+    todo = [] if done else _chunks(rt, job_id, table, contract, spec, state, staged, mark)
+    keys = [c.key for c in todo]
     if todo:
         rt.store.note_progress(job_id, "publish", {"total": len(todo), "of": "chunks"})  # status counts chunks against it
+        require_files(rt, job_id, table, state, staged)
     for chunk in todo:
         if chunk.key in published:
             continue
@@ -87,14 +94,15 @@ def _publish(rt: Runtime, job_id: str, max_chunks: int | None) -> dict[str, Any]
             return {"job_id": job_id, "done": False, "chunks_published": len(published)}
         committed += 1
         table = table.refresh()
-        marker = marker_on_main(table, job_id, chunk.key, state.get("base_snapshot_id"))
+        marker = landed(table, job_id, chunk.key, keys)
         if marker is None:
             if not chunk.files and spec.mode != "replace":
                 marker = []
             else:
+                refuse_drift(planned, table, contract, job_id)
                 claim_commit(rt, job_id, chunk.key)
                 counts: dict[str, int] = {}
-                marker = _commit_chunk(rt, table, job_id, spec, contract, state, chunk, late, counts, copy, written)
+                marker = _commit_chunk(rt, table, planned, job_id, spec, contract, mark, chunk, late, counts, copy, written)
                 replaced += counts.get("rows_replaced", 0)
                 checkpoint("publish.committed")
         published[chunk.key] = marker
@@ -107,13 +115,7 @@ def _publish(rt: Runtime, job_id: str, max_chunks: int | None) -> dict[str, Any]
             "evaluate_rules": spec.evaluate_rules,
         })
     claim_publish(rt, job_id)
-
-    def drop_branch(current: IcebergTable) -> None:
-        if state["branch"] in current.metadata.refs:
-            current.manage_snapshots().remove_branch(state["branch"]).commit()
-
-    with_retry(table.refresh(), drop_branch, "remove branch")
-    forget_job_snapshots(table, job_id)
+    retire(table, job_id, state["branch"])
     job = rt.store.update_job(job_id, published_chunks=published, publish_conflicts=late)
     provenance.record(rt, job, units)
     rt.store.release_lease(job_id)
@@ -123,16 +125,32 @@ def _publish(rt: Runtime, job_id: str, max_chunks: int | None) -> dict[str, Any]
     return {"job_id": job_id, "done": True, "chunks_published": len(published)}
 
 
+def _chunks(rt: Runtime, job_id: str, table: IcebergTable, contract: Contract, spec: JobSpec, state: dict[str, Any],
+            staged: list[DataFile], mark: PlanMark) -> list[Chunk]:
+    """The job's publish chunks, cut once and kept in its staging area: a resume must commit exactly the
+    chunks the first attempt cut, whatever main looks like by then (`landed` compares chunk keys)."""
+    bounds = read_json(rt, job_id, CHUNKS)
+    if bounds is None:
+        occupied = _planned_spans(table, contract, state, job_id, mark) if spec.mode == "replace" and spec.publish_by else []
+        cut = chunks(staged, contract, spec.publish_by, state["range_start"], state["range_end"], occupied)
+        write_json(rt, job_id, CHUNKS, [[c.start, c.end] for c in cut])
+        return cut
+    return chunks(staged, contract, spec.publish_by, state["range_start"], state["range_end"],
+                  bounds=[lo for lo, _ in bounds] + [bounds[-1][1]])
+
+
 def chunks(staged: list[DataFile], contract: Contract, publish_by: str | None, start: int, end: int,
-           occupied: list[tuple[int, int]] | None = None) -> list[Chunk]:
+           occupied: list[tuple[int, int]] | None = None, bounds: list[int] | None = None) -> list[Chunk]:
     """Cut [start, end) into publish chunks; a boundary never falls inside a staged file's partition.
 
     Only the ``publish_by`` periods that hold staged rows (or, replace mode, ``occupied`` spans of
     main's rows to remove) get a chunk of their own; each stretch between them is one chunk, so a
-    day-by-day job over decades costs the days with data, not every calendar day. The cut depends
-    only on the staged files and the plan-time spans, so a resume cuts the same chunks."""
+    day-by-day job over decades costs the days with data, not every calendar day. ``bounds``: the
+    edges of a cut made before (the staged files are then only assigned to its chunks)."""
     transforms = {t.spec_id: t.transform for t in contract.tiers}
     spans = [PartitionKey(f.spec_id, transforms[f.spec_id], f.partition[0]).range for f in staged]
+    if bounds is not None:
+        return _assigned(staged, spans, bounds, publish_by)
     bounds = [start]
     if publish_by:
         blocked = _merged(spans)
@@ -149,6 +167,11 @@ def chunks(staged: list[DataFile], contract: Contract, publish_by: str | None, s
             if start < edge < end and not (at >= 0 and edge < blocked[at][1]):
                 bounds.append(edge)
     bounds.append(end)
+    return _assigned(staged, spans, bounds, publish_by)
+
+
+def _assigned(staged: list[DataFile], spans: list[tuple[int, int]], bounds: list[int], publish_by: str | None) -> list[Chunk]:
+    start = bounds[0]
     result = [Chunk(iso(lo) if publish_by else "all", lo, hi, []) for lo, hi in zip(bounds, bounds[1:])]
     firsts = np.array([lo for lo, _ in spans], dtype=np.int64).reshape(-1)
     at = np.maximum(np.searchsorted(np.array(bounds[:-1]), np.maximum(firsts, start), side="right") - 1, 0)
@@ -169,32 +192,30 @@ def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
     return merged
 
 
-def _planned_spans(table: IcebergTable, contract: Contract, state: dict[str, Any]) -> list[tuple[int, int]]:
-    """[lo, hi) time spans of main's files at the plan that may hold rows of the job's range:
+def _planned_spans(table: IcebergTable, contract: Contract, state: dict[str, Any], job_id: str,
+                   mark: PlanMark) -> list[tuple[int, int]]:
+    """[lo, hi) time spans of main's files that may hold rows of the job's range from before the plan:
     replace mode removes them chunk by chunk, so their periods need chunks of their own."""
-    base = state.get("base_snapshot_id")
-    if base is None or table.snapshot_by_id(base) is None:
-        return []
     field = table.schema().find_field(contract.time_column)
-    planned = table.scan(snapshot_id=base, row_filter=time_filter(contract.time_column, state["range_start"],
-                                                                   state["range_end"])).plan_files()
+    lineage = Lineage(table, mark, job_id)
     spans = []
-    for task in planned:
+    for task in lineage.tasks(time_filter(contract.time_column, state["range_start"], state["range_end"]), REPLACED):
         lo, hi = file_bounds(task.file, field)
         spans.append((state["range_start"] if lo is None else lo, state["range_end"] if hi is None else hi + 1))
     return spans
 
 
 def _commit_chunk(
-    rt: Runtime, table: IcebergTable, job_id: str, spec: JobSpec, contract: Contract, state: dict[str, Any],
-    chunk: Chunk, late: dict[str, Any], counts: dict[str, int], copy: ManifestCopy | None = None,
+    rt: Runtime, table: IcebergTable, planned: IcebergTable, job_id: str, spec: JobSpec, contract: Contract,
+    mark: PlanMark, chunk: Chunk, late: dict[str, Any], counts: dict[str, int], copy: ManifestCopy | None = None,
     written: dict[str, list[DataFile]] | None = None,
 ) -> list[int]:
     """One snapshot on main: the chunk's staged files (less rows live writers committed meanwhile),
-    and in replace mode, in the same snapshot, the removal of the range's files from before the plan,
-    those partly inside it rewritten without the range's rows in their own partition spec (an
-    age tier stays a month or a year). Files live writers added since the plan are left alone:
-    their rows survive, and win over staged rows with the same key.
+    and in replace mode, in the same snapshot, the removal of the range's rows that were there before
+    the plan (compacted since or not), files partly inside it rewritten without the range's rows in
+    their own partition spec (an age tier stays a month or a year). Files live writers added since the
+    plan are left alone: their rows survive, and win over staged rows with the same key. The same
+    commit sets the job's marker property to the chunk (`landed`).
 
     When the chunk adds exactly the staged files (one chunk, no live conflicts), the snapshot lists
     copies of the staging manifests (``copy``) instead of encoding their entries again. ``written``
@@ -203,28 +224,31 @@ def _commit_chunk(
                   "timelake.range-start": iso(chunk.start), "timelake.range-end": iso(chunk.end),
                   **provenance.summary_properties(rt.store.get_job(job_id))}
     files = chunk.files
-    checked: set[int] = set()
-    survivors: dict[str, tuple[DataFile | None, int]] = {}  # replace: a partly covered file's rewrite, across attempts
+    checked: set[str] = set()
+    survivors: dict[str, tuple[bool, DataFile | None, int]] = {}  # replace: a partly covered file's rewrite, across attempts
     attempt: dict[str, list[DataFile]] = {}
+    in_chunk = time_filter(contract.time_column, chunk.start, chunk.end)
 
     def commit(current: IcebergTable) -> None:
         nonlocal files, attempt
+        lineage = Lineage(current, mark, job_id)
         if spec.mode in ("merge", "replace"):
-            found = _late_rows(current, job_id, contract, state, chunk, checked)
-            files = _drop_late_conflicts(current, contract, files, [rows for _, rows in found], late)
+            found = _late_rows(current, lineage, contract, chunk, checked, spec.mode)
+            files = _drop_late_conflicts(planned, contract, files, found, late)
         deleted: list[DataFile] = []
         reuse = copy if copy is not None and len(files) == len(copy.files) and all(map(operator.is_, files, copy.files)) else None
         added = [] if reuse is not None else list(files)
         if spec.mode == "replace":
             replaced = 0
-            for f in _replaced_files(current, job_id, contract, state, chunk):
+            for task in lineage.tasks(in_chunk, REPLACED):
+                f = task.file
                 if f.file_path not in survivors:
-                    survivors[f.file_path] = _survivors(current, contract, chunk, f, job_id)
-                rest, kept_rows = survivors[f.file_path]
-                if rest is not None and kept_rows == f.record_count:
+                    survivors[f.file_path] = _survivors(current, contract, chunk, task, job_id)
+                remove, rest, inside = survivors[f.file_path]
+                if not remove:
                     continue  # its bounds overlap the chunk but none of its rows lie in it
                 deleted.append(f)
-                replaced += f.record_count - kept_rows
+                replaced += inside
                 added.extend([rest] if rest is not None else [])
             counts["rows_replaced"] = replaced
         current = without_blind_retries(current)
@@ -233,6 +257,7 @@ def _commit_chunk(
         if deleted or added or reuse is not None:
             with current.transaction() as tx:
                 overwrite_files(tx, current, deleted, added, "main", properties, copy=reuse, written=attempt)
+                tx.set_properties({published_property(job_id): chunk.key})
 
     before = {s.snapshot_id for s in table.snapshots()}
     try:
@@ -248,62 +273,53 @@ def _commit_chunk(
                   if s.snapshot_id not in before and (s.summary or {}).get(JOB_PROPERTY) == job_id)
 
 
-def _late_rows(
-    table: IcebergTable, job_id: str, contract: Contract, state: dict[str, Any], chunk: Chunk, checked: set[int],
-) -> list[tuple[DataFile, pa.Table]]:
-    """The keys of rows live writers committed in the chunk's range after the plan, per data file.
+REPLACED = (Origin.PLAN, Origin.REWRITE, Origin.JOB)  # replace mode takes these over in its range; live writers' rows stay
 
-    Snapshots in ``checked`` were handled by an earlier attempt, so a retry after losing a commit race
-    reads only the newest; the snapshots read here join ``checked``.
+
+def _late_rows(table: IcebergTable, lineage: Lineage, contract: Contract, chunk: Chunk, checked: set[str],
+               mode: str) -> list[pa.Table]:
+    """The keys of rows other writers added to main in the chunk's range since the plan, per data file:
+    they win over staged rows with the same key. In merge mode that includes the files compactions
+    wrote since (rows that were there, perhaps live ones among them: existing rows win either way);
+    replace mode takes those over instead.
+
+    Files in ``checked`` were read by an earlier attempt, so a retry after losing a commit race reads
+    only the newest; the files read here join ``checked``.
     """
+    origins = (Origin.LIVE, Origin.REWRITE) if mode == "merge" else (Origin.LIVE,)
     found = []
-    for snapshot in since(table, state.get("base_snapshot_id")):
-        if snapshot.snapshot_id in checked or (snapshot.summary or {}).get(JOB_PROPERTY) == job_id:
+    for task in lineage.tasks(time_filter(contract.time_column, chunk.start, chunk.end), origins):
+        if task.file.file_path in checked:
             continue
-        checked.add(snapshot.snapshot_id)
-        for f in added_files(table, snapshot.snapshot_id):
-            if not _overlaps(table, contract, f, chunk):
-                continue
-            fs, path = filesystem(f.file_path)
-            with fs.open_input_file(path) as handle:
-                rows = pq.read_table(handle, columns=list(contract.dedup_key))
-            ts = micros(rows, contract.time_column)
-            inside = rows.filter(pa.array((ts >= chunk.start) & (ts < chunk.end)))
-            if inside.num_rows:
-                found.append((f, inside))
+        checked.add(task.file.file_path)
+        rows = read_task(table, task, contract.dedup_key)
+        ts = micros(rows, contract.time_column)
+        inside = rows.filter(pa.array((ts >= chunk.start) & (ts < chunk.end)))
+        if inside.num_rows:
+            found.append(inside)
     return found
 
 
-def _replaced_files(
-    table: IcebergTable, job_id: str, contract: Contract, state: dict[str, Any], chunk: Chunk,
-) -> list[DataFile]:
-    """Main's files that may hold rows of the chunk's range (partition and column-bound pruning),
-    less those live writers added since the plan: replace mode takes over the range as it was planned."""
-    live = {f.file_path for snapshot in since(table, state.get("base_snapshot_id"))
-            if (snapshot.summary or {}).get(JOB_PROPERTY) != job_id for f in added_files(table, snapshot.snapshot_id)}
-    if table.current_snapshot() is None:
-        return []
-    planned = table.scan(row_filter=time_filter(contract.time_column, chunk.start, chunk.end)).plan_files()
-    return [t.file for t in planned if t.file.file_path not in live]
-
-
-def _survivors(table: IcebergTable, contract: Contract, chunk: Chunk, f: DataFile, job_id: str) -> tuple[DataFile | None, int]:
-    """The rows of ``f`` outside the chunk, written to a new file in f's own partition and spec (its
-    rows stay sorted, being a subset of a sorted file); with how many there are. A file wholly inside
-    the range is not read."""
+def _survivors(table: IcebergTable, contract: Contract, chunk: Chunk, task: Any, job_id: str) -> tuple[bool, DataFile | None, int]:
+    """Replace mode, a file of main that may hold rows of the chunk: whether it goes, the file of its rows
+    outside the chunk that replaces it (in its own partition and spec; a subset of a sorted file stays
+    sorted), and how many of its rows lay in the chunk. A file wholly inside the range is not read."""
+    f = task.file
     lo, hi = file_bounds(f, table.schema().find_field(contract.time_column))
-    if lo is not None and hi is not None and lo >= chunk.start and hi < chunk.end:
-        return None, 0
-    fs, path = filesystem(f.file_path)
-    with fs.open_input_file(path) as handle:
-        rows = pq.read_table(handle)
+    if lo is not None and hi is not None and lo >= chunk.start and hi < chunk.end and not task.delete_files:
+        return True, None, f.record_count
+    rows = read_task(table, task)
     ts = micros(rows, contract.time_column)
-    rest = rows.filter(pa.array((ts < chunk.start) | (ts >= chunk.end)))
-    if rest.num_rows in (0, rows.num_rows):
-        return (None if rest.num_rows == 0 else f), rest.num_rows
+    outside = (ts < chunk.start) | (ts >= chunk.end)
+    rest = rows.filter(pa.array(outside))
+    inside = rows.num_rows - rest.num_rows
+    if inside == 0:
+        return False, None, 0
+    if rest.num_rows == 0:
+        return True, None, inside
     new_path = f.file_path.removesuffix(".parquet") + f"-rest-{job_id}-{chunk.start}.parquet"
     write_parquet(rest, new_path, table.properties)
-    return data_file(table, new_path, f.spec_id, f.partition[0]), rest.num_rows
+    return True, data_file(table, new_path, f.spec_id, f.partition), inside
 
 
 def _drop_late_conflicts(
@@ -316,13 +332,14 @@ def _drop_late_conflicts(
     """
     if not live:
         return files
-    existing = pa.concat_tables(live)
+    existing = pa.concat_tables([t.cast(live[0].schema) for t in live])
     result = []
     for f in files:
-        fs, path = filesystem(f.file_path)
+        fs, path = filesystem(f.file_path, table.io)
         with fs.open_input_file(path) as handle:
             rows = pq.read_table(handle)
-        kept, dropped, dropped_sum = drop_existing(rows, existing, contract)
+        keys = existing.cast(pa.schema([rows.schema.field(name) for name in existing.column_names]))
+        kept, dropped, dropped_sum = drop_existing(rows, keys, contract)
         if not dropped:
             result.append(f)
             continue
@@ -333,12 +350,6 @@ def _drop_late_conflicts(
             write_parquet(kept, new_path, table.properties)
             result.append(data_file(table, new_path, f.spec_id, f.partition[0]))
     return result
-
-
-def _overlaps(table: IcebergTable, contract: Contract, f: DataFile, chunk: Chunk) -> bool:
-    """From the manifest's column bounds: can this file hold rows in the chunk's range?"""
-    lo, hi = file_bounds(f, table.schema().find_field(contract.time_column))
-    return lo is None or hi is None or (lo < chunk.end and hi >= chunk.start)
 
 
 def _drop_spill(rt: Runtime, job_id: str) -> None:

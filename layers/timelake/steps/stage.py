@@ -14,10 +14,10 @@ from timelake.model.commit import (
     JOB_PROPERTY, STEP_PROPERTY, append_files, collector_paused, data_files, with_retry, without_blind_retries,
 )
 from timelake.model.faults import checkpoint
-from timelake.model.spec import JobSpec
 from timelake.ports.runtime import Runtime
 from timelake.steps import failures
-from timelake.steps.plan import fork_branch
+from timelake.steps.plan import fork_branch, job_table
+from timelake.steps.redo import rewrite_missing
 
 
 def stage(rt: Runtime, job_id: str) -> dict[str, Any]:
@@ -28,26 +28,44 @@ def stage(rt: Runtime, job_id: str) -> dict[str, Any]:
 
 def _stage(rt: Runtime, job_id: str) -> dict[str, Any]:
     job = rt.store.get_job(job_id)
-    spec = JobSpec.model_validate(job.spec)
     units = rt.store.units(job_id)
     pending = [u.unit_id for u in units if u.status != "done"]
     if pending:
         cause = failures.first(rt, job_id, pending)
         raise BackfillError(f"job {job_id}: {len(pending)} unit(s) not written"
                             + (f"; {cause}" if cause else f" yet (first: {pending[0]}); resume the job"))
-    table = rt.load_table(spec.table)
+    table = job_table(rt, job)
+    branch = job.state["branch"]
+    head = table.snapshot_by_name(branch)
+    if not _is_staged(head, job_id, "stage") and rewrite_missing(rt, job_id, table, units):
+        units = rt.store.units(job_id)
     written = [u.result for u in units if u.result.get("path")]
-    snapshot_id = stage_files(table, job_id, job.state["branch"], written, "stage")
-    rt.store.update_job(job_id, "staged", staged_snapshot_id=snapshot_id, files=len(written))
-    return {"job_id": job_id, "staged_snapshot_id": snapshot_id, "files": len(written)}
+    canary = job.state.get("canary_snapshot_id")
+    below = canary if canary is not None and head is not None and head.snapshot_id == canary else None
+    if below is not None:  # an approved canary: its files stay staged beneath, the rest go on top
+        on_branch = {rt.store.unit(job_id, u).result.get("path") for u in job.state["canary"]["units"]}
+        written = [r for r in written if r["path"] not in on_branch]
+    if below is not None and not written:  # the canary staged every file there is
+        snapshot_id, below = canary, None
+    else:
+        snapshot_id = stage_files(table, job_id, branch, written, "stage")
+    files = len(written) + (len(on_branch - {None}) if below is not None else 0)
+    rt.store.update_job(job_id, "staged", staged_snapshot_id=snapshot_id, staged_on=below, files=files)
+    return {"job_id": job_id, "staged_snapshot_id": snapshot_id, "files": files}
+
+
+def _is_staged(head: Any, job_id: str, step: str) -> bool:
+    return head is not None and head.summary is not None and head.summary.get(JOB_PROPERTY) == job_id \
+        and head.summary.get(STEP_PROPERTY) == step
 
 
 def stage_files(table: IcebergTable, job_id: str, branch: str, written: list[dict[str, Any]], step: str) -> int | None:
     """One commit of the files of ``written`` (units' results) onto ``branch``, marked with ``step``
-    so a retry that finds its marker at the branch head only returns it. On a table whose main is
-    empty the branch is created at that commit (main gets no commit before publish)."""
+    so a retry that finds its marker at the branch head only returns it. On a table whose main was
+    empty at the plan (or whose branch someone removed) the branch is created at that commit (main
+    gets no commit before publish)."""
     head = table.snapshot_by_name(branch)
-    if head is not None and head.summary and head.summary.get(JOB_PROPERTY) == job_id and head.summary.get(STEP_PROPERTY) == step:
+    if _is_staged(head, job_id, step):
         return head.snapshot_id
     if not written:
         return None

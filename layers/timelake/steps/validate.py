@@ -29,14 +29,16 @@ from pyiceberg.conversions import from_bytes
 from pyiceberg.manifest import DataFile
 
 from timelake.errors import ValidationFailed
-from timelake.model.commit import added_files
+from timelake.model.commit import staged_files
 from timelake.model.contract import Contract
 from timelake.model.layout import PartitionKey, SnapshotRange
+from timelake.model.lineage import Lineage, Origin, PlanMark, planned_view
 from timelake.model.spec import JobSpec
 from timelake.model.timeutil import iso
 from timelake.ports.files import filesystem, make_parent
 from timelake.ports.runtime import Runtime
-from timelake.steps.plan import write_json
+from timelake.steps.plan import job_table, read_json, write_json
+from timelake.steps.redo import require_branch
 from timelake.steps.spill import is_text
 from timelake.steps.write import KeyPacker, existing_mask, packed_series, sort_key_codes
 
@@ -63,6 +65,7 @@ class Check:
 def validate(rt: Runtime, job_id: str) -> dict[str, Any]:
     """Validate step. Input: job id. Output: the checks; raises ValidationFailed if a blocking one failed."""
     job = rt.store.get_job(job_id)
+    require_branch(rt, job_id, job_table(rt, job), job.state)
     checks = run_checks(rt, job.spec, rt.store.units(job_id), job.state, job_id)
     return conclude(rt, job_id, checks, "validated", job.state["branch"])
 
@@ -72,9 +75,10 @@ def plan_checks(rt: Runtime, job_id: str) -> dict[str, Any]:
     the staged files as work items for `check_file` (the writer pool embedded, a Distributed Map on AWS)."""
     job = rt.store.get_job(job_id)
     spec = JobSpec.model_validate(job.spec)
-    table = rt.load_table(spec.table)
-    staged = added_files(table, job.state["staged_snapshot_id"]) if job.state.get("staged_snapshot_id") else []
-    snapshots = _main_snapshots(table, spec.mode, job.state, bool(staged))
+    table = job_table(rt, job)
+    require_branch(rt, job_id, table, job.state)
+    staged = staged_files(table, job.state)
+    snapshots = _main_views(table, spec.mode, job.state, bool(staged))
     rt.store.update_job(job_id, validation_snapshots=snapshots)
     items = [{"job_id": job_id, "file": f.file_path, "spec_id": f.spec_id, "partition": f.partition[0]} for f in staged]
     return {"job_id": job_id, "files": len(items), "manifest": write_json(rt, job_id, CHECK_ITEMS, items)}
@@ -82,9 +86,7 @@ def plan_checks(rt: Runtime, job_id: str) -> dict[str, Any]:
 
 def check_items(rt: Runtime, job_id: str) -> list[dict[str, Any]]:
     """The work items `plan_checks` listed."""
-    fs, path = filesystem(rt.staging_path(job_id, CHECK_ITEMS))
-    with fs.open_input_stream(path) as handle:
-        return json.loads(handle.read())
+    return read_json(rt, job_id, CHECK_ITEMS) or []
 
 
 @dataclass(frozen=True)
@@ -100,12 +102,13 @@ class CheckContext:
     contract: Contract
     plans: dict[str, SnapshotRange] | None = None
     lock: threading.Lock = field(default_factory=threading.Lock, compare=False)
+    job_id: str = ""
 
     @classmethod
     def of(cls, rt: Runtime, job_id: str, shared: bool = False) -> "CheckContext":
         job = rt.store.get_job(job_id)
-        table = rt.load_table(JobSpec.model_validate(job.spec).table)
-        return cls(job.state, table, Contract.from_table(table), {} if shared else None)
+        table = job_table(rt, job)
+        return cls(job.state, table, Contract.from_table(table), {} if shared else None, job_id=job_id)
 
     def mains(self, lo: int, hi: int) -> dict[str, SnapshotRange]:
         """Main's snapshots a file of partition [lo, hi) is checked against, planned. Planning is pyiceberg
@@ -118,9 +121,7 @@ class CheckContext:
             return self.plans
 
     def _plan(self, lo: int, hi: int) -> dict[str, SnapshotRange]:
-        contract = self.contract
-        return {name: SnapshotRange(self.table, contract.time_column, lo, hi, contract.dedup_key, snapshot_id=snapshot_id)
-                for name, snapshot_id in self.state["validation_snapshots"].items()}
+        return _planned_views(self.table, self.contract, self.state, self.job_id, self.state["validation_snapshots"], lo, hi)
 
 
 def check_file(rt: Runtime, job_id: str, file: str, spec_id: int, partition: int,
@@ -141,9 +142,9 @@ def run_checks(rt: Runtime, job_spec: dict[str, Any], units: list[Any], state: d
     counts in ``state``: the whole job, or (with a narrowed state) one canary day of it. With ``job_id``,
     the per-file facts that `check_file` stored are used; a file without them is checked here."""
     spec = JobSpec.model_validate(job_spec)
-    table = rt.load_table(spec.table)
+    table = planned_view(rt.load_table(spec.table), state)
     contract = Contract.from_table(table)
-    staged = added_files(table, state["staged_snapshot_id"]) if state.get("staged_snapshot_id") else []
+    staged = staged_files(table, state)
     totals = _unit_totals(units)
 
     checks = [
@@ -296,17 +297,28 @@ class _FileFacts:
                       "series": pa.array(data["series"], pa.string())})
 
 
-def _main_snapshots(table: Any, mode: str, state: dict[str, Any], any_staged: bool) -> dict[str, int]:
-    """The snapshots of main a staged key must not be on: main at the plan ("base"; a key there is a
-    failed check in merge mode) and, in merge mode, main now if live writers committed since ("live";
-    reported, the live rows win at publish). None in replace mode, which replaces the range."""
-    if mode == "replace" or not any_staged:
+def _main_views(table: Any, mode: str, state: dict[str, Any], any_staged: bool) -> dict[str, dict[str, Any]]:
+    """The parts of main a staged key must not be on, each as main's current snapshot and the origins of
+    its files (`lineage`): rows that were there at the plan ("base"; a key there is a failed check in
+    merge mode) and, in merge mode, rows other writers added since ("live": reported, they win at
+    publish). None in replace mode, which replaces the range. Told from the files main holds now, so
+    another engine's expiry of the plan's snapshot changes nothing."""
+    current = table.current_snapshot()
+    if mode == "replace" or not any_staged or current is None:
         return {}
-    base, current = state.get("base_snapshot_id"), table.current_snapshot()
-    snapshots = {"base": base} if base is not None else {}  # main was empty at the plan: nothing to overlap
-    if mode == "merge" and current is not None and current.snapshot_id != base:
-        snapshots["live"] = current.snapshot_id
-    return snapshots
+    views = {"base": {"snapshot_id": current.snapshot_id, "origins": [Origin.PLAN.value]}}
+    mark = PlanMark.of(state, table)
+    if mode == "merge" and current.snapshot_id != mark.snapshot_id and (current.sequence_number or 0) >= mark.sequence_number:
+        views["live"] = {"snapshot_id": current.snapshot_id, "origins": [Origin.LIVE.value, Origin.REWRITE.value]}
+    return views
+
+
+def _planned_views(table: Any, contract: Contract, state: dict[str, Any], job_id: str | None,
+                   views: dict[str, dict[str, Any]], lo: int, hi: int) -> dict[str, SnapshotRange]:
+    lineage = Lineage(table, PlanMark.of(state, table), job_id or "")
+    return {name: SnapshotRange(table, contract.time_column, lo, hi, contract.dedup_key, snapshot_id=view["snapshot_id"],
+                                keep=lineage.accepts(view["origins"]))
+            for name, view in views.items()}
 
 
 def _partition_range(contract: Contract, spec_id: int, partition: int) -> tuple[int, int]:
@@ -314,21 +326,21 @@ def _partition_range(contract: Contract, spec_id: int, partition: int) -> tuple[
     return PartitionKey(spec_id, transforms[spec_id], partition).range
 
 
-def _facts_uri(rt: Runtime, job_id: str, snapshots: dict[str, int], path: str) -> str:
+def _facts_uri(rt: Runtime, job_id: str, snapshots: dict[str, Any], path: str) -> str:
     """Where `check_file` keeps a file's facts; the snapshots of main they were taken against are part of
     the name, so facts taken before a live commit are not reused after it."""
-    digest = hashlib.sha256(json.dumps([path, sorted(snapshots.items())]).encode()).hexdigest()[:24]
+    digest = hashlib.sha256(json.dumps([path, snapshots], sort_keys=True).encode()).hexdigest()[:24]
     return rt.staging_path(job_id, "validate", f"{digest}.json")
 
 
-def _store_facts(rt: Runtime, job_id: str, snapshots: dict[str, int], facts: "_FileFacts") -> None:
+def _store_facts(rt: Runtime, job_id: str, snapshots: dict[str, Any], facts: "_FileFacts") -> None:
     fs, path = filesystem(_facts_uri(rt, job_id, snapshots, facts.path))
     make_parent(fs, path)
     with fs.open_output_stream(path) as out:
         out.write(json.dumps(facts.to_json()).encode())
 
 
-def _stored_facts(rt: Runtime, job_id: str, snapshots: dict[str, int], path: str) -> "_FileFacts | None":
+def _stored_facts(rt: Runtime, job_id: str, snapshots: dict[str, Any], path: str) -> "_FileFacts | None":
     fs, local = filesystem(_facts_uri(rt, job_id, snapshots, path))
     try:
         with fs.open_input_stream(local) as handle:
@@ -342,16 +354,14 @@ def _scan_files(rt: Runtime, job_id: str | None, table: Any, contract: Contract,
     """The facts of every staged file: those `check_file` stored (against the same snapshots of main),
     the others computed here, a few files at a time, main planned once over the job's range."""
     planned = state.get("validation_snapshots") if job_id else None
-    snapshots = planned if planned is not None else _main_snapshots(table, mode, state, bool(staged))
+    snapshots = planned if planned is not None else _main_views(table, mode, state, bool(staged))
     found: dict[str, _FileFacts | None] = {}
     if job_id:  # one small object per file: read many at once, their latency (not their size) is the cost
         with ThreadPoolExecutor(max_workers=FACT_READERS) as pool:
             found = dict(zip([f.file_path for f in staged],
                              pool.map(lambda f: _stored_facts(rt, job_id, snapshots, f.file_path), staged)))
     missing = [f for f in staged if found.get(f.file_path) is None]
-    mains = {name: SnapshotRange(table, contract.time_column, state["range_start"], state["range_end"],
-                                 contract.dedup_key, snapshot_id=snapshot_id)
-             for name, snapshot_id in snapshots.items()} if missing else {}
+    mains = _planned_views(table, contract, state, job_id, snapshots, state["range_start"], state["range_end"]) if missing else {}
     with ThreadPoolExecutor(max_workers=4) as pool:
         computed = dict(zip([f.file_path for f in missing], pool.map(
             lambda f: _file_facts(contract, state, mains, f.file_path, f.spec_id, f.partition[0]), missing)))

@@ -23,6 +23,7 @@ from pyiceberg.typedef import Record
 from timelake.model.commit import NAN_COUNTS, file_statistics
 from timelake.model.contract import Contract
 from timelake.model.layout import MainReader, stable_argsort, stream_range
+from timelake.model.lineage import planned_view
 from timelake.model.spec import JobSpec
 from timelake.ports.files import filesystem, make_parent
 from timelake.ports.runtime import Runtime
@@ -55,7 +56,7 @@ def _write_unit(rt: Runtime, job_id: str, unit_id: str, main: MainReader | None)
         return unit.result
     started = time.monotonic()
     spec = JobSpec.model_validate(job.spec)
-    table = rt.load_table(spec.table)
+    table = planned_view(rt.load_table(spec.table), job.state)
     contract = Contract.from_table(table)
     read = spill.SpillRead()
     rows = _read_slice(unit, table.schema().as_arrow(), contract, read)
