@@ -15,15 +15,17 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import struct
 import tempfile
 import zipfile
 from pathlib import Path
 
 SHADED = "org/apache/iceberg/shaded/"
-INTERNAL = b"com/fasterxml/jackson/"
-DOTTED = b"com.fasterxml.jackson."
 SERVICES = "META-INF/services/"
+# Jackson's names not yet under the prefix, so relocating twice changes nothing.
+_INTERNAL = re.compile(rb"(?<!org/apache/iceberg/shaded/)com/fasterxml/jackson/")
+_DOTTED = re.compile(rb"(?<!org\.apache\.iceberg\.shaded\.)com\.fasterxml\.jackson\.")
 
 # Constant pool tags and the size of their payload after the tag byte (Utf8 is variable).
 _FIXED = {3: 4, 4: 4, 5: 8, 6: 8, 7: 2, 8: 2, 9: 4, 10: 4, 11: 4, 12: 4, 15: 3, 16: 2, 17: 4, 18: 4, 19: 2, 20: 2}
@@ -32,8 +34,8 @@ _WIDE = {5, 6}  # long and double take two slots
 
 def relocate_text(data: bytes) -> bytes:
     """Jackson's names in ``data`` moved under the shaded prefix, in internal and dotted form."""
-    data = data.replace(INTERNAL, SHADED.encode() + INTERNAL)
-    return data.replace(DOTTED, SHADED.replace("/", ".").encode() + DOTTED)
+    data = _INTERNAL.sub(SHADED.encode() + rb"com/fasterxml/jackson/", data)
+    return _DOTTED.sub(SHADED.replace("/", ".").encode() + rb"com.fasterxml.jackson.", data)
 
 
 def relocate_class(data: bytes) -> bytes:
