@@ -26,11 +26,14 @@ $(STAMP): $(RUNTIME) pyproject.toml package.json $(NPM_LOCK)
 
 install: $(STAMP)
 
-# The servers and the browser that the tests run for real, and llvm-strip, which strips the Lambda
-# layers' aarch64 objects (GNU strip reads only this machine's), from Debian's packages when missing.
+# The servers and the browser that the tests run for real, llvm-strip, which strips the Lambda
+# layers' aarch64 objects (GNU strip reads only this machine's), and Java with the SQLite JDBC driver
+# for Spark's Iceberg catalog (tests/lake), from Debian's packages when missing.
 test-deps:
 	@missing=""; \
 	test -x $(PG_BIN)/postgres || missing="$$missing postgresql-15"; \
+	command -v java >/dev/null || missing="$$missing openjdk-17-jre-headless"; \
+	test -f /usr/share/java/sqlite-jdbc.jar || missing="$$missing libxerial-sqlite-jdbc-java"; \
 	command -v influxd >/dev/null || missing="$$missing influxdb"; \
 	command -v chromium >/dev/null || missing="$$missing chromium"; \
 	command -v llvm-strip >/dev/null || missing="$$missing llvm"; \
@@ -40,7 +43,7 @@ demo: $(RUNTIME)
 	$(VENV)/bin/timelake demo
 
 test: $(STAMP) test-deps docs
-	$(PY) -m pytest -n 2 --durations=15
+	$(PY) -m pytest -n 2 --dist loadgroup --durations=15
 
 # The documentation site, built with --strict so a broken link or anchor fails; into .venv/site, not committed.
 # tests/docs runs the examples marked runnable in its pages.
