@@ -55,6 +55,19 @@ def test_unit_completes_exactly_once(store):
         store.job_and_unit("nope", "u1")
 
 
+def test_reopened_units_are_pending_again_and_complete_once_more(store):
+    store.create_job(JobRecord("j", "iot.a", "written", {}))
+    store.put_units("j", [UnitRecord("u1", {"p": 1}), UnitRecord("u2", {"p": 2})])
+    store.complete_unit("j", "u1", {"path": "a"})
+    store.complete_unit("j", "u2", {"path": "b"})
+    store.reopen_units("j", ["u1"])
+    assert [(u.unit_id, u.status, u.result, u.info) for u in store.units("j")] == [
+        ("u1", "pending", {}, {"p": 1}), ("u2", "done", {"path": "b"}, {"p": 2})]
+    assert store.complete_unit("j", "u1", {"path": "a2"}) is True
+    assert store.complete_unit("j", "u1", {"path": "a3"}) is False
+    assert store.unit("j", "u1").result == {"path": "a2"}
+
+
 def test_overlapping_lease_refused_adjacent_allowed(store):
     store.acquire_lease(Lease("iot.a", 100, 200, "j1"))
     with pytest.raises(LeaseConflict, match="j1"):

@@ -104,7 +104,7 @@ def catalog_conf(config: LakeConfig) -> dict[str, str]:
     return {
         prefix: "org.apache.iceberg.spark.SparkCatalog",
         f"{prefix}.type": "jdbc",
-        f"{prefix}.uri": "jdbc:sqlite:" + props["uri"].removeprefix("sqlite:///"),
+        f"{prefix}.uri": "jdbc:sqlite:" + props["uri"].removeprefix("sqlite:///").partition("?")[0],  # less SQLAlchemy's options
         f"{prefix}.warehouse": props["warehouse"],
         f"{prefix}.jdbc.schema-version": "V1",
         f"{prefix}.jdbc.busy_timeout": "10000",

@@ -1,4 +1,6 @@
-"""Java's snapshot expiry, as other engines run it on our tables, re-implemented over the metadata.
+"""Java's snapshot expiry, as other engines run it on our tables, re-implemented over the metadata: a
+fast unit check of the metadata a job leaves behind. The real thing, Iceberg's Java code through Spark,
+runs in tests/lake/.
 
 `IncrementalFileCleanup.cleanFiles` (apache/iceberg, core; used by ExpireSnapshots when the table
 has one ref, as after a backfill): for every expired snapshot that is neither an ancestor of main

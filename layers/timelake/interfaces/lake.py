@@ -394,7 +394,7 @@ class Job:
             raise BackfillError(f"job {self.id} failed validation; nothing was published. Fix the source and start a new job")
         self._error = None
         self._start(source, background=not wait)
-        return self
+        return self.wait() if wait else self
 
 
 def _iceberg_schema(schema: pa.Schema | Schema, time_column: str, required: list[str]) -> Schema:

@@ -101,6 +101,22 @@ class Contract:
         return index
 
 
+def writable_spec(table: IcebergTable, time_column: str) -> None:
+    """Refuse, before a job plans, a partition spec the engine cannot write: besides the time column's
+    hour/day/month/year it may only hold removed (void) fields. Another engine may have added one (a
+    bucket of the series key, say); files the engine wrote before keep their spec and stay readable."""
+    from pyiceberg.transforms import VoidTransform
+
+    spec = table.spec()
+    time_id = table.schema().find_field(time_column).field_id
+    others = [f for f in spec.fields if f.source_id != time_id and not isinstance(f.transform, VoidTransform)]
+    if others:
+        names = ", ".join(f"{f.transform}({table.schema().find_column_name(f.source_id)})" for f in others)
+        raise ValueError(f"table {'.'.join(table.name())}: partition spec {spec.spec_id} also partitions by {names}; "
+                         f"a backfill writes tables partitioned by the time column '{time_column}' alone "
+                         f"(ALTER TABLE ... DROP PARTITION FIELD, or backfill into a table of that shape)")
+
+
 def _spec_transform(table: IcebergTable, spec_id: int, time_column: str) -> str:
     source_id = table.schema().find_field(time_column).field_id
     for field in table.specs()[spec_id].fields:

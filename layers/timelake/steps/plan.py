@@ -18,7 +18,7 @@ from typing import Any
 
 from timelake.errors import InvalidJob
 from timelake.model.commit import collector_paused, with_retry
-from timelake.model.contract import Contract
+from timelake.model.contract import Contract, writable_spec
 from timelake.model.cost import estimate_cost
 from timelake.model.layout import PartitionKey, partition_codes
 from timelake.model.lineage import PlanMark, planned_view
@@ -54,6 +54,10 @@ def plan(rt: Runtime, job_id: str, source: Any = None, parallelism: int | None =
     src = open_job_source(spec, source, table)
     now = datetime.now(timezone.utc)
     ctx = context(spec, table, to_micros(now))
+    try:
+        writable_spec(table, ctx.contract.time_column)
+    except ValueError as exc:
+        raise InvalidJob(str(exc)) from exc
     mapper = mapper_for(ctx, src)  # a wrong map, a naive time without tz, ... fail here, before reading data
     clear_staging(rt, job_id)
     sizes = src.sizes()

@@ -27,6 +27,7 @@ def stage(rt: Runtime, job_id: str) -> dict[str, Any]:
 
 
 def _stage(rt: Runtime, job_id: str) -> dict[str, Any]:
+    checkpoint("stage.started")
     job = rt.store.get_job(job_id)
     units = rt.store.units(job_id)
     pending = [u.unit_id for u in units if u.status != "done"]
