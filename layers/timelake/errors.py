@@ -39,3 +39,8 @@ class Interrupted(BackfillError):
 
 class Aborted(BackfillError):
     """The job was aborted: its branch, staged files and lease are gone; main is untouched."""
+
+
+class FilesLost(BackfillError):
+    """Files of written units were gone before they were staged (another engine's orphan-file removal):
+    the units are pending again, and writing them once more is the way on (`resume`)."""

@@ -20,7 +20,7 @@ from importlib.machinery import ModuleSpec
 from typing import Any
 
 from timelake.adapters import runtime_for
-from timelake.errors import Aborted, BackfillError, Interrupted
+from timelake.errors import Aborted, BackfillError, FilesLost, Interrupted
 from timelake.followup import refresh as followup
 from timelake.model.contract import Contract
 from timelake.model.faults import checkpoint
@@ -89,8 +89,12 @@ def _run(rt: Runtime, job_id: str, source: Any, cancel: threading.Event | None) 
             elif step == "write":
                 _write_all(rt, job_id, cancel)
             elif step == "stage":
-                stage(rt, job_id)
-                checkpoint("stage.done")
+                try:
+                    stage(rt, job_id)
+                except FilesLost:
+                    pass  # the job is back at its write step, with those units pending: the loop writes them
+                else:
+                    checkpoint("stage.done")
             elif step == "validate":
                 _check_all(rt, job_id, cancel)
                 validate(rt, job_id)

@@ -12,6 +12,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import boto3
 import pytest
 
 import timelake
@@ -80,3 +81,34 @@ def test_a_crashing_unit_fails_the_job_and_resume_finishes_it_once(cloud: Cloud,
                                   series_key=["device_id"], partition_by="day", retention="P3Y")
     local.backfill(source=source, publish_by="day").wait()
     assert sort_rows(table.refresh().to_arrow()).equals(sort_rows(local.to_arrow()))
+
+
+def test_unit_files_deleted_before_staging_fail_the_execution_and_resume_writes_them_again(
+        cloud: Cloud, readings, monkeypatch) -> None:
+    """Another engine's orphan-file removal takes a written unit's file before the stage Lambda commits
+    it. The stage function may not write data files: it names the loss and fails the execution, with the
+    unit pending again; the resumed execution's write map writes it once more, and the job publishes exactly."""
+    source = readings(recent(7), days=3, devices=3, seed=5)
+    table = sensor_table(cloud.lake)
+    _upload(source, "src/a.parquet")
+    removed: list[str] = []
+    writes: Counter[str] = Counter()
+
+    def remove_one(event: dict[str, Any]) -> None:
+        if not removed:
+            unit = cloud.lake.runtime.store.units(event["job_id"])[1]
+            bucket, _, key = unit.result["path"].removeprefix("s3://").partition("/")
+            boto3.client("s3").delete_object(Bucket=bucket, Key=key)
+            removed.append(unit.unit_id)
+
+    cloud.before["timelake-stage"] = remove_one
+    cloud.before["timelake-write"] = lambda event: writes.update([event["unit_id"]])
+    failed = cloud.run({"table": "iot.sensor", "source": f"s3://{BUCKET}/src/*.parquet", "job_id": "bf-orphans"}, "bf-orphans")
+    assert failed["status"] == "FAILED" and "deleted before staging" in failed["cause"] and removed[0] in failed["cause"]
+    assert table.refresh().iceberg.current_snapshot() is None
+
+    resumed = _resume_with_cli(cloud, "bf-orphans", monkeypatch)
+    assert cloud.wait(resumed["execution_arn"])["status"] == "SUCCEEDED"
+    assert cloud.lake.job("bf-orphans").report()["phase"] == "published"
+    assert writes[removed[0]] == 2 and all(n == 1 for unit, n in writes.items() if unit != removed[0])
+    assert sort_rows(table.refresh().to_arrow()).equals(sort_rows(source))

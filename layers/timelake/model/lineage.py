@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
-from pyiceberg.manifest import DataFileContent, ManifestEntry
+from pyiceberg.manifest import DataFileContent, ManifestEntry, ManifestEntryStatus
 from pyiceberg.table import ManifestGroupPlanner
 from pyiceberg.table.snapshots import Operation
 
@@ -81,6 +81,7 @@ class Lineage:
 
     def __init__(self, table: "IcebergTable", mark: PlanMark, job_id: str) -> None:
         self.table, self.mark, self.job_id = table, mark, job_id
+        self.entries: dict[str, ManifestEntry] = {}  # the entries `tasks` planned, by file path
         # a format-v1 table has no sequence numbers: there the snapshots since the plan, while kept, tell
         self._v1_since = None if table.metadata.format_version >= 2 else _since_ids(table, mark.snapshot_id)
 
@@ -101,7 +102,35 @@ class Lineage:
         """A filter for `main_tasks`: data files of these origins (delete files always pass: they
         apply to the data files they name)."""
         wanted = {Origin(o) for o in origins}
-        return lambda entry: entry.data_file.content != DataFileContent.DATA or self.origin(entry) in wanted
+
+        def keep(entry: ManifestEntry) -> bool:
+            if entry.data_file.content != DataFileContent.DATA:
+                return True
+            self.entries[entry.data_file.file_path] = entry
+            return self.origin(entry) in wanted
+
+        return keep
+
+    def absorbed(self, path: str) -> list[Any] | None:
+        """For a file a rewrite added (``rewrite``, planned by `tasks`): the data files of rows other
+        writers added since the plan that the rewrite replaced, compacted in with older rows; None
+        when that cannot be told (the rewrite's snapshot is gone, or one of those files is, so its
+        rows cannot be picked out)."""
+        entry = self.entries[path]
+        snapshot = self.table.snapshot_by_id(entry.snapshot_id) if entry.snapshot_id is not None else None
+        if snapshot is None:
+            return None
+        io, found = self.table.io, []
+        for manifest in snapshot.manifests(io):
+            if manifest.added_snapshot_id != snapshot.snapshot_id:
+                continue
+            for replaced in manifest.fetch_manifest_entry(io, discard_deleted=False):
+                if replaced.status != ManifestEntryStatus.DELETED or replaced.data_file.content != DataFileContent.DATA:
+                    continue
+                if (replaced.sequence_number or 0) > self.mark.sequence_number and not is_job_file(
+                        replaced.data_file.file_path, self.job_id):
+                    found.append(replaced.data_file)
+        return found
 
     def tasks(self, row_filter: Any, origins: Iterable[Origin | str]) -> list["FileScanTask"]:
         """Main's current files of ``origins`` that may hold rows matching ``row_filter``, as scan

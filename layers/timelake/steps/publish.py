@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyiceberg.manifest import DataFile
+from pyiceberg.table import FileScanTask
 from pyiceberg.table import Table as IcebergTable
 
 from timelake.errors import BackfillError
@@ -38,8 +39,8 @@ from timelake.ports.files import filesystem
 from timelake.ports.runtime import Runtime
 from timelake.steps.abort import ALL_COMMITTED, IN_FLIGHT, claim_commit, claim_publish, start_publish
 from timelake.steps.plan import CHUNKS, read_json, write_json
-from timelake.steps.redo import refuse_drift, require_files
-from timelake.steps.write import drop_existing, write_parquet
+from timelake.steps.redo import missing_files, refuse_drift, require_files
+from timelake.steps.write import drop_existing, existing_mask, write_parquet
 
 PUBLISH_ATTEMPTS = 50  # live writers may commit every few ms; each retry only re-checks the newest commits
 
@@ -226,24 +227,31 @@ def _commit_chunk(
     files = chunk.files
     checked: set[str] = set()
     survivors: dict[str, tuple[bool, DataFile | None, int]] = {}  # replace: a partly covered file's rewrite, across attempts
+    absorbed: dict[str, pa.Table] = {}  # replace: a compacted file's rows of live writers, by its path
     attempt: dict[str, list[DataFile]] = {}
     in_chunk = time_filter(contract.time_column, chunk.start, chunk.end)
 
     def commit(current: IcebergTable) -> None:
         nonlocal files, attempt
         lineage = Lineage(current, mark, job_id)
-        if spec.mode in ("merge", "replace"):
-            found = _late_rows(current, lineage, contract, chunk, checked, spec.mode)
-            files = _drop_late_conflicts(planned, contract, files, found, late)
+        found = _late_rows(current, lineage, contract, chunk, checked, spec.mode) if spec.mode in ("merge", "replace") else []
+        tasks = lineage.tasks(in_chunk, REPLACED) if spec.mode == "replace" else []
+        for task in tasks:  # replace: rows of live writers that a compaction folded into a file of old rows
+            path = task.file.file_path
+            if lineage.origin(lineage.entries[path]) == Origin.REWRITE and path not in checked:
+                checked.add(path)
+                absorbed[path] = _absorbed_rows(current, lineage, contract, chunk, task)
+                found.append(absorbed[path])
+        files = _drop_late_conflicts(planned, contract, files, [t for t in found if t.num_rows], late)
         deleted: list[DataFile] = []
         reuse = copy if copy is not None and len(files) == len(copy.files) and all(map(operator.is_, files, copy.files)) else None
         added = [] if reuse is not None else list(files)
         if spec.mode == "replace":
             replaced = 0
-            for task in lineage.tasks(in_chunk, REPLACED):
+            for task in tasks:
                 f = task.file
                 if f.file_path not in survivors:
-                    survivors[f.file_path] = _survivors(current, contract, chunk, task, job_id)
+                    survivors[f.file_path] = _survivors(current, contract, chunk, task, job_id, absorbed.get(f.file_path))
                 remove, rest, inside = survivors[f.file_path]
                 if not remove:
                     continue  # its bounds overlap the chunk but none of its rows lie in it
@@ -300,18 +308,39 @@ def _late_rows(table: IcebergTable, lineage: Lineage, contract: Contract, chunk:
     return found
 
 
-def _survivors(table: IcebergTable, contract: Contract, chunk: Chunk, task: Any, job_id: str) -> tuple[bool, DataFile | None, int]:
-    """Replace mode, a file of main that may hold rows of the chunk: whether it goes, the file of its rows
-    outside the chunk that replaces it (in its own partition and spec; a subset of a sorted file stays
-    sorted), and how many of its rows lay in the chunk. A file wholly inside the range is not read."""
+def _absorbed_rows(table: IcebergTable, lineage: Lineage, contract: Contract, chunk: Chunk, task: Any) -> pa.Table:
+    """Replace mode, a file a compaction wrote in the chunk's range: the keys of its rows in the chunk that
+    live writers added since the plan (read from the files the compaction replaced, which are kept
+    until their snapshots expire). Those rows stay, and win over staged rows, like any live row. When
+    they cannot be told apart any more (the compaction's snapshot or the files it replaced are gone),
+    every row of the file in the chunk is kept as live: a row is never dropped on a guess."""
+    replaced = lineage.absorbed(task.file.file_path)
+    if replaced is None or missing_files([f.file_path for f in replaced], table.io):
+        replaced = None
+    parts = [read_task(table, FileScanTask(f), contract.dedup_key) for f in replaced] if replaced is not None else [
+        read_task(table, task, contract.dedup_key)]
+    rows = pa.concat_tables(parts) if parts else table.schema().select(*contract.dedup_key).as_arrow().empty_table()
+    ts = micros(rows, contract.time_column)
+    return rows.filter(pa.array((ts >= chunk.start) & (ts < chunk.end)))
+
+
+def _survivors(table: IcebergTable, contract: Contract, chunk: Chunk, task: Any, job_id: str,
+               live: pa.Table | None = None) -> tuple[bool, DataFile | None, int]:
+    """Replace mode, a file of main that may hold rows of the chunk: whether it goes, the file of the rows
+    that stay that replaces it (its rows outside the chunk, and any of ``live``'s keys: rows of live
+    writers a compaction folded in; in its own partition and spec; a subset of a sorted file stays
+    sorted), and how many of its rows are replaced. A file wholly inside the range is not read."""
     f = task.file
     lo, hi = file_bounds(f, table.schema().find_field(contract.time_column))
-    if lo is not None and hi is not None and lo >= chunk.start and hi < chunk.end and not task.delete_files:
+    if lo is not None and hi is not None and lo >= chunk.start and hi < chunk.end and not task.delete_files and not (
+            live is not None and live.num_rows):
         return True, None, f.record_count
     rows = read_task(table, task)
     ts = micros(rows, contract.time_column)
-    outside = (ts < chunk.start) | (ts >= chunk.end)
-    rest = rows.filter(pa.array(outside))
+    stays = (ts < chunk.start) | (ts >= chunk.end)
+    if live is not None and live.num_rows:
+        stays |= existing_mask(rows, live.cast(pa.schema([rows.schema.field(n) for n in live.column_names])), contract)
+    rest = rows.filter(pa.array(stays))
     inside = rows.num_rows - rest.num_rows
     if inside == 0:
         return False, None, 0

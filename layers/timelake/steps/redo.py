@@ -17,14 +17,13 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
-from timelake.errors import BackfillError
+from timelake.errors import BackfillError, FilesLost
 from timelake.model.contract import Contract
 from timelake.ports.files import filesystem
 from timelake.ports.runtime import Runtime
 from timelake.ports.store import UnitRecord
 from timelake.steps.plan import scan
 from timelake.steps.scan import direct_plan, read_result, result_uri
-from timelake.steps.write import write_unit
 
 HEADS = 16  # existence checks in flight: on S3 each is a request whose latency, not size, is the cost
 
@@ -44,9 +43,11 @@ def missing_files(paths: list[str], io: Any = None) -> list[str]:
 
 
 def rewrite_missing(rt: Runtime, job_id: str, table: Any, units: list[UnitRecord]) -> list[str]:
-    """Write again the done units whose files are gone; returns their ids. A partition a scan task
-    wrote itself is written by running that task again (it has no spill); the others by the write
-    step, from the spill."""
+    """Make good the done units whose files are gone; returns their ids. A partition a scan task wrote
+    itself (embedded only: it has no spill) is written again here, by running that task again. The
+    others become pending, the job goes back to its write step and `FilesLost` says so: the embedded
+    runner writes them at once, on AWS the resumed workflow's write map does (the stage function may
+    not write data files)."""
     done = [u for u in units if u.status == "done" and u.result.get("path")]
     gone = set(missing_files([u.result["path"] for u in done], table.io))
     lost = [u for u in done if u.result["path"] in gone]
@@ -62,9 +63,12 @@ def rewrite_missing(rt: Runtime, job_id: str, table: Any, units: list[UnitRecord
         for unit_id, (owner, name) in by_name.items():
             if owner == task:
                 rt.store.complete_unit(job_id, unit_id, partitions[name].direct)
-    for unit in lost:
-        if unit.unit_id not in by_name:
-            write_unit(rt, job_id, unit.unit_id)
+    spilled = [u.unit_id for u in lost if u.unit_id not in by_name]
+    if spilled:
+        rt.store.update_job(job_id, "planned")
+        raise FilesLost(f"job {job_id}: the files of {len(spilled)} written unit(s) (first: {spilled[0]}) were deleted "
+                        f"before staging (another engine's orphan-file removal?); they are pending again: "
+                        f"timelake backfill resume {job_id} writes them")
     return [u.unit_id for u in lost]
 
 
@@ -100,12 +104,11 @@ def require_files(rt: Runtime, job_id: str, table: Any, state: dict[str, Any], s
     gone = missing_files([f.file_path for f in staged], table.io)
     if not gone:
         return
-    redone = rewrite_missing(rt, job_id, table, rt.store.units(job_id))
-    rt.store.update_job(job_id, "written")
+    rt.store.update_job(job_id, "written")  # resume stages again, and stage writes the missing units again first
     raise BackfillError(
         f"job {job_id}: {len(gone)} staged file(s) (first: {gone[0]}) were deleted after branch {state.get('branch')} "
-        f"was removed from the table by someone else; nothing was published, {len(redone)} unit(s) were written again: "
-        f"timelake backfill resume {job_id} stages and validates them")
+        f"was removed from the table by someone else; nothing was published: timelake backfill resume {job_id} "
+        f"writes, stages and validates them again")
 
 
 def require_branch(rt: Runtime, job_id: str, table: Any, state: dict[str, Any]) -> None:
