@@ -55,9 +55,14 @@ def sensor(lake: timelake.Lake) -> timelake.Table:
                              partition_by="day", retention="P3Y", target_file_size="64MB")
 
 
+#: The day the test session started (UTC): every `recent` day counts back from it, so a run that
+#: crosses midnight does not see two different "todays" (rows made before midnight for a range asked after).
+TODAY = datetime.now(timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
+
+
 def recent(days_ago: int) -> str:
-    """An ISO day ``days_ago`` before today (UTC): keeps test data inside retention whatever the date."""
-    return (datetime.now(timezone.utc) - timedelta(days=days_ago)).strftime("%Y-%m-%d")
+    """An ISO day ``days_ago`` before the session's day (UTC): keeps test data inside retention whatever the date."""
+    return (TODAY - timedelta(days=days_ago)).strftime("%Y-%m-%d")
 
 
 def reference_merge(existing: pa.Table, source: pa.Table) -> pa.Table:
