@@ -114,7 +114,7 @@ def test_naive_timestamps_need_tz() -> None:
 
 
 def test_naive_strings_need_tz_and_name_the_row() -> None:
-    with pytest.raises(MappingError, match=r"naive timestamps such as '2024-01-01 00:00:00' at row 1 of a.csv: pass"):
+    with pytest.raises(MappingError, match=r"naive timestamps such as '2024-01-01 00:00:00' at row 2 of a.csv: pass"):
         _map({"ts": ["2024-01-01T00:00:00Z", "2024-01-01 00:00:00"], "sensor": ["s", "s"]})
 
 
@@ -151,8 +151,8 @@ def test_nonexistent_and_ambiguous_times_are_dropped_and_counted(policy: str) ->
     mapped = _map(_naive(local), tz="Europe/Berlin", dst_policy=policy)
     assert _times(mapped) == [_utc(2024, 3, 31, 0, 0), _utc(2024, 10, 27, 3, 0)]
     assert mapped.rejected == {"dst_nonexistent": 1, "dst_ambiguous": 2}
-    assert mapped.examples["dst_nonexistent"] == "row 1 of a.csv: ts=2024-03-31 02:30:00"
-    assert mapped.examples["dst_ambiguous"] == "row 2 of a.csv: ts=2024-10-27 02:30:00"
+    assert mapped.examples["dst_nonexistent"] == "row 2 of a.csv: ts=2024-03-31 02:30:00"
+    assert mapped.examples["dst_ambiguous"] == "row 3 of a.csv: ts=2024-10-27 02:30:00"
     assert mapped.table.schema.equals(TARGET)
 
 
@@ -204,7 +204,7 @@ def test_unparseable_time_names_column_file_row_and_value() -> None:
     times = ["2024-01-01T00:00:00Z", "yesterday-ish", "2024-01-01T00:00:00Z"]
     batch = _batch({"when": times, "sensor": ["s"] * 3}, origin="x.csv", row_offset=1000)
     mapper = _mapper(batch.data.schema, column_map={"ts": "when"}, tz="UTC")
-    pattern = r"column 'ts' \(source 'when'\): cannot convert 'yesterday-ish' at row 1001 of x.csv to .*ISO 8601"
+    pattern = r"column 'ts' \(source 'when'\): cannot convert 'yesterday-ish' at row 1002 of x.csv to .*ISO 8601"
     with pytest.raises(MappingError, match=pattern):
         mapper.apply(batch)
 
@@ -234,14 +234,14 @@ def test_epoch_integers_need_time_unit() -> None:
 
 
 def test_epoch_out_of_range_names_value() -> None:
-    with pytest.raises(MappingError, match=r"cannot convert 10000000000000000 at row 1 of a.csv"):
+    with pytest.raises(MappingError, match=r"cannot convert 10000000000000000 at row 2 of a.csv"):
         _map({"ts": pa.array([0, 10**16], pa.int64()), "sensor": ["s", "s"]}, time_unit="s")
 
 
 def test_uncastable_value_names_column_file_row_and_value() -> None:
     columns = {"ts": ["2024-01-01T00:00:00Z"] * 4, "sensor": ["s", None, "s", "s"], "value": ["1.5", "2", "3", "abc"]}
     batch = _batch(columns, origin="exports/day.csv", row_offset=500)
-    pattern = r"column 'value' \(source 'value'\): cannot convert 'abc' at row 503 of exports/day.csv to double"
+    pattern = r"column 'value' \(source 'value'\): cannot convert 'abc' at row 504 of exports/day.csv to double"
     with pytest.raises(MappingError, match=pattern):
         _mapper(batch.data.schema).apply(batch)
 
@@ -267,9 +267,9 @@ def test_null_time_series_key_and_required_are_counted_once() -> None:
     mapped = _map(columns, target=WITH_UNIT)
     assert mapped.rejected == {"null_time": 2, "null_series_key": 1, "null_required": 1}
     assert mapped.examples == {
-        "null_time": "row 1 of a.csv: ts=null",
-        "null_series_key": "row 2 of a.csv: sensor=null",
-        "null_required": "row 4 of a.csv: unit=null",
+        "null_time": "row 2 of a.csv: ts=null",
+        "null_series_key": "row 3 of a.csv: sensor=null",
+        "null_required": "row 5 of a.csv: unit=null",
     }
     assert mapped.table.num_rows == 1
     assert mapped.table.schema.equals(WITH_UNIT)
@@ -307,8 +307,8 @@ def test_bad_values_null_or_reject_with_up_to_five_examples() -> None:
     assert rejected.table.column("value").to_pylist() == [1.5, 2.0, 3.25]
     assert rejected.rejected == {"bad_value": 5}
     assert rejected.examples["bad_value"].split(" | ") == [
-        f"row {i} of a.csv: value={v}" for i, v in [(1, "#ERR"), (3, "#ERR"), (4, "x"), (5, "y"), (6, "z")]]
-    with pytest.raises(MappingError, match="'#ERR' at row 1 of a.csv"):
+        f"row {i} of a.csv: value={v}" for i, v in [(2, "#ERR"), (4, "#ERR"), (5, "x"), (6, "y"), (7, "z")]]
+    with pytest.raises(MappingError, match="'#ERR' at row 2 of a.csv"):
         _map(columns, decimal=",")
 
 
@@ -351,7 +351,7 @@ def test_earliest_and_latest_count_folded_rows_as_dst_collapsed() -> None:
         mapped = _map(_naive(FALL_BACK), tz="Europe/Berlin", dst_policy=policy)
         assert mapped.rejected == {"dst_collapsed": 2}
         assert _times(mapped) == [_utc(2024, 10, d, h, m) for d, h, m in kept]
-        assert mapped.examples["dst_collapsed"] == "row 3 of a.csv: ts=2024-10-27 02:00:00"
+        assert mapped.examples["dst_collapsed"] == "row 4 of a.csv: ts=2024-10-27 02:00:00"
 
 
 @pytest.mark.parametrize("values", [["yesterday"], ["2024-01-01 00:00:00", "2024-13-45 99:00"], ["2024-01-01T00:00:00Z", "noon"]])
@@ -359,5 +359,5 @@ def test_an_unparseable_time_without_tz_says_so_rather_than_asking_for_tz(values
     with pytest.raises(MappingError) as raised:
         _map({"ts": values, "sensor": ["s"] * len(values)})
     message = str(raised.value)
-    assert f"column 'ts' (source 'ts'): cannot convert {values[-1]!r} at row {len(values) - 1} of a.csv" in message
+    assert f"column 'ts' (source 'ts'): cannot convert {values[-1]!r} at row {len(values)} of a.csv" in message
     assert "not an ISO 8601 date and time" in message and "naive" not in message and "--tz" not in message

@@ -176,11 +176,20 @@ def run(
     precision: Annotated[Optional[str], typer.Option("--precision", help=field_help("precision"))] = None,
     null_values: Annotated[Optional[list[str]], typer.Option("--null-values", help=field_help("null_values"))] = None,
     on_bad_value: Annotated[Optional[str], typer.Option("--on-bad-value", help=field_help("on_bad_value"))] = None,
+    max_rejected: Annotated[Optional[str], typer.Option(
+        "--max-rejected", metavar="ROWS|PCT%", help=field_help("max_rejected"))] = None,
+    states_column: Annotated[Optional[str], typer.Option("--states-column", help=field_help("states_column"))] = None,
     delimiter: Annotated[Optional[str], typer.Option("--delimiter", help=field_help("delimiter"))] = None,
     decimal: Annotated[Optional[str], typer.Option("--decimal", help=field_help("decimal"))] = None,
+    thousands: Annotated[Optional[str], typer.Option("--thousands", help=field_help("thousands"))] = None,
+    wide: Annotated[bool, typer.Option("--wide", "--unpivot", help=field_help("wide"))] = False,
+    id_columns: Annotated[Optional[str], typer.Option("--id-columns", metavar="COL,…", help=field_help("id_columns"))] = None,
+    key_separator: Annotated[Optional[str], typer.Option("--key-separator", help=field_help("key_separator"))] = None,
     timestamp_format: Annotated[Optional[str], typer.Option(
         "--timestamp-format", help=field_help("timestamp_format"))] = None,
     skip_rows: Annotated[Optional[int], typer.Option("--skip-rows", help=field_help("skip_rows"))] = None,
+    skip_after_header: Annotated[Optional[int], typer.Option(
+        "--skip-after-header", help=field_help("skip_after_header"))] = None,
     encoding: Annotated[Optional[str], typer.Option("--encoding", help=field_help("encoding"))] = None,
     as_json: JsonFlag = False,
     warehouse: Warehouse = None,
@@ -197,6 +206,9 @@ def run(
         "source_rows_per_second": source_rows_per_second, "measurement": measurement, "precision": precision,
         "null_values": null_values, "on_bad_value": on_bad_value, "delimiter": delimiter, "decimal": decimal,
         "timestamp_format": timestamp_format, "skip_rows": skip_rows, "encoding": encoding,
+        "max_rejected": max_rejected, "states_column": states_column, "thousands": thousands,
+        "id_columns": [c.strip() for c in id_columns.split(",") if c.strip()] if id_columns else None,
+        "key_separator": key_separator, "skip_after_header": skip_after_header,
     }
     fields.update({k: v for k, v in given.items() if v is not None})
     fields["table"] = table
@@ -208,6 +220,7 @@ def run(
     fields["dry_run"] = dry_run or fields.get("dry_run", False)
     fields["override_retention"] = override_retention or fields.get("override_retention", False)
     fields["evaluate_rules"] = evaluate_rules or fields.get("evaluate_rules", False)
+    fields["wide"] = wide or fields.get("wide", False)
     if not fields.get("source"):
         fail("--from SRC (or a --job file with a source) is required")
     spec = external_job(fields)
