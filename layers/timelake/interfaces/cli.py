@@ -457,6 +457,7 @@ def create_table(
     retention: Annotated[Optional[str], typer.Option("--retention", help="How far back rows are kept, e.g. P3Y")] = None,
     target_file_size: Annotated[str, typer.Option("--target-file-size", help="Size of the files the backfill writes")] = "128MB",
     expected_interval: Annotated[Optional[str], typer.Option("--expected-interval", help="One row per series every …, e.g. PT1M: what coverage measures against")] = None,
+    expected_series: Annotated[Optional[int], typer.Option("--expected-series", help="How many series the table should hold (with --expected-interval, a day is complete or partial, not only 'has data')")] = None,
     as_json: JsonFlag = False,
     warehouse: Warehouse = None,
     on: Annotated[str, typer.Option("--on", help="local (embedded lake) or aws (the deployed stack's Glue catalog and bucket)")] = "local",
@@ -473,7 +474,8 @@ def create_table(
     keys = [k.strip() for k in (series or "").split(",") if k.strip()]
     lake = _deployed_lake() if _on_aws(on) else _lake(warehouse)
     handle = lake.create_table(table, columns, time_column=time, series_key=keys, partition_by=_partition_by(partition_by),
-                               retention=retention, target_file_size=target_file_size, expected_interval=expected_interval)
+                               retention=retention, target_file_size=target_file_size, expected_interval=expected_interval,
+                               expected_series=expected_series)
     info = {"table": table, "columns": columns.names, "time_column": time, "series_key": keys,
             "partition_tiers": [{"max_age": t.max_age, "transform": t.transform} for t in handle.contract.tiers]}
     if as_json:
@@ -489,7 +491,8 @@ def set_table(
     expected_series: Annotated[Optional[int], typer.Option("--expected-series", help="How many series the table should hold")] = None,
     warehouse: Warehouse = None,
 ) -> None:
-    """Declare TABLE's cadence, which coverage measures days against (complete, partial, gap)."""
+    """Declare TABLE's cadence, which coverage measures days against (complete, partial, gap; without it
+    a day with rows only 'has data')."""
     if expected_interval is None and expected_series is None:
         fail("nothing to set: give --expected-interval and/or --expected-series")
     _lake(warehouse).table(table).set_expected(expected_interval, expected_series)
@@ -498,13 +501,16 @@ def set_table(
 
 @table_app.command("show")
 def show_table(table: str, as_json: JsonFlag = False, warehouse: Warehouse = None) -> None:
-    """The contract of TABLE: time column, series and dedup key, retention, partition tiers, rollups, rules."""
+    """The contract of TABLE: time column, series and dedup key, cadence, retention, partition tiers, rollups, rules."""
+    from timelake.followup.coverage import EXPECTED_INTERVAL, EXPECTED_SERIES
     from timelake.followup.rollup import rollups_of
     from timelake.followup.rules import rules_of
 
     handle = _lake(warehouse).table(table)
     ct = handle.contract
+    props = handle.iceberg.properties
     info = {"table": table, "time_column": ct.time_column, "series_key": list(ct.series_key), "dedup_key": list(ct.dedup_key),
+            "expected_interval": props.get(EXPECTED_INTERVAL), "expected_series": _int_or_none(props.get(EXPECTED_SERIES)),
             "retention": ct.retention, "partition_tiers": [{"max_age": t.max_age, "transform": t.transform} for t in ct.tiers],
             "target_file_size": ct.target_file_size,
             "rollups": [{"interval": r.interval, "columns": list(r.columns), "table": r.table_name(table)} for r in rollups_of(handle.iceberg)],
@@ -513,7 +519,13 @@ def show_table(table: str, as_json: JsonFlag = False, warehouse: Warehouse = Non
         out.print_json(json.dumps(info))
         return
     for key, value in info.items():
-        out.print(f"[bold]{key}[/]: {value}")
+        if key.startswith("expected_") and value is None:
+            value = "not declared (coverage shows days with rows as 'has data'; set it with timelake table set)"
+        out.print(f"[bold]{key}[/]: {escape(str(value))}")
+
+
+def _int_or_none(text: str | None) -> int | str | None:
+    return int(text) if text is not None and text.isdigit() else text
 
 
 @table_app.command("declare")
