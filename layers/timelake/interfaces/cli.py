@@ -26,7 +26,7 @@ from timelake.interfaces.console import (
     ChunkDisplay, console, drive, fail, one_line, out, print_table, safe, status_line,
 )
 from timelake.interfaces.lake import Lake, connect
-from timelake.model.report import INTERRUPTED, progress_of
+from timelake.model.report import INTERRUPTED, progress_of, report_of
 from timelake.model.spec import JobSpec, external_job, parse_document
 from timelake.model.timeutil import iso_seconds
 from timelake.runner import TERMINAL, WAITING
@@ -146,7 +146,7 @@ def run(
     source: Annotated[Optional[str], typer.Option("--from", help=field_help("source"))] = None,
     job_file: Annotated[Optional[Path], typer.Option("--job", help="A job JSON file (the job schema); flags given "
                                                      "on the command line override its fields")] = None,
-    map_: Annotated[Optional[str], typer.Option("--map", metavar="TABLE_COL=SOURCE_COL,…", help=field_help("map"))] = None,
+    map_: Annotated[Optional[str], typer.Option("--map", metavar="COL=SRC,…", help=field_help("map"))] = None,
     tz: Annotated[Optional[str], typer.Option("--tz", help=field_help("tz"))] = None,
     mode: Annotated[str, typer.Option("--mode", help=field_help("mode"))] = "merge",
     start: Annotated[Optional[str], typer.Option("--start", help=field_help("start"))] = None,
@@ -287,21 +287,30 @@ def status(
 
 @backfill_app.command("list")
 def list_jobs(
-    table: Annotated[Optional[str], typer.Argument()] = None, as_json: JsonFlag = False, warehouse: Warehouse = None
+    table: Annotated[Optional[str], typer.Argument()] = None,
+    dry_runs: Annotated[bool, typer.Option("--dry-runs", help="Also list dry runs (which change nothing)")] = False,
+    as_json: JsonFlag = False, warehouse: Warehouse = None,
 ) -> None:
-    """Jobs, oldest first."""
+    """Jobs, oldest first: phase, units, rows read from the source and rows written to the table."""
     lake = _lake(warehouse)
     store = lake.runtime.store
-    rows = [progress_of(store, j.job_id) | {
-        "mode": j.spec.get("mode"), "dry_run": j.spec.get("dry_run"), "started": iso_seconds(j.created_at),
-        "ended": iso_seconds(j.updated_at) if j.phase in TERMINAL else None} for j in store.list_jobs(table)]
+    rows = []
+    for j in store.list_jobs(table):
+        if j.spec.get("dry_run") and not dry_runs:
+            continue
+        report = report_of(store, j.job_id)
+        rows.append(report["progress"] | {
+            "mode": j.spec.get("mode"), "dry_run": j.spec.get("dry_run"), "started": iso_seconds(j.created_at),
+            "ended": iso_seconds(j.updated_at) if j.phase in TERMINAL else None,
+            "rows_in_source": report["rows_in_source"], "rows_written": report["rows_written"]})
     if as_json:
         out.print_json(json.dumps(rows))
         return
-    print_table(["job", "table", "mode", "phase", "started", "ended", "units", "rows"], [
+    print_table(["job", "table", "mode", "phase", "started", "ended", "units", "read", "written"], [
         [r["job_id"], r["table"], ("dry run " if r["dry_run"] else "") + str(r["mode"]), r["phase"], r["started"],
-         r["ended"] or "", f"{r['units_done']}/{r['units_total']}", f"{r['rows_processed']:,}"] for r in rows],
-        f"no jobs{' on ' + table if table else ''}")
+         r["ended"] or "", f"{r['units_done']}/{r['units_total']}", f"{r['rows_in_source'] or 0:,}",
+         "—" if r["dry_run"] else f"{r['rows_written']:,}"] for r in rows],
+        f"no jobs{' on ' + table if table else ''}{'' if dry_runs else ' (dry runs: --dry-runs)'}")
 
 
 @backfill_app.command("abort")
