@@ -68,6 +68,8 @@ _INTEGER = r"^\s*[+-]?\d+\s*$"
 _NUMBERISH = r"^\s*[+-]?[\d.,' \x{a0}\x{202f}]*\d[\d.,' \x{a0}\x{202f}]*(?:[eE][+-]?\d+)?\s*$"
 _GROUPED = r"^\s*[+-]?\d{1,3}(?:([,.' \x{a0}\x{202f}])\d{3})(?:[,.' \x{a0}\x{202f}]\d{3})*(?:[.,]\d*)?\s*$"
 _DECIMAL_MARK = r"^\s*[+-]?\d*[.,]\d+(?:[eE][+-]?\d+)?\s*$"
+_KIND_TEXT = {"thousands separator": "a number grouped by a thousands separator",
+              "decimal mark": "a number with another decimal mark", "text": "not a number"}
 _DATE_LIKE = r"\d{1,4}[-/.][0-9A-Za-z]{1,9}[-/.]\d{1,4}|^\d{8}[T ]?\d{4,6}$"
 
 
@@ -375,8 +377,9 @@ class Mapper:
         if isinstance(single, str):
             kind = self._kinds(name, pa.array([single])).to_pylist()[0]
             hint = self._fix(name, kind, single)
-        advice = f"{hint}, or --on-bad-value null or reject loads the rest" if hint else (
-            "--on-bad-value null or reject loads the rest")
+            reason = _KIND_TEXT.get(kind, reason) if name != self.time_column else reason
+        rest = "--on-bad-value null or reject loads the rest, up to --max-rejected"
+        advice = f"{hint}, or {rest}" if hint else rest
         raise MappingError(f"{column}: cannot convert {single!r} at {where(index)} to {to}: {reason} ({advice})")
 
     def utc_bounds(self, source_type: pa.DataType, low: int, high: int) -> tuple[int, int] | None:
