@@ -453,6 +453,8 @@ class Mapper:
             raise MappingError(f"unknown dst_policy '{self.dst_policy}': use one of {', '.join(_POLICIES)}")
         if self.on_bad_value not in _BAD_VALUE:
             raise MappingError(f"unknown on_bad_value '{self.on_bad_value}': use one of {', '.join(_BAD_VALUE)}")
+        if self.thousands is not None and (len(self.thousands) != 1 or self.thousands.isalnum() or self.thousands == self.decimal):
+            raise MappingError(f"thousands separator {self.thousands!r}: one character, not a digit, not the decimal mark")
         if self.states_column is not None:
             names = self.target.names
             if self.states_column not in names:
@@ -746,6 +748,8 @@ def number_hint(value: str, decimal: str, thousands: str | None) -> str | None:
             flags["thousands"] = next(iter(grouped - {last}))
     elif last not in ",.":
         flags["thousands"] = last
+    if flags.get("thousands") == decimal and "decimal" not in flags:  # 12.345.678 where '.' is the decimal mark
+        flags["decimal"] = "," if decimal == "." else "."
     options = []
     if flags.get("thousands") and flags["thousands"] != thousands:
         options.append(f"--thousands {_quoted(flags['thousands'])}")
