@@ -208,3 +208,34 @@ def test_a_failed_check_on_the_canary_day_stops_the_job_before_the_rest(lake, sc
     assert len(_unit_files(lake, job.id)) == 1  # the other days were never written
     assert lake.leases() == [] and sort_rows(sensor.refresh().to_arrow()).equals(sort_rows(existing))
     assert f"backfill/{job.id}" in sensor.iceberg.metadata.refs  # kept for inspection, as for any failed validation
+
+
+def test_the_canary_shows_the_days_rejects_first(lake, sensor, tmp_path, warehouse):
+    """A day that looks right while rows are missing is what a canary is for: its rejected rows come first,
+    each with why, beside the whole job's count against the reject budget."""
+    days = [recent(d) for d in (4, 3)]
+    lines = ["ts,device_id,value"]
+    for day in days:
+        for minute in range(0, 120, 2):
+            value = "#ERR" if minute % 30 == 0 and day == days[0] else f"{minute / 2:.1f}"
+            lines.append(f"{day}T{minute // 60:02d}:{minute % 60:02d}:00Z,d01,{value}")
+    path = tmp_path / "day.csv"
+    path.write_text("\n".join(lines) + "\n")
+    bad = sum(1 for line in lines if line.endswith("#ERR"))
+    args = ["backfill", "iot.sensor", "--from", str(path), "--on-bad-value", "reject", "--max-rejected", "5%"]
+    run = cli(*args, "--canary", days[0], warehouse=warehouse)
+    shown = " ".join(run.stdout[run.stdout.index(f"canary {days[0]}"):].split())
+    assert shown.startswith(f"canary {days[0]}: {bad} rows of the day rejected or nulled; whole job: {bad} rejected or "
+                            "nulled, within the budget of 5% = 6 rows")
+    assert shown.index("rejected rows of the day") < shown.index("sample rows")
+    waiting = lake.jobs()[-1]
+    canary = waiting.report()["canary"]
+    assert canary["rows_rejected_on_day"] == bad and len(canary["rejected_samples"]) == bad
+    assert {s["reason"] for s in canary["rejected_samples"]} == {"bad_value in value"}
+    assert [s["source"]["value"] for s in canary["rejected_samples"]] == ["#ERR"] * bad
+    assert [s["origin"].split(" of ")[0] for s in canary["rejected_samples"]] == [
+        f"line {i + 1}" for i, line in enumerate(lines) if line.endswith("#ERR")]
+    over = cli(*args[:-2], "--canary", days[0], warehouse=warehouse, check=False)  # the default budget: 0.1 %
+    assert over.returncode == 1 and "validation failed (reject_budget)" in over.stderr
+    assert lake.jobs()[-1].record().phase == "failed_validation"
+    assert [lease.job_id for lease in lake.leases("iot.sensor")] == [waiting.id]  # it took none: it failed before
