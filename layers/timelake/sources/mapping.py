@@ -61,8 +61,7 @@ _OFFSET = r"\d{2}:\d{2}(?::\d{2}(?:[.,]\d+)?)?\s*(?:Z|[+-]\d{2}(?::?\d{2})?)$"
 # The shape of an ISO 8601 date and time Arrow may read (after the dotted rewrite); the rare value of this
 # shape that is still no time (a 13th month) is found by bisection
 _ISO = r"^[+-]?\d{4,}-\d{2}-\d{2}(?:[T ]\d{2}(?::\d{2}(?::\d{2}(?:[.,]\d*)?)?)?)?\s*(?:Z|[+-]\d{2}(?::?\d{2})?)?$"
-_FLOAT = r"^\s*[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?\s*$|^\s*[+-]?(?i:inf|infinity|nan)\s*$"
-_INTEGER = r"^\s*[+-]?\d+\s*$"
+_SPECIAL_FLOAT = r"^[+-]?(?:inf|infinity|nan)$"
 # What a bad value looks like (for counting and advice): something like a number, grouped in threes,
 # with a decimal mark, or a date
 _NUMBERISH = r"^\s*[+-]?[\d.,' \x{a0}\x{202f}]*\d[\d.,' \x{a0}\x{202f}]*(?:[eE][+-]?\d+)?\s*$"
@@ -283,28 +282,28 @@ class Mapper:
             pass
         mask = None
         if _is_text(values.type) and (pa.types.is_floating(target.type) or pa.types.is_integer(target.type)):
-            pattern = _INTEGER if pa.types.is_integer(target.type) else _FLOAT
-            mask = pc.and_kleene(pc.is_valid(values), pc.invert(pc.match_substring_regex(values, pattern)))
+            mask = _not_numbers(values, pa.types.is_integer(target.type))
         return _cast_rest(values, mask, lambda v: pc.cast(v, target.type, safe=True))
 
     def _states(self, raw: dict[str, pa.Array], bad: dict[str, pa.Array], values: dict[str, pa.Array]) -> pa.Array | None:
         """The states column's text per row (null where none) from the bad values of the numeric columns
-        that are no numbers; those leave ``bad``, their values stay null."""
+        that are no numbers; those leave ``bad``, their values stay null. Only the bad values are looked at."""
         found = None
         for f in self.target:
             mask = bad.get(f.name)
             if mask is None or f.name == self.time_column or not _numeric(f.type) or not _is_text(raw[f.name].type):
                 continue
-            text = pc.utf8_trim_whitespace(_plain_text(raw[f.name]))
-            state = pc.and_(mask, pc.invert(pc.match_substring_regex(text, _NUMBERISH)))
-            if not pc.any(state).as_py():
+            text = pc.utf8_trim_whitespace(_plain_text(raw[f.name]).filter(mask))
+            is_state = pc.invert(pc.match_substring_regex(text, _NUMBERISH))
+            if not pc.any(is_state).as_py():
                 continue
-            rest = pc.and_(mask, pc.invert(state))
+            rest = pc.replace_with_mask(mask, mask, pc.invert(is_state))
             if pc.any(rest).as_py():
                 bad[f.name] = rest
             else:
                 del bad[f.name]
-            this = pc.if_else(state, text, pa.scalar(None, text.type))
+            this = pc.replace_with_mask(pa.nulls(len(mask), text.type), mask,
+                                        pc.if_else(is_state, text, pa.scalar(None, text.type)))
             found = this if found is None else pc.binary_join_element_wise(found, this, "; ", null_handling="skip")
         target = self.target.field(self.states_column).type
         return None if found is None else pc.cast(found, target)
@@ -501,13 +500,18 @@ class Mapper:
     def _prepared(self, batch: SourceBatch, target: pa.Field) -> pa.Array:
         """The source column, with thousands separators dropped and a decimal comma turned into a point where
         the table wants numbers. A separator is dropped only from a number grouped by it (``1,234,567.5``),
-        so a value such as ``1,2`` stays as it is and is counted as bad, not read as 12."""
+        so a value such as ``1,2`` stays as it is and is counted as bad, not read as 12; only the values that
+        hold the separator are looked at."""
         values = self._column(batch, target.name)
         if not (_is_text(values.type) and _numeric(target.type)):
             return values
+        values = _plain_text(values)
         if self.thousands is not None:
-            grouped = pc.match_substring_regex(values, _grouped_by(self.thousands, self.decimal))
-            values = pc.if_else(grouped, pc.replace_substring(values, self.thousands, ""), values)
+            has = pc.fill_null(pc.match_substring(values, self.thousands), False)
+            if pc.any(has).as_py():
+                held = values.filter(has)
+                grouped = pc.match_substring_regex(held, _grouped_by(self.thousands, self.decimal))
+                values = pc.replace_with_mask(values, has, pc.if_else(grouped, pc.replace_substring(held, self.thousands, ""), held))
         if self.decimal != "." and not pa.types.is_integer(target.type):
             values = pc.replace_substring(values, self.decimal, ".")
         return values
@@ -677,6 +681,19 @@ def _cast_rest(values: pa.Array, known: pa.Array | None, convert: Callable[[pa.A
 
 def _without(values: pa.Array, mask: pa.Array | None) -> pa.Array:
     return values if mask is None else pc.if_else(mask, pa.scalar(None, values.type), values)
+
+
+def _not_numbers(values: pa.Array, integer: bool) -> pa.Array:
+    """Where text cannot be a number: one character-class match over the column (cheaper than a number's
+    full pattern), then the few values it rules out looked at again for inf and nan; a value of the right
+    characters that is still no number (``1.2.3``) is left to the conversion's bisection."""
+    shape = r"^[0-9+-]+$" if integer else r"^[0-9.eE+-]+$"
+    bad = pc.and_kleene(pc.is_valid(values), pc.invert(pc.match_substring_regex(values, shape)))
+    if not integer and pc.any(bad).as_py():
+        special = pc.match_substring_regex(values.filter(bad), _SPECIAL_FLOAT, ignore_case=True)
+        if pc.any(special).as_py():
+            bad = pc.replace_with_mask(bad, bad, pc.invert(special))
+    return bad
 
 
 def _is_text(kind: pa.DataType) -> bool:
