@@ -76,8 +76,7 @@ def test_a_batch_of_many_columns_is_cut_to_bounded_long_batches(tmp_path):
     sizes = [b.data.num_rows for b in wide.batches()]
     assert sum(sizes) == 600 * tags and max(sizes) <= OUTPUT_ROWS
     first = next(wide.batches())
-    lines = first.data.num_rows // tags  # a run of lines, one column after another
-    assert first.where(lines + 5) == f"line 7 of {path}, column 'tag1'"
+    assert first.where(5 * tags + 1) == f"line 7 of {path}, column 'tag1'"  # a line's cells one after another
 
 
 def test_wide_errors_name_the_column(plant, tmp_path):
@@ -92,3 +91,19 @@ def test_wide_errors_name_the_column(plant, tmp_path):
     with pytest.raises(ValueError, match="add wide"):
         plant.backfill(source=str(path), key_separator="/")
     assert plant.to_arrow().num_rows == 0
+
+
+def test_the_lines_tell_the_clock_change_for_a_series_blank_through_one_pass(lake, tmp_path):
+    """Tag B logs nothing in the first pass through the repeated hour: its own rows cannot tell which
+    pass they are in, the lines around them can."""
+    table = lake.create_table("plant.cells", schema=pa.schema([("ts", pa.timestamp("us", "UTC")), ("tag", pa.string()),
+                                                               ("value", pa.float64())]), time_column="ts", series_key=["tag"])
+    path = tmp_path / "sheet.csv"
+    path.write_text("t_stamp,A,B\n2026-11-01 00:30,1,\n2026-11-01 01:00,2,\n2026-11-01 01:30,3,\n"
+                    "2026-11-01 01:00,4,40\n2026-11-01 01:30,5,50\n2026-11-01 02:00,6,60\n")
+    report = table.backfill(source=str(path), wide=True, map={"ts": "t_stamp"}, tz="America/Chicago").wait().report()
+    assert report["phase"] == "published"
+    at = lambda h, m: datetime(2026, 11, 1, h, m, tzinfo=UTC)  # noqa: E731 (CDT is UTC-5 until 2:00, then CST UTC-6)
+    assert sorted((r["tag"], r["ts"], r["value"]) for r in table.to_arrow().to_pylist()) == [
+        ("A", at(5, 30), 1.0), ("A", at(6, 0), 2.0), ("A", at(6, 30), 3.0), ("A", at(7, 0), 4.0), ("A", at(7, 30), 5.0),
+        ("A", at(8, 0), 6.0), ("B", at(7, 0), 40.0), ("B", at(7, 30), 50.0), ("B", at(8, 0), 60.0)]

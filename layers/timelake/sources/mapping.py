@@ -131,13 +131,18 @@ class Mapper:
         timestamp_format: str | None = None,
         states_column: str | None = None,
         keep_dictionary: tuple[str, ...] = (),
+        fold_by: list[str] | None = None,
     ) -> None:
         """``keep_dictionary``: table columns that stay dictionary-encoded when the source gives them so
-        (their values are cast, not each row), for a caller that would encode them again."""
+        (their values are cast, not each row), for a caller that would encode them again. ``fold_by``:
+        the columns whose rows "infer" reads a clock change from in order (default: the series key; none
+        for a wide export, whose lines carry every series at once, so a series blank through one pass of
+        the repeated hour is still placed by the lines around it)."""
         self.target = target
         self.keep_dictionary = set(keep_dictionary)
         self.time_column = time_column
         self.series_key = list(series_key)
+        self.fold_by = self.series_key if fold_by is None else list(fold_by)
         self.tz = tz
         self.time_unit = time_unit
         self.dst_policy = dst_policy
@@ -403,20 +408,21 @@ class Mapper:
         return list(self._undetermined.values())
 
     def _fold_name(self, piece: str, key: tuple, local_us: int) -> str:
-        series = ", ".join(f"{n}={v}" for n, v in zip(self.series_key, key, strict=True))
+        series = ", ".join(f"{n}={v}" for n, v in zip(self.fold_by, key, strict=True))
         hour = pa.scalar(local_us - local_us % 3_600_000_000, pa.timestamp("us")).as_py()
-        return f"series {series} at {hour:%Y-%m-%d %H:%M} local in {piece}"
+        return f"{f'series {series}' if series else 'the lines'} at {hour:%Y-%m-%d %H:%M} local in {piece}"
 
-    def _ambiguous_rows(self, batch: SourceBatch, when: pa.Array, ambiguous: pa.Array) -> tuple:
-        """Positions, local wall-clock microseconds and series keys of the ambiguous rows, in source order."""
+    def _ambiguous_rows(self, batch: SourceBatch, when: pa.Array, ambiguous: pa.Array, columns: list[str]) -> tuple:
+        """Positions, local wall-clock microseconds and keys (values of ``columns``) of the ambiguous rows,
+        in source order."""
         at = pc.indices_nonzero(ambiguous)
         local = pc.local_timestamp(when.take(at).cast(pa.timestamp("us", self.tz))).cast(pa.int64()).to_pylist()
-        keys = list(zip(*(self._column(batch, n).take(at).to_pylist() for n in self.series_key), strict=True))
-        return at.to_numpy(), local, keys if self.series_key else [()] * len(local)
+        keys = list(zip(*(self._column(batch, n).take(at).to_pylist() for n in columns), strict=True))
+        return at.to_numpy(), local, keys if columns else [()] * len(local)
 
     def _infer(self, batch: SourceBatch, when: pa.Array, ambiguous: pa.Array) -> pa.Array:
         """The later instant for rows after the wall clock went back within a series' repeated hour."""
-        at, local, keys = self._ambiguous_rows(batch, when, ambiguous)
+        at, local, keys = self._ambiguous_rows(batch, when, ambiguous, self.fold_by)
         later = np.zeros(len(when), dtype=bool)
         for position, value, key in zip(at, local, keys, strict=True):
             fold = (batch.origin, key, value // 86_400_000_000)
@@ -436,7 +442,7 @@ class Mapper:
 
     def _collapsed(self, batch: SourceBatch, when: pa.Array, ambiguous: pa.Array) -> pa.Array:
         """Rows whose local time a series already had in the repeated hour: folded onto the same instant."""
-        at, local, keys = self._ambiguous_rows(batch, when, ambiguous)
+        at, local, keys = self._ambiguous_rows(batch, when, ambiguous, self.series_key)
         mask = np.zeros(len(when), dtype=bool)
         for position, value, key in zip(at, local, keys, strict=True):
             seen = (batch.origin, key, value)

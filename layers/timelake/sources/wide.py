@@ -2,9 +2,9 @@
 
 A wide source is read as the long one it stands for: every column but the time and the named id
 columns becomes rows, the column's name the series key (split at a separator into several key
-columns when asked) and its cells the value; blank cells are no sample and make no row. The
-series' rows keep their source order within each batch (a column after another), which is what
-inferring a clock change from the order needs.
+columns when asked) and its cells the value; blank cells are no sample and make no row. Rows come
+in line order (a line's cells one after another), so the lines' own order tells a clock change
+apart for every series at once, blanks or not.
 """
 
 from __future__ import annotations
@@ -101,13 +101,16 @@ class WideSource(Source):
 
     def _unpivot(self, batch: SourceBatch, lines: pa.RecordBatch, start: int, series: list[str],
                  parts: list[list[str]], kind: pa.DataType) -> SourceBatch:
-        n = lines.num_rows
-        cells = pa.concat_arrays([_as(lines.column(name), kind) for name in series])
+        """The cells of ``lines`` as rows in line order (a line's series one after another), blanks left out."""
+        n, m = lines.num_rows, len(series)
+        by_column = pa.concat_arrays([_as(lines.column(name), kind) for name in series])
+        order = np.arange(n * m).reshape(m, n).T.reshape(-1)  # row-major: line 0's cells, then line 1's
+        cells = by_column.take(pa.array(order))
         present = pc.is_valid(cells).to_numpy(zero_copy_only=False)
         if kind == pa.string():  # a cell of spaces is as blank as an empty one
             present &= pc.fill_null(pc.utf8_length(pc.utf8_trim_whitespace(cells)), 0).to_numpy(zero_copy_only=False) > 0
         at = np.flatnonzero(present)
-        line, column = at % n, at // n
+        line, column = at // m, at % m
         taken = pa.array(line)
         arrays = [lines.column(name).take(taken) for name in [self.time, *self.ids]]
         for k in range(len(self.keys)):

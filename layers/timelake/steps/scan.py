@@ -353,6 +353,7 @@ def mapper_for(ctx: ScanContext, src: Source, keep_dictionary: tuple[str, ...] =
         column_map=ctx.spec.map, tz=ctx.spec.tz, time_unit=ctx.spec.time_unit, dst_policy=ctx.spec.dst_policy,
         on_bad_value=ctx.spec.on_bad_value, decimal=ctx.spec.decimal, thousands=ctx.spec.thousands,
         timestamp_format=ctx.spec.timestamp_format, states_column=ctx.spec.states_column, keep_dictionary=keep_dictionary,
+        fold_by=[] if ctx.spec.wide else None,
     )
 
 
