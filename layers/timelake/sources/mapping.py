@@ -544,8 +544,11 @@ class Mapper:
             coded = values if pa.types.is_dictionary(kind) else pc.dictionary_encode(values)
             (when, nonexistent, ambiguous), bad = self._parse(coded.dictionary, where, coded.indices)
             at = coded.indices
-            return (when.take(at), None if nonexistent is None else nonexistent.take(at),
-                    None if ambiguous is None else ambiguous.take(at)), None if bad is None else pc.fill_null(bad.take(at), False)
+
+            def per_row(mask: pa.Array | None) -> pa.Array | None:  # a mask of no distinct value is none of a row
+                return None if mask is None or not pc.any(mask).as_py() else pc.fill_null(mask.take(at), False)
+
+            return (when.take(at), per_row(nonexistent), per_row(ambiguous)), per_row(bad)
         if pa.types.is_null(kind):
             return (pa.nulls(len(values), _UTC_US), None, None), None
         if pa.types.is_integer(kind):
