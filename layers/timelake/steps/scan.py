@@ -54,7 +54,7 @@ COALESCE_ROWS = 1 << 18  # the rows of a source batch
 # partition (the plan checks) and in all (the task spills the largest held partition beyond it).
 DIRECT_MAX_ROWS = 1 << 23
 SERIES_BUCKETS = 256  # rows per partition are counted per bucket of the series hash, so cut can balance slices
-MAX_STATES = 1000  # distinct states counted by name; more (a text column mapped as numbers) count as one
+MAX_STATES = 200  # distinct states counted by name; more (a text column mapped as numbers) count as one
 OTHER_STATES = "(other states)"
 
 
