@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 import pyarrow as pa
@@ -197,7 +197,7 @@ class Mapper:
             if f.name != self.time_column:
                 values[f.name], bad[f.name] = self._cast(f, raw[f.name])
         bad = {name: mask for name, mask in bad.items() if mask is not None and pc.any(mask).as_py()}
-        states = self._states(raw, bad, values) if self.states_column is not None else None
+        states = self._states(raw, bad) if self.states_column is not None else None
         if self.on_bad_value == "fail" and bad:
             name = self.time_column if self.time_column in bad else next(n for n in self.target.names if n in bad)
             self._fail(name, raw[name], pc.index(bad[name], True).as_py(), where)
@@ -290,7 +290,7 @@ class Mapper:
             mask = _not_numbers(values, pa.types.is_integer(target.type))
         return _cast_rest(values, mask, lambda v: pc.cast(v, target.type, safe=True))
 
-    def _states(self, raw: dict[str, pa.Array], bad: dict[str, pa.Array], values: dict[str, pa.Array]) -> pa.Array | None:
+    def _states(self, raw: dict[str, pa.Array], bad: dict[str, pa.Array]) -> pa.Array | None:
         """The states column's text per row (null where none) from the bad values of the numeric columns
         that are no numbers; those leave ``bad``, their values stay null. Only the bad values are looked at."""
         found = None
