@@ -26,7 +26,7 @@ from timelake.interfaces.console import (
     ChunkDisplay, console, drive, fail, one_line, out, print_table, safe, status_line,
 )
 from timelake.interfaces.lake import Lake, connect
-from timelake.model.report import INTERRUPTED, progress_of
+from timelake.model.report import INTERRUPTED, progress_of, report_of
 from timelake.model.spec import JobSpec, external_job, parse_document
 from timelake.model.timeutil import iso_seconds
 from timelake.runner import TERMINAL, WAITING
@@ -146,7 +146,7 @@ def run(
     source: Annotated[Optional[str], typer.Option("--from", help=field_help("source"))] = None,
     job_file: Annotated[Optional[Path], typer.Option("--job", help="A job JSON file (the job schema); flags given "
                                                      "on the command line override its fields")] = None,
-    map_: Annotated[Optional[str], typer.Option("--map", metavar="TABLE_COL=SOURCE_COL,…", help=field_help("map"))] = None,
+    map_: Annotated[Optional[str], typer.Option("--map", metavar="COL=SRC,…", help=field_help("map"))] = None,
     tz: Annotated[Optional[str], typer.Option("--tz", help=field_help("tz"))] = None,
     mode: Annotated[str, typer.Option("--mode", help=field_help("mode"))] = "merge",
     start: Annotated[Optional[str], typer.Option("--start", help=field_help("start"))] = None,
@@ -176,11 +176,20 @@ def run(
     precision: Annotated[Optional[str], typer.Option("--precision", help=field_help("precision"))] = None,
     null_values: Annotated[Optional[list[str]], typer.Option("--null-values", help=field_help("null_values"))] = None,
     on_bad_value: Annotated[Optional[str], typer.Option("--on-bad-value", help=field_help("on_bad_value"))] = None,
+    max_rejected: Annotated[Optional[str], typer.Option(
+        "--max-rejected", metavar="ROWS|PCT%", help=field_help("max_rejected"))] = None,
+    states_column: Annotated[Optional[str], typer.Option("--states-column", help=field_help("states_column"))] = None,
     delimiter: Annotated[Optional[str], typer.Option("--delimiter", help=field_help("delimiter"))] = None,
     decimal: Annotated[Optional[str], typer.Option("--decimal", help=field_help("decimal"))] = None,
+    thousands: Annotated[Optional[str], typer.Option("--thousands", help=field_help("thousands"))] = None,
+    wide: Annotated[bool, typer.Option("--wide", "--unpivot", help=field_help("wide"))] = False,
+    id_columns: Annotated[Optional[str], typer.Option("--id-columns", metavar="COL,…", help=field_help("id_columns"))] = None,
+    key_separator: Annotated[Optional[str], typer.Option("--key-separator", help=field_help("key_separator"))] = None,
     timestamp_format: Annotated[Optional[str], typer.Option(
         "--timestamp-format", help=field_help("timestamp_format"))] = None,
     skip_rows: Annotated[Optional[int], typer.Option("--skip-rows", help=field_help("skip_rows"))] = None,
+    skip_after_header: Annotated[Optional[int], typer.Option(
+        "--skip-after-header", help=field_help("skip_after_header"))] = None,
     encoding: Annotated[Optional[str], typer.Option("--encoding", help=field_help("encoding"))] = None,
     as_json: JsonFlag = False,
     warehouse: Warehouse = None,
@@ -197,6 +206,9 @@ def run(
         "source_rows_per_second": source_rows_per_second, "measurement": measurement, "precision": precision,
         "null_values": null_values, "on_bad_value": on_bad_value, "delimiter": delimiter, "decimal": decimal,
         "timestamp_format": timestamp_format, "skip_rows": skip_rows, "encoding": encoding,
+        "max_rejected": max_rejected, "states_column": states_column, "thousands": thousands,
+        "id_columns": [c.strip() for c in id_columns.split(",") if c.strip()] if id_columns else None,
+        "key_separator": key_separator, "skip_after_header": skip_after_header,
     }
     fields.update({k: v for k, v in given.items() if v is not None})
     fields["table"] = table
@@ -208,6 +220,7 @@ def run(
     fields["dry_run"] = dry_run or fields.get("dry_run", False)
     fields["override_retention"] = override_retention or fields.get("override_retention", False)
     fields["evaluate_rules"] = evaluate_rules or fields.get("evaluate_rules", False)
+    fields["wide"] = wide or fields.get("wide", False)
     if not fields.get("source"):
         fail("--from SRC (or a --job file with a source) is required")
     spec = external_job(fields)
@@ -274,21 +287,30 @@ def status(
 
 @backfill_app.command("list")
 def list_jobs(
-    table: Annotated[Optional[str], typer.Argument()] = None, as_json: JsonFlag = False, warehouse: Warehouse = None
+    table: Annotated[Optional[str], typer.Argument()] = None,
+    dry_runs: Annotated[bool, typer.Option("--dry-runs", help="Also list dry runs (which change nothing)")] = False,
+    as_json: JsonFlag = False, warehouse: Warehouse = None,
 ) -> None:
-    """Jobs, oldest first."""
+    """Jobs, oldest first: phase, units, rows read from the source and rows written to the table."""
     lake = _lake(warehouse)
     store = lake.runtime.store
-    rows = [progress_of(store, j.job_id) | {
-        "mode": j.spec.get("mode"), "dry_run": j.spec.get("dry_run"), "started": iso_seconds(j.created_at),
-        "ended": iso_seconds(j.updated_at) if j.phase in TERMINAL else None} for j in store.list_jobs(table)]
+    rows = []
+    for j in store.list_jobs(table):
+        if j.spec.get("dry_run") and not dry_runs:
+            continue
+        report = report_of(store, j.job_id)
+        rows.append(report["progress"] | {
+            "mode": j.spec.get("mode"), "dry_run": j.spec.get("dry_run"), "started": iso_seconds(j.created_at),
+            "ended": iso_seconds(j.updated_at) if j.phase in TERMINAL else None,
+            "rows_in_source": report["rows_in_source"], "rows_written": report["rows_written"]})
     if as_json:
         out.print_json(json.dumps(rows))
         return
-    print_table(["job", "table", "mode", "phase", "started", "ended", "units", "rows"], [
+    print_table(["job", "table", "mode", "phase", "started", "ended", "units", "read", "written"], [
         [r["job_id"], r["table"], ("dry run " if r["dry_run"] else "") + str(r["mode"]), r["phase"], r["started"],
-         r["ended"] or "", f"{r['units_done']}/{r['units_total']}", f"{r['rows_processed']:,}"] for r in rows],
-        f"no jobs{' on ' + table if table else ''}")
+         r["ended"] or "", f"{r['units_done']}/{r['units_total']}", f"{r['rows_in_source'] or 0:,}",
+         "—" if r["dry_run"] else f"{r['rows_written']:,}"] for r in rows],
+        f"no jobs{' on ' + table if table else ''}{'' if dry_runs else ' (dry runs: --dry-runs)'}")
 
 
 @backfill_app.command("abort")
@@ -444,6 +466,7 @@ def create_table(
     retention: Annotated[Optional[str], typer.Option("--retention", help="How far back rows are kept, e.g. P3Y")] = None,
     target_file_size: Annotated[str, typer.Option("--target-file-size", help="Size of the files the backfill writes")] = "128MB",
     expected_interval: Annotated[Optional[str], typer.Option("--expected-interval", help="One row per series every …, e.g. PT1M: what coverage measures against")] = None,
+    expected_series: Annotated[Optional[int], typer.Option("--expected-series", help="How many series the table should hold (with --expected-interval, a day is complete or partial, not only 'has data')")] = None,
     as_json: JsonFlag = False,
     warehouse: Warehouse = None,
     on: Annotated[str, typer.Option("--on", help="local (embedded lake) or aws (the deployed stack's Glue catalog and bucket)")] = "local",
@@ -460,7 +483,8 @@ def create_table(
     keys = [k.strip() for k in (series or "").split(",") if k.strip()]
     lake = _deployed_lake() if _on_aws(on) else _lake(warehouse)
     handle = lake.create_table(table, columns, time_column=time, series_key=keys, partition_by=_partition_by(partition_by),
-                               retention=retention, target_file_size=target_file_size, expected_interval=expected_interval)
+                               retention=retention, target_file_size=target_file_size, expected_interval=expected_interval,
+                               expected_series=expected_series)
     info = {"table": table, "columns": columns.names, "time_column": time, "series_key": keys,
             "partition_tiers": [{"max_age": t.max_age, "transform": t.transform} for t in handle.contract.tiers]}
     if as_json:
@@ -476,7 +500,8 @@ def set_table(
     expected_series: Annotated[Optional[int], typer.Option("--expected-series", help="How many series the table should hold")] = None,
     warehouse: Warehouse = None,
 ) -> None:
-    """Declare TABLE's cadence, which coverage measures days against (complete, partial, gap)."""
+    """Declare TABLE's cadence, which coverage measures days against (complete, partial, gap; without it
+    a day with rows only 'has data')."""
     if expected_interval is None and expected_series is None:
         fail("nothing to set: give --expected-interval and/or --expected-series")
     _lake(warehouse).table(table).set_expected(expected_interval, expected_series)
@@ -485,13 +510,16 @@ def set_table(
 
 @table_app.command("show")
 def show_table(table: str, as_json: JsonFlag = False, warehouse: Warehouse = None) -> None:
-    """The contract of TABLE: time column, series and dedup key, retention, partition tiers, rollups, rules."""
+    """The contract of TABLE: time column, series and dedup key, cadence, retention, partition tiers, rollups, rules."""
+    from timelake.followup.coverage import EXPECTED_INTERVAL, EXPECTED_SERIES
     from timelake.followup.rollup import rollups_of
     from timelake.followup.rules import rules_of
 
     handle = _lake(warehouse).table(table)
     ct = handle.contract
+    props = handle.iceberg.properties
     info = {"table": table, "time_column": ct.time_column, "series_key": list(ct.series_key), "dedup_key": list(ct.dedup_key),
+            "expected_interval": props.get(EXPECTED_INTERVAL), "expected_series": _int_or_none(props.get(EXPECTED_SERIES)),
             "retention": ct.retention, "partition_tiers": [{"max_age": t.max_age, "transform": t.transform} for t in ct.tiers],
             "target_file_size": ct.target_file_size,
             "rollups": [{"interval": r.interval, "columns": list(r.columns), "table": r.table_name(table)} for r in rollups_of(handle.iceberg)],
@@ -500,7 +528,13 @@ def show_table(table: str, as_json: JsonFlag = False, warehouse: Warehouse = Non
         out.print_json(json.dumps(info))
         return
     for key, value in info.items():
-        out.print(f"[bold]{key}[/]: {value}")
+        if key.startswith("expected_") and value is None:
+            value = "not declared (coverage shows days with rows as 'has data'; set it with timelake table set)"
+        out.print(f"[bold]{key}[/]: {escape(str(value))}")
+
+
+def _int_or_none(text: str | None) -> int | str | None:
+    return int(text) if text is not None and text.isdigit() else text
 
 
 @table_app.command("declare")

@@ -266,7 +266,8 @@ class Table:
 
     def set_expected(self, interval: str | None = None, series: int | None = None) -> "Table":
         """Declare the cadence coverage measures against: one row per series every ``interval`` (e.g.
-        ``PT1M``), for ``series`` series. Without it a bucket with any rows counts as complete."""
+        ``PT1M``), for ``series`` series. Without them coverage cannot tell a complete bucket from a short
+        one: a bucket with rows only "has data"."""
         props = expected_properties(interval, series)
         if props:
             with self.iceberg.transaction() as tx:

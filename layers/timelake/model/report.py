@@ -6,6 +6,7 @@ import os
 import time
 from typing import Any
 
+from timelake.model.issues import Issues
 from timelake.model.limits import limits
 from timelake.model.spec import JobSpec
 from timelake.model.timeutil import iso, iso_seconds
@@ -200,6 +201,7 @@ def build_report(job: JobRecord, units: list[UnitRecord], notes: dict[str, dict[
     written = sum(u.result.get("rows_written", 0) for u in units) - late["rows"]
     conflicts = sum(u.result.get("rows_conflicting_existing", 0) for u in units) + late["rows"]
     rejected = dict(s.get("rows_rejected", {}))
+    issues = Issues.from_json(s.get("value_issues", []))
     report = {
         "job_id": job.job_id,
         "table": job.table,
@@ -217,7 +219,12 @@ def build_report(job: JobRecord, units: list[UnitRecord], notes: dict[str, dict[
         "rows_conflicting_at_publish": late["rows"],
         "rows_outside_retention": s.get("rows_outside_retention", 0),
         "rows_outside_range": s.get("rows_outside_range", 0),
-        "rows_rejected": {"total": sum(rejected.values()), "reasons": rejected, "examples": s.get("rejected_examples", {})},
+        "rows_rejected": {"total": sum(rejected.values()), "reasons": rejected, "examples": s.get("rejected_examples", {}),
+                          "by_column": issues.by_column("rejected")},
+        "values_nulled": {"total": issues.rows("nulled"), "by_column": issues.by_column("nulled")},
+        "states": {"column": job.spec.get("states_column"), "rows": sum(s.get("states", {}).values()),
+                   "counts": s.get("states", {})} if job.spec.get("states_column") else None,
+        "reject_budget": s.get("reject_budget"),
         "time_range": s.get("time_range"),
         "job_range": {"start": _iso(s.get("range_start")), "end": _iso(s.get("range_end"))},
         "units": len(units) or s.get("units_total", 0),

@@ -65,14 +65,37 @@ class JobSpec(BaseModel):
         description="Text cells that mean no value (default: empty, NA, N/A, n/a, null, NULL, NaN, #N/A)")
     on_bad_value: BadValue = Field(
         default="fail", description="A value that cannot be converted: fail the job naming it, store null instead, "
-        "or reject the row (counted as bad_value with up to 5 examples)")
+        "or reject the row; nulled values and rejected rows are counted per column and kind, with examples")
+    max_rejected: StrictInt | Annotated[str, Field(pattern=r"^\d+(\.\d+)?%$")] | None = Field(
+        default=None, description="Rows the job may reject or null (bad values, rows without a time or series "
+        "key) before it fails validation, unpublished: a count or a percentage of the source rows, e.g. 100 or "
+        "'0.5%' (default: 0.1% with --on-bad-value null or reject, else 0)")
+    states_column: str | None = Field(
+        default=None, min_length=1, max_length=255, description="A text column of the table that keeps the text "
+        "of values of a numeric column that are no numbers (digital states such as 'I/O Timeout'; the value is "
+        "then null), counted per state")
     delimiter: str = Field(default=",", min_length=1, max_length=1, description="CSV field delimiter (e.g. ';')")
     decimal: Literal[".", ","] = Field(default=".", description="Decimal mark of numbers in CSV/text sources "
                                       "(',' for a decimal comma)")
+    thousands: Literal[",", ".", " ", "'", "_"] | None = Field(
+        default=None, description="Thousands separator of numbers in CSV/text sources, e.g. ',' for 1,234.5 "
+        "(only numbers grouped in threes by it are read so)")
+    wide: StrictBool = Field(
+        default=False, description="The source is wide, one column per series (Ignition, WideHistory, Excel): "
+        "every column but the time and the id columns becomes rows, its name the series key and its cells the "
+        "value; blank cells are skipped")
+    id_columns: list[Annotated[str, Field(min_length=1, max_length=255)]] = Field(
+        default_factory=list, max_length=100, description="Wide source: columns that are not series but kept on "
+        "every row (e.g. a batch or quality column), mapped like any other")
+    key_separator: str | None = Field(
+        default=None, min_length=1, max_length=10, description="Wide source: split each column name at this "
+        "text into the table's series key columns, e.g. '/' turns 'Plant1/TI-101' into two keys")
     timestamp_format: str | None = Field(
         default=None, max_length=200, description="strptime format of text timestamps, e.g. '%d.%m.%Y %H:%M:%S' "
         "(default: ISO 8601, or DD.MM.YYYY HH:MM[:SS])")
     skip_rows: StrictInt = Field(default=0, ge=0, le=1_000_000, description="CSV lines to skip before the header")
+    skip_after_header: StrictInt = Field(default=0, ge=0, le=1_000_000,
+                                         description="CSV lines to skip after the header (a units line)")
     encoding: str = Field(default="utf-8", min_length=1, max_length=40,
                           description="Text encoding of CSV files (e.g. latin-1, cp1252)")
     mode: Mode = Field(default="merge", description="How the job meets rows already on main: merge (existing rows "
@@ -120,6 +143,17 @@ class JobSpec(BaseModel):
             if not known_zone(tz):
                 raise ValueError(f"unknown time zone '{printable(tz)[:100]}' (use an IANA name such as Europe/Berlin)")
         return tz
+
+    @field_validator("max_rejected", mode="before")
+    @classmethod
+    def _budget(cls, value: Any) -> Any:
+        """A count or a percentage; the command line gives both as text."""
+        if isinstance(value, str) and re.fullmatch(r"\s*\d+\s*", value):
+            value = int(value)
+        if isinstance(value, bool) or not (value is None or isinstance(value, int) and value >= 0
+                                           or isinstance(value, str) and re.fullmatch(r"\d+(\.\d+)?%", value.strip())):
+            raise ValueError("max_rejected is a row count (e.g. 100) or a percentage of the source rows (e.g. '0.5%')")
+        return value.strip() if isinstance(value, str) else value
 
     @field_validator("encoding")
     @classmethod
@@ -178,6 +212,14 @@ class JobSpec(BaseModel):
                 elif data.get(key) is not None:
                     raise ValueError(f"{key} is an ISO date or time (example: 2024-01-01T00:00:00Z)")
         return data
+
+    @model_validator(mode="after")
+    def _separators(self) -> "JobSpec":
+        if self.thousands is not None and self.thousands == self.decimal:
+            raise ValueError(f"thousands and decimal are both '{self.thousands}'; they must differ")
+        if (self.id_columns or self.key_separator) and not self.wide:
+            raise ValueError("id_columns and key_separator describe a wide source; add wide (--wide)")
+        return self
 
     @model_validator(mode="after")
     def _ordered(self) -> "JobSpec":
