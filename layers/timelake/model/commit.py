@@ -462,6 +462,7 @@ def retire(table: IcebergTable, job_id: str, branch: str | None) -> list[int]:
     marker = published_property(job_id)
 
     def attempt(current: IcebergTable) -> list[int]:
+        current = current.refresh()
         has_branch = branch is not None and branch in current.metadata.refs
         heads = {ref.snapshot_id for name, ref in current.metadata.refs.items() if name != branch}
         needed = ancestors(current) | heads
@@ -481,10 +482,10 @@ def retire(table: IcebergTable, job_id: str, branch: str | None) -> list[int]:
         except ValueError as exc:  # the catalog applies the removal to ITS latest metadata: a racing
             if "does not exist" not in str(exc):  # abort of the same job removed a snapshot first
                 raise
-            return attempt(current.refresh())
+            return attempt(current)
         return ids
 
-    return with_retry(table.refresh(), attempt, f"retire job {job_id} from the table metadata")
+    return with_retry(table, attempt, f"retire job {job_id} from the table metadata")
 
 
 _pauses = 0
@@ -537,15 +538,15 @@ def without_blind_retries(table: IcebergTable) -> IcebergTable:
 
 
 def with_retry(table: IcebergTable, attempt: Callable[[IcebergTable], T], what: str, attempts: int = COMMIT_ATTEMPTS) -> T:
-    """Run ``attempt`` on fresh table metadata until it commits, with jittered backoff on conflicts."""
+    """Run ``attempt`` on fresh table metadata until it commits, with jittered backoff on conflicts. The
+    refresh is part of an attempt: a catalog another engine holds locked may refuse the read too."""
     for n in range(attempts):
         try:
-            return attempt(table)
+            return attempt(table.refresh() if n else table)
         except Exception as exc:
             if not is_conflict(exc) or n == attempts - 1:
                 raise
             time.sleep(min(1.0, 0.02 * 2**n) * (0.5 + random.random()))
-            table = table.refresh()
     raise AssertionError("unreachable")
 
 
