@@ -32,7 +32,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from itertools import pairwise
+from itertools import chain, islice, pairwise
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -71,6 +71,7 @@ ARROW_TYPES = {"float": pa.float64(), "integer": pa.int64(), "unsigned": pa.uint
                "boolean": pa.bool_()}
 _KINDS = grammar.KINDS  # by the code each reader gives a kind
 _TAG = "tag"  # a key's role when it is a tag, next to the five kinds of a field (a column is one or the other)
+_ONE_ROLE = "a table column is one or the other"
 _DDL = (b"CREATE DATABASE ", b"CREATE RETENTION POLICY ")  # the DDL part of an influx_inspect export
 _MASK = {" ": "\x01", ",": "\x02", "=": "\x03"}
 _MASK_BYTES = np.frombuffer(bytes.maketrans("".join(_MASK).encode(), "".join(_MASK.values()).encode()), np.uint8)
@@ -267,15 +268,35 @@ class _Chunk:
     entries: list[_Entry] | None = None
 
 
+class _Here:
+    """An executor that runs each task at once, in the calling thread."""
+
+    def __enter__(self) -> _Here:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        return None
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
+        done: Future = Future()
+        try:
+            done.set_result(fn(*args))
+        except BaseException as e:  # noqa: BLE001 (handed on as a pool would, through the future)
+            done.set_exception(e)
+        return done
+
+
 class LineProtocol:
     """Parses chunks of one stream; remembers each field's type and each tag, so that a line of another
     type (or role) is refused wherever in the file it comes.
 
     ``dialect`` 1 reads InfluxDB 1.x line protocol, 2 the 2.x one; with ``reject`` refused lines are
-    counted in ``rejected`` (with ``examples``) instead of failing the read.
+    counted in ``rejected`` (with ``examples``, and each given to ``noted`` when set) instead of failing
+    the read.
     """
 
-    def __init__(self, measurement: str, precision: str, origin: str, dialect: int = 1, reject: bool = False) -> None:
+    def __init__(self, measurement: str, precision: str, origin: str, dialect: int = 1, reject: bool = False,
+                 noted: Callable[[int, str, bytes], None] | None = None) -> None:
         self.measurement = measurement
         self.precision = precision
         self.origin = origin
@@ -287,6 +308,7 @@ class LineProtocol:
         self.seen: set[str] = set()
         self.rejected = 0
         self.examples: list[str] = []
+        self.noted = noted
         self.series: dict[tuple[tuple[str, str], ...], int] = {}  # tag pairs -> number, for SERIES
         self._known: dict[str, tuple[str | None, dict[str, str], str | None, int]] = {}  # series text -> _distinct's
         self._numbering = threading.Lock()
@@ -318,7 +340,9 @@ class LineProtocol:
         conflict = self._conflict(chunk.parts)
         if conflict is not None and self.reject:
             chunk = self._resolve(chunk.again(set()))
-            conflict = None
+            for line, reason, text in chunk.refused:
+                self._count(line, reason, text)
+            return chunk
         if not self.reject:
             errors = [(line, 0, self._message(line, reason, text)) for line, reason, text in chunk.refused[:1]]
             if conflict is not None:
@@ -326,9 +350,7 @@ class LineProtocol:
             if errors:
                 raise InfluxError(min(errors)[2])
         for line, reason, text in chunk.refused:
-            self.rejected += 1
-            if len(self.examples) < _EXAMPLES:
-                self.examples.append(self._message(line, reason, text))
+            self._count(line, reason, text)
         for part in chunk.parts:
             for key, spelled in part.kinds.items():
                 for kind, line in sorted(spelled.items(), key=lambda item: item[1]):
@@ -338,6 +360,13 @@ class LineProtocol:
             for key, line in part.tags.items():
                 self.tags[key] = min(line, self.tags.get(key, line))
         return chunk
+
+    def _count(self, line: int, reason: str, text: bytes) -> None:
+        self.rejected += 1
+        if len(self.examples) < _EXAMPLES:
+            self.examples.append(self._message(line, reason, text))
+        if self.noted is not None:
+            self.noted(line, reason, text)
 
     def _conflict(self, parts: list[_Part]) -> tuple[int, str] | None:
         """The first line of the chunk whose field has another type than the field's first line, or
@@ -372,24 +401,25 @@ class LineProtocol:
             else:
                 continue
             found.append((at, f"'{key}' of measurement '{self.measurement}' is a tag at line {tag_line} and a field at "
-                              f"line {field_line} in {self.origin}: a table column is one or the other"))
+                              f"line {field_line} in {self.origin}: {_ONE_ROLE}"))
         return min(found) if found else None
 
     def _resolve(self, chunk: _Chunk) -> _Chunk:
         """The lines of the chunk in order, as influxd writes them one at a time: a line with a field of
         another type than the field has (or a key in the other role) is refused and fixes nothing;
         a line influxd fails after creating its fields fixes those it created; any other line fixes
-        the type of each new field and the role of each new key. The chunk is read again without the
-        lines refused here."""
+        the type of each new field and the role of each new key (in ``kinds`` and ``tags``, with the
+        line). The chunk is read again without the lines refused here."""
         kinds = {key: kind for key, (kind, _) in self.kinds.items()}
         roles = dict.fromkeys(self.tags, _TAG)
         refused: dict[int, str] = {}
         for entry in sorted(chunk.entries or [], key=lambda entry: entry.line):
-            clash = next((f"field '{key}' is {roles.get(key, kinds.get(key))} on an earlier line and {kind} here"
+            clash = next((f"'{key}' is a tag on an earlier line and a field here: {_ONE_ROLE}" if key in roles else
+                          f"field '{key}' is {kinds[key]} on an earlier line and {kind} here"
                           for key, kind in entry.cells
                           if kind is not None and roles.get(key, kinds.get(key, kind)) != kind), None)
-            clash = clash or next((f"'{key}' is a field on an earlier line and a tag here: a table column is one or "
-                                   "the other" for key in entry.tags if key in kinds), None)
+            clash = clash or next((f"'{key}' is a field on an earlier line and a tag here: {_ONE_ROLE}"
+                                   for key in entry.tags if key in kinds), None)
             if clash is not None:
                 refused[entry.line] = clash
                 continue
@@ -401,9 +431,11 @@ class LineProtocol:
                         break  # the field created twice with two types: influxd stops creating here
                     continue
                 kinds[key] = kind
+                self.kinds[key] = (kind, entry.line)
             if entry.error is None:
                 for key in entry.tags:
-                    roles.setdefault(key, _TAG)
+                    if roles.setdefault(key, _TAG) == _TAG:
+                        self.tags.setdefault(key, entry.line)
         if not refused:
             return chunk
         again = chunk.again(set(refused))
@@ -440,12 +472,14 @@ class LineProtocol:
         else:  # the Arrow reader's cut searches bytes: a map is read as a stream
             reader = pa.BufferReader(pa.py_buffer(stream)) if isinstance(stream, mmap.mmap) else stream
             chunks = ((0, chunk) for chunk in _line_chunks(reader, _CHUNK_BYTES, _series_tail, blank=True))
-        with ThreadPoolExecutor(max_workers=_AHEAD, thread_name_prefix="line-protocol") as pool:
+        head = list(islice(chunks, 2))  # a file of one chunk is read here: starting threads costs more
+        small = len(head) < 2 or isinstance(stream, mmap.mmap) and len(stream) <= _CHUNK_BYTES
+        with _Here() if small else ThreadPoolExecutor(max_workers=_AHEAD, thread_name_prefix="line-protocol") as pool:
             pending: deque[tuple[int, Future]] = deque()
             first: Future[tuple[int, bytes]] = Future()
             first.set_result((1, b""))
             released = 0
-            for start, chunk in chunks:
+            for start, chunk in chain(head, chunks):
                 if mapped is not None and mapped.size() < len(mapped):  # the pages past its end cannot be read
                     raise InfluxError(f"{self.origin} was cut short while it was read: {mapped.size():,} bytes "
                                       f"of {len(mapped):,}")
@@ -581,12 +615,14 @@ class LineProtocol:
 
     def _points(self, points: list[tuple[int, grammar.Point]], seen: set[str]) -> _Part:
         """The part of the lines lp_grammar read: rows of those of the job's measurement that influxd
-        writes; the fields created by those it fails to write count for the fields' types."""
+        writes. The fields of those it fails to write count for the fields' types: influxd checks
+        them against earlier lines and creates them before it fails (two types of a field in one
+        point is a conflict here, which the checks in order resolve)."""
         part = _Part(np.array([line for line, point in points if point.error is None], dtype=np.int64), seen)
         written = [(line, point) for line, point in points if point.error is None]
-        for line, point in points:
-            if point.error is not None:
-                for key, kind in _created(point):
+        for line, point in points:  # a failed point's fields were checked against earlier ones first
+            for key, kind in point.cells if point.error is not None else ():
+                if kind is not None:
                     part.kinds.setdefault(key, {}).setdefault(_KINDS[kind], line)
         if not written:
             return part
@@ -662,18 +698,6 @@ class LineProtocol:
                 {key: pa.array([pairs.get(key) for _, pairs, _, _ in known], pa.string()) for key in keys},
                 [reason for _, _, reason, _ in known],
                 np.fromiter((number for *_, number in known), np.int64, len(known)))
-
-
-def _created(point: grammar.Point) -> list[tuple[str, int]]:
-    """The fields influxd creates for a point it then fails to write: each new key in order, up to a key
-    given a second type (where creating fails)."""
-    created: dict[str, int] = {}
-    for key, kind in point.cells:
-        if kind is None:
-            continue
-        if created.setdefault(key, kind) != kind:
-            break
-    return list(created.items())
 
 
 def _row_entries(cells: _Cells, at: np.ndarray | None, lines: np.ndarray, keys: list[str],
