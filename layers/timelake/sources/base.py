@@ -67,6 +67,8 @@ class SourceBatch:
     data: pa.RecordBatch
     origin: str
     row_offset: int
+    rejected: int = 0  # lines of the origin left out as unreadable (a line-protocol file read with reject)
+    examples: tuple[str, ...] = ()  # some of them, each naming its line and why
 
 
 class Source(ABC):
