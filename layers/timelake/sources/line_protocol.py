@@ -1074,8 +1074,8 @@ def points(parser: LineProtocol, lines: Iterator[pa.RecordBatch], batch_rows: in
             held.add(batch)
         schema = parser.schema()  # every tag and field of the file: each part of a spill has only its own
         for table in held.merged(sorted(parser.tags)):
-            columns = [table.column(f.name) if f.name in table.column_names else pa.nulls(table.num_rows, f.type)
-                       for f in schema]
+            have = set(table.column_names)  # a set: a line may have thousands of fields
+            columns = [table.column(f.name) if f.name in have else pa.nulls(table.num_rows, f.type) for f in schema]
             yield from pa.table(columns, schema=schema).to_batches(max_chunksize=batch_rows)
     finally:
         held.close()
@@ -1114,9 +1114,10 @@ class _Held:
         if not grown.equals(self.schema):
             self.schema = grown
             self._close_writers()
+        have = set(batch.schema.names)
         batch = pa.RecordBatch.from_arrays(
-            [batch.column(f.name) if f.name in batch.schema.names else pa.nulls(batch.num_rows, f.type)
-             for f in self.schema], schema=self.schema)
+            [batch.column(f.name) if f.name in have else pa.nulls(batch.num_rows, f.type) for f in self.schema],
+            schema=self.schema)
         part = _time_hash(batch.column(0), self.level)
         order = np.argsort(part, kind="stable")
         counts = np.bincount(part, minlength=_SPILL_PARTS)
@@ -1257,7 +1258,8 @@ def _sorted_merge(table: pa.Table, series: np.ndarray, span: int, time: np.ndarr
         return table
     starts = np.flatnonzero(first)
     keys = pa.array(order[starts])
-    columns = {name: table.column(name).take(keys) for name in (TIME, *(t for t in tags if t in table.column_names))}
+    have = set(table.column_names)
+    columns = {name: table.column(name).take(keys) for name in (TIME, *(t for t in tags if t in have))}
     point = np.cumsum(first) - 1  # the point of each line, in sorted order
     for name in table.column_names:
         if name in columns or name in (LINE, SERIES, BLOCK):
@@ -1277,8 +1279,9 @@ def _series_codes(table: pa.Table, tags: list[str]) -> tuple[np.ndarray, int]:
     count of numbers it may take."""
     code = np.zeros(table.num_rows, dtype=np.int64)
     span = 1
+    have = set(table.column_names)
     for tag in tags:
-        if tag not in table.column_names:
+        if tag not in have:
             continue
         encoded = pc.dictionary_encode(table.column(tag)).combine_chunks()
         values = encoded.indices.fill_null(-1).to_numpy().astype(np.int64) + 1
