@@ -70,6 +70,7 @@ _FALSE = ["f", "F", "false", "False", "FALSE"]
 ARROW_TYPES = {"float": pa.float64(), "integer": pa.int64(), "unsigned": pa.uint64(), "string": pa.string(),
                "boolean": pa.bool_()}
 _KINDS = grammar.KINDS  # by the code each reader gives a kind
+_SHARED = {1 << code: code for code in (grammar.FLOAT, grammar.INTEGER, grammar.UNSIGNED, grammar.BOOLEAN)}
 _TAG = "tag"  # a key's role when it is a tag, next to the five kinds of a field (a column is one or the other)
 _ONE_ROLE = "a table column is one or the other"
 _DDL = (b"CREATE DATABASE ", b"CREATE RETENTION POLICY ")  # the DDL part of an influx_inspect export
@@ -143,17 +144,41 @@ class _Cells:
     text: np.ndarray
     first: np.ndarray
     joined: bool
-    starts: np.ndarray = field(init=False)
+    starts: list[int] = field(init=False)
+    bits: list[int] = field(init=False)
 
     def __post_init__(self) -> None:
-        self.starts = np.concatenate([[0], np.cumsum(self.counts)]).astype(np.int64)
+        self.starts = [0, *np.cumsum(self.counts).tolist()]  # Python ints: a line may have thousands of keys
+        self.bits = self.kinds.tolist()
+
+    def columns(self, names: list[str], at: np.ndarray | None, lines: np.ndarray) -> dict[str, Typed]:
+        """``column`` of every key. The keys of one kind with a cell on every row (a line of many fields
+        has thousands) are slices of one array per kind, not an array each."""
+        found: dict[str, Typed] = {}
+        size = len(lines)
+        dense = at is None and not self.joined and size > 0
+        shared: dict[int, pa.Array] = {}
+        for key, name in enumerate(names):
+            bits = self.bits[key]
+            start = self.starts[key]
+            if dense and self.starts[key + 1] - start == size and bits in _SHARED:
+                code = _SHARED[bits]
+                if code not in shared:
+                    view = {grammar.FLOAT: np.float64, grammar.INTEGER: np.int64, grammar.UNSIGNED: np.uint64}.get(code)
+                    shared[code] = pa.array(self.value.view(view) if view else self.value.astype(bool))
+                found[name] = ({_KINDS[code]: int(self.first[key][code])}, shared[code].slice(start, size), None)
+            elif self.starts[key + 1] > start:
+                typed = self.column(key, at, lines)
+                if typed[0]:  # none of its cells on the rows kept
+                    found[name] = typed
+        return found
 
     def column(self, key: int, at: np.ndarray | None, lines: np.ndarray) -> Typed:
         """The kinds one key is spelled in (kind -> first line) and, when spelled one way, its column.
 
         ``at`` is the row in ``lines`` of each row the reader kept (-1: not the job's), None when the same.
         """
-        start, end = int(self.starts[key]), int(self.starts[key + 1])
+        start, end = self.starts[key], self.starts[key + 1]
         rows, kinds, values = self.row[start:end], self.kind[start:end], self.value[start:end]
         whole = True  # the key's cells of every line the reader kept: its strings are one run of ``text``
         if at is not None:
@@ -164,15 +189,16 @@ class _Cells:
         if not len(rows):
             return {}, None, None
         ordered = not self.joined or bool((rows[1:] > rows[:-1]).all())
-        bits = int(self.kinds[key])
-        if bits & (bits - 1) or at is None:  # spelled more than one way in the chunk; maybe in the job's lines too
+        bits = self.bits[key]
+        if bits & (bits - 1):  # spelled more than one way in the chunk; maybe in the job's lines too
             spelled = sorted((int(line), code) for code, line in enumerate(self.first[key]) if line >= 0) if at is None \
                 else sorted((int(lines[rows[int(np.argmax(kinds == code))]]), code)
                             for code in np.flatnonzero(np.bincount(kinds, minlength=len(_KINDS))))
             if len(spelled) > 1:
                 return {_KINDS[code]: line for line, code in spelled}, None, None
-        kind, size = _KINDS[int(kinds[0])], len(lines)
-        found = {kind: spelled[0][0] if at is None else int(lines[rows[0]])}
+        code = bits.bit_length() - 1 if not bits & (bits - 1) else int(kinds[0])
+        kind, size = _KINDS[code], len(lines)
+        found = {kind: int(self.first[key][code]) if at is None else int(lines[rows[0]])}
         if kind == "string":
             if not ordered:
                 order = np.argsort(rows, kind="stable")
@@ -286,6 +312,17 @@ class _Here:
         return done
 
 
+class _Rows:
+    """A mask over a cut's rows, None until some row is in it (most chunks have none)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.mask: np.ndarray | None = None
+
+    def add(self, rows: np.ndarray) -> None:
+        self.mask = rows if self.mask is None else self.mask | rows
+
+
 class LineProtocol:
     """Parses chunks of one stream; remembers each field's type and each tag, so that a line of another
     type (or role) is refused wherever in the file it comes.
@@ -351,12 +388,13 @@ class LineProtocol:
                 raise InfluxError(min(errors)[2])
         for line, reason, text in chunk.refused:
             self._count(line, reason, text)
-        for part in chunk.parts:
+        for part in chunk.parts:  # without a conflict, each key has one kind: the one it had, if any
             for key, spelled in part.kinds.items():
-                for kind, line in sorted(spelled.items(), key=lambda item: item[1]):
-                    known = self.kinds.setdefault(key, (kind, line))
-                    if line < known[1]:
-                        self.kinds[key] = (kind, line)
+                kind, line = min(spelled.items(), key=lambda item: item[1]) if len(spelled) > 1 else \
+                    next(iter(spelled.items()))
+                known = self.kinds.get(key)
+                if known is None or line < known[1]:
+                    self.kinds[key] = (kind, line)
             for key, line in part.tags.items():
                 self.tags[key] = min(line, self.tags.get(key, line))
         return chunk
@@ -371,17 +409,23 @@ class LineProtocol:
     def _conflict(self, parts: list[_Part]) -> tuple[int, str] | None:
         """The first line of the chunk whose field has another type than the field's first line, or
         whose key is a field where it was a tag (or the other way round); None when there is none."""
-        kinds: dict[str, dict[str, int]] = {}
-        tags: dict[str, int] = {}
-        for part in parts:
-            for key, spelled in part.kinds.items():
-                known = kinds.setdefault(key, {})
-                for kind, line in spelled.items():
-                    known[kind] = min(known.get(kind, line), line)
-            for key, line in part.tags.items():
-                tags[key] = min(line, tags.get(key, line))
+        parts = [part for part in parts if part.kinds or part.tags]
+        if len(parts) == 1:  # the common chunk: a part of the cut's rows alone
+            kinds, tags = parts[0].kinds, parts[0].tags
+        else:
+            kinds, tags = {}, {}
+            for part in parts:
+                for key, spelled in part.kinds.items():
+                    known = kinds.setdefault(key, {})
+                    for kind, line in spelled.items():
+                        known[kind] = min(known.get(kind, line), line)
+                for key, line in part.tags.items():
+                    tags[key] = min(line, tags.get(key, line))
+        doubt = [key for key, spelled in kinds.items()  # a line may have thousands of fields: one pass for the rest
+                 if len(spelled) > 1 or key in tags or key in self.tags or key in self.kinds and self.kinds[key][0] not in spelled]
+        doubt += [key for key in tags if key in self.kinds and key not in kinds]
         found: list[tuple[int, str]] = []
-        for key in kinds.keys() | tags.keys():
+        for key in doubt:
             spelled = kinds.get(key, {})
             if spelled:
                 ordered = sorted(spelled.items(), key=lambda item: item[1])
@@ -576,26 +620,38 @@ class LineProtocol:
         offsets = np.frombuffer(cut.offsets, np.int32)
         distinct = pa.StringArray.from_buffers(len(offsets) - 1, pa.py_buffer(offsets), pa.py_buffer(cut.text))
         measurement, tags, refusal, numbers = self._distinct(distinct, len(codes))
-        low, high = -(-grammar.MIN_NS // self.scale), grammar.MAX_NS // self.scale
-        bad_series = np.fromiter((reason is not None for reason in refusal), bool, len(refusal))[codes]
-        outside = (stamps < low) | (stamps > high)
-        gone = aside.gone[rows] if len(aside.gone) else np.zeros(len(rows), dtype=bool)
-        dropped = np.isin(rows.astype(np.int64) + first_line, list(drop)) if drop else np.zeros(len(rows), dtype=bool)
-        left_out = bad_series | outside | gone | dropped
-        if cut.joined and left_out.any():
-            return None
         lines = rows.astype(np.int64) + first_line
-        for at in np.flatnonzero((bad_series | outside) & ~gone & ~dropped):
-            reason = refusal[codes[at]] if bad_series[at] else f"time outside range {grammar.MIN_NS} - {grammar.MAX_NS}"
-            refused.append((int(lines[at]), reason, None))
-        ok = ~left_out
-        present = np.bincount(codes[ok], minlength=len(measurement)) > 0 if len(codes) else np.zeros(len(measurement), bool)
-        part = _Part(lines[ok], {name for name, here in zip(measurement.to_pylist(), present, strict=True) if here})
+        refuse, leave = _Rows(len(rows)), _Rows(len(rows))  # rows refused here; rows of other lines' or dropped
+        if any(reason is not None for reason in refusal):
+            refuse.add(np.fromiter((reason is not None for reason in refusal), bool, len(refusal))[codes])
+        low, high = -(-grammar.MIN_NS // self.scale), grammar.MAX_NS // self.scale
+        if len(stamps) and (stamps.min() < low or stamps.max() > high):
+            refuse.add((stamps < low) | (stamps > high))
+        if len(aside.gone):
+            leave.add(aside.gone[rows])
+        if drop:
+            leave.add(np.isin(lines, list(drop)))
+        left_out = refuse.mask | leave.mask if refuse.mask is not None and leave.mask is not None else \
+            refuse.mask if refuse.mask is not None else leave.mask
+        if cut.joined and left_out is not None and left_out.any():
+            return None
+        if refuse.mask is not None:
+            for at in np.flatnonzero(refuse.mask & ~leave.mask if leave.mask is not None else refuse.mask):
+                series_refusal = refusal[codes[at]]
+                reason = series_refusal or f"time outside range {grammar.MIN_NS} - {grammar.MAX_NS}"
+                refused.append((int(lines[at]), reason, None))
+        if left_out is None:  # the common chunk: each series of the cut has a row, and every row is kept
+            part = _Part(lines, set(measurement.to_pylist()))
+        else:
+            ok = ~left_out
+            present = np.bincount(codes[ok], minlength=len(measurement)) > 0
+            part = _Part(lines[ok], {name for name, here in zip(measurement.to_pylist(), present, strict=True) if here})
         if self.measurement not in part.seen:
             return part
-        mine = ok & _mask(pc.equal(measurement, self.measurement))[codes]
+        ours = _mask(pc.equal(measurement, self.measurement))
         at, block = None, np.frombuffer(cut.block, np.bool_)
-        if not mine.all():  # another measurement, or rows left out
+        if left_out is not None or not ours.all():  # another measurement, or rows left out
+            mine = ours[codes] if left_out is None else ours[codes] & ~left_out
             at = np.full(len(rows), -1, dtype=np.int64)
             at[mine] = np.arange(int(mine.sum()))
             codes, stamps, lines, block = codes[mine], stamps[mine], lines[mine], block[mine]
@@ -605,12 +661,12 @@ class LineProtocol:
                        np.frombuffer(cut.cell_row, np.int32), np.frombuffer(cut.cell_kind, np.uint8),
                        np.frombuffer(cut.cell_value, np.uint64), np.frombuffer(cut.strings, np.uint8),
                        np.where(first >= 0, first + first_line, -1), cut.joined > 0)
-        typed = {key: cells.column(index, at, lines) for index, key in enumerate(cut.keys)}
+        typed = cells.columns(cut.keys, at, lines)
         if entries is not None:
             entries.extend(_row_entries(cells, at, lines, cut.keys, tag_columns))
         part.lines = lines
-        self._fill(part, lines, pa.array(stamps * self.scale), tag_columns, {key: t for key, t in typed.items() if t[0]},
-                   series, pa.array(block) if cut.join else None)
+        self._fill(part, lines, pa.array(stamps * self.scale if self.scale != 1 else stamps), tag_columns, typed, series,
+                   pa.array(block) if cut.join else None)
         return part
 
     def _points(self, points: list[tuple[int, grammar.Point]], seen: set[str]) -> _Part:
@@ -656,7 +712,8 @@ class LineProtocol:
     def _fill(self, part: _Part, lines: np.ndarray, ns: pa.Array, tags: dict[str, pa.Array],
               fields: dict[str, Typed], series: pa.Array | None = None, block: pa.Array | None = None) -> None:
         """The part's batch: time, line numbers, tags, and each field typed by its spelling (all or nothing)."""
-        part.tags = {key: int(lines[int(np.argmax(_mask(column.is_valid())))]) for key, column in tags.items()}
+        part.tags = {key: int(lines[0 if not column.null_count else int(np.argmax(_mask(column.is_valid())))])
+                     for key, column in tags.items()}
         time = ns.cast(TIME_TYPE)
         columns: dict[str, pa.Array] = {TIME: time, LINE: pa.array(lines, pa.int64()), **dict(sorted(tags.items()))}
         if series is not None:
@@ -683,15 +740,14 @@ class LineProtocol:
         if len(new) > _SERIES_MOST and len(new) * 8 > rows or len(self.series) + len(new) > _SERIES_KEPT:
             measurement, tags, refusal = _series(distinct, self.dialect)
             return measurement, tags, refusal, None
-        for i in new:
-            got = grammar.read_key(texts[i].encode(), self.dialect)
-            if isinstance(got, str):
-                self._known[texts[i]] = (None, {}, got, -1)
-                continue
-            name, pairs = got
+        if new:
+            measurement, tags, refusal = _series(distinct.take(pa.array(new, pa.int64())), self.dialect)
+            names, values = measurement.to_pylist(), {key: column.to_pylist() for key, column in tags.items()}
             with self._numbering:
-                number = self.series.setdefault(pairs, len(self.series)) if name == self.measurement else -1
-            self._known[texts[i]] = (name, dict(pairs), None, number)
+                for j, i in enumerate(new):
+                    pairs = tuple((key, column[j]) for key, column in sorted(values.items()) if column[j] is not None)
+                    number = self.series.setdefault(pairs, len(self.series)) if names[j] == self.measurement else -1
+                    self._known[texts[i]] = (names[j], dict(pairs), refusal[j], number)
         known = [self._known[text] for text in texts]
         keys = sorted({key for _, pairs, _, _ in known for key in pairs})
         return (pa.array([name for name, *_ in known], pa.string()),
@@ -1096,7 +1152,7 @@ class _Held:
     def add(self, batch: pa.RecordBatch) -> None:
         if self.folder is None:
             self.batches.append(batch)
-            self.nbytes += batch.nbytes
+            self.nbytes += batch.get_total_buffer_size()
             if self.nbytes > _HOLD_BYTES:
                 self.folder = tempfile.TemporaryDirectory(prefix="timelake-influx-")
                 self.writers, self.files = [None] * _SPILL_PARTS, [[] for _ in range(_SPILL_PARTS)]
