@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import csv
 import gzip
+import io
 import json
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -318,3 +320,102 @@ def test_rejecting_an_export_loads_the_rest_and_counts_each_line_influxd_refuses
     assert "duplicate tags" in examples[1] and "value out of range" in examples[2] and "unbalanced quotes" in examples[4]
     assert "field 'count' is integer on an earlier line and float here" in examples[3]
     assert _rows(lake).equals(expected)
+
+
+def _annotated(table: pa.Table, other: int) -> str:
+    """The points as ``influx query --raw`` prints them: a table per series and field (its own annotations
+    when the value's type changes), values of another measurement between them, CRLF line ends."""
+    kinds = {"value": "double", "count": "long", "state": "string", "ok": "boolean"}
+    blocks: list[list[list[str]]] = []
+    number = 0
+    start, stop = "2020-01-01T00:00:00Z", "2030-01-01T00:00:00Z"
+    for field, datatype in kinds.items():
+        rows = []
+        for (device, site), group in sorted(_by_series(table).items()):
+            for row in group:
+                value = row[field]
+                text = ("true" if value else "false") if datatype == "boolean" else repr(value) if datatype == "double" \
+                    else str(value)
+                stamp = row["ts"].strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+                rows.append(["", "", str(number), start, stop, stamp, text, field, "sensor", device, site])
+            number += 1
+        rows += [["", "", str(number + i), start, stop, "2026-01-01T00:00:00Z", {"string": "x", "boolean": "true"}.get(datatype, "1"), field,
+                  "other", f"d{i}", "x"] for i in range(other)]
+        number += other
+        blocks.append([["#group", "false", "false", "true", "true", "false", "false", "true", "true", "true", "true"],
+                       ["#datatype", "string", "long", "dateTime:RFC3339", "dateTime:RFC3339", "dateTime:RFC3339Nano",
+                        datatype, "string", "string", "string", "string"],
+                       ["#default", "_result", "", "", "", "", "", "", "", "", ""],
+                       ["", "result", "table", "_start", "_stop", "_time", "_value", "_field", "_measurement", "device_id",
+                        "site"], *rows])
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\r\n")
+    for block in blocks:
+        writer.writerows(block)
+        out.write("\r\n")
+    return out.getvalue()
+
+
+def _by_series(table: pa.Table) -> dict[tuple[str, str], list[dict]]:
+    found: dict[tuple[str, str], list[dict]] = {}
+    for row in table.to_pylist():
+        found.setdefault((row["device_id"], row["site"]), []).append(row)
+    return found
+
+
+def test_annotated_csv_of_influx_query_reads_as_the_points(tmp_path: Path, lake, warehouse):
+    """The annotated CSV of ``influx query --raw`` (found by its first row, as the file is a .csv) gives
+    the same table as the points themselves: a table per series and field merged into one row a point,
+    each field typed by its #datatype, quoted values with commas and quotes read whole."""
+    expected, _, _ = _points()
+    path = tmp_path / "query.csv"
+    path.write_text(_annotated(expected, other=2), newline="")
+    _table(lake)
+    src = open_job_source(JobSpec(table="iot.sensor", source=str(path), map={"ts": "time"}))
+    assert isinstance(src, source_influx.InfluxFileSource) and src.kind == "influx-csv"
+    assert src.schema().names == ["time", "device_id", "site", "count", "ok", "state", "value"]
+    result = cli("backfill", "iot.sensor", "--from", str(path), "--map", "ts=time", "--json", warehouse=warehouse)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["rows_written"] == expected.num_rows
+    assert _rows(lake).equals(expected)
+
+    pivoted = tmp_path / "pivoted.csv"  # pivot(): a column per field, the group key's columns the tags
+    pivoted.write_text("#group,false,false,true,false,false,true\n#datatype,string,long,string,dateTime:RFC3339,double,string\n"
+                       "#default,_result,,,,,\n,result,table,_measurement,_time,value,device_id\n"
+                       ",,0,sensor,2026-01-01T00:00:00Z,1.5,d00\n,,0,sensor,2026-01-01T00:00:01Z,,d00\n")
+    table = pa.Table.from_batches([b.data for b in open_job_source(JobSpec(
+        table="iot.sensor", source=str(pivoted), map={"ts": "time"}, format="influx-csv")).batches()])
+    assert table.to_pydict()["value"] == [1.5, None] and table["device_id"].to_pylist() == ["d00", "d00"]
+
+
+@pytest.mark.parametrize(("lines", "message"), [
+    ([",,0,2026-01-01T00:00:00Z,1.5,value,sensor", ",,0,2026-01-01T00:00:01Z,abc,value,sensor"],
+     "line 6 of {file}: _value 'abc' is not a float"),
+    ([",,0,2026-01-01 00:00:00,1.5,value,sensor"], "line 5 of {file}: _time '2026-01-01 00:00:00' is not an RFC 3339 time"),
+])
+def test_annotated_csv_rows_that_cannot_be_read_are_named_or_rejected(tmp_path: Path, lines: list[str], message: str):
+    path = tmp_path / "bad.csv"
+    path.write_text("#group,false,false,false,false,true,true\n#datatype,string,long,dateTime:RFC3339,double,string,string\n"
+                    "#default,_result,,,,,\n,result,table,_time,_value,_field,_measurement\n" + "\n".join(lines) + "\n")
+    with pytest.raises(line_protocol.InfluxError) as error:
+        list(source_influx.open_influx_files(str(path), "sensor", None, 100, "influx-csv").batches())
+    assert str(error.value) == message.format(file=path)
+    batches = list(source_influx.open_influx_files(str(path), "sensor", None, 100, "influx-csv", reject=True).batches())
+    assert sum(b.rejected for b in batches) == 1 and batches[-1].examples == (message.format(file=path),)
+    assert sum(b.data.num_rows for b in batches) == len(lines) - 1
+    failed = tmp_path / "failed.csv"
+    failed.write_text('#datatype,string,string\n#group,true,true\n#default,,\n,error,reference\n,"bucket ""x"" not found",\n')
+    with pytest.raises(line_protocol.InfluxError, match=r'line 5 of .*: the query failed: bucket "x" not found'):
+        list(source_influx.open_influx_files(str(failed), "sensor", None, 100, "influx-csv").batches())
+
+
+def test_influxdb_2_export_lp_reads_unsigned_integers(tmp_path: Path):
+    """``influxd inspect export-lp`` writes line protocol of InfluxDB 2.x, where ``1u`` is an unsigned
+    integer; read as 2.x its fields are uint64, and its parser refuses the tag keys 2.x reserves."""
+    path = tmp_path / "export.lp"
+    path.write_text("sensor,device_id=d0 level=18446744073709551615u 1000\nsensor,device_id=d0 level=3u 2000\n")
+    table = _read_any(path, "influx2")
+    assert table["level"].type == pa.uint64() and table["level"].to_pylist() == [2**64 - 1, 3]
+    path.write_text("sensor,_field=x level=3u 1000\n")
+    with pytest.raises(line_protocol.InfluxError, match=r"line 1 of .*: cannot use reserved tag key \"_field\""):
+        _read_any(path, "influx2")

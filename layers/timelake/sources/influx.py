@@ -27,10 +27,13 @@ import pyarrow.fs as pafs
 
 from timelake.model.limits import INFLUX_SCHEME
 from timelake.model.timeutil import US_PER_DAY
+from timelake.sources.annotated_csv import AnnotatedCsv
 from timelake.sources.base import FileSource, Source, SourceBatch, SourceError, _list_files, _rebatch
 from timelake.sources.line_protocol import ARROW_TYPES, TIME, TIME_TYPE, InfluxError, LineProtocol, points
 
 DIALECTS = {"influx": 1, "influx2": 2}  # the line-protocol formats: InfluxDB 1.x (influx_inspect export), 2.x (export-lp)
+ANNOTATED = "influx-csv"  # Flux annotated CSV, as influx query --raw prints it
+_ANNOTATIONS = (b"#group,", b"#datatype,", b"#default,")
 
 _QUERY_CHUNK_ROWS = 50_000
 _COMPRESSED = (".bz2", ".gz", ".lz4", ".zst")  # what Arrow decompresses by name
@@ -73,7 +76,9 @@ class InfluxFileSource(FileSource):
                               "choose one with --measurement")
         return schema
 
-    def _parser(self, piece: str) -> LineProtocol:
+    def _parser(self, piece: str) -> LineProtocol | AnnotatedCsv:
+        if self.kind == ANNOTATED:
+            return AnnotatedCsv(self.measurement, piece, self.reject)
         return LineProtocol(self.measurement, self.precision, piece, DIALECTS[self.kind], self.reject)
 
     def _read(self, piece: str) -> Iterator[SourceBatch]:
@@ -105,6 +110,21 @@ class InfluxFileSource(FileSource):
                     return
         with self._open(path) as stream:
             yield stream
+
+
+def is_annotated_csv(uri: str) -> bool:
+    """Whether a CSV file (the first the URI names) begins with a Flux annotation row, as the output of
+    ``influx query --raw`` does: then it is read as InfluxDB points, not as a plain CSV."""
+    if not uri.lower().removesuffix(".gz").endswith(".csv"):
+        return False
+    try:
+        fs, _, paths = _list_files(uri, known_only=False)
+        if not paths:
+            return False
+        with fs.open_input_stream(sorted(paths)[0], compression="detect") as stream:
+            return stream.read(16).startswith(_ANNOTATIONS)
+    except (OSError, pa.ArrowException, SourceError):
+        return False
 
 
 def open_influx_files(uri: str, measurement: str, precision: str | None, batch_rows: int, kind: str = "influx",

@@ -34,7 +34,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from itertools import chain, islice, pairwise
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -1115,7 +1115,15 @@ def _scatter(at: np.ndarray, values: pa.Array, rows: int) -> pa.Array:
     return values.take(pa.array(index, mask=index < 0))
 
 
-def points(parser: LineProtocol, lines: Iterator[pa.RecordBatch], batch_rows: int) -> Iterator[pa.RecordBatch]:
+class Parser(Protocol):
+    """What the merge needs of a reader: its tags, and the schema of the whole file read so far."""
+
+    tags: dict[str, int]
+
+    def schema(self) -> pa.Schema: ...
+
+
+def points(parser: Parser, lines: Iterator[pa.RecordBatch], batch_rows: int) -> Iterator[pa.RecordBatch]:
     """Lines of one point (series and time) merged into one row, the later line winning per field.
 
     Exports write one line per field of a point (TSM files store fields apart), far apart in the
