@@ -89,7 +89,7 @@ class InfluxError(SourceError):
     """Line protocol that cannot be read, or a field whose type changes between points."""
 
 
-Typed = tuple[dict[str, int], pa.Array | None, InfluxError | None]  # kind -> first line; the column; why it has none
+Typed = tuple[dict[str, int], pa.Array | None]  # kind -> first line; the column, when spelled one way
 
 
 class _Cut(NamedTuple):
@@ -166,7 +166,7 @@ class _Cells:
                 if code not in shared:
                     view = {grammar.FLOAT: np.float64, grammar.INTEGER: np.int64, grammar.UNSIGNED: np.uint64}.get(code)
                     shared[code] = pa.array(self.value.view(view) if view else self.value.astype(bool))
-                found[name] = ({_KINDS[code]: int(self.first[key][code])}, shared[code].slice(start, size), None)
+                found[name] = ({_KINDS[code]: int(self.first[key][code])}, shared[code].slice(start, size))
             elif self.starts[key + 1] > start:
                 typed = self.column(key, at, lines)
                 if typed[0]:  # none of its cells on the rows kept
@@ -187,7 +187,7 @@ class _Cells:
             if not keep.all():
                 rows, kinds, values, whole = rows[keep], kinds[keep], values[keep], False
         if not len(rows):
-            return {}, None, None
+            return {}, None
         ordered = not self.joined or bool((rows[1:] > rows[:-1]).all())
         bits = self.bits[key]
         if bits & (bits - 1):  # spelled more than one way in the chunk; maybe in the job's lines too
@@ -195,7 +195,7 @@ class _Cells:
                 else sorted((int(lines[rows[int(np.argmax(kinds == code))]]), code)
                             for code in np.flatnonzero(np.bincount(kinds, minlength=len(_KINDS))))
             if len(spelled) > 1:
-                return {_KINDS[code]: line for line, code in spelled}, None, None
+                return {_KINDS[code]: line for line, code in spelled}, None
         code = bits.bit_length() - 1 if not bits & (bits - 1) else int(kinds[0])
         kind, size = _KINDS[code], len(lines)
         found = {kind: int(self.first[key][code]) if at is None else int(lines[rows[0]])}
@@ -203,16 +203,16 @@ class _Cells:
             if not ordered:
                 order = np.argsort(rows, kind="stable")
                 rows, values, whole = rows[order], values[order], False
-            return found, self._strings(values & np.uint64(0xFFFFFFFF), values >> np.uint64(32), rows, size, whole), None
+            return found, self._strings(values & np.uint64(0xFFFFFFFF), values >> np.uint64(32), rows, size, whole)
         typed = {"float": values.view(np.float64), "integer": values.view(np.int64), "unsigned": values,
                  "boolean": values.astype(bool)}[kind]
         if len(rows) == size and ordered:  # a key at most once per row: then every row has it
-            return found, pa.array(typed), None
+            return found, pa.array(typed)
         full = np.zeros(size, dtype=typed.dtype)
         full[rows] = typed
         missing = np.ones(size, dtype=bool)
         missing[rows] = False
-        return found, pa.array(full, mask=missing), None
+        return found, pa.array(full, mask=missing)
 
     def by_row(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Every cell's row, key and kind, ordered by row (keys in their order within a row)."""
@@ -699,7 +699,7 @@ class LineProtocol:
                     spelled.setdefault(_KINDS[kind], line)
                 values.append(value)
             column = pa.array(values, ARROW_TYPES[next(iter(spelled))]) if len(spelled) == 1 else None
-            fields[key] = (spelled, column, None)
+            fields[key] = (spelled, column)
         phantom = part.kinds
         part.kinds = {}
         self._fill(part, lines, pa.array([point.time for _, point in written], pa.int64()), tags, fields, series)
@@ -720,7 +720,7 @@ class LineProtocol:
             columns[SERIES] = series
         if block is not None:
             columns[BLOCK] = block
-        for key, (kinds, typed, _) in sorted(fields.items(), key=lambda item: item[0]):
+        for key, (kinds, typed) in sorted(fields.items(), key=lambda item: item[0]):
             part.kinds[key] = kinds
             if typed is not None:
                 columns[key] = typed
