@@ -554,7 +554,7 @@ static int read_line(Out *o, const char *base, const char *p, const char *e, int
     size_t cells = o->cell_kind.len;
     const char *q = space + 1;
     if (q < e && (*q == '\t' || *q == 0)) return 0; /* skipped before the fields, as a second space is */
-    uint64_t seen = 0; /* the keys of the line, when all are below JOIN_KEYS */
+    uint64_t seen = 0; /* the line's keys below JOIN_KEYS (the others are marked with the line in Key) */
     int joinable = 1;
     int32_t index = 0;
     int64_t row = (int64_t)(o->rows.len / sizeof(int32_t)), series_len = space - p;
@@ -565,10 +565,13 @@ static int read_line(Out *o, const char *base, const char *p, const char *e, int
         if (series_len + 4 + (q - k) > MAX_KEY || (q - k == 4 && memcmp(k, "time", 4) == 0)) goto aside;
         int32_t key = key_id(o, base, k, (int32_t)(q - k), index++);
         if (key < 0) return -1;
-        if (o->key[key].line == o->lines) goto aside; /* given twice: the line's last value counts, or a conflict */
-        o->key[key].line = o->lines;
-        if (key < JOIN_KEYS) seen |= 1ull << key;
-        else joinable = 0;
+        if (key < JOIN_KEYS) { /* given twice: the line's last value counts, or a conflict of two types */
+            if (seen >> key & 1) goto aside;
+            seen |= 1ull << key;
+        } else {
+            if (o->key[key].line == o->lines) goto aside;
+            o->key[key].line = o->lines, joinable = 0;
+        }
         const char *v = ++q;
         uint64_t value;
         int kind;

@@ -312,17 +312,6 @@ class _Here:
         return done
 
 
-class _Rows:
-    """A mask over a cut's rows, None until some row is in it (most chunks have none)."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self.mask: np.ndarray | None = None
-
-    def add(self, rows: np.ndarray) -> None:
-        self.mask = rows if self.mask is None else self.mask | rows
-
-
 class LineProtocol:
     """Parses chunks of one stream; remembers each field's type and each tag, so that a line of another
     type (or role) is refused wherever in the file it comes.
@@ -621,24 +610,23 @@ class LineProtocol:
         distinct = pa.StringArray.from_buffers(len(offsets) - 1, pa.py_buffer(offsets), pa.py_buffer(cut.text))
         measurement, tags, refusal, numbers = self._distinct(distinct, len(codes))
         lines = rows.astype(np.int64) + first_line
-        refuse, leave = _Rows(len(rows)), _Rows(len(rows))  # rows refused here; rows of other lines' or dropped
+        refuse: np.ndarray | None = None  # rows refused here (None: none, as in most chunks)
+        leave: np.ndarray | None = None  # rows of lines another line reached over, or dropped
         if any(reason is not None for reason in refusal):
-            refuse.add(np.fromiter((reason is not None for reason in refusal), bool, len(refusal))[codes])
+            refuse = np.fromiter((reason is not None for reason in refusal), bool, len(refusal))[codes]
         low, high = -(-grammar.MIN_NS // self.scale), grammar.MAX_NS // self.scale
         if len(stamps) and (stamps.min() < low or stamps.max() > high):
-            refuse.add((stamps < low) | (stamps > high))
+            refuse = _either(refuse, (stamps < low) | (stamps > high))
         if len(aside.gone):
-            leave.add(aside.gone[rows])
+            leave = aside.gone[rows]
         if drop:
-            leave.add(np.isin(lines, list(drop)))
-        left_out = refuse.mask | leave.mask if refuse.mask is not None and leave.mask is not None else \
-            refuse.mask if refuse.mask is not None else leave.mask
+            leave = _either(leave, np.isin(lines, list(drop)))
+        left_out = _either(refuse, leave)
         if cut.joined and left_out is not None and left_out.any():
             return None
-        if refuse.mask is not None:
-            for at in np.flatnonzero(refuse.mask & ~leave.mask if leave.mask is not None else refuse.mask):
-                series_refusal = refusal[codes[at]]
-                reason = series_refusal or f"time outside range {grammar.MIN_NS} - {grammar.MAX_NS}"
+        if refuse is not None:
+            for at in np.flatnonzero(refuse if leave is None else refuse & ~leave):
+                reason = refusal[codes[at]] or f"time outside range {grammar.MIN_NS} - {grammar.MAX_NS}"
                 refused.append((int(lines[at]), reason, None))
         if left_out is None:  # the common chunk: each series of the cut has a row, and every row is kept
             part = _Part(lines, set(measurement.to_pylist()))
@@ -754,6 +742,11 @@ class LineProtocol:
                 {key: pa.array([pairs.get(key) for _, pairs, _, _ in known], pa.string()) for key in keys},
                 [reason for _, _, reason, _ in known],
                 np.fromiter((number for *_, number in known), np.int64, len(known)))
+
+
+def _either(a: np.ndarray | None, b: np.ndarray | None) -> np.ndarray | None:
+    """The rows in either mask; None for none."""
+    return b if a is None else a if b is None else a | b
 
 
 def _row_entries(cells: _Cells, at: np.ndarray | None, lines: np.ndarray, keys: list[str],
