@@ -81,7 +81,7 @@ _UNMASK_BYTES = np.arange(256, dtype=np.uint8)
 _UNMASK_BYTES[[ord(code) for code in _MASK.values()]] = [ord(char) for char in _MASK]
 _NOT_PLAIN = np.zeros(256, dtype=bool)
 _NOT_PLAIN[[0, 1, 2, 3, 9, 13, 92]] = True  # NUL, the masks, tab, carriage return, backslash: lines for lp_grammar
-_FLOAT = r"^-?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?$"
+_FLOAT = r"^-?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?$"  # a float as influxd reads one
 _UNSIGNED_HINT = re.compile(rb"=[0-9]+u(?:[ ,]|$)")
 
 
@@ -816,30 +816,32 @@ def _split_arrow(chunk: bytes, dialect: int) -> _Cut:
     if count:
         opening = view[np.minimum(starts, size - 1)]
         aside |= (opening == 32) | (opening == 35)
-    aside[np.searchsorted(ends, np.flatnonzero(_NOT_PLAIN[view]))] = True
-    high = np.flatnonzero(view >= 0x80)
-    if len(high):
+    if any(bytes([byte]) in chunk for byte in np.flatnonzero(_NOT_PLAIN).tolist()):  # memchr: usually none
+        aside[np.searchsorted(ends, np.flatnonzero(_NOT_PLAIN[view]))] = True
+    if not chunk.isascii():
         try:
             chunk.decode()
         except UnicodeDecodeError:  # the lines that are not UTF-8 are refused one by one
-            for index in np.unique(np.searchsorted(ends, high)).tolist():
+            for index in np.unique(np.searchsorted(ends, np.flatnonzero(view >= 0x80))).tolist():
                 try:
                     chunk[starts[index]:ends[index]].decode()
                 except UnicodeDecodeError:
                     aside[index] = True
-    spaces = np.flatnonzero(view == 32)
-    first_space = spaces[np.minimum(np.searchsorted(spaces, starts), len(spaces) - 1)] if len(spaces) else ends
-    aside |= (first_space >= ends) | (first_space < starts)
-    text = bytearray(chunk)
-    masked = np.frombuffer(text, np.uint8)
-    quotes = np.flatnonzero(view == 34)
-    if len(quotes):
-        _mask_values(view, masked, quotes, np.searchsorted(ends, quotes), first_space, aside)
+    text: bytes | bytearray = chunk  # copied where a value's separators are masked or a line wiped
+    if b'"' in chunk:
+        spaces = np.flatnonzero(view == 32)
+        first_space = spaces[np.minimum(np.searchsorted(spaces, starts), len(spaces) - 1)] if len(spaces) else ends
+        aside |= (first_space >= ends) | (first_space < starts)
+        quotes = np.flatnonzero(view == 34)
+        text = bytearray(chunk)
+        _mask_values(view, np.frombuffer(text, np.uint8), quotes, np.searchsorted(ends, quotes), first_space, aside)
     wiped = np.flatnonzero(aside & (ends > starts))
     if len(wiped):  # a line set aside is left out of the CSV: its bytes become one field (an invalid row)
+        if text is chunk:
+            text = bytearray(chunk)
         lengths = ends[wiped] - starts[wiped]
-        masked[np.repeat(starts[wiped] - np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths)
-               + np.arange(int(lengths.sum()))] = 1
+        np.frombuffer(text, np.uint8)[np.repeat(starts[wiped] - np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths)
+                                      + np.arange(int(lengths.sum()))] = 1
     invalid: list[int] = []
 
     def left_out(row: pcsv.InvalidRow) -> str:
@@ -855,7 +857,7 @@ def _split_arrow(chunk: bytes, dialect: int) -> _Cut:
                             strings_can_be_null=False)) if size else None
     rows = np.delete(np.arange(count), invalid)
     aside[invalid] = True
-    return _cells(count, starts, aside, rows, table, dialect)
+    return _cells(count, starts, aside, rows, table, dialect, b'"' in chunk)
 
 
 def _mask_values(view: np.ndarray, masked: np.ndarray, quotes: np.ndarray, line: np.ndarray, first_space: np.ndarray,
@@ -885,7 +887,7 @@ def _mask_values(view: np.ndarray, masked: np.ndarray, quotes: np.ndarray, line:
 
 
 def _cells(count: int, starts: np.ndarray, aside: np.ndarray, rows: np.ndarray, table: pa.Table | None,
-           dialect: int) -> _Cut:
+           dialect: int, quotes: bool) -> _Cut:
     """The rows the CSV reader cut (``rows``: the line of each), with their field sets cut into typed
     cells; a row whose field set or timestamp is not of a plain spelling is set aside instead."""
     if table is None or not table.num_rows:
@@ -893,41 +895,46 @@ def _cells(count: int, starts: np.ndarray, aside: np.ndarray, rows: np.ndarray, 
     table = table.filter(pa.array(~aside[rows]))
     rows = rows[~aside[rows]]
     stamps = table.column("t").combine_chunks()
-    ok = _mask(pc.match_substring_regex(stamps, r"^-?[0-9]{1,19}$")) & _fits(stamps, signed=True)
-    lists = pc.split_pattern(table.column("f").combine_chunks(), ",")
-    parent = np.asarray(pc.list_parent_indices(lists))
-    pairs = pc.split_pattern(pc.list_flatten(lists), "=", max_splits=1)
-    whole = pc.list_value_length(pairs).to_numpy(zero_copy_only=False) == 2
-    ok[parent[~whole]] = False
-    pairs, parent = pairs.filter(pa.array(whole)), parent[whole]
-    keys, values = pc.list_element(pairs, 0), pc.list_element(pairs, 1)
-    ok[parent[_mask(pc.or_(pc.or_(pc.equal(keys, ""), pc.equal(keys, "time")), pc.match_substring(keys, '"')))]] = False
-    kind = np.full(len(values), -1, dtype=np.int8)
-    string = _mask(pc.and_(pc.starts_with(values, '"'), pc.ends_with(values, '"')))
-    kind[string & (pc.utf8_length(values).to_numpy(zero_copy_only=False) >= 2)] = grammar.STRING
-    kind[_mask(pc.match_substring_regex(values, r"^-?[0-9]{1,19}i$"))] = grammar.INTEGER
-    if dialect == 2:
-        kind[_mask(pc.match_substring_regex(values, r"^[0-9]{1,20}u$"))] = grammar.UNSIGNED
-    kind[_mask(pc.is_in(values, pa.array(_TRUE + _FALSE)))] = grammar.BOOLEAN
-    kind[_mask(pc.match_substring_regex(values, _FLOAT))] = grammar.FLOAT
-    number = np.zeros(len(values), dtype=np.uint64)
-    for code, arrow_type, signed in ((grammar.INTEGER, pa.int64(), True), (grammar.UNSIGNED, pa.uint64(), False)):
-        at = np.flatnonzero(kind == code)
-        if len(at):
-            digits = pc.utf8_slice_codeunits(values.take(pa.array(at)), 0, -1)
-            fits = _fits(digits, signed)
-            kind[at[~fits]] = -1
-            number[at[fits]] = digits.filter(pa.array(fits)).cast(arrow_type).to_numpy().view(np.uint64)
-    at = np.flatnonzero(kind == grammar.FLOAT)
-    if len(at):
-        real = values.take(pa.array(at)).cast(pa.float64()).to_numpy()
-        kind[at[~np.isfinite(real)]] = -1
-        number[at] = real.view(np.uint64)
-    at = np.flatnonzero(kind == grammar.BOOLEAN)
-    number[at] = _mask(pc.is_in(values.take(pa.array(at)), pa.array(_TRUE)))
-    ok[parent[kind < 0]] = False
+    stamps, ok = _integers(stamps, signed=True)
+    fields = table.column("f").combine_chunks()
+    pairs = pc.count_substring(fields, "=").to_numpy(zero_copy_only=False)
+    ok &= pairs == pc.count_substring(fields, ",").to_numpy(zero_copy_only=False) + 1  # key=value, every part
+    whole = ok.all()  # each part of these rows cut at its one equal sign: keys and values alternate
+    flat = pc.list_flatten(pc.split_pattern(pc.replace_substring(fields if whole else fields.filter(pa.array(ok)),
+                                                                 "=", ","), ","))
+    parent = np.repeat(np.arange(len(fields)), np.where(ok, pairs, 0))
+    keys, values = flat.take(pa.array(np.arange(0, len(flat), 2))), flat.take(pa.array(np.arange(1, len(flat), 2)))
     encoded = keys.dictionary_encode()
     key = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    names = encoded.dictionary.to_pylist()
+    bad_keys = [code for code, name in enumerate(names) if not name or name == "time" or '"' in name]
+    if bad_keys:
+        ok[parent[np.isin(key, bad_keys)]] = False
+    kind = np.full(len(values), -1, dtype=np.int8)
+    number = np.zeros(len(values), dtype=np.uint64)
+    quoted = _mask(pc.starts_with(values, '"')) if quotes else np.zeros(len(values), dtype=bool)
+    if quoted.any():
+        at = np.flatnonzero(quoted)
+        inside = values.take(pa.array(at))
+        kind[at[_mask(pc.ends_with(inside, '"')) & (pc.utf8_length(inside).to_numpy(zero_copy_only=False) >= 2)]] = \
+            grammar.STRING
+    boolean = _mask(pc.is_in(values, pa.array(_TRUE + _FALSE)))
+    kind[boolean] = grammar.BOOLEAN
+    number[boolean] = _mask(pc.is_in(values.filter(pa.array(boolean)), pa.array(_TRUE)))
+    last = pc.utf8_slice_codeunits(values, -1)
+    suffix = {grammar.INTEGER: _mask(pc.equal(last, "i")), grammar.UNSIGNED: _mask(pc.equal(last, "u"))}
+    for code, at in suffix.items():
+        at = np.flatnonzero(at & ~quoted)
+        if code == grammar.UNSIGNED and dialect == 1 or not len(at):
+            continue
+        typed, fits = _integers(pc.utf8_slice_codeunits(values.take(pa.array(at)), 0, -1), signed=code == grammar.INTEGER)
+        kind[at[fits]] = code
+        number[at[fits]] = typed.view(np.uint64)[fits]
+    at = np.flatnonzero((kind < 0) & ~quoted & ~suffix[grammar.INTEGER] & ~suffix[grammar.UNSIGNED])
+    real, fits = _floats(values.take(pa.array(at)))
+    kind[at[fits]] = grammar.FLOAT
+    number[at[fits]] = real.view(np.uint64)[fits]
+    ok[parent[kind < 0]] = False
     order = np.lexsort((key, parent))
     twice = (parent[order][1:] == parent[order][:-1]) & (key[order][1:] == key[order][:-1])
     ok[parent[order][1:][twice]] = False
@@ -937,7 +944,6 @@ def _cells(count: int, starts: np.ndarray, aside: np.ndarray, rows: np.ndarray, 
     mine = ok[parent]
     cell_row, key, kind, number = kept[parent[mine]], key[mine], kind[mine], number[mine]
     values = values.filter(pa.array(mine))
-    names = encoded.dictionary.to_pylist()
     group = np.argsort(key, kind="stable")
     counts = np.bincount(key, minlength=len(names)).astype(np.int64)
     kinds = np.zeros(len(names), dtype=np.uint8)
@@ -963,7 +969,7 @@ def _cells(count: int, starts: np.ndarray, aside: np.ndarray, rows: np.ndarray, 
     offsets = np.frombuffer(offsets, np.int32)[distinct.offset:distinct.offset + len(distinct) + 1]
     data = b"" if data is None else data.to_pybytes()[int(offsets[0]):int(offsets[-1])]
     return _Cut(count, np.flatnonzero(aside).astype(np.int32), line_of.astype(np.int32), codes.astype(np.int32),
-                stamps.filter(pa.array(ok)).cast(pa.int64()).to_numpy(), (offsets - offsets[0]).astype(np.int32), data,
+                stamps[ok], (offsets - offsets[0]).astype(np.int32), data,
                 names, counts, kinds, cell_row.astype(np.int32), kind.astype(np.uint8), number, np.frombuffer(text, np.uint8),
                 first, 0, np.ones(len(line_of), dtype=np.uint8), starts[aside].astype(np.int32))
 
@@ -977,19 +983,39 @@ def _empty_cut(count: int, starts: np.ndarray, aside: np.ndarray) -> _Cut:
                 starts.astype(np.int32))
 
 
-def _fits(digits: pa.Array, signed: bool) -> np.ndarray:
-    """Which decimal integers (an optional minus, then digits) fit 64 bits, signed or not."""
-    body = pc.utf8_ltrim(digits, "-") if signed else digits
+def _integers(texts: pa.Array, signed: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Which texts are a decimal integer of 64 bits (a minus only when ``signed``), and their values
+    (zero where not): checked with kernels, as Arrow's cast also reads ``0x10`` or ``+5``."""
+    negative = _mask(pc.starts_with(texts, "-")) if signed else np.zeros(len(texts), dtype=bool)
+    body = pc.if_else(pa.array(negative), pc.utf8_slice_codeunits(texts, 1), texts) if negative.any() else texts
     size = pc.utf8_length(body).to_numpy(zero_copy_only=False)
-    negative = _mask(pc.starts_with(digits, "-")) if signed else np.zeros(len(digits), bool)
-    limit = {True: ("9223372036854775807", "9223372036854775808"), False: ("18446744073709551615", "")}[signed]
-    width = len(limit[0])
-    fits = size < width
-    at = np.flatnonzero(size == width)
-    if len(at):
-        values = body.take(pa.array(at)).to_pylist()
-        fits[at] = [value <= limit[int(bool(negative[i]))] for i, value in zip(at.tolist(), values, strict=True)]
-    return fits
+    width = 19 if signed else 20
+    fits = _mask(pc.ascii_is_decimal(body)) & (size <= width)
+    at = np.flatnonzero(fits & (size == width))
+    if len(at):  # as wide as the largest: compared as text, digit by digit
+        widest = body.take(pa.array(at))
+        limit = "9223372036854775807" if signed else "18446744073709551615"
+        fits[at] = _mask(pc.if_else(pa.array(negative[at]), pc.less_equal(widest, "9223372036854775808"),
+                                    pc.less_equal(widest, limit)))
+    values = np.zeros(len(texts), dtype=np.int64 if signed else np.uint64)
+    if fits.any():
+        values[fits] = texts.filter(pa.array(fits)).cast(pa.int64() if signed else pa.uint64()).to_numpy()
+    return values, fits
+
+
+def _floats(texts: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """Which texts are a float as influxd reads one (digits, at most one point, an exponent: no sign
+    but a minus, no ``inf`` or ``nan``, within the doubles), and their values. Arrow's cast reads a
+    superset of those; the pattern decides only when some text does not cast."""
+    try:
+        real = texts.cast(pa.float64()).to_numpy(zero_copy_only=False)
+        fits = np.ones(len(texts), dtype=bool)
+    except pa.ArrowInvalid:
+        fits = _mask(pc.match_substring_regex(texts, _FLOAT))
+        real = np.zeros(len(texts), dtype=np.float64)
+        real[fits] = texts.filter(pa.array(fits)).cast(pa.float64()).to_numpy(zero_copy_only=False)
+    fits &= np.isfinite(real) & ~_mask(pc.starts_with(texts, "+"))
+    return real, fits
 
 
 def _series(distinct: pa.Array, dialect: int) -> tuple[pa.Array, dict[str, pa.Array], list[str | None]]:
