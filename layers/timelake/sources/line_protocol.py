@@ -671,22 +671,26 @@ class LineProtocol:
         if not written:
             return part
         lines = part.lines
-        tag_keys = sorted({key for _, point in written for key, _ in point.tags})
-        tags = {key: pa.array([dict(point.tags).get(key) for _, point in written], pa.string()) for key in tag_keys}
+        pairs = [dict(point.tags) for _, point in written]
+        tags = {key: pa.array([found.get(key) for found in pairs], pa.string())
+                for key in sorted({key for found in pairs for key in found})}
         with self._numbering:
             numbers = [self.series.setdefault(point.tags, len(self.series)) if len(self.series) < _SERIES_KEPT else None
                        for _, point in written]
         series = pa.array(numbers, pa.int64()) if None not in numbers else None
-        fields: dict[str, Typed] = {}
-        for key in sorted({key for _, point in written for key in point.fields}):
-            spelled: dict[str, int] = {}
-            values = []
-            for line, point in written:
-                kind, value = point.fields.get(key, (None, None))
-                if kind is not None:
-                    spelled.setdefault(_KINDS[kind], line)
+        cells: dict[str, tuple[dict[str, int], list[int], list[object]]] = {}  # key -> kinds, rows, values
+        for row, (line, point) in enumerate(written):  # once over the cells: a line may have thousands
+            for key, (kind, value) in point.fields.items():
+                spelled, rows, values = cells.setdefault(key, ({}, [], []))
+                spelled.setdefault(_KINDS[kind], line)
+                rows.append(row)
                 values.append(value)
-            column = pa.array(values, ARROW_TYPES[next(iter(spelled))]) if len(spelled) == 1 else None
+        fields: dict[str, Typed] = {}
+        for key, (spelled, rows, values) in sorted(cells.items()):
+            column = None
+            if len(spelled) == 1:
+                column = pa.array(values, ARROW_TYPES[next(iter(spelled))])
+                column = column if len(rows) == len(written) else _scatter(np.array(rows), column, len(written))
             fields[key] = (spelled, column)
         phantom = part.kinds
         part.kinds = {}
