@@ -49,8 +49,10 @@ class JobSpec(BaseModel):
     table: str = Field(pattern=r"^[^.\s]+(\.[^.\s]+)+$", max_length=255, description="Target table, namespace.name")
     source: str = Field(min_length=1, description="Path, glob or URI of the source (files, postgresql://, influxdb://, iceberg://, "
                         "duckdb:); '<memory ...>' for in-process data")
-    format: Literal["parquet", "csv", "json", "influx"] | None = Field(
-        default=None, description="Source file format; influx is InfluxDB line protocol (default: from the extension)")
+    format: Literal["parquet", "csv", "json", "influx", "influx2", "influx-csv"] | None = Field(
+        default=None, description="Source file format; influx is InfluxDB 1.x line protocol (influx_inspect export), "
+        "influx2 InfluxDB 2.x line protocol (influxd inspect export-lp), influx-csv the annotated CSV of "
+        "influx query --raw (default: from the extension)")
     map: dict[str, str] = Field(default_factory=dict, description="Table column -> source column, for columns "
                                 "whose names differ")
     tz: str | None = Field(default=None, description="IANA zone of naive source timestamps (and of naive start/end)")

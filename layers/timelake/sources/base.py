@@ -75,6 +75,8 @@ class SourceBatch:
     data: pa.RecordBatch
     origin: str
     row_offset: int
+    rejected: int = 0  # lines of the origin left out as unreadable (a line-protocol file read with reject)
+    examples: tuple[str, ...] = ()  # some of them, each naming its line and why
     line: int | None = None
     locate: Callable[[int], str] | None = None
 
@@ -210,7 +212,7 @@ class FileSource(Source):
         offset = 0
         with self._readable(piece):
             for batch in _rebatch(reader(path), self._batch_rows):
-                yield SourceBatch(batch, piece, offset, None if first_line is None else first_line + offset)
+                yield SourceBatch(batch, piece, offset, line=None if first_line is None else first_line + offset)
                 offset += batch.num_rows
 
     @contextmanager

@@ -629,17 +629,20 @@ class Mapper:
         return early.cast(_UTC_US), nonexistent, ambiguous
 
 
+_SEVERAL = ("bad_value", "bad_line")  # reasons shown with several examples
+
+
 def add_example(examples: dict[str, str], reason: str, example: str) -> None:
-    """One example per reason, except bad values: up to MAX_EXAMPLES of them, so a user sees the pattern."""
+    """One example per reason, except bad values and lines: up to MAX_EXAMPLES, so a user sees the pattern."""
     if reason not in examples:
         examples[reason] = example
-    elif reason == "bad_value" and examples[reason].count(" | ") < MAX_EXAMPLES - 1 and example not in examples[reason]:
+    elif reason in _SEVERAL and examples[reason].count(" | ") < MAX_EXAMPLES - 1 and example not in examples[reason]:
         examples[reason] += " | " + example
 
 
 def merge_examples(into: dict[str, str], other: dict[str, str]) -> None:
     for reason, text in other.items():
-        for example in text.split(" | ") if reason == "bad_value" else [text]:
+        for example in text.split(" | ") if reason in _SEVERAL else [text]:
             add_example(into, reason, example)
 
 

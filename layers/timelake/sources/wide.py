@@ -123,10 +123,10 @@ class WideSource(Source):
         first = batch.row_offset + start
 
         def locate(i: int) -> str:
-            place = SourceBatch(batch.data, batch.origin, first, None if batch.line is None else batch.line + start)
+            place = SourceBatch(batch.data, batch.origin, first, line=None if batch.line is None else batch.line + start)
             return f"{place.where(int(line[i]))}, column '{series[int(column[i])]}'"
 
-        return SourceBatch(data, batch.origin, first, None, locate)
+        return SourceBatch(data, batch.origin, first, locate=locate)
 
 
 def _value_type(kinds: list[pa.DataType]) -> pa.DataType:

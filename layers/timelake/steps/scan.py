@@ -413,12 +413,15 @@ def scan_task(rt: Runtime, ctx: ScanContext, job_id: str, task: int, pieces: ran
                 mapped_rows.flush()
                 spiller.advance(index[batch.origin])
             mapped = mapper.apply(batch)
-            result.rows_in_source += batch.data.num_rows
+            result.rows_in_source += batch.data.num_rows + batch.rejected
             origins.add(batch.origin)
             tally.set(rows=result.rows_in_source, pieces=len(origins) - 1)
             result.rejected.update(mapped.rejected)
             merge_examples(result.examples, mapped.examples)
             result.add_mapped(mapped.issues, mapped.states, mapped.issue_days)
+            if batch.rejected:
+                result.rejected["bad_line"] += batch.rejected
+                merge_examples(result.examples, {"bad_line": " | ".join(batch.examples)})
             if not ctx.spec.dry_run:
                 refuse_dst(result, ctx.spec.dst_policy)
             mapped_rows.add(mapped.table)
