@@ -402,8 +402,7 @@ def _iceberg_schema(schema: pa.Schema | Schema, time_column: str, required: list
     """An Iceberg schema from Arrow with fresh field ids; the time column becomes timestamptz (UTC µs)."""
     if isinstance(schema, Schema):
         return schema
-    from pyiceberg.io.pyarrow import _ConvertToIcebergWithoutIDs, visit_pyarrow
-    from pyiceberg.schema import assign_fresh_schema_ids
+    from timelake.model.iceberg_private import fresh_schema
 
     if time_column not in schema.names:
         raise ValueError(f"time column '{time_column}' is not in the schema ({schema.names})")
@@ -414,4 +413,4 @@ def _iceberg_schema(schema: pa.Schema | Schema, time_column: str, required: list
         elif f.name in required:
             f = f.with_nullable(False)
         fields.append(f)
-    return assign_fresh_schema_ids(visit_pyarrow(pa.schema(fields), _ConvertToIcebergWithoutIDs()))
+    return fresh_schema(pa.schema(fields))
