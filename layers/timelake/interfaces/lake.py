@@ -63,23 +63,26 @@ def connect(
     warehouse: str | os.PathLike[str] | None = None, catalog: str | None = None, *, bus: EventBus | None = None,
     store: str | None = None, staging: str | None = None, alarms: AlarmSink | None = None, **catalog_props: str,
 ) -> "Lake":
-    """The embedded lake in ``warehouse`` (default ``./.timelake`` or $TIMELAKE_WAREHOUSE), or a named
-    pyiceberg catalog configured by ``catalog_props`` (job state then goes to ``store``). ``alarms``
+    """The embedded lake in ``warehouse`` (default ``./.timelake`` or $TIMELAKE_WAREHOUSE), or the tables of
+    the pyiceberg catalog named ``catalog`` (default $TIMELAKE_CATALOG), found as pyiceberg's own
+    ``load_catalog(catalog)`` finds it: ``.pyiceberg.yaml`` and ``PYICEBERG_CATALOG__<NAME>__*``
+    variables, overridden by ``catalog_props``. With a named catalog only the catalog changes: job
+    records (``store``) and scratch files (``staging``) stay in the warehouse folder. ``alarms``
     receives the live path's real-time alarms (default: kept in process)."""
+    folder = warehouse or os.environ.get("TIMELAKE_WAREHOUSE", DEFAULT_WAREHOUSE)
+    catalog = catalog or os.environ.get("TIMELAKE_CATALOG") or None
     if catalog is None:
-        config = LakeConfig.embedded(warehouse or os.environ.get("TIMELAKE_WAREHOUSE", DEFAULT_WAREHOUSE))
+        config = LakeConfig.embedded(folder)
     else:
-        root = os.path.abspath(warehouse or os.environ.get("TIMELAKE_WAREHOUSE", DEFAULT_WAREHOUSE))
-        config = LakeConfig(
-            catalog_name=catalog, catalog_props=catalog_props,
-            store=store or f"sqlite:///{root}/jobs.db", staging=staging or f"file://{root}/_backfill",
-        )
-    return Lake(compose(config, bus, alarms))
+        config = LakeConfig.named(catalog, folder, store=store, staging=staging, **catalog_props)
+    return Lake(compose(config, bus, alarms), named=catalog is not None)
 
 
 class Lake:
-    def __init__(self, runtime: Runtime) -> None:
+    def __init__(self, runtime: Runtime, named: bool = True) -> None:
+        """``named``: the catalog was chosen by name (its jobs record it), not the embedded lake's own."""
         self.runtime = runtime
+        self.catalog_name = runtime.config.catalog_name if named else None
 
     @property
     def catalog(self) -> Any:
@@ -160,8 +163,13 @@ class Lake:
         return [Job(self, j.job_id) for j in self.runtime.store.list_jobs(table)]
 
     def create_job(self, spec: JobSpec) -> "Job":
-        """Record a job (phase ``created``) without running it."""
+        """Record a job (phase ``created``) without running it. The record names the catalog (when one
+        was chosen by name), so a resume, a status or an abort finds the job's table again."""
+        self.runtime.check_catalog(spec.catalog)
+        if not spec.dry_run:
+            self.runtime.require_commits()
         self.runtime.load_table(spec.table)
+        spec = spec.model_copy(update={"catalog": self.catalog_name})
         self.runtime.store.create_job(JobRecord(spec.job_id, spec.table, "created", spec.to_json()))
         return Job(self, spec.job_id)
 
