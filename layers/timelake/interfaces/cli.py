@@ -25,7 +25,7 @@ from timelake.errors import BackfillError
 from timelake.interfaces.console import (
     ChunkDisplay, console, drive, fail, one_line, out, print_table, safe, status_line,
 )
-from timelake.interfaces.lake import Lake, connect
+from timelake.interfaces.lake import Lake, connect, job_catalog
 from timelake.model.report import INTERRUPTED, progress_of
 from timelake.model.spec import JobSpec, external_job, parse_document
 from timelake.model.timeutil import iso_seconds
@@ -96,11 +96,8 @@ def _lake(warehouse: Path | None, catalog: str | None) -> Lake:
 def _job_lake(warehouse: Path | None, catalog: str | None, job_id: str) -> Lake:
     """The lake of a recorded job: the catalog it was started on unless ``--catalog`` names one, which
     must then be the same (the job's table, branch and files are there)."""
-    lake = _lake(warehouse, catalog)
-    recorded = lake.runtime.store.get_job(job_id).spec.get("catalog")
-    if recorded and catalog is None:
-        return _lake(warehouse, recorded)
-    lake.runtime.check_catalog(recorded)
+    lake = _lake(warehouse, catalog or job_catalog(job_id, warehouse))
+    lake.job(job_id)
     return lake
 
 

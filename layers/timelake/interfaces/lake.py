@@ -19,7 +19,7 @@ from pyiceberg.table.sorting import SortField, SortOrder
 from pyiceberg.transforms import IdentityTransform
 
 from timelake.adapters import compose
-from timelake.errors import BackfillError
+from timelake.errors import BackfillError, CatalogUnsupported
 from timelake.followup import completion
 from timelake.followup.coverage import EXPECTED_INTERVAL, EXPECTED_SERIES, CoverageMap, fixed_interval
 from timelake.followup.coverage import compute as compute_coverage
@@ -39,7 +39,7 @@ from timelake.model.spec import JobSpec
 from timelake.model.timeutil import iso, parse_duration, parse_instant, parse_size, subtract_duration, to_micros
 from timelake.ports.alarms import AlarmSink
 from timelake.ports.events import EventBus
-from timelake.ports.runtime import DEFAULT_WAREHOUSE, LakeConfig, Runtime
+from timelake.ports.runtime import DEFAULT_WAREHOUSE, LakeConfig, Runtime, local_state
 from timelake.ports.store import JobRecord, Lease
 from timelake.runner import run_job
 from timelake.steps.abort import abort, request_abort
@@ -76,6 +76,15 @@ def connect(
     else:
         config = LakeConfig.named(catalog, folder, store=store, staging=staging, **catalog_props)
     return Lake(compose(config, bus, alarms), named=catalog is not None)
+
+
+def job_catalog(job_id: str, warehouse: str | os.PathLike[str] | None = None) -> str | None:
+    """The catalog a job recorded in the warehouse folder's job store was started on, by name (None:
+    the embedded lake's own); read from the store alone, no catalog is opened."""
+    from timelake.adapters import store_for
+
+    store, _ = local_state(warehouse or os.environ.get("TIMELAKE_WAREHOUSE", DEFAULT_WAREHOUSE))
+    return store_for(store).get_job(job_id).spec.get("catalog")
 
 
 class Lake:
@@ -156,7 +165,15 @@ class Lake:
         return Table(self, self.runtime.load_table(name))
 
     def job(self, job_id: str) -> "Job":
-        self.runtime.store.get_job(job_id)
+        """A handle on a recorded job; one started on another catalog is refused (its table, branch and
+        files are there, not here)."""
+        recorded = self.runtime.store.get_job(job_id).spec.get("catalog")
+        if recorded != self.catalog_name:
+            where = f"catalog '{recorded}'" if recorded else "the embedded lake"
+            raise CatalogUnsupported(f"job {job_id} was started on {where}, not on "
+                                     f"{f'catalog {self.catalog_name!r}' if self.catalog_name else 'the embedded lake'}: "
+                                     + (f"use --catalog {recorded} (TIMELAKE_CATALOG, timelake.connect(catalog=...))"
+                                        if recorded else "leave out --catalog (and TIMELAKE_CATALOG)"))
         return Job(self, job_id)
 
     def jobs(self, table: str | None = None) -> list["Job"]:

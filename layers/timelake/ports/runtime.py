@@ -69,27 +69,29 @@ class LakeConfig(BaseModel):
         the local ``warehouse`` folder, as in the embedded lake. The properties are resolved here,
         once, so that writer processes and a resume use the catalog this config was made with."""
         found = {**catalog_properties(catalog, required=not props), **props}
-        root = Path(warehouse).expanduser().resolve()
-        if store is None or staging is None:
-            private_folder(root)
-        if store is None:
-            private_file(root / "jobs.db")
-        return cls(catalog_name=catalog, catalog_props=found, store=store or f"sqlite:///{root}/jobs.db",
-                   staging=staging or f"file://{root}/_backfill")
+        local_store, local_staging = local_state(warehouse)
+        return cls(catalog_name=catalog, catalog_props=found, store=store or local_store, staging=staging or local_staging)
 
     @classmethod
     def embedded(cls, warehouse: str | os.PathLike[str] = DEFAULT_WAREHOUSE) -> "LakeConfig":
+        store, staging = local_state(warehouse)
         root = Path(warehouse).expanduser().resolve()
-        private_folder(root)
-        for database in ("catalog.db", "jobs.db"):
-            private_file(root / database)
+        private_file(root / "catalog.db")
         return cls(
             catalog_name="timelake",
             catalog_props={"type": "sql", "uri": f"sqlite:///{root}/catalog.db?timeout={CATALOG_BUSY_SECONDS:g}",
                            "warehouse": f"file://{root}/warehouse"},
-            store=f"sqlite:///{root}/jobs.db",
-            staging=f"file://{root}/_backfill",
+            store=store,
+            staging=staging,
         )
+
+
+def local_state(warehouse: str | os.PathLike[str] = DEFAULT_WAREHOUSE) -> tuple[str, str]:
+    """The job store and the staging root in a local warehouse folder, created private (0700/0600)."""
+    root = Path(warehouse).expanduser().resolve()
+    private_folder(root)
+    private_file(root / "jobs.db")
+    return f"sqlite:///{root}/jobs.db", f"file://{root}/_backfill"
 
 
 class Runtime:
