@@ -61,12 +61,14 @@ def expected_properties(interval: str | None, series: int | None) -> dict[str, s
 
 def connect(
     warehouse: str | os.PathLike[str] | None = None, catalog: str | None = None, *, bus: EventBus | None = None,
-    store: str | None = None, staging: str | None = None, alarms: AlarmSink | None = None, **catalog_props: str,
+    store: str | None = None, staging: str | None = None, alarms: AlarmSink | None = None,
+    properties: dict[str, str] | None = None, **catalog_props: str,
 ) -> "Lake":
     """The embedded lake in ``warehouse`` (default ``./.timelake`` or $TIMELAKE_WAREHOUSE), or the tables of
     the pyiceberg catalog named ``catalog`` (default $TIMELAKE_CATALOG), found as pyiceberg's own
     ``load_catalog(catalog)`` finds it: ``.pyiceberg.yaml`` and ``PYICEBERG_CATALOG__<NAME>__*``
-    variables, overridden by ``catalog_props``. With a named catalog only the catalog changes: job
+    variables, overridden by ``properties`` and ``catalog_props`` (``properties`` holds those that
+    clash with this function's own names, such as the catalog's ``warehouse``). With a named catalog only the catalog changes: job
     records (``store``) and scratch files (``staging``) stay in the warehouse folder. ``alarms``
     receives the live path's real-time alarms (default: kept in process)."""
     folder = warehouse or os.environ.get("TIMELAKE_WAREHOUSE", DEFAULT_WAREHOUSE)
@@ -74,7 +76,8 @@ def connect(
     if catalog is None:
         config = LakeConfig.embedded(folder)
     else:
-        config = LakeConfig.named(catalog, folder, store=store, staging=staging, **catalog_props)
+        config = LakeConfig.named(catalog, folder, store=store, staging=staging,
+                                  props={**(properties or {}), **catalog_props})
     return Lake(compose(config, bus, alarms), named=catalog is not None)
 
 

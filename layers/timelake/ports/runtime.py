@@ -63,12 +63,12 @@ class LakeConfig(BaseModel):
 
     @classmethod
     def named(cls, catalog: str, warehouse: str | os.PathLike[str] = DEFAULT_WAREHOUSE, store: str | None = None,
-              staging: str | None = None, **props: str) -> "LakeConfig":
+              staging: str | None = None, props: dict[str, str] | None = None) -> "LakeConfig":
         """A pyiceberg catalog chosen by name, as pyiceberg's own ``load_catalog(catalog)`` finds it
         (`catalog_properties`, overridden by ``props``); the job store and the staging area stay in
         the local ``warehouse`` folder, as in the embedded lake. The properties are resolved here,
         once, so that writer processes and a resume use the catalog this config was made with."""
-        found = {**catalog_properties(catalog, required=not props), **props}
+        found = {**catalog_properties(catalog, required=not props), **(props or {})}
         local_store, local_staging = local_state(warehouse)
         return cls(catalog_name=catalog, catalog_props=found, store=store or local_store, staging=staging or local_staging)
 
