@@ -127,6 +127,10 @@ PRUNED = (
     "pyarrow/libarrow_python.so", "pyarrow/libarrow_python.so.*.*.*",
     # zstandard ships a C extension and a cffi backend of the same code; it loads the C one.
     "zstandard/_cffi.*.so", "zstandard/backend_cffi.py",
+    # charset-normalizer's compiled twins of its own cd.py and md.py (0.6 MB), which Python imports
+    # instead when they are absent; requests asks it only to guess the encoding of an answer without a
+    # charset, and the REST catalogs answer JSON.
+    "charset_normalizer/*.so",
     # pyiceberg's Hive catalog client (thrift stubs).
     "hive_metastore", "fb303",
     # The C++ sources and headers the ADBC driver manager ships beside its compiled extension.

@@ -149,16 +149,17 @@ class Runtime:
         return "/".join([self.config.staging.rstrip("/"), job_id, *parts])
 
 
-def catalog_properties(name: str, required: bool = True) -> dict[str, str]:
+def catalog_properties(name: str, required: bool = True, of: str = "") -> dict[str, str]:
     """The properties pyiceberg's own ``load_catalog(name)`` reads for a catalog: its entry under
     ``catalog:`` in ``.pyiceberg.yaml`` (in $PYICEBERG_HOME, the home folder or the working folder)
     merged with ``PYICEBERG_CATALOG__<NAME>__<PROPERTY>`` variables, read now rather than when
     pyiceberg was imported, so a catalog defined later is found. Values become strings, as
-    pyiceberg's properties are; a nested mapping becomes dotted keys."""
+    pyiceberg's properties are; a nested mapping becomes dotted keys. ``of`` says what the catalog is
+    for, in the error (`` of source 'iceberg://...'``)."""
     found = Config().get_catalog_config(name)
     if not found and required:
         variable = name.upper().replace("-", "_")
-        raise CatalogUnsupported(f"catalog '{name}' is not configured: define it under 'catalog:' in .pyiceberg.yaml "
+        raise CatalogUnsupported(f"catalog '{name}'{of} is not configured: define it under 'catalog:' in .pyiceberg.yaml "
                                  f"($PYICEBERG_HOME, ~ or the working folder) or with PYICEBERG_CATALOG__{variable}__TYPE=... "
                                  "variables")
     return _flat(found or {})

@@ -46,9 +46,9 @@ class IcebergSource(Source):
         if not catalog_name or identifier.count(".") < 1:
             raise SourceError(f"'{uri}' must be iceberg://CATALOG/namespace.table[@snapshot_id]")
         try:
-            props = catalog_properties(catalog_name)
+            props = catalog_properties(catalog_name, of=f" of source '{uri}'")
         except CatalogUnsupported as e:
-            raise SourceError(f"source '{uri}': {e}") from None
+            raise SourceError(str(e)) from None
         try:
             self.table = load_catalog(catalog_name, **props).load_table(identifier)
         except (NoSuchTableError, NoSuchNamespaceError) as e:
