@@ -8,12 +8,9 @@ Job records and scratch files stay in each test's warehouse folder whatever the 
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 import secrets
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +21,7 @@ import pytest
 
 from tests.aws_fixtures import aws, moto_server  # noqa: F401
 from tests.catalogs.rest_server import RestServer, running_rest_server
+from tests.conftest import cli_main
 from tests.sources.conftest import PgServer, postgres  # noqa: F401
 
 BUCKET = "lake"
@@ -121,24 +119,7 @@ def rest_catalog(tmp_path: Path, pyiceberg_home: Path, rest_server: RestServer, 
     return NamedCatalog("rest", props, tmp_path / "lake", {"server_catalog": own, "sql_uri": rest_server.sql_uri})
 
 
-def run_cli(*args: str) -> tuple[int, str, str]:
-    """``timelake ARGS`` through its entry point in this process: (exit code, stdout, stderr)."""
-    from timelake.interfaces.cli import main
-
-    out, err, argv = io.StringIO(), io.StringIO(), sys.argv
-    sys.argv = ["timelake", *args]
-    try:
-        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
-            main()
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    finally:
-        sys.argv = argv
-    return code, out.getvalue(), err.getvalue()
-
-
 def cli_json(*args: str) -> dict[str, Any]:
-    code, out, err = run_cli(*args, "--json")
+    code, out, err = cli_main(*args, "--json")
     assert code == 0, err
     return json.loads(out)

@@ -18,7 +18,8 @@ from pyiceberg.catalog import load_catalog
 from pyiceberg.table import Table as IcebergTable
 
 import timelake
-from tests.catalogs.conftest import NamedCatalog, cli_json, run_cli
+from tests.catalogs.conftest import NamedCatalog, cli_json
+from tests.conftest import cli_main
 from tests.conftest import make_readings, recent, reference_merge, sort_rows
 from timelake.model.report import AWAITING
 from timelake.ports.files import filesystem
@@ -120,6 +121,6 @@ def test_rest_catalog_served_by_icebergs_own_handlers(rest_catalog: NamedCatalog
 @pytest.mark.parametrize("command", [("backfill", "history", TABLE), ("backfill", "leases", TABLE), ("table", "show", TABLE),
                                      ("coverage", TABLE)])
 def test_an_unknown_catalog_is_one_line(command: tuple[str, ...], pyiceberg_home: Path, tmp_path: Path) -> None:
-    code, _, err = run_cli(*command, "--catalog", "nowhere", "--warehouse", str(tmp_path / "lake"))
+    code, _, err = cli_main(*command, "--catalog", "nowhere", "--warehouse", str(tmp_path / "lake"))
     assert code == 1 and err.count("\n") == 1
     assert err.startswith("error: catalog 'nowhere' is not configured") and "PYICEBERG_CATALOG__NOWHERE__TYPE" in err

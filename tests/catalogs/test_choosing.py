@@ -15,7 +15,8 @@ from pyiceberg.catalog import load_catalog
 
 import timelake
 import timelake.duckdb
-from tests.catalogs.conftest import NamedCatalog, cli_json, define_in_yaml, run_cli
+from tests.catalogs.conftest import NamedCatalog, cli_json, define_in_yaml
+from tests.conftest import cli_main
 from tests.conftest import SCHEMA, make_readings, recent, sort_rows
 from timelake.errors import CatalogUnsupported
 from timelake.model.spec import JobSpec
@@ -55,10 +56,10 @@ def test_a_job_stays_on_its_catalog(sqlite_catalog: NamedCatalog, pyiceberg_home
     lake = timelake.connect(sqlite_catalog.warehouse, catalog="lite")
     job = create_sensor(lake).backfill(make_readings(recent(10)), canary=True, wait=True)
     where = ("--warehouse", str(sqlite_catalog.warehouse))
-    code, _, err = run_cli("backfill", "continue", job.id, "--catalog", "other", *where)
+    code, _, err = cli_main("backfill", "continue", job.id, "--catalog", "other", *where)
     assert code == 1 and err == (f"error: job {job.id} was started on catalog 'lite', not on catalog 'other': "
                                  "use --catalog lite (TIMELAKE_CATALOG, timelake.connect(catalog=...))\n")
-    code, _, err = run_cli("backfill", "abort", job.id, *where, "--catalog", "other")
+    code, _, err = cli_main("backfill", "abort", job.id, *where, "--catalog", "other")
     assert code == 1 and err.count("\n") == 1
     with pytest.raises(CatalogUnsupported, match="started on catalog 'lite', not on the embedded lake"):
         timelake.connect(sqlite_catalog.warehouse).job(job.id)
@@ -105,6 +106,6 @@ def test_a_catalog_that_cannot_commit_is_refused_in_one_line(pyiceberg_home: Pat
              "--partition-by", "day", *where)
     pq.write_table(make_readings(recent(10)), tmp_path / "day.parquet")
     assert cli_json("backfill", TABLE, "--from", str(tmp_path / "day.parquet"), "--dry-run", *where)["phase"] == "dry_run_complete"
-    code, _, err = run_cli("backfill", TABLE, "--from", str(tmp_path / "day.parquet"), *where)
+    code, _, err = cli_main("backfill", TABLE, "--from", str(tmp_path / "day.parquet"), *where)
     assert code == 1 and err == ("error: catalog 'ddb' (dynamodb) cannot run a backfill: pyiceberg's DynamoDB catalog cannot "
                                  "commit to a table (commit_table is not implemented); use a sql, rest, glue or hive catalog\n")
