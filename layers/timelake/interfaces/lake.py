@@ -91,8 +91,9 @@ def job_catalog(job_id: str, warehouse: str | os.PathLike[str] | None = None) ->
 
 
 class Lake:
-    def __init__(self, runtime: Runtime, named: bool = True) -> None:
-        """``named``: the catalog was chosen by name (its jobs record it), not the embedded lake's own."""
+    def __init__(self, runtime: Runtime, named: bool = False) -> None:
+        """``named``: the catalog was chosen by name (`connect(catalog=...)`), so the jobs made here record
+        it; a lake built on a runtime directly (the AWS stack's, tests) leaves that to the runtime."""
         self.runtime = runtime
         self.catalog_name = runtime.config.catalog_name if named else None
 
@@ -171,10 +172,11 @@ class Lake:
         """A handle on a recorded job; one started on another catalog is refused (its table, branch and
         files are there, not here)."""
         recorded = self.runtime.store.get_job(job_id).spec.get("catalog")
-        if recorded != self.catalog_name:
-            where = f"catalog '{recorded}'" if recorded else "the embedded lake"
-            raise CatalogUnsupported(f"job {job_id} was started on {where}, not on "
-                                     f"{f'catalog {self.catalog_name!r}' if self.catalog_name else 'the embedded lake'}: "
+        mine = self.runtime.config.catalog_name
+        if (recorded is not None and recorded != mine) or (recorded is None and self.catalog_name is not None):
+            here = "the embedded lake" if mine == "timelake" and self.catalog_name is None else f"catalog '{mine}'"
+            raise CatalogUnsupported(f"job {job_id} was started on {f'catalog {recorded!r}' if recorded else 'the embedded lake'}, "
+                                     f"not on {here}: "
                                      + (f"use --catalog {recorded} (TIMELAKE_CATALOG, timelake.connect(catalog=...))"
                                         if recorded else "leave out --catalog (and TIMELAKE_CATALOG)"))
         return Job(self, job_id)
