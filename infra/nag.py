@@ -34,6 +34,9 @@ LAKE_PREFIX = {
 GLUE_TABLES = ("the engine loads and commits whichever table of the configured Glue databases (glueDatabases) a job names; "
                "tables are created after deployment, so the grant covers those databases' tables and no other database")
 
+S3_TABLES = ("the engine loads and commits whichever table of the table bucket a job names (catalog=s3tables); tables "
+             "are created after deployment, so the grant covers that bucket's tables and no other bucket")
+
 
 def acknowledge(stack: BackfillStack) -> None:
     for name, fn in stack.functions.items():
@@ -46,6 +49,9 @@ def acknowledge(stack: BackfillStack) -> None:
                 _ack(fn.role, f"AwsSolutions-IAM5[Resource::{bucket}/{prefix}]", reason)
             for db in stack.settings.all_databases:
                 _ack(fn.role, f"AwsSolutions-IAM5[Resource::{_glue(db)}]", GLUE_TABLES)
+            if stack.table_bucket_arn is not None:
+                arn = _ref(stack, stack.table_bucket, "TableBucketARN") if stack.table_bucket else stack.table_bucket_arn
+                _ack(fn.role, f"AwsSolutions-IAM5[Resource::{arn}/table/*]", S3_TABLES)
         if FUNCTIONS[name].reads_sources:
             for source in stack.settings.source_buckets:
                 _ack(fn.role, f"AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:s3:::{source}/*]",

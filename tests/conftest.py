@@ -122,19 +122,25 @@ def cli(*args: str, warehouse: Path, check: bool = True) -> subprocess.Completed
 def cli_in_process(*args: str) -> tuple[int, str]:
     """``timelake ARGS`` through its entry point in this process: (exit code, stderr). Faster than a
     subprocess, and what a user sees, since main() is where a failure becomes one line."""
+    code, _, err = cli_main(*args)
+    return code, err
+
+
+def cli_main(*args: str) -> tuple[int, str, str]:
+    """``timelake ARGS`` through its entry point in this process: (exit code, stdout, stderr)."""
     import contextlib
     import io
 
     from timelake.interfaces.cli import main
 
-    err, argv = io.StringIO(), sys.argv
+    out, err, argv = io.StringIO(), io.StringIO(), sys.argv
     sys.argv = ["timelake", *args]
     try:
-        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
             main()
         code = 0
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     finally:
         sys.argv = argv
-    return code, err.getvalue()
+    return code, out.getvalue(), err.getvalue()

@@ -9,6 +9,10 @@ class TableNotFound(BackfillError):
     pass
 
 
+class CatalogUnsupported(BackfillError):
+    """The catalog is not configured, or cannot do what a backfill needs (commit, be shared), or is not the job's."""
+
+
 class JobNotFound(BackfillError):
     pass
 

@@ -64,7 +64,8 @@ MAX_RUNS = 100
 def run_job(rt: Runtime, job_id: str, source: Any = None, cancel: threading.Event | None = None) -> str:
     """Run a job from its current phase to the end; returns the final phase. One process at a time
     runs a job (`JobBusy` otherwise); while it does, the job store shows it as running."""
-    rt.store.get_job(job_id)  # an unknown job is named as such, before anything is held
+    record = rt.store.get_job(job_id)  # an unknown job is named as such, before anything is held
+    rt.check_catalog(record.spec.get("catalog"))
     with rt.store.hold(job_id), _Heartbeat(rt, job_id):
         return _run(rt, job_id, source, cancel)
 

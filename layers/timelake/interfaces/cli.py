@@ -25,7 +25,7 @@ from timelake.errors import BackfillError
 from timelake.interfaces.console import (
     ChunkDisplay, console, drive, fail, one_line, out, print_table, safe, status_line,
 )
-from timelake.interfaces.lake import Lake, connect
+from timelake.interfaces.lake import Lake, connect, job_catalog
 from timelake.model.report import INTERRUPTED, progress_of, report_of
 from timelake.model.spec import JobSpec, external_job, parse_document
 from timelake.model.timeutil import iso_seconds
@@ -89,8 +89,16 @@ table_app = typer.Typer(no_args_is_help=True, help="A table's contract: show it,
 app.add_typer(table_app, name="table")
 
 
-def _lake(warehouse: Path | None) -> Lake:
-    return connect(warehouse=warehouse)
+def _lake(warehouse: Path | None, catalog: str | None) -> Lake:
+    return connect(warehouse=warehouse, catalog=catalog)
+
+
+def _job_lake(warehouse: Path | None, catalog: str | None, job_id: str) -> Lake:
+    """The lake of a recorded job: the catalog it was started on unless ``--catalog`` names one, which
+    must then be the same (the job's table, branch and files are there)."""
+    lake = _lake(warehouse, catalog or job_catalog(job_id, warehouse))
+    lake.job(job_id)
+    return lake
 
 
 def _one_query(query: str | None, from_sql: str | None) -> str | None:
@@ -132,6 +140,11 @@ def field_help(name: str) -> str:
     """An option's help is the job model's description of its field, so the CLI, the JSON schema and the
     docs' table cannot drift; escaped, because Rich would take ``[for PT10M]`` for a style tag."""
     return escape(JobSpec.model_fields[name].description or "")
+
+
+CatalogName = Annotated[Optional[str], typer.Option(
+    "--catalog", envvar="TIMELAKE_CATALOG", metavar="NAME",
+    help=field_help("catalog"))]
 
 
 def field_of(param: str) -> str | None:
@@ -193,6 +206,7 @@ def run(
     encoding: Annotated[Optional[str], typer.Option("--encoding", help=field_help("encoding"))] = None,
     as_json: JsonFlag = False,
     warehouse: Warehouse = None,
+    catalog: CatalogName = None,
     on: On = "local",
 ) -> None:
     """Run a backfill job."""
@@ -221,13 +235,15 @@ def run(
     fields["override_retention"] = override_retention or fields.get("override_retention", False)
     fields["evaluate_rules"] = evaluate_rules or fields.get("evaluate_rules", False)
     fields["wide"] = wide or fields.get("wide", False)
+    if catalog:
+        fields["catalog"] = catalog
     if not fields.get("source"):
         fail("--from SRC (or a --job file with a source) is required")
     spec = external_job(fields)
     if _on_aws(on):
         _print_json_or(_aws().submit(spec), as_json, "started")
         return
-    lake = _lake(warehouse)
+    lake = _lake(warehouse, spec.catalog)
     lake.create_job(spec)
     if not as_json:
         console.print(f"job [bold]{spec.job_id}[/] on {safe(spec.table)} ({'dry run, ' if spec.dry_run else ''}mode {spec.mode})")
@@ -235,12 +251,12 @@ def run(
 
 
 @backfill_app.command("resume")
-def resume(job_id: str, as_json: JsonFlag = False, warehouse: Warehouse = None, on: On = "local") -> None:
+def resume(job_id: str, as_json: JsonFlag = False, warehouse: Warehouse = None, catalog: CatalogName = None, on: On = "local") -> None:
     """Continue a job from its first unfinished step (done units are skipped)."""
     if _on_aws(on):
         _print_json_or(_aws().resume(job_id), as_json, "resumed")
         return
-    lake = _lake(warehouse)
+    lake = _job_lake(warehouse, catalog, job_id)
     phase = lake.job(job_id).record().phase
     if lake.runtime.store.running(job_id):
         fail(f"job {job_id} is running in another process; follow it with: timelake backfill status {job_id} --watch")
@@ -252,12 +268,12 @@ def resume(job_id: str, as_json: JsonFlag = False, warehouse: Warehouse = None, 
 
 
 @backfill_app.command("continue")
-def continue_job(job_id: str, as_json: JsonFlag = False, warehouse: Warehouse = None, on: On = "local") -> None:
+def continue_job(job_id: str, as_json: JsonFlag = False, warehouse: Warehouse = None, catalog: CatalogName = None, on: On = "local") -> None:
     """Approve a canary: write the rest of the job, validate all of it and publish."""
     if _on_aws(on):
         _print_json_or(_aws().approve(job_id), as_json, "approved")
         return
-    lake = _lake(warehouse)
+    lake = _job_lake(warehouse, catalog, job_id)
     approve_canary(lake.runtime, job_id, in_time=True)
     drive(lake, job_id, as_json)
 
@@ -265,14 +281,14 @@ def continue_job(job_id: str, as_json: JsonFlag = False, warehouse: Warehouse = 
 @backfill_app.command("status")
 def status(
     job_id: str, watch: Annotated[bool, typer.Option("--watch", help="Refresh until the job ends")] = False,
-    as_json: JsonFlag = False, warehouse: Warehouse = None, on: On = "local",
+    as_json: JsonFlag = False, warehouse: Warehouse = None, catalog: CatalogName = None, on: On = "local",
 ) -> None:
     """Phase, units done/total, rows, throughput and ETA."""
     if _on_aws(on):
         orchestrator = _aws()
         current = lambda: orchestrator.status(job_id)  # noqa: E731
     else:
-        store = _lake(warehouse).runtime.store
+        store = _lake(warehouse, catalog).runtime.store
         current = lambda: progress_of(store, job_id)  # noqa: E731
     while True:
         info = current()
@@ -289,10 +305,10 @@ def status(
 def list_jobs(
     table: Annotated[Optional[str], typer.Argument()] = None,
     dry_runs: Annotated[bool, typer.Option("--dry-runs", help="Also list dry runs (which change nothing)")] = False,
-    as_json: JsonFlag = False, warehouse: Warehouse = None,
+    as_json: JsonFlag = False, warehouse: Warehouse = None, catalog: CatalogName = None,
 ) -> None:
     """Jobs, oldest first: phase, units, rows read from the source and rows written to the table."""
-    lake = _lake(warehouse)
+    lake = _lake(warehouse, catalog)
     store = lake.runtime.store
     rows = []
     for j in store.list_jobs(table):
@@ -300,8 +316,8 @@ def list_jobs(
             continue
         report = report_of(store, j.job_id)
         rows.append(report["progress"] | {
-            "mode": j.spec.get("mode"), "dry_run": j.spec.get("dry_run"), "started": iso_seconds(j.created_at),
-            "ended": iso_seconds(j.updated_at) if j.phase in TERMINAL else None,
+            "catalog": j.spec.get("catalog"), "mode": j.spec.get("mode"), "dry_run": j.spec.get("dry_run"),
+            "started": iso_seconds(j.created_at), "ended": iso_seconds(j.updated_at) if j.phase in TERMINAL else None,
             "rows_in_source": report["rows_in_source"], "rows_written": report["rows_written"]})
     if as_json:
         out.print_json(json.dumps(rows))
@@ -314,12 +330,12 @@ def list_jobs(
 
 
 @backfill_app.command("abort")
-def abort_job(job_id: str, as_json: JsonFlag = False, warehouse: Warehouse = None, on: On = "local") -> None:
+def abort_job(job_id: str, as_json: JsonFlag = False, warehouse: Warehouse = None, catalog: CatalogName = None, on: On = "local") -> None:
     """Stop a job; remove its branch, its unpublished files and its lease. Main is untouched."""
     if _on_aws(on):
         result = _aws().abort(job_id)
     else:
-        job = _lake(warehouse).job(job_id)
+        job = _job_lake(warehouse, catalog, job_id).job(job_id)
         result = job.abort()
     if as_json:
         out.print_json(json.dumps(result))
@@ -330,11 +346,11 @@ def abort_job(job_id: str, as_json: JsonFlag = False, warehouse: Warehouse = Non
 
 
 @backfill_app.command("leases")
-def leases(table: str, as_json: JsonFlag = False, warehouse: Warehouse = None) -> None:
+def leases(table: str, as_json: JsonFlag = False, warehouse: Warehouse = None, catalog: CatalogName = None) -> None:
     """Ranges of TABLE held by unpublished backfills (a compactor skips them)."""
     from timelake.model.timeutil import iso
 
-    lake = _lake(warehouse)
+    lake = _lake(warehouse, catalog)
     lake.table(table)
     held = [{"job_id": lease.job_id, "table": lease.table, "start": iso(lease.start), "end": iso(lease.end)}
             for lease in lake.leases(table)]
@@ -346,11 +362,11 @@ def leases(table: str, as_json: JsonFlag = False, warehouse: Warehouse = None) -
 
 
 @backfill_app.command("history")
-def history(table: str, as_json: JsonFlag = False, warehouse: Warehouse = None) -> None:
+def history(table: str, as_json: JsonFlag = False, warehouse: Warehouse = None, catalog: CatalogName = None) -> None:
     """Published backfills of TABLE: when, range, mode, source, rows, snapshots (from timelake.backfills)."""
     from timelake.followup.provenance import history as read_history
 
-    lake = _lake(warehouse)
+    lake = _lake(warehouse, catalog)
     lake.table(table)
     rows = read_history(lake.runtime, table).to_pylist()
     if as_json:
@@ -377,12 +393,12 @@ def coverage_show(
     by: Annotated[str, typer.Option("--by", help="hour | day | month")] = "day",
     series: Annotated[bool, typer.Option("--series", help="Rows per series too (reads the series-key column only)")] = False,
     html_file: Annotated[Optional[Path], typer.Option("--html", help="Also write a standalone HTML page")] = None,
-    as_json: JsonFlag = False, warehouse: Warehouse = None,
+    as_json: JsonFlag = False, warehouse: Warehouse = None, catalog: CatalogName = None,
 ) -> None:
     """Rows, files, completeness and writer per bucket, from Iceberg metadata: a calendar heatmap."""
     from timelake.followup.heatmap import page, terminal
 
-    cmap = _lake(warehouse).table(table).coverage_map(start, end, by=by, series=series)
+    cmap = _lake(warehouse, catalog).table(table).coverage_map(start, end, by=by, series=series)
     if html_file:
         html_file.write_text(page(cmap))
     if as_json:
@@ -394,11 +410,11 @@ def coverage_show(
 
 
 @coverage_app.command("refresh")
-def coverage_refresh(table: str, as_json: JsonFlag = False, warehouse: Warehouse = None) -> None:
+def coverage_refresh(table: str, as_json: JsonFlag = False, warehouse: Warehouse = None, catalog: CatalogName = None) -> None:
     """Rebuild TABLE's companion coverage table (`<table>__coverage`) from its metadata."""
     from timelake.followup.completion import companion_name, update
 
-    written = update(_lake(warehouse).runtime, table)
+    written = update(_lake(warehouse, catalog).runtime, table)
     result = {"table": table, "coverage_table": companion_name(table), "partitions": written}
     if as_json:
         out.print_json(json.dumps(result))
@@ -468,7 +484,7 @@ def create_table(
     expected_interval: Annotated[Optional[str], typer.Option("--expected-interval", help="One row per series every …, e.g. PT1M: what coverage measures against")] = None,
     expected_series: Annotated[Optional[int], typer.Option("--expected-series", help="How many series the table should hold (with --expected-interval, a day is complete or partial, not only 'has data')")] = None,
     as_json: JsonFlag = False,
-    warehouse: Warehouse = None,
+    warehouse: Warehouse = None, catalog: CatalogName = None,
     on: Annotated[str, typer.Option("--on", help="local (embedded lake) or aws (the deployed stack's Glue catalog and bucket)")] = "local",
 ) -> None:
     """Create TABLE with its contract: columns from --schema or a sample file (--like), time column, series key."""
@@ -481,7 +497,9 @@ def create_table(
             fail(f"name the time column with --time (timestamp columns: {', '.join(times) or 'none'})")
         time = times[0]
     keys = [k.strip() for k in (series or "").split(",") if k.strip()]
-    lake = _deployed_lake() if _on_aws(on) else _lake(warehouse)
+    lake = _deployed_lake() if _on_aws(on) else _lake(warehouse, catalog)
+    if _on_aws(on):
+        lake.runtime.check_catalog(catalog)
     handle = lake.create_table(table, columns, time_column=time, series_key=keys, partition_by=_partition_by(partition_by),
                                retention=retention, target_file_size=target_file_size, expected_interval=expected_interval,
                                expected_series=expected_series)
@@ -498,24 +516,24 @@ def set_table(
     table: str,
     expected_interval: Annotated[Optional[str], typer.Option("--expected-interval", help="One row per series every …, e.g. PT1M")] = None,
     expected_series: Annotated[Optional[int], typer.Option("--expected-series", help="How many series the table should hold")] = None,
-    warehouse: Warehouse = None,
+    warehouse: Warehouse = None, catalog: CatalogName = None,
 ) -> None:
     """Declare TABLE's cadence, which coverage measures days against (complete, partial, gap; without it
     a day with rows only 'has data')."""
     if expected_interval is None and expected_series is None:
         fail("nothing to set: give --expected-interval and/or --expected-series")
-    _lake(warehouse).table(table).set_expected(expected_interval, expected_series)
+    _lake(warehouse, catalog).table(table).set_expected(expected_interval, expected_series)
     out.print(f"{table}: expected interval {expected_interval or 'unchanged'}, expected series {expected_series or 'unchanged'}")
 
 
 @table_app.command("show")
-def show_table(table: str, as_json: JsonFlag = False, warehouse: Warehouse = None) -> None:
+def show_table(table: str, as_json: JsonFlag = False, warehouse: Warehouse = None, catalog: CatalogName = None) -> None:
     """The contract of TABLE: time column, series and dedup key, cadence, retention, partition tiers, rollups, rules."""
     from timelake.followup.coverage import EXPECTED_INTERVAL, EXPECTED_SERIES
     from timelake.followup.rollup import rollups_of
     from timelake.followup.rules import rules_of
 
-    handle = _lake(warehouse).table(table)
+    handle = _lake(warehouse, catalog).table(table)
     ct = handle.contract
     props = handle.iceberg.properties
     info = {"table": table, "time_column": ct.time_column, "series_key": list(ct.series_key), "dedup_key": list(ct.dedup_key),
@@ -542,7 +560,7 @@ def declare(
     table: str,
     rollup: Annotated[Optional[list[str]], typer.Option("--rollup", help="INTERVAL:COLUMN[,COLUMN…], e.g. 1h:value")] = None,
     rule: Annotated[Optional[list[str]], typer.Option("--rule", help=escape("'NAME: COLUMN OP THRESHOLD [for PT10M] [severity S]'"))] = None,
-    warehouse: Warehouse = None,
+    warehouse: Warehouse = None, catalog: CatalogName = None,
 ) -> None:
     """Add rollups (built from the whole table at once) and rules to TABLE's contract."""
     rollups = []
@@ -552,17 +570,17 @@ def declare(
             raise typer.BadParameter(f"'{item}' is not INTERVAL:COLUMN[,COLUMN…]", param_hint="--rollup")
         rollups.append({"interval": interval.strip(), "columns": [c.strip() for c in columns.split(",") if c.strip()]})
     with ChunkDisplay() as progress:
-        _lake(warehouse).table(table).declare(rollups=rollups or None, rules=rule or None, progress=progress)
+        _lake(warehouse, catalog).table(table).declare(rollups=rollups or None, rules=rule or None, progress=progress)
     out.print(f"{table}: declared {len(rollups)} rollup(s) and {len(rule or [])} rule(s)")
 
 
 @table_app.command("events")
 def table_events(
     table: str, source: Annotated[Optional[str], typer.Option("--source", help="live | backfill")] = None,
-    as_json: JsonFlag = False, warehouse: Warehouse = None,
+    as_json: JsonFlag = False, warehouse: Warehouse = None, catalog: CatalogName = None,
 ) -> None:
     """Rule events of TABLE (the events table), oldest first."""
-    rows = [r for r in _lake(warehouse).table(table).events().to_pylist() if source is None or r["source"] == source]
+    rows = [r for r in _lake(warehouse, catalog).table(table).events().to_pylist() if source is None or r["source"] == source]
     if as_json:
         out.print_json(json.dumps(rows, default=str))
         return

@@ -113,7 +113,9 @@ def lambda_runtime() -> Runtime:
 
 
 def ensure_job(rt: Runtime, spec: JobSpec) -> JobRecord:
-    """The job record for ``spec``, created if new (a job id is the execution name: starting twice is safe)."""
+    """The job record for ``spec``, created if new (a job id is the execution name: starting twice is safe).
+    A job that names a catalog other than the stack's is refused before anything is recorded."""
+    rt.check_catalog(spec.catalog)
     try:
         return rt.store.get_job(spec.job_id)
     except JobNotFound:

@@ -47,6 +47,10 @@ class JobSpec(BaseModel):
         description="The job's id: letters, digits, _ and -, up to 80 (default: bf-<UTC date>-<UTC time>-<6 hex "
         "digits>); on AWS it is the execution name")
     table: str = Field(pattern=r"^[^.\s]+(\.[^.\s]+)+$", max_length=255, description="Target table, namespace.name")
+    catalog: str | None = Field(
+        default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,99}$",
+        description="The pyiceberg catalog holding the table, by its name in .pyiceberg.yaml or "
+        "PYICEBERG_CATALOG__<NAME>__* variables (default: the embedded lake; on AWS, the stack's catalog)")
     source: str = Field(min_length=1, description="Path, glob or URI of the source (files, postgresql://, influxdb://, iceberg://, "
                         "duckdb:); '<memory ...>' for in-process data")
     format: Literal["parquet", "csv", "json", "influx", "influx2", "influx-csv"] | None = Field(
