@@ -137,3 +137,21 @@ def test_the_direction_check_refuses_upward_and_adapter_imports() -> None:
     assert not allowed("timelake.aws.store", "timelake.steps.plan")
     assert allowed("timelake.runner", "timelake.adapters")
     assert allowed("timelake.steps.publish", "timelake.followup.completion")
+
+
+def test_every_error_the_engine_raises_on_purpose_has_one_root_and_is_public():
+    """One root, `BackfillError`, so a caller catches what the engine means in one clause; each exported
+    from `timelake`."""
+    import inspect
+
+    import timelake
+    from timelake import errors
+
+    defined = [c for _, c in inspect.getmembers(errors, inspect.isclass) if c.__module__ == errors.__name__]
+    assert len(defined) > 10 and all(issubclass(c, errors.BackfillError) for c in defined)
+    assert {c.__name__ for c in defined} <= set(timelake.__all__)
+    for path in ENGINE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and node.name.endswith("Error") and path.name != "errors.py":
+                bases = {getattr(b, "id", getattr(b, "attr", "")) for b in node.bases}
+                assert not bases & {"ValueError", "Exception", "RuntimeError"}, f"{path.name}: {node.name} is not a BackfillError"

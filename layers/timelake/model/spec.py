@@ -14,6 +14,7 @@ from urllib.parse import parse_qsl
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
 
+from timelake.errors import DocumentError
 from timelake.model.timeutil import parse_instant
 
 Mode = Literal["merge", "replace", "append"]
@@ -289,14 +290,6 @@ def external_job(data: Any) -> JobSpec:
     if spec.source.startswith("<"):
         raise ValueError("source '<...>' names in-process data; give a path, glob or URI")
     return spec
-
-
-class DocumentError(ValueError):
-    """A job document that is not one before any field is read; ``status`` is the HTTP answer for it."""
-
-    def __init__(self, message: str, status: int = 400) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 def parse_document(text: str | bytes) -> Any:

@@ -27,6 +27,8 @@ import pyarrow.fs as pafs
 import pyarrow.json as pjson
 import pyarrow.parquet as pq
 
+from timelake.errors import SourceError
+
 if TYPE_CHECKING:
     import pandas
 
@@ -60,10 +62,6 @@ class CsvOptions:
     def first_line(self) -> int:
         """The file line of the first data row: the skipped lines, the header and the lines after it come first."""
         return self.skip_rows + 1 + self.skip_after_header + 1
-
-
-class SourceError(ValueError):
-    """A source cannot be found or read; the message names the file or glob and the problem."""
 
 
 @dataclass(frozen=True)

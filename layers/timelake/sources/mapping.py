@@ -21,6 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from timelake.errors import MappingError
 from timelake.model.issues import ISSUE_EXAMPLES, Issues
 from timelake.model.timeutil import US_PER_DAY
 from timelake.sources.base import SourceBatch
@@ -70,10 +71,6 @@ _DECIMAL_MARK = r"^\s*[+-]?\d*[.,]\d+(?:[eE][+-]?\d+)?\s*$"
 _KIND_TEXT = {"thousands separator": "a number grouped by a thousands separator",
               "decimal mark": "a number with another decimal mark", "text": "not a number"}
 _DATE_LIKE = r"\d{1,4}[-/.][0-9A-Za-z]{1,9}[-/.]\d{1,4}|^\d{8}[T ]?\d{4,6}$"
-
-
-class MappingError(ValueError):
-    """The source cannot be mapped; names table and source column, type, and for bad values the file, row and value."""
 
 
 @dataclass
