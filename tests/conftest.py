@@ -127,17 +127,18 @@ def cli_in_process(*args: str) -> tuple[int, str]:
 
 
 def cli_main(*args: str) -> tuple[int, str, str]:
-    """``timelake ARGS`` through its entry point in this process: (exit code, stdout, stderr)."""
+    """``timelake ARGS`` as the command runs it, in this process (its umask left alone): (exit code,
+    stdout, stderr)."""
     import contextlib
     import io
 
-    from timelake.interfaces.cli import main
+    from timelake.interfaces.cli import run
 
     out, err, argv = io.StringIO(), io.StringIO(), sys.argv
     sys.argv = ["timelake", *args]
     try:
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
-            main()
+            run()
         code = 0
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1

@@ -45,20 +45,27 @@ WAITING = {canary.AWAITING}  # the job stops here until a person approves (conti
 # Parquet encoding run outside the GIL): starting worker processes (about 1 s for the forkserver
 # here) costs more than they save. bench/bench_backfill.py, 13M rows on 2 cores: threads 0.77 s,
 # processes 0.87 s; from a PostgreSQL source, which starts no processes for its scan, 0.7 s against 1.5 s.
-IN_PROCESS_ROWS = int(os.environ.get("TIMELAKE_IN_PROCESS_ROWS", 20_000_000))
+IN_PROCESS_ROWS = ("TIMELAKE_IN_PROCESS_ROWS", 20_000_000)
 # At most this many writers are threads whatever the rows: two threads of one process keep two cores
 # busy (the GIL is held for a small part of a unit), and processes only add their start and their own
 # copies of the engine. bench/bench_backfill.py --days 120, 51.8M rows from a file per device on 2
 # cores: the write step 3.5 s on processes, 2.3 s on threads, and the peak memory 793 MB against 654.
-THREAD_WRITERS = int(os.environ.get("TIMELAKE_THREAD_WRITERS", 2))
+THREAD_WRITERS = ("TIMELAKE_THREAD_WRITERS", 2)
 # Below this many source bytes (as the pieces report them), scan tasks run on threads too: Arrow
 # reads Parquet and CSV and does most of the mapping outside the GIL, and starting processes was
 # half of a 13M-row scan (bench/bench_backfill.py, day-ordered: 2.2 s on processes, 1.1 s on threads).
 # Above it, processes, so that a long scan on many cores is not held back by the GIL. A PostgreSQL
 # source is always read by threads: its driver decodes outside the GIL (bench/bench_postgres.py).
-IN_PROCESS_SOURCE_BYTES = int(os.environ.get("TIMELAKE_IN_PROCESS_SOURCE_BYTES", 1 << 30))
+IN_PROCESS_SOURCE_BYTES = ("TIMELAKE_IN_PROCESS_SOURCE_BYTES", 1 << 30)
+# (each read from its environment variable when a fan-out starts, so a process can change it between jobs)
 HEARTBEAT_SECONDS = 2.0  # how often a runner notes that it still runs the job: the time a crash loses from its clock
 MAX_RUNS = 100
+
+
+def setting(name_and_default: tuple[str, int]) -> int:
+    """A tuning limit: its environment variable as set now, else its default."""
+    name, default = name_and_default
+    return int(os.environ.get(name, default))
 
 
 def run_job(rt: Runtime, job_id: str, source: Any = None, cancel: threading.Event | None = None) -> str:
@@ -170,7 +177,7 @@ def _scan_all(rt: Runtime, job_id: str, source: Any, cancel: threading.Event | N
             scan(rt, job_id, piece, source, opened=src)
             checkpoint("scan.unit")
     else:
-        threads = is_postgres(spec.source) or job.state.get("source_bytes", 0) < IN_PROCESS_SOURCE_BYTES
+        threads = is_postgres(spec.source) or job.state.get("source_bytes", 0) < setting(IN_PROCESS_SOURCE_BYTES)
         _fan_out(rt, job_id, "scan", pending, workers, lambda: None, cancel, threads=threads)
     rt.store.update_job(job_id, "scanned")
 
@@ -192,7 +199,7 @@ def _write_all(rt: Runtime, job_id: str, cancel: threading.Event | None, only: l
             write_unit(rt, job_id, unit_id, main)
             checkpoint("write.unit")
     else:
-        threads = workers <= THREAD_WRITERS or job.state.get("rows_in_scope", 0) < IN_PROCESS_ROWS
+        threads = workers <= setting(THREAD_WRITERS) or job.state.get("rows_in_scope", 0) < setting(IN_PROCESS_ROWS)
         _fan_out(rt, job_id, "write", pending, workers, lambda: None, cancel, threads=threads, shared=main)
     if only is None:
         rt.store.update_job(job_id, "written")

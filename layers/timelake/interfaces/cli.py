@@ -640,9 +640,16 @@ def _command() -> Callable[[], Any]:
 
 
 def main() -> None:
-    """Entry point: every failure prints one line and exits 1 instead of a traceback (TIMELAKE_DEBUG=1
-    re-raises an unexpected one, with its traceback)."""
-    os.umask(0o077)  # every file the command creates (data, staging, job records) is its owner's only
+    """The console script: the `timelake` process makes every file it creates (data, staging, job records)
+    its owner's only, then runs the command. The umask is the process's, so only the command's own
+    process sets it: code that calls `run` in a process of its own keeps its umask."""
+    os.umask(0o077)
+    run()
+
+
+def run() -> None:
+    """The command in ``sys.argv``: every failure prints one line and exits 1 instead of a traceback
+    (TIMELAKE_DEBUG=1 re-raises an unexpected one, with its traceback)."""
     try:
         _command()()
     except SystemExit:

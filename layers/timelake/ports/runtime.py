@@ -7,11 +7,11 @@ root, `timelake.adapters.runtime_for`, which is the one place that picks the ada
 
 from __future__ import annotations
 
-import functools
 import os
+import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, Field
 from pyiceberg.catalog import Catalog, load_catalog
@@ -94,6 +94,33 @@ def local_state(warehouse: str | os.PathLike[str] = DEFAULT_WAREHOUSE) -> tuple[
     return f"sqlite:///{root}/jobs.db", f"file://{root}/_backfill"
 
 
+T = TypeVar("T")
+
+
+class built_once(Generic[T]):  # noqa: N801 - used as a decorator, like functools.cached_property
+    """`functools.cached_property` that builds its value once per instance even when threads ask at the
+    same time (two jobs submitted on threads of one process share a runtime): since Python 3.12 the
+    standard one takes no lock, and a catalog or job store built twice holds two connection pools."""
+
+    def __init__(self, build: Callable[[Any], T]) -> None:
+        self.build, self.name, self.lock = build, build.__name__, threading.Lock()
+        self.__doc__ = build.__doc__
+
+    def __get__(self, instance: Any, owner: type | None = None) -> T:
+        if instance is None:
+            return self  # type: ignore[return-value]
+        found = instance.__dict__.get(self.name, _MISSING)
+        if found is _MISSING:
+            with self.lock:
+                found = instance.__dict__.get(self.name, _MISSING)
+                if found is _MISSING:
+                    found = instance.__dict__[self.name] = self.build(instance)
+        return found
+
+
+_MISSING = object()
+
+
 class Runtime:
     """The adapters a step works with. The store and the alarm sink are built on first use: a writer
     process that never touches them opens no database connection and no AWS client."""
@@ -105,12 +132,12 @@ class Runtime:
         self._store = store
         self._alarms = alarms
 
-    @functools.cached_property
+    @built_once
     def alarms(self) -> AlarmSink:
         """The real-time alarm sink; only the live path (`rules.evaluate_live`) uses it."""
         return self._alarms()
 
-    @functools.cached_property
+    @built_once
     def catalog(self) -> Catalog:
         """The catalog, with `SharedFileIO` unless the config names its own FileIO."""
         try:
@@ -134,7 +161,7 @@ class Runtime:
             raise CatalogUnsupported(f"catalog '{self.config.catalog_name}' ({kind}) cannot run a backfill: {reason}; "
                                      "use a sql, rest, glue or hive catalog")
 
-    @functools.cached_property
+    @built_once
     def store(self) -> JobStore:
         return self._store()
 
