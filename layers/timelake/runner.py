@@ -7,16 +7,12 @@ failure or Ctrl-C) simply continues from there; every step is idempotent.
 from __future__ import annotations
 
 import errno
-import multiprocessing
 import os
 import socket
-import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
-from concurrent.futures import FIRST_COMPLETED, Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor, wait
-from contextlib import contextmanager
-from importlib.machinery import ModuleSpec
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Executor, Future, ThreadPoolExecutor, wait
 from typing import Any
 
 from timelake.adapters import runtime_for
@@ -39,10 +35,11 @@ from timelake.steps.scan import open_job_source
 from timelake.steps.stage import stage
 from timelake.steps.validate import CheckContext, check_file, check_items, plan_checks, validate
 from timelake.steps.write import write_unit
+from timelake.workers import WorkerPool
 
 WAITING = {canary.AWAITING}  # the job stops here until a person approves (continue) or aborts it
 # Below this many rows, units are written by threads of this process (a unit's sort, take and
-# Parquet encoding run outside the GIL): starting worker processes (about 1 s for the forkserver
+# Parquet encoding run outside the GIL): starting worker processes (each imports the engine: about 1-2 s
 # here) costs more than they save. bench/bench_backfill.py, 13M rows on 2 cores: threads 0.77 s,
 # processes 0.87 s; from a PostgreSQL source, which starts no processes for its scan, 0.7 s against 1.5 s.
 IN_PROCESS_ROWS = ("TIMELAKE_IN_PROCESS_ROWS", 20_000_000)
@@ -241,10 +238,8 @@ def _fan_out(
     if threads:
         pool: Executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"timelake-{step}")
     else:
-        context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload(["timelake.steps.write", "timelake.steps.scan", "pyiceberg.catalog.sql"])
-        pool = ProcessPoolExecutor(max_workers=workers, mp_context=context)
-    with _workers_skip_main(), pool:
+        pool = WorkerPool(workers)
+    with pool:
         queue = list(reversed(items))
         running: dict[Future, Any] = {}
         try:
@@ -273,24 +268,6 @@ def _fan_out(
         except BaseException:
             pool.shutdown(wait=True, cancel_futures=True)
             raise
-
-
-@contextmanager
-def _workers_skip_main() -> Iterator[None]:
-    """Worker processes run engine code only. Without this, multiprocessing re-runs the caller's
-    script in every worker, and a script without ``if __name__ == "__main__":`` (as most pyiceberg
-    scripts are) would create tables and start jobs again there; naming the main module ``__main__``
-    makes the workers skip it."""
-    main = sys.modules.get("__main__")
-    if main is None:
-        yield
-        return
-    saved = getattr(main, "__spec__", None)
-    main.__spec__ = ModuleSpec("__main__", None)
-    try:
-        yield
-    finally:
-        main.__spec__ = saved
 
 
 def _in_worker(config: dict[str, Any], step: str, job_id: str, item: Any) -> dict[str, Any]:
