@@ -132,13 +132,13 @@ def cli_main(*args: str) -> tuple[int, str, str]:
     import contextlib
     import io
 
-    from timelake.interfaces.cli import run
+    from timelake.interfaces.cli import run_cli
 
     out, err, argv = io.StringIO(), io.StringIO(), sys.argv
     sys.argv = ["timelake", *args]
     try:
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
-            run()
+            run_cli()
         code = 0
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1

@@ -644,10 +644,10 @@ def main() -> None:
     its owner's only, then runs the command. The umask is the process's, so only the command's own
     process sets it: code that calls `run` in a process of its own keeps its umask."""
     os.umask(0o077)
-    run()
+    run_cli()
 
 
-def run() -> None:
+def run_cli() -> None:
     """The command in ``sys.argv``: every failure prints one line and exits 1 instead of a traceback
     (TIMELAKE_DEBUG=1 re-raises an unexpected one, with its traceback)."""
     try:
