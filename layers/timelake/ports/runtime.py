@@ -20,6 +20,7 @@ from pyiceberg.table import Table as IcebergTable
 
 from timelake.errors import TableNotFound
 from timelake.ports.alarms import AlarmSink
+from timelake.ports.clock import Clock, SystemClock
 from timelake.ports.events import EventBus
 from timelake.ports.store import JobStore
 
@@ -68,7 +69,8 @@ class LakeConfig(BaseModel):
 
 class Runtime:
     """The adapters a step works with. The store and the alarm sink are built on first use: a writer
-    process that never touches them opens no database connection and no AWS client."""
+    process that never touches them opens no database connection and no AWS client. ``clock`` is what
+    quiet hours and the source rate wait on (a test sets its own)."""
 
     def __init__(self, config: LakeConfig, bus: EventBus, store: Callable[[], JobStore],
                  alarms: Callable[[], AlarmSink]) -> None:
@@ -76,6 +78,7 @@ class Runtime:
         self.bus = bus
         self._store = store
         self._alarms = alarms
+        self.clock: Clock = SystemClock()
 
     @functools.cached_property
     def alarms(self) -> AlarmSink:
