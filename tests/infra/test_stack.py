@@ -251,7 +251,7 @@ def test_api_routes_use_iam_auth_and_lambda_proxy(synthesized: Synthesized) -> N
     assert routes == {("POST", "/backfills"), ("GET", "/backfills"), ("GET", "/backfills/{id}"),
                       ("GET", "/backfills/{id}/report"), ("POST", "/backfills/{id}/resume"), ("POST", "/backfills/{id}/abort"),
                       ("POST", "/backfills/{id}/approve"), ("POST", "/backfills/{id}/reject"),
-                      ("GET", "/tables/{table}/coverage")}
+                      ("POST", "/backfills/{id}/settings"), ("GET", "/tables/{table}/coverage")}
 
 
 def test_api_validates_the_job_body_and_logs_and_traces_its_stage(synthesized: Synthesized, template: Template) -> None:
