@@ -224,13 +224,11 @@ def _workers(job: JobRecord, cap: int | None = None) -> int:
     return min(wanted, cap) if cap else wanted
 
 
-def _check(cancel: threading.Event | None, job_id: str, doing: str, rt: Runtime | None = None) -> JobRecord | None:
+def _check(cancel: threading.Event | None, job_id: str, doing: str, rt: Runtime) -> JobRecord:
     """Stop between steps or units when interrupted (Ctrl-C) or when an abort was requested; the job as
     the store has it now."""
     if cancel is not None and cancel.is_set():
         raise Interrupted(f"job {job_id} interrupted {doing}; resume with: timelake backfill resume {job_id}")
-    if rt is None:
-        return None
     job = rt.store.get_job(job_id)
     if job.state.get("abort_requested"):
         raise Aborted(f"job {job_id} was aborted")

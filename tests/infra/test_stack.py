@@ -214,7 +214,8 @@ def test_each_function_role_grants_only_what_it_needs(synthesized: Synthesized) 
         assert {"dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:Query"} <= granted, name
         states = {a for a in granted if a.startswith("states:")}
         expected = {"states:StartExecution", "states:DescribeExecution", "states:RedriveExecution", "states:ListExecutions",
-                    "states:StopExecution", "states:SendTaskSuccess", "states:SendTaskFailure"}
+                    "states:StopExecution", "states:SendTaskSuccess", "states:SendTaskFailure",
+                    "states:ListMapRuns", "states:UpdateMapRun"}  # settings mid-job: the running Map's concurrency
         assert states == (expected if name == "api" else set()), name
         assert not {a for a in granted if a.endswith("*")}, name
 

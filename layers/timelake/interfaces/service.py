@@ -6,6 +6,7 @@ These functions are what the thin handlers call: JSON-able input, JSON-able outp
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from typing import TYPE_CHECKING, Any, Literal
@@ -18,6 +19,7 @@ from timelake.followup.refresh import PublishedEvent, on_published, pieces
 from timelake.model.limits import limits
 from timelake.model.report import report_of
 from timelake.model.spec import JobSpec, current_setting, current_spec
+from timelake.model.window import window_of
 from timelake.ports.clock import wait_timestamp
 from timelake.ports.runtime import LakeConfig, Runtime
 from timelake.ports.store import JobRecord
@@ -156,8 +158,17 @@ def wait_for_window(rt: Runtime, job_id: str) -> str | None:
     """For a Lambda about to start a unit (a scan task, a unit write, a file check, a publish commit):
     None to go on, else when its quiet hours open again, as the timestamp the workflow's Wait state
     waits until (the job notes the pause, so status shows it)."""
+    if not _has_window(rt, job_id):
+        return None
     until = closed_until(rt, rt.store.get_job(job_id))
     return None if until is None else wait_timestamp(rt.clock.workflow_instant(until))
+
+
+@functools.lru_cache(maxsize=1024)
+def _has_window(rt: Runtime, job_id: str) -> bool:
+    """Whether the job has quiet hours, which it keeps from its submission on: a warm Lambda asks the
+    job store once per job, so the units of a job without them cost no read for it."""
+    return window_of(rt.store.get_job(job_id).spec) is not None
 
 
 def cut_units(rt: Runtime, job_id: str) -> dict[str, Any]:
