@@ -3,8 +3,8 @@
 It stands still unless the test moves it (`advance_to`), a sleep moves it by the time slept, and a
 wait for an instant (a paused job) jumps to that instant after running the test's hooks (which see the
 job paused). For a Step Functions Wait state, which moto runs on the real clock, `workflow_instant`
-answers "in two seconds" and makes the jump happen a second before that, so the execution's Wait ends
-just after this clock has reached the instant it waits for.
+answers "in two seconds" (``workflow_wait``) and makes the jump happen a second before that, so the
+execution's Wait ends just after this clock has reached the instant it waits for.
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ from zoneinfo import ZoneInfo
 class TestClock:
     __test__ = False  # not a test class, whatever its name
 
-    def __init__(self, start: float) -> None:
+    def __init__(self, start: float, workflow_wait: int = 2) -> None:
         self._now = start
+        self.workflow_wait = workflow_wait  # real seconds a Wait state of the workflow waits
         self._lock = threading.Lock()
         self._jumps: list[tuple[float, float]] = []  # (real time, instant this clock then reads)
         self.on_wait: list[Callable[[float], None]] = []  # called with the instant a paused job waits for
@@ -65,7 +66,7 @@ class TestClock:
             for real, target in self._jumps:
                 if target == instant:
                     return real + 1
-            real = math.ceil(time.time()) + 2
+            real = math.ceil(time.time()) + self.workflow_wait
             self._jumps.append((real - 1, instant))
             self._jumps.sort()
             return real

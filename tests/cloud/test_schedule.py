@@ -15,6 +15,7 @@ measured on the next Map: the write Lambdas running at once.
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 from collections.abc import Iterator
@@ -30,6 +31,7 @@ from tests.cloud.test_limits import EVENTS_PER_STATE, expected_events, history
 from tests.cloud.test_workflow import _upload
 from tests.conftest import SCHEMA, make_readings, recent, reference_merge, sort_rows
 from timelake.adapters import runtime_for
+from timelake.errors import JobNotFound
 from timelake.interfaces.orchestrator import StepFunctionsOrchestrator
 from timelake.ports.clock import SystemClock
 
@@ -42,10 +44,11 @@ def at(local: str) -> float:
 
 
 @pytest.fixture
-def clock(cloud: Cloud, monkeypatch: pytest.MonkeyPatch) -> Iterator[TestClock]:
+def clock(cloud: Cloud) -> Iterator[TestClock]:
     """The test clock on the runtime the handlers use (one per config per process). moto's Wait state
     compares a UTC timestamp with the local time, so the process runs in UTC while the test does."""
-    monkeypatch.setenv("TZ", "UTC")
+    zone = os.environ.get("TZ")
+    os.environ["TZ"] = "UTC"
     time.tzset()
     rt = runtime_for(cloud.config)
     rt.clock = TestClock(at("2030-01-07T05:50"))
@@ -53,7 +56,10 @@ def clock(cloud: Cloud, monkeypatch: pytest.MonkeyPatch) -> Iterator[TestClock]:
         yield rt.clock
     finally:
         rt.clock = SystemClock()
-        monkeypatch.undo()
+        if zone is None:
+            del os.environ["TZ"]
+        else:
+            os.environ["TZ"] = zone
         time.tzset()
 
 
@@ -146,3 +152,35 @@ def test_settings_set_during_the_scan_map_update_it_and_start_the_write_map_with
     code, body = api("POST", "/backfills/bf-settings/settings", {"max_concurrency": 0})
     assert code == 422, body
     assert json.dumps(body).count("max_concurrency") >= 1
+
+
+def test_an_execution_waiting_for_quiet_hours_is_aborted_at_once(cloud: Cloud, clock: TestClock):
+    """The job starts outside its window: its scan item waits (a minute here); abort stops the execution
+    in that Wait at once and the job ends aborted, holding nothing; main is untouched."""
+    sensor_table(cloud.lake)
+    existing = make_readings(recent(3), days=1, devices=3)
+    cloud.lake.table("iot.sensor").append(existing)
+    _upload(make_readings(recent(8), days=3, devices=3), "src/a.parquet")
+    clock.advance_to(at("2030-01-07T12:00"))
+    clock.workflow_wait = 60
+    orchestrator = StepFunctionsOrchestrator(cloud.lake.runtime, cloud.state_machine_arn, cloud.sfn)
+    arn = cloud.sfn.start_execution(stateMachineArn=cloud.state_machine_arn, name="bf-abort-paused", input=json.dumps(
+        {"table": "iot.sensor", "source": f"s3://{BUCKET}/src/a.parquet", "run_between": "22:00-06:00", "run_tz": BERLIN}))["executionArn"]
+    deadline = time.time() + 30
+    while not _paused(orchestrator, "bf-abort-paused"):
+        assert time.time() < deadline, "the job never paused"
+        time.sleep(0.1)
+    began = time.time()
+    result = orchestrator.abort("bf-abort-paused")
+    assert cloud.wait(arn, timeout=20)["status"] == "ABORTED" and time.time() - began < 20
+    assert result["phase"] == "aborted" and cloud.lake.runtime.store.leases() == []
+    status = orchestrator.status("bf-abort-paused")
+    assert status["phase"] == "aborted" and status["paused_until"] is None
+    assert sort_rows(cloud.lake.table("iot.sensor").to_arrow()).equals(sort_rows(existing))
+
+
+def _paused(orchestrator: StepFunctionsOrchestrator, job_id: str) -> bool:
+    try:
+        return bool(orchestrator.status(job_id).get("paused_until"))
+    except JobNotFound:  # the Plan Lambda has not created the job record yet
+        return False
