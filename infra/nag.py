@@ -77,8 +77,11 @@ def acknowledge(stack: BackfillStack) -> None:
          "the Maps' ItemReaders read the piece and unit lists that plan and cut write under the job's staging "
          "folder, named by the job id at run time; read-only and limited to the staging prefix")
     _ack(stack.functions["api"].role, f"AwsSolutions-IAM5[Resource::{states}:execution:{workflow}:*]",
-         "the API describes and redrives a job's execution by its name (the job id, chosen at run time); limited to "
-         "this state machine's executions")
+         "the API describes and redrives a job's execution by its name (the job id, chosen at run time), and lists "
+         "its map runs to apply a settings change; limited to this state machine's executions")
+    _ack(stack.functions["api"].role, f"AwsSolutions-IAM5[Resource::{states}:mapRun:{workflow}/*]",
+         "a settings change updates the MaxConcurrency of the job's running map runs, whose ids exist at run time "
+         "only; UpdateMapRun alone, limited to this state machine's map runs")
 
     _ack(stack.node.find_child("RollupDeadLetters"), "AwsSolutions-SQS3",
          "this queue IS the dead-letter queue of the rollup rule's Lambda target (EventBridge, not SQS, sends to it, so "

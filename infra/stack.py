@@ -184,7 +184,8 @@ ROLLUP_VISIBILITY = Duration.minutes(90)  # 6 x the rollup Lambda's timeout, as 
 API_ROUTES: tuple[tuple[str, str], ...] = (
     ("POST", "/backfills"), ("GET", "/backfills"), ("GET", "/backfills/{id}"),
     ("GET", "/backfills/{id}/report"), ("POST", "/backfills/{id}/resume"), ("POST", "/backfills/{id}/abort"),
-    ("POST", "/backfills/{id}/approve"), ("POST", "/backfills/{id}/reject"), ("GET", "/tables/{table}/coverage"),
+    ("POST", "/backfills/{id}/approve"), ("POST", "/backfills/{id}/reject"), ("POST", "/backfills/{id}/settings"),
+    ("GET", "/tables/{table}/coverage"),
 )
 LAYER_DESCRIPTIONS = {
     ENGINE_LAYER: "timelake engine with pyarrow, pyiceberg, numpy, pydantic and Powertools (aarch64, CPython 3.12)",
@@ -449,13 +450,18 @@ class BackfillStack(Stack):
                                                   resources=[self.state_machine.state_machine_arn]))
         fn.add_to_role_policy(iam.PolicyStatement(actions=["states:DescribeExecution", "states:RedriveExecution", "states:StopExecution"],
                                                   resources=[f"{states}:execution:{self.state_machine.state_machine_name}:*"]))
+        # settings mid-job: the concurrency of the job's running Map runs
+        fn.add_to_role_policy(iam.PolicyStatement(actions=["states:ListMapRuns"],
+                                                  resources=[f"{states}:execution:{self.state_machine.state_machine_name}:*"]))
+        fn.add_to_role_policy(iam.PolicyStatement(actions=["states:UpdateMapRun"],
+                                                  resources=[f"{states}:mapRun:{self.state_machine.state_machine_name}/*"]))
 
     def _api(self) -> apigw.RestApi:
         """REST API with IAM (SigV4) auth on every method. Bodies are checked against the job
         model's required fields here; the handler validates the full model (422 on bad input)."""
         access_logs = logs.LogGroup(self, "ApiAccessLogs", retention=LOG_RETENTION, removal_policy=RemovalPolicy.DESTROY)
         api = apigw.RestApi(
-            self, "Api", rest_api_name=SERVICE, description="Start, list, inspect, resume, approve, reject and abort backfills; a table's coverage",
+            self, "Api", rest_api_name=SERVICE, description="Start, list, inspect, resume, approve, reject and abort backfills, change their settings; a table's coverage",
             endpoint_types=[apigw.EndpointType.REGIONAL], cloud_watch_role=True,
             default_method_options=apigw.MethodOptions(authorization_type=apigw.AuthorizationType.IAM),
             deploy_options=apigw.StageOptions(

@@ -1,4 +1,6 @@
-"""Write Lambda: one work unit, one Parquet file. Input: one item of the units manifest."""
+"""Write Lambda: one work unit, one Parquet file. Input: one item of the units manifest. Outside the
+job's quiet hours it writes nothing and answers when to try again (``resume_at``, for the Map item's
+Wait state); otherwise ``resume_at`` is null."""
 
 from typing import Any
 
@@ -6,7 +8,7 @@ from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from timelake.interfaces.service import UnitEvent, lambda_runtime
+from timelake.interfaces.service import UnitEvent, lambda_runtime, wait_for_window
 from timelake.steps.write import write_unit
 
 logger, tracer, metrics = Logger(), Tracer(), Metrics()
@@ -18,8 +20,12 @@ logger, tracer, metrics = Logger(), Tracer(), Metrics()
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     unit = UnitEvent.model_validate(event)
     logger.append_keys(job_id=unit.job_id, unit_id=unit.unit_id)
-    result = write_unit(lambda_runtime(), unit.job_id, unit.unit_id)
+    rt = lambda_runtime()
+    resume_at = wait_for_window(rt, unit.job_id)
+    if resume_at is not None:
+        return {"unit_id": unit.unit_id, "rows_written": 0, "resume_at": resume_at}
+    result = write_unit(rt, unit.job_id, unit.unit_id)
     metrics.add_metric(name="RowsWritten", unit=MetricUnit.Count, value=result["rows_written"])
     metrics.add_metric(name="BytesWritten", unit=MetricUnit.Bytes, value=result["bytes"])
     metrics.add_metric(name="UnitDuration", unit=MetricUnit.Seconds, value=result.get("seconds", 0))
-    return {"unit_id": unit.unit_id, "rows_written": result["rows_written"]}
+    return {"unit_id": unit.unit_id, "rows_written": result["rows_written"], "resume_at": None}

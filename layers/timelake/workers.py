@@ -1,4 +1,4 @@
-"""Worker processes for a large job's fan-out, started as ``python -m timelake.workers``.
+"""Worker processes for a large job's fan-out: plain interpreters that run `serve`.
 
 multiprocessing prepares every worker it starts (spawn or forkserver) from the parent's ``__main__``:
 a worker imports the caller's script again, and a script without ``if __name__ == "__main__":`` (as
@@ -23,26 +23,32 @@ from concurrent.futures.process import BrokenProcessPool
 from multiprocessing.connection import Connection
 from typing import Any
 
+WORKER = "import sys; from timelake.workers import serve; serve(int(sys.argv[1]))"  # the worker's whole program
+
 
 class WorkerPool(Executor):
     """An `Executor` over worker processes: ``submit(fn, *args)`` runs module-level ``fn`` in one of
-    them (``fn`` and ``args`` are pickled, as with a process pool). A worker that dies fails the call it
-    was running with `BrokenProcessPool` and the pool's later calls with it too."""
+    them (``fn`` and ``args`` are pickled, as with a process pool). Workers start as calls need them,
+    up to ``max_workers``: a caller that keeps N calls running has N workers. A worker that dies fails
+    the call it was running with `BrokenProcessPool`, and the pool's later calls with it too."""
 
-    def __init__(self, workers: int) -> None:
+    def __init__(self, max_workers: int) -> None:
+        self._max = max_workers
         self._calls: queue.SimpleQueue[tuple[Future, Callable[..., Any], tuple[Any, ...]] | None] = queue.SimpleQueue()
         self._broken: str | None = None
-        self._threads, self._processes = [], []
-        for _ in range(workers):
-            ours, theirs = multiprocessing.Pipe()
-            process = subprocess.Popen([sys.executable, "-m", "timelake.workers", str(theirs.fileno())],
-                                       pass_fds=[theirs.fileno()])
-            theirs.close()
-            self._processes.append(process)
-            self._threads.append(threading.Thread(target=self._serve, args=(process, ours), daemon=True,
-                                                  name=f"timelake-worker-{process.pid}"))
-        for thread in self._threads:
-            thread.start()
+        self._lock = threading.Lock()
+        self._idle = 0  # workers waiting for a call
+        self._threads: list[threading.Thread] = []
+        self._processes: list[subprocess.Popen] = []
+
+    def _start(self) -> None:
+        ours, theirs = multiprocessing.Pipe()
+        process = subprocess.Popen([sys.executable, "-c", WORKER, str(theirs.fileno())], pass_fds=[theirs.fileno()])
+        theirs.close()
+        thread = threading.Thread(target=self._serve, args=(process, ours), daemon=True, name=f"timelake-worker-{process.pid}")
+        self._processes.append(process)
+        self._threads.append(thread)
+        thread.start()
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future:
         if kwargs:
@@ -50,7 +56,11 @@ class WorkerPool(Executor):
         future: Future = Future()
         if self._broken:
             future.set_exception(BrokenProcessPool(self._broken))
-        else:
+            return future
+        with self._lock:  # ``_idle``: workers at (or on their way to) the queue with no call meant for them yet
+            if self._idle <= 0 and len(self._processes) < self._max:
+                self._start()
+            self._idle -= 1
             self._calls.put((future, fn, args))
         return future
 
@@ -75,6 +85,8 @@ class WorkerPool(Executor):
         """Feed one worker its calls, one at a time, until the pool shuts down or the worker dies."""
         try:
             while True:
+                with self._lock:
+                    self._idle += 1
                 call = self._calls.get()
                 if call is None or connection is None:
                     if call is not None:
@@ -121,6 +133,3 @@ def serve(fd: int) -> None:
             result = (False, exc)
         connection.send(result)
 
-
-if __name__ == "__main__":
-    serve(int(sys.argv[1]))

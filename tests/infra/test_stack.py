@@ -214,7 +214,8 @@ def test_each_function_role_grants_only_what_it_needs(synthesized: Synthesized) 
         assert {"dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:Query"} <= granted, name
         states = {a for a in granted if a.startswith("states:")}
         expected = {"states:StartExecution", "states:DescribeExecution", "states:RedriveExecution", "states:ListExecutions",
-                    "states:StopExecution", "states:SendTaskSuccess", "states:SendTaskFailure"}
+                    "states:StopExecution", "states:SendTaskSuccess", "states:SendTaskFailure",
+                    "states:ListMapRuns", "states:UpdateMapRun"}  # settings mid-job: the running Map's concurrency
         assert states == (expected if name == "api" else set()), name
         assert not {a for a in granted if a.endswith("*")}, name
 
@@ -251,7 +252,7 @@ def test_api_routes_use_iam_auth_and_lambda_proxy(synthesized: Synthesized) -> N
     assert routes == {("POST", "/backfills"), ("GET", "/backfills"), ("GET", "/backfills/{id}"),
                       ("GET", "/backfills/{id}/report"), ("POST", "/backfills/{id}/resume"), ("POST", "/backfills/{id}/abort"),
                       ("POST", "/backfills/{id}/approve"), ("POST", "/backfills/{id}/reject"),
-                      ("GET", "/tables/{table}/coverage")}
+                      ("POST", "/backfills/{id}/settings"), ("GET", "/tables/{table}/coverage")}
 
 
 def test_api_validates_the_job_body_and_logs_and_traces_its_stage(synthesized: Synthesized, template: Template) -> None:

@@ -167,6 +167,8 @@ def run(
     dry_run: Annotated[bool, typer.Option("--dry-run", help=field_help("dry_run"))] = False,
     publish_by: Annotated[Optional[str], typer.Option("--publish-by", help=field_help("publish_by"))] = None,
     max_concurrency: Annotated[Optional[int], typer.Option("--max-concurrency", help=field_help("max_concurrency"))] = None,
+    run_between: Annotated[Optional[str], typer.Option("--run-between", metavar="HH:MM-HH:MM", help=field_help("run_between"))] = None,
+    run_tz: Annotated[Optional[str], typer.Option("--run-tz", metavar="ZONE", help=field_help("run_tz"))] = None,
     assertions: Annotated[Optional[list[str]], typer.Option("--assert", help=field_help("assertions"))] = None,
     assertion_timeout: Annotated[Optional[int], typer.Option(
         "--assertion-timeout", metavar="SECONDS", help=field_help("assertion_timeout"))] = None,
@@ -223,6 +225,7 @@ def run(
         "max_rejected": max_rejected, "states_column": states_column, "thousands": thousands,
         "id_columns": [c.strip() for c in id_columns.split(",") if c.strip()] if id_columns else None,
         "key_separator": key_separator, "skip_after_header": skip_after_header,
+        "run_between": run_between, "run_tz": run_tz,
     }
     fields.update({k: v for k, v in given.items() if v is not None})
     fields["table"] = table
@@ -265,6 +268,29 @@ def resume(job_id: str, as_json: JsonFlag = False, warehouse: Warehouse = None, 
     if phase == "aborted":
         fail(f"job {job_id} was aborted; start a new job")
     drive(lake, job_id, as_json)
+
+
+@backfill_app.command("set")
+def set_settings(
+    job_id: str,
+    max_concurrency: Annotated[Optional[int], typer.Option("--max-concurrency", help=field_help("max_concurrency"))] = None,
+    source_rows_per_second: Annotated[Optional[int], typer.Option(
+        "--source-rows-per-second", help=field_help("source_rows_per_second"))] = None,
+    as_json: JsonFlag = False, warehouse: Warehouse = None, on: On = "local",
+) -> None:
+    """Change a job's settings while it runs: writers and scan tasks at once (from the next unit), source
+    rows per second (from the next rows read). A finished job is refused; an interrupted one resumes with them."""
+    if max_concurrency is None and source_rows_per_second is None:
+        fail("nothing to set: give --max-concurrency and/or --source-rows-per-second")
+    wanted = {"max_concurrency": max_concurrency, "source_rows_per_second": source_rows_per_second}
+    result = _aws().set_settings(job_id, **wanted) if _on_aws(on) else _lake(warehouse).job(job_id).set(**wanted)
+    if as_json:
+        out.print_json(json.dumps(result))
+        return
+    rate = result["settings"]["source_rows_per_second"]
+    out.print(f"job {job_id}: max concurrency {result['settings']['max_concurrency'] or 'default (CPU count)'}, "
+              f"source rows/s {'default' if rate is None else 'no limit' if rate == 0 else f'{rate:,}'}"
+              + (f"; running map(s) updated: {', '.join(result['map_runs_updated'])}" if result.get("map_runs_updated") else ""))
 
 
 @backfill_app.command("continue")

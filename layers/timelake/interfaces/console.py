@@ -84,6 +84,7 @@ class StepDisplay:
                             console=console, disable=not self.live)
         self.tasks: dict[str, TaskID] = {}
         self.printed: set[str] = set()
+        self.paused: str | None = None
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._poll, name=f"timelake-display-{job_id}", daemon=True)
 
@@ -119,6 +120,11 @@ class StepDisplay:
         store = self.store
         running = store.running(self.job_id) if final else True
         info = progress(store.get_job(self.job_id), store.units(self.job_id), store.progress_notes(self.job_id), running)
+        paused = info.get("paused_until")
+        if paused and paused != self.paused:
+            console.print(safe(f"paused until {paused} (quiet hours {info['quiet_hours']}); Ctrl-C stops, resume continues"),
+                          soft_wrap=True)
+        self.paused = paused
         for step in info["steps"]:
             name = step["name"]
             if self.live:
@@ -222,6 +228,8 @@ def status_line(info: dict[str, Any]) -> str:
     tail = f" — resume with: {info['resume']}" if info.get("resume") else ""
     if info["phase"] == AWAITING:
         tail = f" — approve with: timelake backfill continue {info['job_id']}"
+    if info.get("paused_until"):
+        tail += f" — paused until {info['paused_until']} (quiet hours {info['quiet_hours']})"
     if info.get("error"):
         tail += f" — {one_line(info['error'])}"
     if "execution" in info:
@@ -253,6 +261,9 @@ def print_report(r: dict[str, Any]) -> None:
         ("source gaps", ", ".join(f"{g['start']}…{g['end']}" for g in r["source_gaps"][:5]) or "none"),
         ("estimated cost", _cost(r["estimated_cost"])),
         ("source limits", _source_limits(r["source_limits"])),
+        ("quiet hours", _quiet(r.get("quiet_hours"))),
+        ("settings changed", "; ".join(", ".join(f"{k} {v:,}" for k, v in change.items() if k != "at")
+                                       for change in r.get("settings_changes", [])) or None),
         ("published snapshots", ", ".join(map(str, r["published_snapshot_ids"])) or "none"),
         ("elapsed", duration(r["elapsed_seconds"])),
     ]
@@ -265,6 +276,13 @@ def print_report(r: dict[str, Any]) -> None:
         mark = "[green]pass[/]" if check["passed"] else ("[red]FAIL[/]" if check["blocking"] else "[yellow]warn[/]")
         grid.add_row(f"check {check['name']}", f"{mark} {safe(check['detail'])}")
     out.print(grid)
+
+
+def _quiet(quiet: dict[str, Any] | None) -> str | None:
+    if not quiet:
+        return None
+    paused = f", paused until {quiet['paused_until']}" if quiet["paused_until"] else ""
+    return f"{quiet['window']}{paused}; {quiet['pauses']} pause(s), {duration(quiet['paused_seconds'])} in all"
 
 
 def _issue_rows(action: str, by_column: dict[str, dict[str, dict[str, Any]]]) -> list[tuple[str, str]]:

@@ -35,7 +35,7 @@ from timelake.model import contract as c
 from timelake.model.commit import with_retry
 from timelake.model.layout import read_range, time_bounds
 from timelake.model.report import progress_of, report_of
-from timelake.model.spec import JobSpec
+from timelake.model.spec import SETTINGS, JobSpec, current_setting
 from timelake.model.timeutil import iso, parse_duration, parse_instant, parse_size, subtract_duration, to_micros
 from timelake.ports.alarms import AlarmSink
 from timelake.ports.events import EventBus
@@ -44,6 +44,7 @@ from timelake.ports.store import JobRecord, Lease
 from timelake.runner import run_job
 from timelake.steps.abort import abort, request_abort
 from timelake.steps.canary import approve as approve_canary
+from timelake.steps.schedule import change_settings
 
 
 def expected_properties(interval: str | None, series: int | None) -> dict[str, str]:
@@ -408,6 +409,14 @@ class Job:
             self._error = None
         return abort(self.lake.runtime, self.id) if self.record().phase != "aborted" else {
             "job_id": self.id, "phase": "aborted", "files_deleted": self.record().state.get("files_deleted", 0)}
+
+    def set(self, max_concurrency: int | None = None, source_rows_per_second: int | None = None) -> dict[str, Any]:
+        """Change how fast the job works while it runs: writers and scan tasks at once (from the next unit
+        to start) and the source's rows per second (from the next rows read; 0: no limit). A finished job
+        is refused; a failed or interrupted one keeps them for its resume. Returns the job's settings."""
+        job = change_settings(self.lake.runtime, self.id, max_concurrency=max_concurrency,
+                              source_rows_per_second=source_rows_per_second)
+        return {"job_id": self.id, "settings": {name: current_setting(job, name) for name in SETTINGS}}
 
     def approve(self, wait: bool = False) -> "Job":
         """Accept the canary day: write the other units (the canary's files stay as they are), stage,

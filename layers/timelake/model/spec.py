@@ -9,13 +9,17 @@ import json
 import re
 import secrets
 from datetime import date, datetime, timezone
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 from urllib.parse import parse_qsl
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, create_model, field_validator, model_validator
 
 from timelake.errors import DocumentError
 from timelake.model.timeutil import parse_instant
+from timelake.model.window import Window, window_of
+
+if TYPE_CHECKING:
+    from timelake.ports.store import JobRecord
 
 Mode = Literal["merge", "replace", "append"]
 PublishBy = Literal["day", "week", "month"]
@@ -29,6 +33,7 @@ PASSWORD_WAYS = "pass it through PGPASSWORD, password_env=VAR or secret=ARN"
 MAX_ASSERTIONS, MAX_ASSERTION_CHARS = 100, 64 * 1024
 MAX_DOCUMENT_BYTES, MAX_NESTING = 1024 * 1024, 32
 FIRST_YEAR, LAST_YEAR = 1, 9998
+MAX_CONCURRENCY = 10_000
 #: UTC microseconds of 9999-01-01: the first instant past the last year a job may cover
 LAST_MICROS = 253_370_764_800_000_000
 
@@ -113,8 +118,14 @@ class JobSpec(BaseModel):
     publish_by: PublishBy | None = Field(default=None, description="One publish commit per day, week or month "
                                          "instead of one for the whole job")
     max_concurrency: StrictInt | None = Field(
-        default=None, ge=1, le=10_000,
-        description="Parallel scan tasks and writers (default: the CPU count; on AWS the Map's MaxConcurrency)")
+        default=None, ge=1, le=MAX_CONCURRENCY,
+        description="Parallel scan tasks and writers (default: the CPU count; on AWS the Map's MaxConcurrency); "
+        "`timelake backfill set` changes it on a running job")
+    run_between: str | None = Field(
+        default=None, max_length=20, description="Quiet hours: the job works only between these local times each "
+        "day, e.g. '22:00-06:00' (an end before the start spans midnight). When the window closes, running units "
+        "finish and no new one starts until it opens again; publish waits for it too. Planning runs at once")
+    run_tz: str | None = Field(default=None, description="IANA zone of run_between (default: tz, else UTC)")
     assertions: list[Annotated[str, Field(max_length=MAX_ASSERTION_CHARS)]] = Field(
         default_factory=list, max_length=MAX_ASSERTIONS,
         description="SQL over the view staged returning the failing rows; any row fails the job (at most 100, of "
@@ -139,7 +150,8 @@ class JobSpec(BaseModel):
         default=None, ge=1, le=10_000, description="Scan tasks reading the source at once (database default: 2)")
     source_rows_per_second: StrictInt | None = Field(
         default=None, ge=0,
-        description="Rows per second read from the source by all workers together; 0: no limit (database default: 250000)")
+        description="Rows per second read from the source by all workers together; 0: no limit (database default: "
+        "250000); `timelake backfill set` changes it on a running job")
     measurement: str | None = Field(default=None, description="InfluxDB measurement to read (default: the table's name)")
     precision: TimeUnit | None = Field(default=None, description="Timestamp unit of line-protocol files (default ns)")
 
@@ -149,6 +161,20 @@ class JobSpec(BaseModel):
         if tz is not None:
             if not known_zone(tz):
                 raise ValueError(f"unknown time zone '{printable(tz)[:100]}' (use an IANA name such as Europe/Berlin)")
+        return tz
+
+    @field_validator("run_between")
+    @classmethod
+    def _window(cls, text: str | None) -> str | None:
+        if text is not None:
+            Window.parse(printable(text))
+        return text
+
+    @field_validator("run_tz")
+    @classmethod
+    def _run_zone(cls, tz: str | None) -> str | None:
+        if tz is not None and not known_zone(tz):
+            raise ValueError(f"unknown time zone '{printable(tz)[:100]}' (use an IANA name such as Europe/Berlin)")
         return tz
 
     @field_validator("max_rejected", mode="before")
@@ -237,8 +263,35 @@ class JobSpec(BaseModel):
             raise ValueError("query applies to a PostgreSQL source (postgresql://...) or a DuckDB one (--from-sql) only")
         return self
 
+    @model_validator(mode="after")
+    def _zone_of_window(self) -> "JobSpec":
+        if self.run_tz is not None and self.run_between is None:
+            raise ValueError("run_tz is the zone of run_between; give run_between (e.g. --run-between 22:00-06:00)")
+        return self
+
+    def window(self) -> Window | None:
+        """The job's quiet hours (`window_of`)."""
+        return window_of({"run_between": self.run_between, "run_tz": self.run_tz, "tz": self.tz})
+
     def to_json(self) -> dict:
         return json.loads(self.model_dump_json())
+
+
+#: the fields `timelake backfill set` changes on a job that has not finished; kept in its state as ``settings``
+SETTINGS = ("max_concurrency", "source_rows_per_second")
+#: a settings change, checked as the job model checks those fields (the same bounds and descriptions)
+Settings = create_model("Settings", __config__=ConfigDict(extra="forbid"),
+                        **{name: (JobSpec.model_fields[name].annotation, JobSpec.model_fields[name]) for name in SETTINGS})
+
+
+def current_spec(spec: dict[str, Any], state: dict[str, Any]) -> JobSpec:
+    """A job's spec with the settings changed since it was submitted: what its steps go by."""
+    return JobSpec.model_validate({**spec, **state.get("settings", {})})
+
+
+def current_setting(job: JobRecord, name: str) -> Any:
+    """One of `SETTINGS` as the job has it now, without validating the whole spec (read as units finish)."""
+    return job.state.get("settings", {}).get(name, job.spec.get(name))
 
 
 def known_zone(tz: str) -> bool:

@@ -22,6 +22,7 @@ from pyiceberg.utils.config import Config
 
 from timelake.errors import CatalogUnsupported, TableNotFound
 from timelake.ports.alarms import AlarmSink
+from timelake.ports.clock import Clock, SystemClock
 from timelake.ports.events import EventBus
 from timelake.ports.store import JobStore
 
@@ -123,7 +124,8 @@ _MISSING = object()
 
 class Runtime:
     """The adapters a step works with. The store and the alarm sink are built on first use: a writer
-    process that never touches them opens no database connection and no AWS client."""
+    process that never touches them opens no database connection and no AWS client. ``clock`` is what
+    quiet hours and the source rate wait on (a test sets its own)."""
 
     def __init__(self, config: LakeConfig, bus: EventBus, store: Callable[[], JobStore],
                  alarms: Callable[[], AlarmSink]) -> None:
@@ -131,6 +133,7 @@ class Runtime:
         self.bus = bus
         self._store = store
         self._alarms = alarms
+        self.clock: Clock = SystemClock()
 
     @built_once
     def alarms(self) -> AlarmSink:

@@ -22,7 +22,7 @@ from timelake.model.contract import Contract, writable_spec
 from timelake.model.cost import estimate_cost
 from timelake.model.layout import PartitionKey, partition_codes
 from timelake.model.lineage import PlanMark, planned_view
-from timelake.model.spec import FIRST_YEAR, LAST_MICROS, LAST_YEAR, JobSpec
+from timelake.model.spec import FIRST_YEAR, LAST_MICROS, LAST_YEAR, JobSpec, current_spec
 from timelake.model.timeutil import (US_PER_DAY, floor_to, from_micros, iso, next_boundary, partition_starts,
                                      subtract_duration, to_micros)
 from timelake.ports.files import filesystem, make_parent
@@ -174,7 +174,7 @@ def scan(rt: Runtime, job_id: str, piece: int, source: Any = None, opened: Sourc
     source, already open (one process scanning task after task keeps its connection and read-ahead);
     ``shares_cores``: other scans run beside this one, a worker per core (`Source.share_cores`)."""
     job = rt.store.get_job(job_id)
-    spec = JobSpec.model_validate(job.spec)
+    spec = current_spec(job.spec, job.state)  # the source rate as the job's settings have it now
     table = job_table(rt, job)
     ctx = context(spec, table, job.state["planned_at_us"])
     src = opened or open_job_source(spec, source, table, job.state.get("source_plan"))

@@ -403,7 +403,7 @@ def scan_task(rt: Runtime, ctx: ScanContext, job_id: str, task: int, pieces: ran
                            spill.join_bytes(ctx.contract.target_file_size))
     overlap = _OverlapCounter(ctx.contract) if ctx.spec.dry_run else None
     index = {names[p]: p for p in pieces}
-    batches = throttle.read(src, [names[p] for p in pieces], throttle.budget(rt.store, ctx.spec, job_id))
+    batches = throttle.read(src, [names[p] for p in pieces], throttle.budget(rt.store, ctx.spec, job_id, rt.clock))
     tally = Tally(rt.store, job_id, f"scan/{task}")  # what status shows while the task runs
     origins: set[str] = set()
     mapped_rows = _Coalesced(lambda rows: _scan_batch(result, rows, ctx, spiller, overlap))
