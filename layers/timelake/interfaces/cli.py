@@ -276,14 +276,14 @@ def set_settings(
     max_concurrency: Annotated[Optional[int], typer.Option("--max-concurrency", help=field_help("max_concurrency"))] = None,
     source_rows_per_second: Annotated[Optional[int], typer.Option(
         "--source-rows-per-second", help=field_help("source_rows_per_second"))] = None,
-    as_json: JsonFlag = False, warehouse: Warehouse = None, on: On = "local",
+    as_json: JsonFlag = False, warehouse: Warehouse = None, catalog: CatalogName = None, on: On = "local",
 ) -> None:
     """Change a job's settings while it runs: writers and scan tasks at once (from the next unit), source
     rows per second (from the next rows read). A finished job is refused; an interrupted one resumes with them."""
     if max_concurrency is None and source_rows_per_second is None:
         fail("nothing to set: give --max-concurrency and/or --source-rows-per-second")
     wanted = {"max_concurrency": max_concurrency, "source_rows_per_second": source_rows_per_second}
-    result = _aws().set_settings(job_id, **wanted) if _on_aws(on) else _lake(warehouse).job(job_id).set(**wanted)
+    result = _aws().set_settings(job_id, **wanted) if _on_aws(on) else _job_lake(warehouse, catalog, job_id).job(job_id).set(**wanted)
     if as_json:
         out.print_json(json.dumps(result))
         return
