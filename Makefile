@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 RUNTIME := $(VENV)/.runtime
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-deps docs bench bench-postgres clean install synth
+.PHONY: demo test test-deps docs lint bench bench-postgres clean install synth
 
 NPM_LOCK := $(wildcard package-lock.json)
 
@@ -45,8 +45,14 @@ test-deps:
 demo: $(RUNTIME)
 	$(VENV)/bin/timelake demo
 
-test: $(STAMP) test-deps docs
+test: $(STAMP) test-deps docs lint
 	$(PY) -m pytest -n 2 --dist loadgroup --durations=15
+
+# ruff over every Python file of the repository and mypy over the package and the Lambda handlers (what they
+# check is in pyproject.toml); `test` runs it first, so a finding fails the build before the suite starts.
+lint: $(STAMP)
+	$(VENV)/bin/ruff check --quiet
+	$(PY) -m mypy
 
 # The documentation site, built with --strict so a broken link or anchor fails; into .venv/site, not committed.
 # tests/docs runs the examples marked runnable in its pages.
