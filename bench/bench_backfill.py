@@ -35,7 +35,7 @@ import signal
 import subprocess
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +46,7 @@ import pyarrow.parquet as pq
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE / ".data"
-START = datetime(2024, 1, 1, tzinfo=timezone.utc)
+START = datetime(2024, 1, 1, tzinfo=UTC)
 US_PER_DAY = 86_400_000_000
 PRESENT_FRACTION = 0.3
 SEED = 20240101
@@ -163,7 +163,7 @@ class _Timed:
     """Wall and CPU seconds of a block: the CPU of exactly the timed work, a second measure that other
     processes on a shared machine disturb far less than the wall clock."""
 
-    def __enter__(self) -> "_Timed":
+    def __enter__(self) -> _Timed:
         self.wall, self.cpu = time.perf_counter(), _cpu()
         return self
 
@@ -576,7 +576,7 @@ def _load() -> str:
 
 def driver(args: argparse.Namespace) -> None:
     wanted = [n for n, _ in CASES if not args.only or n in args.only]
-    print(f"timelake backfill benchmark  {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC")
+    print(f"timelake backfill benchmark  {datetime.now(UTC):%Y-%m-%d %H:%M} UTC")
     print(f"host: {os.cpu_count()} CPUs, {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GB, "
           f"Python {platform.python_version()}, pyarrow {pa.__version__}, pyiceberg {_version('pyiceberg')}, "
           f"duckdb {_version('duckdb')}; max_concurrency={args.max_concurrency}; load average {_load()}")
@@ -662,12 +662,12 @@ def driver(args: argparse.Namespace) -> None:
         changed = sorted({n for n, rs in runs.items() if n in ENGINE_CASES for r in rs if r.get("engine") != engine})
         print(f"  WARNING: the engine source changed during the benchmark ({', '.join(changed)} ran on other "
               f"versions too); only runs on the starting version {engine} are reported where there are any")
-    print(f"  seconds: best of the runs (spread: slowest/fastest); cpu t: user+sys of the timed work of that run (its")
-    print(f"  threads and reaped child processes); cpu s: user+sys of the whole case process (set-up and checks too);")
+    print("  seconds: best of the runs (spread: slowest/fastest); cpu t: user+sys of the timed work of that run (its")
+    print("  threads and reaped child processes); cpu s: user+sys of the whole case process (set-up and checks too);")
     print(f"  other: CPU seconds other processes on this host used meanwhile (noise; the machine has "
           f"{os.cpu_count()} CPUs);")
-    print(f"  peak MB: PSS of the case's process tree, sampled every 0.2 s; self/child: ru_maxrss of the case")
-    print(f"  process / of its largest child process (the writer workers, reaped through the forkserver)")
+    print("  peak MB: PSS of the case's process tree, sampled every 0.2 s; self/child: ru_maxrss of the case")
+    print("  process / of its largest child process (the writer workers, reaped through the forkserver)")
 
     print()
     print(f"{'ratio (time / time)':<40} {'measured':>9} {'target':>9}      {'per round: wall':<22} {'cpu t':<16}")

@@ -13,7 +13,7 @@ import argparse
 import sys
 import tempfile
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta, UTC
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -31,7 +31,7 @@ def main() -> None:
     parser.add_argument("--days", type=int, default=20)
     parser.add_argument("--step-minutes", type=int, default=1)
     args = parser.parse_args()
-    start = (datetime.now(timezone.utc) - timedelta(days=args.days + 10)).strftime("%Y-%m-%d")
+    start = (datetime.now(UTC) - timedelta(days=args.days + 10)).strftime("%Y-%m-%d")
     with tempfile.TemporaryDirectory(prefix="bench-canary-") as tmp:
         source = Path(tmp, "src")
         source.mkdir()

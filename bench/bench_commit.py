@@ -31,7 +31,7 @@ import os
 import pstats
 import shutil
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta, UTC
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +40,7 @@ import pyarrow as pa
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE / ".data"
-START = datetime(1990, 1, 1, tzinfo=timezone.utc)
+START = datetime(1990, 1, 1, tzinfo=UTC)
 US_PER_DAY = 86_400_000_000
 SCHEMA = pa.schema([("ts", pa.timestamp("us", tz="UTC")), ("device_id", pa.string()), ("value", pa.float64())])
 TABLE = "bench.sensor"
@@ -152,7 +152,7 @@ class _Timed:
         self.module, self.name, self.original = module, name, getattr(module, name)
         self.wall = self.cpu = 0.0
 
-    def __enter__(self) -> "_Timed":
+    def __enter__(self) -> _Timed:
         def timed(*args: Any, **kwargs: Any) -> Any:
             wall, cpu = time.perf_counter(), time.process_time()
             try:
@@ -215,7 +215,7 @@ def main() -> None:
     args = parser.parse_args()
     from timelake.model.commit import data_file_from_result
 
-    print(f"stage/publish benchmark  {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, {os.cpu_count()} CPUs, "
+    print(f"stage/publish benchmark  {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {os.cpu_count()} CPUs, "
           f"load average {_load()}")
     made = time.perf_counter()
     root, results = write_files(args.files)

@@ -25,7 +25,7 @@ import statistics
 import sys
 import tempfile
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta, UTC
 from pathlib import Path
 
 import numpy as np
@@ -53,7 +53,7 @@ def build(root: Path, files: int) -> tuple[timelake.Lake, float]:
                               partition_by="day", properties={EXPECTED_INTERVAL: "PT1M", EXPECTED_SERIES: "100"})
     iceberg = table.iceberg
     ts_field = iceberg.schema().find_field("ts")
-    first_day = to_micros(datetime.now(timezone.utc) - timedelta(days=DAYS)) // US_PER_DAY
+    first_day = to_micros(datetime.now(UTC) - timedelta(days=DAYS)) // US_PER_DAY
     rng = np.random.default_rng(0)
     days = first_day + np.sort(rng.integers(0, DAYS, files))
     started = time.perf_counter()
@@ -85,7 +85,7 @@ def series(days: int, repeat: int) -> None:
         lake = timelake.connect(warehouse=root)
         table = lake.create_table("bench.sensor", schema=SCHEMA, time_column="ts", series_key=["device_id"],
                                   partition_by="day")
-        first = (to_micros(datetime.now(timezone.utc)) // US_PER_DAY - days) * US_PER_DAY
+        first = (to_micros(datetime.now(UTC)) // US_PER_DAY - days) * US_PER_DAY
         hours, devices = days * 24, 100
         ts = np.repeat(first + np.arange(hours, dtype=np.int64) * 3_600_000_000, devices)
         names = np.tile(np.array([f"dev-{i:03d}" for i in range(devices)]), hours)

@@ -27,7 +27,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta, UTC
 from pathlib import Path
 from typing import TypeVar
 
@@ -100,7 +100,7 @@ def compare(lake: timelake.Lake, con: duckdb.DuckDBPyConnection) -> list[str]:
 
 def write_source(folder: Path, devices: int, days: int) -> tuple[str, str]:
     """A file per day; values wander so that rules fire now and then. Returns the range [start, end)."""
-    first = datetime.now(timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0) - timedelta(days=days + 3)
+    first = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0) - timedelta(days=days + 3)
     names = np.repeat(np.array([f"dev-{i:04d}" for i in range(devices)]), 1440)
     rng = np.random.default_rng(7)
     for day in range(days):

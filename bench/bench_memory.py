@@ -21,7 +21,7 @@ import json
 import subprocess
 import sys
 import tempfile
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta, UTC
 from pathlib import Path
 
 import numpy as np
@@ -79,7 +79,7 @@ print(json.dumps({"rows": rows, "seconds": time.perf_counter() - started,
 def write_days(folder: Path, devices: int, days: int) -> None:
     """A file per day of every device at 1/min, ending three days ago."""
     (folder / "source").mkdir(parents=True)
-    first = datetime.now(timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0) - timedelta(days=days + 3)
+    first = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0) - timedelta(days=days + 3)
     names = np.array([f"dev-{i:05d}" for i in range(devices)])
     for day in range(days):
         start = np.datetime64((first + timedelta(days=day)).replace(tzinfo=None), "us")

@@ -30,7 +30,7 @@ import shutil
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 from pathlib import Path
 
 import pyarrow as pa
@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 
 from tests.sources.conftest import PgServer, running_postgres  # noqa: E402
 
-START = datetime(2024, 1, 1, tzinfo=timezone.utc)
+START = datetime(2024, 1, 1, tzinfo=UTC)
 SCHEMA = pa.schema([("ts", pa.timestamp("us", tz="UTC")), ("device_id", pa.string()), ("value", pa.float64())])
 
 

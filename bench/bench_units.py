@@ -19,7 +19,7 @@ import argparse
 import sys
 import tempfile
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta, UTC
 from pathlib import Path
 
 import numpy as np
@@ -37,7 +37,7 @@ SCHEMA = pa.schema([("ts", pa.timestamp("us", tz="UTC")), ("device_id", pa.strin
 
 
 def readings(devices: int, days: int) -> pa.Table:
-    start = datetime.now(timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0) - timedelta(days=days + 2)
+    start = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0) - timedelta(days=days + 2)
     minutes = days * 24 * 60
     ts = np.tile(np.datetime64(start.replace(tzinfo=None), "us") + np.arange(minutes) * np.timedelta64(60, "s"), devices)
     dev = np.repeat(np.array([f"dev-{i:05d}" for i in range(devices)]), minutes)

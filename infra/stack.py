@@ -91,7 +91,7 @@ class Settings:
     table_bucket_arn: str | None = None  # catalog s3tables: an existing table bucket (None: the stack makes one)
 
     @classmethod
-    def from_context(cls, get: Any) -> "Settings":
+    def from_context(cls, get: Any) -> Settings:
         """``get`` is ``node.try_get_context``. Lists may be JSON lists (cdk.json) or comma-separated
         strings (``cdk deploy -c sourceBuckets=a,b/prefix``)."""
         def names(key: str, default: tuple[str, ...]) -> tuple[str, ...]:

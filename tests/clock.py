@@ -31,7 +31,7 @@ class TestClock:
         self.slept = 0.0
 
     @classmethod
-    def at(cls, local: str, tz: str) -> "TestClock":
+    def at(cls, local: str, tz: str) -> TestClock:
         """A clock reading ``local`` (``2030-01-07 05:59``) in zone ``tz``."""
         return cls(datetime.fromisoformat(local).replace(tzinfo=ZoneInfo(tz)).timestamp())
 

@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta, UTC
 from pathlib import Path
 
 import duckdb
@@ -23,7 +23,7 @@ Readings = Callable[..., pa.Table]
 def make_readings(start: str | datetime, days: float = 1, devices: int = 3, step_minutes: int = 60, seed: int = 0,
                   value_offset: float = 0.0) -> pa.Table:
     """Rows for every device on a fixed cadence from ``start`` (UTC) for ``days``."""
-    begin = start if isinstance(start, datetime) else datetime.fromisoformat(start).replace(tzinfo=timezone.utc)
+    begin = start if isinstance(start, datetime) else datetime.fromisoformat(start).replace(tzinfo=UTC)
     n = int(days * 24 * 60 // step_minutes)
     base = np.datetime64(begin.replace(tzinfo=None), "us")
     ts = np.tile(base + np.arange(n) * np.timedelta64(step_minutes * 60_000_000, "us"), devices)
@@ -57,7 +57,7 @@ def sensor(lake: timelake.Lake) -> timelake.Table:
 
 #: The day the test session started (UTC): every `recent` day counts back from it, so a run that
 #: crosses midnight does not see two different "todays" (rows made before midnight for a range asked after).
-TODAY = datetime.now(timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
+TODAY = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
 
 
 def recent(days_ago: int) -> str:

@@ -327,7 +327,7 @@ class _Heartbeat:
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._beat, name=f"timelake-heartbeat-{job_id}", daemon=True)
 
-    def __enter__(self) -> "_Heartbeat":
+    def __enter__(self) -> _Heartbeat:
         now = time.time()
         self.runs = [*self.rt.store.get_job(self.job_id).state.get("runs", []), [now, now]][-MAX_RUNS:]
         self.rt.store.update_job(self.job_id, runs=self.runs, runner={"pid": os.getpid(), "host": socket.gethostname()})

@@ -228,7 +228,7 @@ def test_over_the_reject_budget_the_workflow_fails_before_it_writes(cloud: Cloud
     table = sensor_table(cloud.lake)
     source = readings(recent(6), days=1, devices=2)
     text = [f"{v:,.1f}" if i % 3 == 0 and v >= 1 else f"{v:.1f}" for i, v in enumerate(
-        (v * 1000 for v in source.column("value").to_pylist()))]
+        v * 1000 for v in source.column("value").to_pylist())]
     unreadable = sum("," in v for v in text)
     _upload(source.set_column(2, "value", pa.array(text)), "src/grouped.parquet")
     result = cloud.run({"table": "iot.sensor", "source": f"s3://{BUCKET}/src/*.parquet", "on_bad_value": "reject"},

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta, UTC
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -12,7 +12,7 @@ from tests.conftest import recent
 
 
 def day(days_ago: int) -> datetime:
-    return datetime.fromisoformat(recent(days_ago)).replace(tzinfo=timezone.utc)
+    return datetime.fromisoformat(recent(days_ago)).replace(tzinfo=UTC)
 
 
 def heat(rows: pa.Table, device: str, start: datetime, end: datetime, value: float = 95.0) -> pa.Table:

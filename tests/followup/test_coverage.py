@@ -26,6 +26,7 @@ from timelake.followup.coverage import EXPECTED_INTERVAL, EXPECTED_SERIES
 from timelake.ports.files import forget_shared_io
 from timelake.steps.publish import publish
 from timelake.steps.validate import validate
+from datetime import UTC
 
 TIMELAKE = str(Path(sys.executable).parent / "timelake")
 DEVICES, PER_DAY = 3, 72  # make_readings: hourly rows per device
@@ -314,13 +315,13 @@ def test_abort_takes_backfilling_out_of_the_signal(lake, scene):
 def test_tiered_table_signal_follows_each_partition_grain(lake):
     """Older rows live in month (or year) partitions: the companion has one row per partition of the
     tier that holds it, and day buckets over a month partition are spread and flagged estimated."""
-    from datetime import datetime, timedelta, timezone
+    from datetime import datetime, timedelta
 
     from tests.conftest import SCHEMA, make_readings
 
     table = lake.create_table("iot.tiered", schema=SCHEMA, time_column="ts", series_key=["device_id"],
                               partition_by={"P30D": "day", None: "month"}, retention="P5Y")
-    now = datetime.now(timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
+    now = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
     source = pa.concat_tables([make_readings(now - timedelta(days=5), days=2, devices=2),
                                make_readings(now - timedelta(days=150), days=40, devices=2, step_minutes=240)])
     job = table.backfill(source=source).wait()

@@ -50,8 +50,8 @@ def _assert_equal(got: pa.Table, expected: pa.Table) -> None:
 
 
 def _outside(rollup: pa.Table, start: str, end: str) -> list[dict]:
-    lo = dt.datetime.fromisoformat(start).replace(tzinfo=dt.timezone.utc)
-    hi = dt.datetime.fromisoformat(end).replace(tzinfo=dt.timezone.utc)
+    lo = dt.datetime.fromisoformat(start).replace(tzinfo=dt.UTC)
+    hi = dt.datetime.fromisoformat(end).replace(tzinfo=dt.UTC)
     return [r for r in rollup.to_pylist() if not (lo - dt.timedelta(days=1) <= r["bucket_start"] < hi + dt.timedelta(days=1))]
 
 
@@ -70,7 +70,7 @@ def test_rollups_equal_a_recomputation_and_outside_rows_are_untouched(lake, roll
         assert _outside(after, recent(8), recent(6)) == _outside(before[interval], recent(8), recent(6))
     if mode == "replace":
         hours = _rollup(lake, "1h").to_pylist()
-        lo = dt.datetime.fromisoformat(recent(8)).replace(tzinfo=dt.timezone.utc)
+        lo = dt.datetime.fromisoformat(recent(8)).replace(tzinfo=dt.UTC)
         assert not [r for r in hours if r["device_id"] == "d02" and lo <= r["bucket_start"] < lo + dt.timedelta(days=2)]
 
 
@@ -111,6 +111,6 @@ def test_refreshes_of_ranges_that_do_not_overlap_both_go_in(lake, rolled):
     refresh_range(lake.runtime, "iot.sensor", hourly, *_span(hourly, recent(7), recent(6)))
     assert commit_range(first) is True  # the other commit only moved main: retried on fresh metadata, not recomputed
     got = _rollup(lake, "1h").to_pylist()
-    day8 = dt.datetime.fromisoformat(recent(8)).replace(tzinfo=dt.timezone.utc)
+    day8 = dt.datetime.fromisoformat(recent(8)).replace(tzinfo=dt.UTC)
     d04 = {r["bucket_start"] for r in got if r["device_id"] == "d04"}
     assert d04 and min(d04) >= day8 + dt.timedelta(days=1), "day 8 was computed before d04 arrived, day 7 after"

@@ -4,7 +4,7 @@ sink (so the sink is wired and could be called); a backfill never does, with or 
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta, UTC
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -63,8 +63,8 @@ def test_a_backfill_never_calls_the_sink(ruled, sink, evaluate_rules):
         assert recorded(ruled, "backfill") == []
         return
     state = job.record().state
-    lo = datetime.fromtimestamp(state["range_start"] / 1e6, timezone.utc)
-    hi = datetime.fromtimestamp(state["range_end"] / 1e6, timezone.utc)
+    lo = datetime.fromtimestamp(state["range_start"] / 1e6, UTC)
+    hi = datetime.fromtimestamp(state["range_end"] / 1e6, UTC)
     expected = reference(ruled.to_arrow(), lo, hi)
     got = recorded(ruled, "backfill")
     assert got == expected and state["rule_events"] == len(expected)
@@ -118,7 +118,7 @@ def test_runs_end_at_a_series_boundary_and_at_a_null_and_nan_is_above_every_thre
     schema = pa.schema([("ts", pa.timestamp("us", tz="UTC")), ("site", pa.string()), ("device_id", pa.string()),
                         ("value", pa.float64())])
     table = lake.create_table("iot.sites", schema=schema, time_column="ts", series_key=["site", "device_id"])
-    t = [datetime(2026, 3, 1, tzinfo=timezone.utc) + timedelta(minutes=m) for m in range(5)]
+    t = [datetime(2026, 3, 1, tzinfo=UTC) + timedelta(minutes=m) for m in range(5)]
     nan = float("nan")
     series = {("s1", "a"): [90, 90, 90], ("s1", "b"): [90, None, 90, 90, 90], ("s2", "a"): [nan, nan, nan],
               ("s2", "b"): [3, 2, 5, 1]}

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta, UTC
 from pathlib import Path
 from typing import Any
 
@@ -122,7 +122,7 @@ def run_handler(name: str, event: dict[str, Any], limit_mb: int, env: dict[str, 
 
 def write_source(path: Path) -> int:
     """One Parquet file with a day of every device at 1/min, written a slice of devices at a time."""
-    start = datetime.now(timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0) - timedelta(days=3)
+    start = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0) - timedelta(days=3)
     minutes = np.datetime64(start.replace(tzinfo=None), "us") + np.arange(MINUTES) * np.timedelta64(60, "s")
     with pq.ParquetWriter(path, SCHEMA) as writer:
         for first in range(0, DEVICES, 1_000):

@@ -15,7 +15,7 @@ import importlib.util
 import json
 import sys
 from collections.abc import Callable
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta, UTC
 from pathlib import Path
 from typing import Any
 
@@ -91,7 +91,7 @@ def engine(settings: dict[str, Any]) -> None:
     assert datetime(2024, 7, 1, tzinfo=zoneinfo.ZoneInfo("Europe/Berlin")).utcoffset() == timedelta(hours=2)
     assert zstandard.decompress(zstandard.compress(b"x" * 100)) == b"x" * 100 and len(pyroaring.BitMap([1, 2])) == 2
 
-    start = int(datetime(2024, 3, 1, tzinfo=timezone.utc).timestamp() * 1_000_000)
+    start = int(datetime(2024, 3, 1, tzinfo=UTC).timestamp() * 1_000_000)
     rows = pa.table({"ts": pa.array(start + np.arange(96) * 1_800_000_000, pa.timestamp("us", tz="UTC")),
                      "device": pa.array(["a", "b"] * 48), "value": pa.array(np.arange(96, dtype=np.float64))})
     boto3.client("s3").create_bucket(Bucket="lake")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 
 import pyarrow as pa
 import pyarrow.csv as pacsv
@@ -20,7 +20,7 @@ def test_create_from_a_schema_then_declare_the_cadence_that_coverage_measures(wa
                                                              {"max_age": None, "transform": "month"}]
     table = timelake.connect(warehouse=warehouse).table("iot.sensor")
     assert (table.contract.time_column, table.contract.series_key, table.contract.retention) == ("ts", ("device_id",), "P3Y")
-    day = datetime.fromisoformat(recent(5)).replace(tzinfo=timezone.utc)
+    day = datetime.fromisoformat(recent(5)).replace(tzinfo=UTC)
     table.append(make_readings(day, days=2 / 24, devices=3, step_minutes=1))  # two hours of one day
     status = lambda: {b["bucket"]: b["status"] for b in json.loads(  # noqa: E731
         cli("coverage", "iot.sensor", "--start", recent(5), "--end", recent(4), "--json", warehouse=warehouse).stdout)["buckets"]}

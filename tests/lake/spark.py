@@ -27,7 +27,7 @@ import threading
 import time
 import warnings
 from collections.abc import Iterator
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
@@ -134,7 +134,7 @@ def _millis(at: datetime | None) -> int:
 
 
 def _timestamp(at: datetime | None) -> str:
-    moment = datetime.fromtimestamp(_millis(at) / 1000, timezone.utc)
+    moment = datetime.fromtimestamp(_millis(at) / 1000, UTC)
     return f"TIMESTAMP '{moment.strftime('%Y-%m-%d %H:%M:%S.%f')[:-3]}'"
 
 
@@ -156,7 +156,7 @@ class SparkLake:
 
     # -- the catalog ----------------------------------------------------------------------------------
 
-    def use(self, warehouse: Path) -> "SparkLake":
+    def use(self, warehouse: Path) -> SparkLake:
         """Point the catalog at ``warehouse`` (a folder ``timelake.connect(warehouse=...)`` made)."""
         with self._turn:
             self.release()
@@ -180,7 +180,7 @@ class SparkLake:
                 manager.reset()
 
     @contextlib.contextmanager
-    def held(self) -> Iterator["SparkLake"]:
+    def held(self) -> Iterator[SparkLake]:
         """Keep the catalog open across the operations inside, as a long-lived Spark application does:
         the catalog file stays locked until the block ends."""
         self._holding += 1

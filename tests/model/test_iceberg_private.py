@@ -5,7 +5,7 @@ pyiceberg that moves one of them fails here, by name, before any job can."""
 from __future__ import annotations
 
 import inspect
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 
 import pyarrow as pa
 import pyiceberg
@@ -83,7 +83,7 @@ def test_strict_metrics_and_complementary_filter(lake):
     assert list(inspect.signature(_expression_to_complementary_pyarrow).parameters)[:2] == ["expr", "schema"]
     table = _table(lake)
     schema, field = table.schema(), table.schema().find_field("ts")
-    day = datetime(2024, 3, 1, tzinfo=timezone.utc)
+    day = datetime(2024, 3, 1, tzinfo=UTC)
     in_day = GreaterThanOrEqual("ts", day.isoformat())
     micros = int(day.timestamp() * 1_000_000)
 

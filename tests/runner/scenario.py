@@ -11,7 +11,7 @@ import os
 import subprocess
 import sys
 from collections import Counter
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta, UTC
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,7 @@ STEP_PROPERTY = "timelake.step"
 CHUNK_PROPERTY = "timelake.chunk"
 DEVICES = 4
 STEP = timedelta(minutes=30)
-RANGE_START = datetime(2024, 3, 1, tzinfo=timezone.utc)
+RANGE_START = datetime(2024, 3, 1, tzinfo=UTC)
 US_PER_DAY = 86_400_000_000
 SCHEMA = pa.schema([("ts", pa.timestamp("us", tz="UTC")), ("device_id", pa.string()), ("value", pa.float64())])
 TIMELAKE = Path(sys.executable).parent / "timelake"

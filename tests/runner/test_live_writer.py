@@ -11,9 +11,9 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta, UTC
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -291,7 +291,7 @@ def _check_final(live: Live, job_id: str, writer: LiveWriter) -> tuple[dict[Key,
 
 
 def _dt(ts_us: int) -> datetime:
-    return datetime.fromtimestamp(ts_us / 1e6, tz=timezone.utc)
+    return datetime.fromtimestamp(ts_us / 1e6, tz=UTC)
 
 
 @pytest.mark.parametrize("publish_by", ["day", None], ids=["publish_by_day", "one_commit"])
@@ -367,7 +367,7 @@ def test_replace_under_live_traffic_keeps_every_live_row_and_swaps_each_day_whol
 
     final, live_values = keyed(reference), keyed(collided)
     in_range = {k: v for k, v in final.items() if RANGE_START <= _dt(k[1]) < RANGE_END}
-    old_days = _by_day(set(keyed(live.original)) & {k for k in keyed(live.original) if RANGE_START <= _dt(k[1])})
+    old_days = _by_day(set(keyed(live.original)) & {k for k in keyed(live.original) if _dt(k[1]) >= RANGE_START})
     new_days = _by_day(set(in_range) - set(live_values))
     seen: dict[Key, float] = {}
     for n, (_, rows) in enumerate(reader.observations):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import threading
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta, UTC
 from zoneinfo import ZoneInfo
 
 import pyarrow as pa
@@ -195,7 +195,7 @@ def test_the_window_is_in_the_job_json_and_refused_in_one_line(sensor, warehouse
                             (["--run-tz", BERLIN], "run_tz is the zone of run_between")):
         code, err = cli_in_process("backfill", "iot.sensor", "--from", str(path), *option, "--warehouse", str(warehouse))
         assert code == 1 and message in err and len(err.strip().splitlines()) == 1, err
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     # a window open now (the subprocess keeps the system clock): the job runs at once and records it
     between = f"{now - timedelta(hours=1):%H:%M}-{now + timedelta(hours=2):%H:%M}"
     done = cli("backfill", "iot.sensor", "--from", str(path), "--run-between", between, "--json", warehouse=warehouse)

@@ -18,7 +18,7 @@ import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta, UTC
 from pathlib import Path
 
 import pyarrow as pa
@@ -185,7 +185,7 @@ class PgServer:
                     last = found[-1]
                     found[-1] = Statement(last.pid, last.start, None, f"{last.sql} {line.strip()}")
                 continue
-            stamp = datetime.strptime(match[1], "%Y-%m-%d %H:%M:%S.%f").replace(tzinfo=timezone.utc)
+            stamp = datetime.strptime(match[1], "%Y-%m-%d %H:%M:%S.%f").replace(tzinfo=UTC)
             pid, kind, rest = int(match[2]), match[3] or match[5], match[4]
             if kind != "duration":
                 running[pid] = len(found)
@@ -241,7 +241,7 @@ def postgres() -> Iterator[PgServer]:
 
 def year_start() -> datetime:
     """Midnight UTC 400 days ago: a year of history that ends well before today and stays in retention."""
-    today = datetime.now(timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
+    today = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
     return today - timedelta(days=400)
 
 

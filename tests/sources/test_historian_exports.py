@@ -14,7 +14,7 @@ import json
 import math
 import random
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta, UTC
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
@@ -24,7 +24,7 @@ import pytest
 import timelake
 from tests.conftest import cli_in_process
 
-UTC = timezone.utc
+UTC = UTC
 STATES = ["I/O Timeout", "Shutdown", "Bad Input"]
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta, UTC
 from pathlib import Path
 
 import boto3
@@ -33,7 +33,7 @@ MAP = {"ts": "event_time", "device_id": "sensor", "value": "reading"}
 
 
 def _rows(day: int, days: float = 1, hour: int = 0) -> pa.Table:
-    start = datetime.fromisoformat(recent(20 - day)).replace(tzinfo=timezone.utc) + timedelta(hours=hour)
+    start = datetime.fromisoformat(recent(20 - day)).replace(tzinfo=UTC) + timedelta(hours=hour)
     rows = make_readings(start, days=days, devices=3, step_minutes=30, seed=day + hour)
     return pa.table({
         "event_time": rows["ts"], "sensor": rows["device_id"], "reading": rows["value"].cast(pa.float32()),

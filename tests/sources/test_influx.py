@@ -6,7 +6,7 @@ import csv
 import gzip
 import io
 import json
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta, UTC
 from pathlib import Path
 
 import pyarrow as pa
@@ -39,7 +39,7 @@ CREATE DATABASE hist WITH NAME autogen
 def _points() -> tuple[pa.Table, dict[str, list[str]], list[str]]:
     """The expected rows; the same points as line protocol per write precision (plus another measurement);
     and as an export writes them: one line per field, in runs per series and field, times in ns."""
-    start = datetime.fromisoformat(recent(10)).replace(tzinfo=timezone.utc)
+    start = datetime.fromisoformat(recent(10)).replace(tzinfo=UTC)
     rows, lines, export = [], {unit: [] for unit, _ in DAYS.values()}, []
     for day, (unit, extra) in DAYS.items():
         for hour in range(0, 24, 3):

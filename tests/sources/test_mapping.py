@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -15,7 +15,7 @@ import pytest
 from timelake.sources.base import SourceBatch, open_source
 from timelake.sources.mapping import MappedBatch, Mapper, MappingError, number_hint, timestamp_hint
 
-UTC = timezone.utc
+UTC = UTC
 TARGET = pa.schema(
     [
         pa.field("ts", pa.timestamp("us", tz="UTC"), nullable=False),

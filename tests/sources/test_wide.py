@@ -3,7 +3,7 @@ DuckDB `CALL`; and the wide reader's own errors, each one line naming the column
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta, UTC
 
 import duckdb
 import pandas as pd
@@ -17,7 +17,7 @@ from timelake.errors import InvalidJob
 from timelake.sources.base import SourceError, open_source
 from timelake.sources.wide import OUTPUT_ROWS, WideSource
 
-UTC = timezone.utc
+UTC = UTC
 
 
 def _sheet(rows: int = 6) -> pd.DataFrame:

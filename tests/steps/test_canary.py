@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta, UTC
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
@@ -48,7 +48,7 @@ def _start(sensor, export: Path, canary):
 
 
 def _day(table: pa.Table, day: str) -> pa.Table:
-    start = datetime.fromisoformat(day).replace(tzinfo=timezone.utc)
+    start = datetime.fromisoformat(day).replace(tzinfo=UTC)
     ts = table.column("ts")
     return table.filter(pc.and_(pc.greater_equal(ts, start), pc.less(ts, start + timedelta(days=1))))
 
@@ -89,7 +89,7 @@ def test_canary_day_is_staged_alone_and_equals_the_reference(lake, scene):
     assert any(s["origin"].startswith("row ") and s["origin"].endswith("a.parquet") for s in samples)  # beside a rejected row
     for s in samples:
         local = datetime.fromisoformat(s["source"]["timestamp"]).replace(tzinfo=BERLIN)
-        assert datetime.fromisoformat(s["mapped"]["ts"]) == local.astimezone(timezone.utc)
+        assert datetime.fromisoformat(s["mapped"]["ts"]) == local.astimezone(UTC)
         assert (s["mapped"]["device_id"], s["mapped"]["value"]) == (s["source"]["tag_name"], s["source"]["val"])
         if s["existing"]:
             assert s["existing"]["ts"] == s["mapped"]["ts"] and s["outcome"].startswith("dropped")
@@ -150,7 +150,7 @@ def test_an_approval_after_the_deadline_aborts_the_job_and_leaves_nothing(lake, 
     assert datetime.fromisoformat(waiting["approval_deadline"].replace("Z", "+00:00")).timestamp() == pytest.approx(since + 1, abs=1e-3)
     paths = [Path(p.removeprefix("file://")) for p in _unit_files(lake, job.id)]
     assert paths and all(p.exists() for p in paths)
-    while datetime.now(timezone.utc).timestamp() <= since + 1:
+    while datetime.now(UTC).timestamp() <= since + 1:
         time.sleep(0.05)
     with pytest.raises(Aborted, match=r"approval ran out at .* \(approval_timeout_seconds=1\); the job was aborted"):
         job.approve(wait=True)

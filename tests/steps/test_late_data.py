@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta, UTC
 
 import pyarrow as pa
 
@@ -11,7 +11,7 @@ from tests.conftest import make_readings, recent, sort_rows
 
 
 def test_append_as_backfill_routes_old_rows_to_the_backfill_writer(lake, sensor, readings):
-    now = datetime.now(timezone.utc).replace(minute=0, second=0, microsecond=0)
+    now = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
     sensor.append(make_readings(now - timedelta(days=4), days=1, devices=2, seed=1))  # what live ingestion had
     latest = make_readings(now - timedelta(hours=2), days=1 / 12, devices=2, seed=3)  # recent
     dump = pa.concat_tables([make_readings(now - timedelta(days=4), days=3, devices=2, seed=2), latest])  # days of outage

@@ -10,6 +10,7 @@ import pyarrow.compute as pc
 import pytest
 
 from tests.conftest import SCHEMA, duplicate_keys, recent, reference_merge, sort_rows
+from datetime import UTC
 
 
 def _existing_and_source(sensor, readings):
@@ -186,9 +187,9 @@ def _commit_after_the_first_unit(monkeypatch, sensor, live: pa.Table) -> list[st
 
 def _live_rows(source: pa.Table, day: str, rows: int = 12) -> pa.Table:
     """``rows`` of the source's keys from ``day`` on, with values no source row has."""
-    from datetime import datetime, timezone
+    from datetime import datetime
 
-    since = pa.scalar(datetime.fromisoformat(day).replace(tzinfo=timezone.utc), pa.timestamp("us", tz="UTC"))
+    since = pa.scalar(datetime.fromisoformat(day).replace(tzinfo=UTC), pa.timestamp("us", tz="UTC"))
     live = source.filter(pc.greater_equal(source.column("ts"), since)).slice(0, rows)
     return live.set_column(2, "value", pa.array([-1.0] * rows))
 
@@ -252,9 +253,9 @@ def test_replace_keeps_the_rows_live_ingestion_commits_in_the_range_while_the_jo
 
 
 def _day(day: str) -> pa.Scalar:
-    from datetime import datetime, timezone
+    from datetime import datetime
 
-    return pa.scalar(datetime.fromisoformat(day).replace(tzinfo=timezone.utc), SCHEMA.field("ts").type)
+    return pa.scalar(datetime.fromisoformat(day).replace(tzinfo=UTC), SCHEMA.field("ts").type)
 
 
 def test_replace_that_loses_a_commit_race_keeps_the_live_rows_of_both_attempts(sensor, readings, monkeypatch):

@@ -4,7 +4,7 @@ deletes and adds are one overwrite snapshot (no DELETE-then-APPEND middle state 
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta, UTC
 
 import numpy as np
 import pyarrow as pa
@@ -26,7 +26,7 @@ def _ancestors(table) -> list[int]:
 
 def _assert_files_in_their_tier(iceberg) -> None:
     contract = Contract.from_table(iceberg)
-    cutoffs = contract.tier_cutoffs(datetime.now(timezone.utc))
+    cutoffs = contract.tier_cutoffs(datetime.now(UTC))
     for task in iceberg.scan().plan_files():
         rows = pq.read_table(task.file.file_path.removeprefix("file://"), columns=["ts"])
         ts = pc.cast(rows.column("ts"), pa.int64()).to_numpy()
@@ -37,7 +37,7 @@ def _assert_files_in_their_tier(iceberg) -> None:
 def test_replace_keeps_tiers_and_commits_one_snapshot_per_chunk(lake):
     table = lake.create_table("iot.tiered", schema=SCHEMA, time_column="ts", series_key=["device_id"],
                               partition_by={"P90D": "day", "P2Y": "month", None: "year"}, retention="P5Y")
-    now = datetime.now(timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
+    now = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
     years_old = now - timedelta(days=3 * 365)
     table.backfill(source=pa.concat_tables([
         make_readings(now - timedelta(days=20), days=5, devices=2, step_minutes=120),

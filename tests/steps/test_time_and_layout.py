@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta, UTC
 
 import pyarrow as pa
 import pyarrow.csv as pacsv
@@ -61,13 +61,13 @@ def test_epoch_integers_need_and_use_a_unit(sensor, tmp_path):
     with pytest.raises(ValueError, match="time_unit"):
         sensor.backfill(source=epoch).wait()
     sensor.backfill(source=epoch, time_unit="s").wait()
-    assert sensor.to_arrow().column("ts").to_pylist()[0] == datetime(2025, 6, 15, 15, 6, 40, tzinfo=timezone.utc)
+    assert sensor.to_arrow().column("ts").to_pylist()[0] == datetime(2025, 6, 15, 15, 6, 40, tzinfo=UTC)
 
 
 def test_older_rows_land_in_coarser_partitions(lake):
     table = lake.create_table("iot.tiered", schema=SCHEMA, time_column="ts", series_key=["device_id"],
                               partition_by={"P30D": "day", "P1Y": "month", None: "year"}, retention="P5Y")
-    now = datetime.now(timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
+    now = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
     recent = make_readings(now - timedelta(days=5), days=2, devices=2, step_minutes=120)
     months_old = make_readings(now - timedelta(days=150), days=40, devices=2, step_minutes=240)
     years_old = make_readings(now - timedelta(days=3 * 365), days=30, devices=2, step_minutes=480)

@@ -61,7 +61,7 @@ class SqliteJobStore:
             self._local.con = con
         return con
 
-    def _tx(self) -> "_Tx":
+    def _tx(self) -> _Tx:
         return _Tx(self._con())
 
     def create_job(self, job: JobRecord) -> None:

@@ -10,7 +10,7 @@ half-updated picture. It is derived data: ``refresh`` rebuilds it whole from the
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 
 import pyarrow as pa
 from pyiceberg.exceptions import NoSuchTableError, TableAlreadyExistsError
@@ -74,7 +74,7 @@ def read(rt: Runtime, table_name: str, start: str | datetime | None = None, end:
 
 
 def to_rows(cmap: CoverageMap) -> pa.Table:
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     return pa.Table.from_pylist([{
         "partition": b.label, "partition_start": b.start, "partition_end": b.end, "rows": b.rows, "files": b.files,
         "expected": b.expected, "status": b.status, "last_writer": b.last_writer,

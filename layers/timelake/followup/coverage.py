@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 from typing import Any
 
 import numpy as np
@@ -72,7 +72,7 @@ class Bucket:
 
     @property
     def label(self) -> str:
-        return datetime.fromtimestamp(self.start / 1e6, timezone.utc).strftime(_LABELS[self.grain])
+        return datetime.fromtimestamp(self.start / 1e6, UTC).strftime(_LABELS[self.grain])
 
     def to_dict(self) -> dict[str, Any]:
         result = {"bucket": self.label, "start": iso(self.start), "end": iso(self.end), "rows": self.rows,
@@ -129,7 +129,7 @@ def compute(
     table = rt.load_table(table_name)
     contract = Contract.from_table(table)
     name = ".".join(table.name()[-2:])
-    now_us = to_micros(now or datetime.now(timezone.utc))
+    now_us = to_micros(now or datetime.now(UTC))
     lo, hi = _micros(start), _micros(end)
     if lo is not None and hi is not None and lo >= hi:
         raise ValueError(f"coverage of {name}: --start {iso(lo)} is not before --end {iso(hi)}")
@@ -251,7 +251,7 @@ def _grain_at(contract: Contract, now_us: int, by: str) -> Any:
         return lambda _t: by
     if len(contract.tiers) == 1:
         return lambda _t: contract.tiers[0].transform
-    cutoffs = contract.tier_cutoffs(datetime.fromtimestamp(now_us / 1e6, timezone.utc))
+    cutoffs = contract.tier_cutoffs(datetime.fromtimestamp(now_us / 1e6, UTC))
     return lambda t: contract.tiers[int(contract.tier_index(np.array([t]), cutoffs)[0])].transform
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import html
 import json
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 
 from rich.text import Text
 
@@ -33,7 +33,7 @@ def rows_of(cmap: CoverageMap) -> list[tuple[str, list[Bucket | None]]]:
     fmt, width, column = _LAYOUT[cmap.by]
     grid: dict[str, list[Bucket | None]] = {}
     for b in cmap.buckets:
-        start = datetime.fromtimestamp(b.start / 1e6, timezone.utc)
+        start = datetime.fromtimestamp(b.start / 1e6, UTC)
         grid.setdefault(start.strftime(fmt), [None] * width)[column(start)] = b
     return list(grid.items())
 

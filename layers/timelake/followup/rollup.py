@@ -230,7 +230,7 @@ def _write(table: Any, target: Any, r: Rollup, lo: int, hi: int,
     return [f for files, _ in written for f in files], sum(n for _, n in written)
 
 
-def compute(con: "duckdb.DuckDBPyConnection", rows: pa.Table | pa.RecordBatchReader, contract: Contract, r: Rollup,
+def compute(con: duckdb.DuckDBPyConnection, rows: pa.Table | pa.RecordBatchReader, contract: Contract, r: Rollup,
             schema: pa.Schema) -> pa.Table:
     """The rollup rows of ``rows`` (DuckDB group-by over Arrow on ``con``; a reader is consumed batch by
     batch, and the group-by spills past the database's memory limit)."""

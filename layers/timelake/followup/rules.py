@@ -21,7 +21,7 @@ import json
 import math
 import re
 import time
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -35,9 +35,6 @@ from timelake.model.contract import Contract
 from timelake.model.layout import fresh_schema, micros, read_range, series_codes, time_bounds
 from timelake.model.timeutil import US_PER_DAY, US_PER_SECOND, from_micros, parse_duration
 from timelake.ports.runtime import Runtime
-
-if TYPE_CHECKING:
-    import duckdb
 
 RULES = "timelake.rules"
 _TEXT = re.compile(r"^\s*(?P<name>[A-Za-z0-9_.-]+)\s*:\s*(?P<column>[A-Za-z_][A-Za-z0-9_]*)\s*(?P<op>>=|<=|>|<)\s*"

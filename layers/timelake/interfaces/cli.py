@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 from collections.abc import Callable
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import pyarrow as pa
 import typer
@@ -35,7 +35,7 @@ from timelake.steps.canary import approve as approve_canary
 FIRST_DAY = "first"
 
 Warehouse = Annotated[
-    Optional[Path], typer.Option("--warehouse", envvar="TIMELAKE_WAREHOUSE", help="Lake folder (default ./.timelake)")
+    Path | None, typer.Option("--warehouse", envvar="TIMELAKE_WAREHOUSE", help="Lake folder (default ./.timelake)")
 ]
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON object")]
 On = Annotated[str, typer.Option("--on", help="local (embedded lake) or aws (the deployed workflow)")]
@@ -142,7 +142,7 @@ def field_help(name: str) -> str:
     return escape(JobSpec.model_fields[name].description or "")
 
 
-CatalogName = Annotated[Optional[str], typer.Option(
+CatalogName = Annotated[str | None, typer.Option(
     "--catalog", envvar="TIMELAKE_CATALOG", metavar="NAME",
     help=field_help("catalog"))]
 
@@ -156,56 +156,56 @@ def field_of(param: str) -> str | None:
 @backfill_app.command("run", hidden=True)
 def run(
     table: Annotated[str, typer.Argument(help=field_help("table"))],
-    source: Annotated[Optional[str], typer.Option("--from", help=field_help("source"))] = None,
-    job_file: Annotated[Optional[Path], typer.Option("--job", help="A job JSON file (the job schema); flags given "
+    source: Annotated[str | None, typer.Option("--from", help=field_help("source"))] = None,
+    job_file: Annotated[Path | None, typer.Option("--job", help="A job JSON file (the job schema); flags given "
                                                      "on the command line override its fields")] = None,
-    map_: Annotated[Optional[str], typer.Option("--map", metavar="COL=SRC,…", help=field_help("map"))] = None,
-    tz: Annotated[Optional[str], typer.Option("--tz", help=field_help("tz"))] = None,
+    map_: Annotated[str | None, typer.Option("--map", metavar="COL=SRC,…", help=field_help("map"))] = None,
+    tz: Annotated[str | None, typer.Option("--tz", help=field_help("tz"))] = None,
     mode: Annotated[str, typer.Option("--mode", help=field_help("mode"))] = "merge",
-    start: Annotated[Optional[str], typer.Option("--start", help=field_help("start"))] = None,
-    end: Annotated[Optional[str], typer.Option("--end", help=field_help("end"))] = None,
+    start: Annotated[str | None, typer.Option("--start", help=field_help("start"))] = None,
+    end: Annotated[str | None, typer.Option("--end", help=field_help("end"))] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help=field_help("dry_run"))] = False,
-    publish_by: Annotated[Optional[str], typer.Option("--publish-by", help=field_help("publish_by"))] = None,
-    max_concurrency: Annotated[Optional[int], typer.Option("--max-concurrency", help=field_help("max_concurrency"))] = None,
-    run_between: Annotated[Optional[str], typer.Option("--run-between", metavar="HH:MM-HH:MM", help=field_help("run_between"))] = None,
-    run_tz: Annotated[Optional[str], typer.Option("--run-tz", metavar="ZONE", help=field_help("run_tz"))] = None,
-    assertions: Annotated[Optional[list[str]], typer.Option("--assert", help=field_help("assertions"))] = None,
-    assertion_timeout: Annotated[Optional[int], typer.Option(
+    publish_by: Annotated[str | None, typer.Option("--publish-by", help=field_help("publish_by"))] = None,
+    max_concurrency: Annotated[int | None, typer.Option("--max-concurrency", help=field_help("max_concurrency"))] = None,
+    run_between: Annotated[str | None, typer.Option("--run-between", metavar="HH:MM-HH:MM", help=field_help("run_between"))] = None,
+    run_tz: Annotated[str | None, typer.Option("--run-tz", metavar="ZONE", help=field_help("run_tz"))] = None,
+    assertions: Annotated[list[str] | None, typer.Option("--assert", help=field_help("assertions"))] = None,
+    assertion_timeout: Annotated[int | None, typer.Option(
         "--assertion-timeout", metavar="SECONDS", help=field_help("assertion_timeout"))] = None,
     override_retention: Annotated[bool, typer.Option("--override-retention", help=field_help("override_retention"))] = False,
     evaluate_rules: Annotated[bool, typer.Option("--evaluate-rules", help=field_help("evaluate_rules"))] = False,
-    time_unit: Annotated[Optional[str], typer.Option("--time-unit", help=field_help("time_unit"))] = None,
+    time_unit: Annotated[str | None, typer.Option("--time-unit", help=field_help("time_unit"))] = None,
     dst_policy: Annotated[str, typer.Option("--dst-policy", help=field_help("dst_policy"))] = "infer",
-    fmt: Annotated[Optional[str], typer.Option("--format", help=field_help("format"))] = None,
-    canary: Annotated[Optional[str], typer.Option("--canary", metavar="[DAY]", help=field_help("canary"))] = None,
-    approval_timeout: Annotated[Optional[int], typer.Option(
+    fmt: Annotated[str | None, typer.Option("--format", help=field_help("format"))] = None,
+    canary: Annotated[str | None, typer.Option("--canary", metavar="[DAY]", help=field_help("canary"))] = None,
+    approval_timeout: Annotated[int | None, typer.Option(
         "--approval-timeout", metavar="SECONDS", help=field_help("approval_timeout_seconds"))] = None,
-    query: Annotated[Optional[str], typer.Option("--query", help=field_help("query"))] = None,
-    source_max_connections: Annotated[Optional[int], typer.Option(
+    query: Annotated[str | None, typer.Option("--query", help=field_help("query"))] = None,
+    source_max_connections: Annotated[int | None, typer.Option(
         "--source-max-connections", help=field_help("source_max_connections"))] = None,
-    source_rows_per_second: Annotated[Optional[int], typer.Option(
+    source_rows_per_second: Annotated[int | None, typer.Option(
         "--source-rows-per-second", help=field_help("source_rows_per_second"))] = None,
-    from_sql: Annotated[Optional[str], typer.Option("--from-sql", help="A DuckDB query as the source (sets source "
+    from_sql: Annotated[str | None, typer.Option("--from-sql", help="A DuckDB query as the source (sets source "
                                                     "'duckdb:' and the query field)")] = None,
-    measurement: Annotated[Optional[str], typer.Option("--measurement", help=field_help("measurement"))] = None,
-    precision: Annotated[Optional[str], typer.Option("--precision", help=field_help("precision"))] = None,
-    null_values: Annotated[Optional[list[str]], typer.Option("--null-values", help=field_help("null_values"))] = None,
-    on_bad_value: Annotated[Optional[str], typer.Option("--on-bad-value", help=field_help("on_bad_value"))] = None,
-    max_rejected: Annotated[Optional[str], typer.Option(
+    measurement: Annotated[str | None, typer.Option("--measurement", help=field_help("measurement"))] = None,
+    precision: Annotated[str | None, typer.Option("--precision", help=field_help("precision"))] = None,
+    null_values: Annotated[list[str] | None, typer.Option("--null-values", help=field_help("null_values"))] = None,
+    on_bad_value: Annotated[str | None, typer.Option("--on-bad-value", help=field_help("on_bad_value"))] = None,
+    max_rejected: Annotated[str | None, typer.Option(
         "--max-rejected", metavar="ROWS|PCT%", help=field_help("max_rejected"))] = None,
-    states_column: Annotated[Optional[str], typer.Option("--states-column", help=field_help("states_column"))] = None,
-    delimiter: Annotated[Optional[str], typer.Option("--delimiter", help=field_help("delimiter"))] = None,
-    decimal: Annotated[Optional[str], typer.Option("--decimal", help=field_help("decimal"))] = None,
-    thousands: Annotated[Optional[str], typer.Option("--thousands", help=field_help("thousands"))] = None,
+    states_column: Annotated[str | None, typer.Option("--states-column", help=field_help("states_column"))] = None,
+    delimiter: Annotated[str | None, typer.Option("--delimiter", help=field_help("delimiter"))] = None,
+    decimal: Annotated[str | None, typer.Option("--decimal", help=field_help("decimal"))] = None,
+    thousands: Annotated[str | None, typer.Option("--thousands", help=field_help("thousands"))] = None,
     wide: Annotated[bool, typer.Option("--wide", "--unpivot", help=field_help("wide"))] = False,
-    id_columns: Annotated[Optional[str], typer.Option("--id-columns", metavar="COL,…", help=field_help("id_columns"))] = None,
-    key_separator: Annotated[Optional[str], typer.Option("--key-separator", help=field_help("key_separator"))] = None,
-    timestamp_format: Annotated[Optional[str], typer.Option(
+    id_columns: Annotated[str | None, typer.Option("--id-columns", metavar="COL,…", help=field_help("id_columns"))] = None,
+    key_separator: Annotated[str | None, typer.Option("--key-separator", help=field_help("key_separator"))] = None,
+    timestamp_format: Annotated[str | None, typer.Option(
         "--timestamp-format", help=field_help("timestamp_format"))] = None,
-    skip_rows: Annotated[Optional[int], typer.Option("--skip-rows", help=field_help("skip_rows"))] = None,
-    skip_after_header: Annotated[Optional[int], typer.Option(
+    skip_rows: Annotated[int | None, typer.Option("--skip-rows", help=field_help("skip_rows"))] = None,
+    skip_after_header: Annotated[int | None, typer.Option(
         "--skip-after-header", help=field_help("skip_after_header"))] = None,
-    encoding: Annotated[Optional[str], typer.Option("--encoding", help=field_help("encoding"))] = None,
+    encoding: Annotated[str | None, typer.Option("--encoding", help=field_help("encoding"))] = None,
     as_json: JsonFlag = False,
     warehouse: Warehouse = None,
     catalog: CatalogName = None,
@@ -273,8 +273,8 @@ def resume(job_id: str, as_json: JsonFlag = False, warehouse: Warehouse = None, 
 @backfill_app.command("set")
 def set_settings(
     job_id: str,
-    max_concurrency: Annotated[Optional[int], typer.Option("--max-concurrency", help=field_help("max_concurrency"))] = None,
-    source_rows_per_second: Annotated[Optional[int], typer.Option(
+    max_concurrency: Annotated[int | None, typer.Option("--max-concurrency", help=field_help("max_concurrency"))] = None,
+    source_rows_per_second: Annotated[int | None, typer.Option(
         "--source-rows-per-second", help=field_help("source_rows_per_second"))] = None,
     as_json: JsonFlag = False, warehouse: Warehouse = None, catalog: CatalogName = None, on: On = "local",
 ) -> None:
@@ -329,7 +329,7 @@ def status(
 
 @backfill_app.command("list")
 def list_jobs(
-    table: Annotated[Optional[str], typer.Argument()] = None,
+    table: Annotated[str | None, typer.Argument()] = None,
     dry_runs: Annotated[bool, typer.Option("--dry-runs", help="Also list dry runs (which change nothing)")] = False,
     as_json: JsonFlag = False, warehouse: Warehouse = None, catalog: CatalogName = None,
 ) -> None:
@@ -414,11 +414,11 @@ def schema() -> None:
 @coverage_app.command("show", hidden=True)
 def coverage_show(
     table: Annotated[str, typer.Argument(help="Table, namespace.name")],
-    start: Annotated[Optional[str], typer.Option("--start", help="Inclusive lower bound (ISO; default: oldest row)")] = None,
-    end: Annotated[Optional[str], typer.Option("--end", help="Exclusive upper bound (ISO; default: newest row)")] = None,
+    start: Annotated[str | None, typer.Option("--start", help="Inclusive lower bound (ISO; default: oldest row)")] = None,
+    end: Annotated[str | None, typer.Option("--end", help="Exclusive upper bound (ISO; default: newest row)")] = None,
     by: Annotated[str, typer.Option("--by", help="hour | day | month")] = "day",
     series: Annotated[bool, typer.Option("--series", help="Rows per series too (reads the series-key column only)")] = False,
-    html_file: Annotated[Optional[Path], typer.Option("--html", help="Also write a standalone HTML page")] = None,
+    html_file: Annotated[Path | None, typer.Option("--html", help="Also write a standalone HTML page")] = None,
     as_json: JsonFlag = False, warehouse: Warehouse = None, catalog: CatalogName = None,
 ) -> None:
     """Rows, files, completeness and writer per bucket, from Iceberg metadata: a calendar heatmap."""
@@ -500,15 +500,15 @@ def _partition_by(text: str) -> str | dict[str | None, str]:
 @table_app.command("create")
 def create_table(
     table: Annotated[str, typer.Argument(help="namespace.name")],
-    schema: Annotated[Optional[str], typer.Option("--schema", help="Columns as 'NAME TYPE, …', e.g. 'ts timestamptz, device_id string, value double'")] = None,
-    like: Annotated[Optional[str], typer.Option("--like", metavar="FILE", help="Take the columns from a sample file (Parquet, CSV, JSON)")] = None,
-    time: Annotated[Optional[str], typer.Option("--time", help="The time column (default: the only timestamp column)")] = None,
-    series: Annotated[Optional[str], typer.Option("--series", help="The series key columns, comma-separated, e.g. device_id")] = None,
+    schema: Annotated[str | None, typer.Option("--schema", help="Columns as 'NAME TYPE, …', e.g. 'ts timestamptz, device_id string, value double'")] = None,
+    like: Annotated[str | None, typer.Option("--like", metavar="FILE", help="Take the columns from a sample file (Parquet, CSV, JSON)")] = None,
+    time: Annotated[str | None, typer.Option("--time", help="The time column (default: the only timestamp column)")] = None,
+    series: Annotated[str | None, typer.Option("--series", help="The series key columns, comma-separated, e.g. device_id")] = None,
     partition_by: Annotated[str, typer.Option("--partition-by", help="day, hour, month, year, or tiers by age: 'P90D:day,P2Y:month,year'")] = "day",
-    retention: Annotated[Optional[str], typer.Option("--retention", help="How far back rows are kept, e.g. P3Y")] = None,
+    retention: Annotated[str | None, typer.Option("--retention", help="How far back rows are kept, e.g. P3Y")] = None,
     target_file_size: Annotated[str, typer.Option("--target-file-size", help="Size of the files the backfill writes")] = "128MB",
-    expected_interval: Annotated[Optional[str], typer.Option("--expected-interval", help="One row per series every …, e.g. PT1M: what coverage measures against")] = None,
-    expected_series: Annotated[Optional[int], typer.Option("--expected-series", help="How many series the table should hold (with --expected-interval, a day is complete or partial, not only 'has data')")] = None,
+    expected_interval: Annotated[str | None, typer.Option("--expected-interval", help="One row per series every …, e.g. PT1M: what coverage measures against")] = None,
+    expected_series: Annotated[int | None, typer.Option("--expected-series", help="How many series the table should hold (with --expected-interval, a day is complete or partial, not only 'has data')")] = None,
     as_json: JsonFlag = False,
     warehouse: Warehouse = None, catalog: CatalogName = None,
     on: Annotated[str, typer.Option("--on", help="local (embedded lake) or aws (the deployed stack's Glue catalog and bucket)")] = "local",
@@ -540,8 +540,8 @@ def create_table(
 @table_app.command("set")
 def set_table(
     table: str,
-    expected_interval: Annotated[Optional[str], typer.Option("--expected-interval", help="One row per series every …, e.g. PT1M")] = None,
-    expected_series: Annotated[Optional[int], typer.Option("--expected-series", help="How many series the table should hold")] = None,
+    expected_interval: Annotated[str | None, typer.Option("--expected-interval", help="One row per series every …, e.g. PT1M")] = None,
+    expected_series: Annotated[int | None, typer.Option("--expected-series", help="How many series the table should hold")] = None,
     warehouse: Warehouse = None, catalog: CatalogName = None,
 ) -> None:
     """Declare TABLE's cadence, which coverage measures days against (complete, partial, gap; without it
@@ -584,8 +584,8 @@ def _int_or_none(text: str | None) -> int | str | None:
 @table_app.command("declare")
 def declare(
     table: str,
-    rollup: Annotated[Optional[list[str]], typer.Option("--rollup", help="INTERVAL:COLUMN[,COLUMN…], e.g. 1h:value")] = None,
-    rule: Annotated[Optional[list[str]], typer.Option("--rule", help=escape("'NAME: COLUMN OP THRESHOLD [for PT10M] [severity S]'"))] = None,
+    rollup: Annotated[list[str] | None, typer.Option("--rollup", help="INTERVAL:COLUMN[,COLUMN…], e.g. 1h:value")] = None,
+    rule: Annotated[list[str] | None, typer.Option("--rule", help=escape("'NAME: COLUMN OP THRESHOLD [for PT10M] [severity S]'"))] = None,
     warehouse: Warehouse = None, catalog: CatalogName = None,
 ) -> None:
     """Add rollups (built from the whole table at once) and rules to TABLE's contract."""
@@ -602,7 +602,7 @@ def declare(
 
 @table_app.command("events")
 def table_events(
-    table: str, source: Annotated[Optional[str], typer.Option("--source", help="live | backfill")] = None,
+    table: str, source: Annotated[str | None, typer.Option("--source", help="live | backfill")] = None,
     as_json: JsonFlag = False, warehouse: Warehouse = None, catalog: CatalogName = None,
 ) -> None:
     """Rule events of TABLE (the events table), oldest first."""

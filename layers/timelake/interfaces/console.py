@@ -88,7 +88,7 @@ class StepDisplay:
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._poll, name=f"timelake-display-{job_id}", daemon=True)
 
-    def __enter__(self) -> "StepDisplay":
+    def __enter__(self) -> StepDisplay:
         if self.enabled:
             self.bar.start()
             self.thread.start()
@@ -152,7 +152,7 @@ class ChunkDisplay:
         self.doing: str | None = None
         self.started = time.monotonic()
 
-    def __enter__(self) -> "ChunkDisplay":
+    def __enter__(self) -> ChunkDisplay:
         self.bar.start()
         return self
 

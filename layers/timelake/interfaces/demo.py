@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import shutil
 import threading
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta, UTC
 from pathlib import Path
 
 import numpy as np
@@ -50,7 +50,7 @@ def coverage(table: Table, start: datetime, days: int) -> Text:
 def run_demo(warehouse: Path) -> None:
     shutil.rmtree(warehouse, ignore_errors=True)
     lake = connect(warehouse=warehouse)
-    today = datetime.now(timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
+    today = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
     schema = pa.schema([("ts", pa.timestamp("us", tz="UTC")), ("device_id", pa.string()), ("value", pa.float64())])
     table = lake.create_table("iot.sensor", schema=schema, time_column="ts", series_key=["device_id"],
                               partition_by="day", retention="P3Y", target_file_size="8MB",

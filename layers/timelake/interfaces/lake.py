@@ -6,7 +6,7 @@ import json
 import os
 import threading
 from collections.abc import Callable, Iterable
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 from typing import Any
 
 import pyarrow as pa
@@ -64,7 +64,7 @@ def connect(
     warehouse: str | os.PathLike[str] | None = None, catalog: str | None = None, *, bus: EventBus | None = None,
     store: str | None = None, staging: str | None = None, alarms: AlarmSink | None = None,
     properties: dict[str, str] | None = None, **catalog_props: str,
-) -> "Lake":
+) -> Lake:
     """The embedded lake in ``warehouse`` (default ``./.timelake`` or $TIMELAKE_WAREHOUSE), or the tables of
     the pyiceberg catalog named ``catalog`` (default $TIMELAKE_CATALOG), found as pyiceberg's own
     ``load_catalog(catalog)`` finds it: ``.pyiceberg.yaml`` and ``PYICEBERG_CATALOG__<NAME>__*``
@@ -109,7 +109,7 @@ class Lake:
         properties: dict[str, str] | None = None, rollups: list[dict[str, Any]] | None = None,
         rules: list[dict[str, Any] | str] | None = None, expected_interval: str | None = None,
         expected_series: int | None = None,
-    ) -> "Table":
+    ) -> Table:
         """Create an Iceberg table that carries its timelake contract in its properties.
 
         ``partition_by`` may give coarser partitions for older data, e.g.
@@ -166,10 +166,10 @@ class Lake:
                     [{"max_age": age, "transform": t, "spec_id": spec_ids[t]} for age, t in tiers])})
         return self.table(name)
 
-    def table(self, name: str) -> "Table":
+    def table(self, name: str) -> Table:
         return Table(self, self.runtime.load_table(name))
 
-    def job(self, job_id: str) -> "Job":
+    def job(self, job_id: str) -> Job:
         """A handle on a recorded job; one started on another catalog is refused (its table, branch and
         files are there, not here)."""
         recorded = self.runtime.store.get_job(job_id).spec.get("catalog")
@@ -182,10 +182,10 @@ class Lake:
                                         if recorded else "leave out --catalog (and TIMELAKE_CATALOG)"))
         return Job(self, job_id)
 
-    def jobs(self, table: str | None = None) -> list["Job"]:
+    def jobs(self, table: str | None = None) -> list[Job]:
         return [Job(self, j.job_id) for j in self.runtime.store.list_jobs(table)]
 
-    def create_job(self, spec: JobSpec) -> "Job":
+    def create_job(self, spec: JobSpec) -> Job:
         """Record a job (phase ``created``) without running it. The record names the catalog (when one
         was chosen by name), so a resume, a status or an abort finds the job's table again."""
         self.runtime.check_catalog(spec.catalog)
@@ -210,7 +210,7 @@ class Lake:
         lo, hi = to_micros(parse_instant(start)), to_micros(parse_instant(end))
         return any(lease.start < hi and lease.end > lo for lease in self.runtime.store.leases(table))
 
-    def submit(self, spec: JobSpec, source: Any = None, wait: bool = False) -> "Job":
+    def submit(self, spec: JobSpec, source: Any = None, wait: bool = False) -> Job:
         """Create the job record and start it on a background thread (``wait`` runs it inline)."""
         job = self.create_job(spec)
         job._start(source, background=not wait)
@@ -227,12 +227,12 @@ class Table:
     def contract(self) -> c.Contract:
         return c.Contract.from_table(self.iceberg)
 
-    def refresh(self) -> "Table":
+    def refresh(self) -> Table:
         self.iceberg = self.iceberg.refresh()
         return self
 
     def append(self, data: pa.Table | Any, as_backfill: bool = False, older_than: str = "PT6H",
-               evaluate_rules: bool = True, update_coverage: bool = False) -> "Job | None":
+               evaluate_rules: bool = True, update_coverage: bool = False) -> Job | None:
         """The plain live write path (one commit): what a live ingester does.
 
         The appended rows are evaluated against the table's rules in real time (``evaluate_rules``):
@@ -246,7 +246,7 @@ class Table:
         rows = rows.cast(self.iceberg.schema().as_arrow())
         job = None
         if as_backfill:
-            cutoff = to_micros(subtract_duration(datetime.now(timezone.utc), older_than))
+            cutoff = to_micros(subtract_duration(datetime.now(UTC), older_than))
             old = pc.less(pc.cast(rows.column(self.contract.time_column), pa.int64()), cutoff)
             if pc.any(old).as_py():
                 job = self.backfill(source=rows.filter(old)).wait()
@@ -272,7 +272,7 @@ class Table:
         return compute_coverage(self.lake.runtime, self.name, start, end, by=by, series=series)
 
     def declare(self, rollups: list[dict[str, Any]] | None = None, rules: list[dict[str, Any] | str] | None = None,
-                progress: Callable[[int, int, str], None] | None = None) -> "Table":
+                progress: Callable[[int, int, str], None] | None = None) -> Table:
         """Add rollups and rules to the contract of an existing table (a rule of the same name is
         replaced). A new rollup's table is created and built from the whole base table at once, so it
         is complete from the start rather than only over ranges backfilled later; on a long table that
@@ -295,7 +295,7 @@ class Table:
             refresh_rollups(self.lake.runtime, self.name, iso(bounds[0]), iso(bounds[1] + 1), progress)
         return self
 
-    def set_expected(self, interval: str | None = None, series: int | None = None) -> "Table":
+    def set_expected(self, interval: str | None = None, series: int | None = None) -> Table:
         """Declare the cadence coverage measures against: one row per series every ``interval`` (e.g.
         ``PT1M``), for ``series`` series. Without them coverage cannot tell a complete bucket from a short
         one: a bucket with rows only "has data"."""
@@ -333,7 +333,7 @@ class Table:
         start: str | datetime | None = None, end: str | datetime | None = None, dry_run: bool = False,
         publish_by: str | None = None, max_concurrency: int | None = None, assertions: Iterable[str] = (),
         wait: bool = False, **options: Any,
-    ) -> "Job":
+    ) -> Job:
         """Start a backfill of ``source`` (path/glob/URI, pyarrow Table or reader, pandas DataFrame).
 
         ``options`` are the job's other fields by their JobSpec names (``evaluate_rules``, ``canary``,
@@ -383,7 +383,7 @@ class Job:
         else:
             target()
 
-    def wait(self, timeout: float | None = None) -> "Job":
+    def wait(self, timeout: float | None = None) -> Job:
         """Block until the job ends; re-raise its error (BackfillError subclasses name what went wrong)."""
         if self._thread is not None:
             self._thread.join(timeout)
@@ -418,14 +418,14 @@ class Job:
                               source_rows_per_second=source_rows_per_second)
         return {"job_id": self.id, "settings": {name: current_setting(job, name) for name in SETTINGS}}
 
-    def approve(self, wait: bool = False) -> "Job":
+    def approve(self, wait: bool = False) -> Job:
         """Accept the canary day: write the other units (the canary's files stay as they are), stage,
         validate the whole job and publish. Returns at once unless ``wait``; ``wait()`` joins."""
         approve_canary(self.lake.runtime, self.id, in_time=True)
         self.resume()
         return self.wait() if wait else self
 
-    def resume(self, source: Any = None, wait: bool = False) -> "Job":
+    def resume(self, source: Any = None, wait: bool = False) -> Job:
         """Continue from the first unfinished step; done units are skipped. Safe to call repeatedly."""
         phase = self.record().phase
         if phase == "aborted":

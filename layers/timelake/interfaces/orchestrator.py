@@ -204,7 +204,7 @@ def from_environment(stack_name: str | None = None) -> StepFunctionsOrchestrator
     return StepFunctionsOrchestrator(compose(config), arn)
 
 
-def deployment(stack_name: str | None = None) -> tuple["LakeConfig", str]:
+def deployment(stack_name: str | None = None) -> tuple[LakeConfig, str]:
     """The deployed lake's config and state machine ARN (see `from_environment` for where they come from)."""
     import os
 

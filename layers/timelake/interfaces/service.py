@@ -92,7 +92,7 @@ class CanaryEvent(JobEvent):
     reason: str | None = None
 
     @model_validator(mode="after")
-    def _token_to_keep(self) -> "CanaryEvent":
+    def _token_to_keep(self) -> CanaryEvent:
         if self.action == "await" and not self.token:
             raise ValueError("action 'await' needs the task token ($$.Task.Token)")
         return self

@@ -395,7 +395,7 @@ def with_retry(table: IcebergTable, attempt: Callable[[IcebergTable], T], what: 
 
 
 def swap(
-    table: IcebergTable, row_filter: "BooleanExpression | None", rows: "pa.Table | list[DataFile]", what: str,
+    table: IcebergTable, row_filter: BooleanExpression | None, rows: pa.Table | list[DataFile], what: str,
     properties: dict[str, str] | None = None, check: Callable[[IcebergTable], None] | None = None,
 ) -> IcebergTable:
     """Delete the rows matching ``row_filter`` and add ``rows`` (Arrow rows, or data files written
@@ -428,7 +428,7 @@ def swap(
     return with_retry(table, attempt, what)
 
 
-def _matching_files(table: IcebergTable, row_filter: "BooleanExpression") -> tuple[list[DataFile], list["pa.Table"]]:
+def _matching_files(table: IcebergTable, row_filter: BooleanExpression) -> tuple[list[DataFile], list[pa.Table]]:
     """The files of main holding rows that match ``row_filter``, and the rows of theirs that do not."""
     schema = table.schema()
     all_match = all_rows_match(schema, row_filter)
@@ -446,7 +446,7 @@ def _matching_files(table: IcebergTable, row_filter: "BooleanExpression") -> tup
     return removed, kept
 
 
-def write_rows(table: IcebergTable, rows: "pa.Table") -> list[DataFile]:
+def write_rows(table: IcebergTable, rows: pa.Table) -> list[DataFile]:
     """Data files of ``rows`` in the table's current spec, written by pyiceberg's writer (file names,
     target size, field ids, statistics) with the partition values computed here: identity, or the
     hour/day/month/year of a timestamp (`transform_values`, the transforms every table of ours uses)."""
@@ -466,7 +466,7 @@ def write_rows(table: IcebergTable, rows: "pa.Table") -> list[DataFile]:
     return files
 
 
-def _partitions(spec: PartitionSpec, schema: Schema, rows: "pa.Table") -> list[tuple[PartitionKey | None, "pa.Table"]]:
+def _partitions(spec: PartitionSpec, schema: Schema, rows: pa.Table) -> list[tuple[PartitionKey | None, pa.Table]]:
     """``rows`` split by partition, each part in its input order."""
     if spec.is_unpartitioned():
         return [(None, rows)]
@@ -476,7 +476,7 @@ def _partitions(spec: PartitionSpec, schema: Schema, rows: "pa.Table") -> list[t
             for code, part in split_by_code(rows, codes.reshape(-1))]
 
 
-def _partition_values(field: PartitionField, schema: Schema, rows: "pa.Table") -> np.ndarray:
+def _partition_values(field: PartitionField, schema: Schema, rows: pa.Table) -> np.ndarray:
     name = schema.find_column_name(field.source_id)
     column, transform = rows.column(name), str(field.transform)
     if transform not in TRANSFORMS or not pa.types.is_timestamp(column.type):

@@ -56,7 +56,7 @@ class Contract:
         return names + [c for c in self.dedup_key if c not in names]
 
     @classmethod
-    def from_table(cls, table: IcebergTable) -> "Contract":
+    def from_table(cls, table: IcebergTable) -> Contract:
         props = table.properties
         time_column = props.get(TIME_COLUMN)
         if not time_column:

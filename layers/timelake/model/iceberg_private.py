@@ -55,12 +55,12 @@ def fresh_schema(schema: pa.Schema) -> Schema:
     return assign_fresh_schema_ids(visit_pyarrow(schema, _ConvertToIcebergWithoutIDs()))
 
 
-def all_rows_match(schema: Schema, row_filter: "BooleanExpression") -> Callable[[DataFile], bool]:
+def all_rows_match(schema: Schema, row_filter: BooleanExpression) -> Callable[[DataFile], bool]:
     """Whether every row of a data file matches ``row_filter``, from its column bounds alone."""
     return _StrictMetricsEvaluator(schema, row_filter).eval
 
 
-def complement(schema: Schema, row_filter: "BooleanExpression") -> Any:
+def complement(schema: Schema, row_filter: BooleanExpression) -> Any:
     """The Arrow expression for the rows ``row_filter`` does NOT match: those pyiceberg's own
     copy-on-write delete keeps."""
     return _expression_to_complementary_pyarrow(bind(schema, row_filter, case_sensitive=True), schema)

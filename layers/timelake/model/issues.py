@@ -27,7 +27,7 @@ class Issues:
                 entry["examples"].append(example)
         entry["fix"] = entry["fix"] or fix
 
-    def merge(self, other: "Issues") -> None:
+    def merge(self, other: Issues) -> None:
         for (action, column, kind), entry in other.entries.items():
             self.add(action, column, kind, entry["rows"], entry["examples"], entry["fix"])
 
@@ -38,7 +38,7 @@ class Issues:
         return [{"action": a, "column": c, "kind": k, **e} for (a, c, k), e in self.entries.items()]
 
     @classmethod
-    def from_json(cls, data: list[dict[str, Any]]) -> "Issues":
+    def from_json(cls, data: list[dict[str, Any]]) -> Issues:
         issues = cls()
         for e in data:
             issues.add(e["action"], e["column"], e["kind"], e["rows"], e["examples"], e.get("fix"))

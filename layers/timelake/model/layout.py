@@ -125,7 +125,7 @@ RUN_ROWS = 256  # rows a run of one code must average to be left in place, not o
 def stable_argsort(keys: np.ndarray) -> np.ndarray:
     """The stable order of integer ``keys``: keys in [0, 65536) sort as uint16, which numpy radix-sorts
     in linear time."""
-    small = keys.dtype.kind in "iu" and len(keys) > 0 and 0 <= int(keys.min()) and int(keys.max()) < 1 << 16
+    small = keys.dtype.kind in "iu" and len(keys) > 0 and int(keys.min()) >= 0 and int(keys.max()) < 1 << 16
     return np.argsort(keys.astype(np.uint16) if small else keys, kind="stable")
 
 
@@ -154,7 +154,7 @@ def code_runs(codes: np.ndarray, repeats: bool = False) -> tuple[np.ndarray | No
     return order, [(int(codes[lo]), lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:])]
 
 
-def time_filter(column: str, start_us: int | None, end_us: int | None) -> "BooleanExpression":
+def time_filter(column: str, start_us: int | None, end_us: int | None) -> BooleanExpression:
     """Iceberg row filter for [start, end) on the time column (None: unbounded), for pruning."""
     from pyiceberg.expressions import AlwaysTrue, And, GreaterThanOrEqual, LessThan
 
@@ -169,14 +169,14 @@ def time_filter(column: str, start_us: int | None, end_us: int | None) -> "Boole
 
 
 def read_range(
-    table: "IcebergTable", column: str, start_us: int | None, end_us: int | None, columns: tuple[str, ...] | None = None,
+    table: IcebergTable, column: str, start_us: int | None, end_us: int | None, columns: tuple[str, ...] | None = None,
     ref: str | None = None, snapshot_id: int | None = None,
 ) -> pa.Table:
     """Rows of ``table`` (main, a branch, or a snapshot) in [start, end), pruned by partitions and file bounds."""
     return _range_scan(table, column, start_us, end_us, columns, ref, snapshot_id).to_arrow()
 
 
-def stream_range(table: "IcebergTable", column: str, start_us: int | None, end_us: int | None,
+def stream_range(table: IcebergTable, column: str, start_us: int | None, end_us: int | None,
                  columns: tuple[str, ...] | None = None) -> pa.RecordBatchReader:
     """`read_range` as batches, for a consumer that aggregates them: memory holds a batch, not the range.
 
@@ -221,14 +221,14 @@ def _stream_tasks(scan: Any, tasks: Any, column: str, start_us: int | None, end_
     return pa.RecordBatchReader.from_batches(schema, batches())
 
 
-def _range_scan(table: "IcebergTable", column: str, start_us: int | None, end_us: int | None,
+def _range_scan(table: IcebergTable, column: str, start_us: int | None, end_us: int | None,
                 columns: tuple[str, ...] | None, ref: str | None = None, snapshot_id: int | None = None) -> Any:
     scan = table.scan(row_filter=time_filter(column, start_us, end_us), selected_fields=columns or ("*",),
                       snapshot_id=snapshot_id)
     return scan.use_ref(ref) if ref else scan
 
 
-def read_task(table: "IcebergTable", task: Any, columns: tuple[str, ...] | None = None) -> pa.Table:
+def read_task(table: IcebergTable, task: Any, columns: tuple[str, ...] | None = None) -> pa.Table:
     """The rows of one planned file of ``table`` (any writer's: its deletes applied, its columns found
     by field id and named as the table names them now), in the table's current schema, with field ids:
     what a rewrite of another engine's file writes back."""
@@ -248,8 +248,8 @@ class SnapshotRange:
     time bounds meet a piece, a row group at a time, holds a batch of main, not a partition of it.
     """
 
-    def __init__(self, table: "IcebergTable", column: str, start_us: int | None, end_us: int | None,
-                 columns: tuple[str, ...], snapshot_id: int | None = None, keep: "Callable[[Any], bool] | None" = None) -> None:
+    def __init__(self, table: IcebergTable, column: str, start_us: int | None, end_us: int | None,
+                 columns: tuple[str, ...], snapshot_id: int | None = None, keep: Callable[[Any], bool] | None = None) -> None:
         """``keep``: only the snapshot's files whose manifest entries it accepts (`lineage.Lineage.accepts`)."""
         from timelake.model.lineage import main_tasks
 
@@ -280,7 +280,7 @@ class MainReader:
         self._plan: tuple[int, SnapshotRange] | None = None
         self._lock = threading.Lock()
 
-    def batches(self, table: "IcebergTable", start_us: int, end_us: int) -> pa.RecordBatchReader:
+    def batches(self, table: IcebergTable, start_us: int, end_us: int) -> pa.RecordBatchReader:
         snapshot = table.current_snapshot()
         if snapshot is None:
             return stream_range(table, self._range[0], start_us, end_us, self._range[3])
@@ -300,14 +300,14 @@ def file_bounds(file: Any, field: Any) -> tuple[int | None, int | None]:
     return (None if lo is None else from_bytes(field.field_type, lo), None if hi is None else from_bytes(field.field_type, hi))
 
 
-def fresh_schema(schema: pa.Schema) -> "Schema":
+def fresh_schema(schema: pa.Schema) -> Schema:
     """An Iceberg schema for an Arrow schema of our own making (rollups, events), with fresh field ids."""
     from timelake.model.iceberg_private import fresh_schema as converted
 
     return converted(schema)
 
 
-def time_bounds(table: "IcebergTable", column: str) -> tuple[int, int] | None:
+def time_bounds(table: IcebergTable, column: str) -> tuple[int, int] | None:
     """Oldest and newest time on main (UTC µs) from the data files' column bounds: no data is read."""
     field = table.schema().find_field(column)
     lows, highs = [], []

@@ -51,14 +51,14 @@ class PlanMark:
     sequence_number: int
 
     @classmethod
-    def at(cls, table: "IcebergTable") -> "PlanMark":
+    def at(cls, table: IcebergTable) -> PlanMark:
         snapshot = table.current_snapshot()
         if snapshot is None:
             return cls(None, 0)
         return cls(snapshot.snapshot_id, snapshot.sequence_number or 0)
 
     @classmethod
-    def of(cls, state: dict[str, Any], table: "IcebergTable") -> "PlanMark":
+    def of(cls, state: dict[str, Any], table: IcebergTable) -> PlanMark:
         """The mark a job's state recorded (a job planned before marks were kept: from its base
         snapshot, while that is still in the metadata)."""
         base = state.get("base_snapshot_id")
@@ -81,7 +81,7 @@ def is_job_file(path: str, job_id: str) -> bool:
 class Lineage:
     """Classifies the entries of main's manifests for one job (see the module's docstring)."""
 
-    def __init__(self, table: "IcebergTable", mark: PlanMark, job_id: str) -> None:
+    def __init__(self, table: IcebergTable, mark: PlanMark, job_id: str) -> None:
         self.table, self.mark, self.job_id = table, mark, job_id
         self.entries: dict[str, ManifestEntry] = {}  # the entries `tasks` planned, by file path
         # a format-v1 table has no sequence numbers: there the snapshots since the plan, while kept, tell
@@ -134,14 +134,14 @@ class Lineage:
                     found.append(replaced.data_file)
         return found
 
-    def tasks(self, row_filter: Any, origins: Iterable[Origin | str]) -> list["FileScanTask"]:
+    def tasks(self, row_filter: Any, origins: Iterable[Origin | str]) -> list[FileScanTask]:
         """Main's current files of ``origins`` that may hold rows matching ``row_filter``, as scan
         tasks (with the delete files that apply to each)."""
         return main_tasks(self.table, row_filter, self.accepts(origins))
 
 
-def main_tasks(table: "IcebergTable", row_filter: Any, keep: Callable[[ManifestEntry], bool],
-               snapshot_id: int | None = None) -> list["FileScanTask"]:
+def main_tasks(table: IcebergTable, row_filter: Any, keep: Callable[[ManifestEntry], bool],
+               snapshot_id: int | None = None) -> list[FileScanTask]:
     """The scan tasks of main (or of ``snapshot_id``) for ``row_filter``, of the manifest entries ``keep``
     accepts: pyiceberg's own planning (partition and column-bound pruning, delete files), with an
     entry filter, since a task no longer carries its entry's sequence number and snapshot."""
@@ -152,7 +152,7 @@ def main_tasks(table: "IcebergTable", row_filter: Any, keep: Callable[[ManifestE
     return list(planner.plan_files(snapshot.manifests(table.io), manifest_entry_filter=keep))
 
 
-def _since_ids(table: "IcebergTable", base: int | None) -> set[int]:
+def _since_ids(table: IcebergTable, base: int | None) -> set[int]:
     ids, snapshot = set(), table.current_snapshot()
     while snapshot is not None and snapshot.snapshot_id != base:
         ids.add(snapshot.snapshot_id)
@@ -160,7 +160,7 @@ def _since_ids(table: "IcebergTable", base: int | None) -> set[int]:
     return ids
 
 
-def referenced_files(table: "IcebergTable") -> set[str]:
+def referenced_files(table: IcebergTable) -> set[str]:
     """Every data and delete file that a snapshot still in the table's metadata references (main's
     and every other ref's included): what no cleanup of ours may delete. Reads each manifest once."""
     io, seen, paths = table.io, set(), set()
@@ -173,7 +173,7 @@ def referenced_files(table: "IcebergTable") -> set[str]:
     return paths
 
 
-def planned_view(table: "IcebergTable", state: dict[str, Any]) -> "IcebergTable":
+def planned_view(table: IcebergTable, state: dict[str, Any]) -> IcebergTable:
     """The table as the job's plan saw it: the schema and partition spec of then, whatever another
     engine changed since. The job's rows were mapped onto that schema and cut into that spec's
     partitions, so they are written, described and checked in its terms; Iceberg readers project

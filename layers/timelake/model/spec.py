@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import re
 import secrets
-from datetime import date, datetime, timezone
+from datetime import date, datetime, UTC
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 from urllib.parse import parse_qsl
 
@@ -40,7 +40,7 @@ LAST_MICROS = 253_370_764_800_000_000
 
 def new_job_id() -> str:
     """Sortable, readable and valid as a Step Functions execution name and an Iceberg branch suffix."""
-    return f"bf-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}-{secrets.token_hex(3)}"
+    return f"bf-{datetime.now(UTC):%Y%m%d-%H%M%S}-{secrets.token_hex(3)}"
 
 
 class JobSpec(BaseModel):
@@ -247,7 +247,7 @@ class JobSpec(BaseModel):
         return data
 
     @model_validator(mode="after")
-    def _separators(self) -> "JobSpec":
+    def _separators(self) -> JobSpec:
         if self.thousands is not None and self.thousands == self.decimal:
             raise ValueError(f"thousands and decimal are both '{self.thousands}'; they must differ")
         if (self.id_columns or self.key_separator) and not self.wide:
@@ -255,7 +255,7 @@ class JobSpec(BaseModel):
         return self
 
     @model_validator(mode="after")
-    def _ordered(self) -> "JobSpec":
+    def _ordered(self) -> JobSpec:
         if self.start and self.end and self.start >= self.end:
             raise ValueError(f"start {self.start.isoformat()} must be before end {self.end.isoformat()}")
         # in-memory data ("<...>") may keep the query that produced it, as a record of the job
@@ -264,7 +264,7 @@ class JobSpec(BaseModel):
         return self
 
     @model_validator(mode="after")
-    def _zone_of_window(self) -> "JobSpec":
+    def _zone_of_window(self) -> JobSpec:
         if self.run_tz is not None and self.run_between is None:
             raise ValueError("run_tz is the zone of run_between; give run_between (e.g. --run-between 22:00-06:00)")
         return self

@@ -8,7 +8,7 @@ retention, where a month really is a month.
 from __future__ import annotations
 
 import re
-from datetime import date, datetime, timedelta, timezone
+from datetime import date, datetime, timedelta, UTC
 from zoneinfo import ZoneInfo
 
 import numpy as np
@@ -16,7 +16,7 @@ import numpy as np
 US_PER_SECOND = 1_000_000
 US_PER_HOUR = 3_600 * US_PER_SECOND
 US_PER_DAY = 24 * US_PER_HOUR
-EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 _DURATION = re.compile(
     r"^P(?:(?P<years>\d+)Y)?(?:(?P<months>\d+)M)?(?:(?P<weeks>\d+)W)?(?:(?P<days>\d+)D)?"
@@ -81,12 +81,12 @@ def parse_instant(value: str | datetime | date | None, tz: str | None = None) ->
         except ValueError as exc:
             raise ValueError(f"'{value}' is not an ISO-8601 date or time (example: 2024-01-01 or 2024-01-01T00:00:00Z)") from exc
     if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=ZoneInfo(tz) if tz else timezone.utc)
-    return parsed.astimezone(timezone.utc)
+        parsed = parsed.replace(tzinfo=ZoneInfo(tz) if tz else UTC)
+    return parsed.astimezone(UTC)
 
 
 def to_micros(instant: datetime) -> int:
-    delta = instant.astimezone(timezone.utc) - EPOCH
+    delta = instant.astimezone(UTC) - EPOCH
     return (delta.days * 86_400 + delta.seconds) * US_PER_SECOND + delta.microseconds
 
 
@@ -139,7 +139,7 @@ def transform_range(transform: str, value: int) -> tuple[int, int]:
 
 def _month_start(months_since_epoch: int) -> int:
     year, month = divmod(months_since_epoch, 12)
-    return to_micros(datetime(1970 + year, month + 1, 1, tzinfo=timezone.utc))
+    return to_micros(datetime(1970 + year, month + 1, 1, tzinfo=UTC))
 
 
 def floor_to(micros: int, transform: str) -> int:

@@ -29,7 +29,7 @@ class Window:
     tz: str
 
     @classmethod
-    def parse(cls, text: str, tz: str = DEFAULT_TZ) -> "Window":
+    def parse(cls, text: str, tz: str = DEFAULT_TZ) -> Window:
         """``HH:MM-HH:MM``; an end before the start spans midnight (``22:00-06:00``)."""
         found = _TEXT.match(text)
         if not found:

@@ -55,7 +55,7 @@ class LakeConfig(BaseModel):
                               "(the AWS stack: only the write Lambdas may)")
 
     @classmethod
-    def from_env(cls) -> "LakeConfig":
+    def from_env(cls) -> LakeConfig:
         """The config a Lambda runs with: ``TIMELAKE_CONFIG`` (this model as JSON) set by the stack."""
         raw = os.environ.get("TIMELAKE_CONFIG")
         if not raw:
@@ -64,7 +64,7 @@ class LakeConfig(BaseModel):
 
     @classmethod
     def named(cls, catalog: str, warehouse: str | os.PathLike[str] = DEFAULT_WAREHOUSE, store: str | None = None,
-              staging: str | None = None, props: dict[str, str] | None = None) -> "LakeConfig":
+              staging: str | None = None, props: dict[str, str] | None = None) -> LakeConfig:
         """A pyiceberg catalog chosen by name, as pyiceberg's own ``load_catalog(catalog)`` finds it
         (`catalog_properties`, overridden by ``props``); the job store and the staging area stay in
         the local ``warehouse`` folder, as in the embedded lake. The properties are resolved here,
@@ -74,7 +74,7 @@ class LakeConfig(BaseModel):
         return cls(catalog_name=catalog, catalog_props=found, store=store or local_store, staging=staging or local_staging)
 
     @classmethod
-    def embedded(cls, warehouse: str | os.PathLike[str] = DEFAULT_WAREHOUSE) -> "LakeConfig":
+    def embedded(cls, warehouse: str | os.PathLike[str] = DEFAULT_WAREHOUSE) -> LakeConfig:
         store, staging = local_state(warehouse)
         root = Path(warehouse).expanduser().resolve()
         private_file(root / "catalog.db")

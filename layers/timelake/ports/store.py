@@ -61,7 +61,7 @@ def unit_not_found(job_id: str, unit_id: str) -> JobNotFound:
     return JobNotFound(f"job {job_id} has no unit '{unit_id}'")
 
 
-def lease_conflict(lease: "Lease", holder: str) -> LeaseConflict:
+def lease_conflict(lease: Lease, holder: str) -> LeaseConflict:
     return LeaseConflict(
         f"table {lease.table}: the range overlaps unpublished backfill job {holder}; wait for it, resume it or abort it first"
     )

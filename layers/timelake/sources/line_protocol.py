@@ -76,7 +76,7 @@ _ONE_ROLE = "a table column is one or the other"
 _DDL = (b"CREATE DATABASE ", b"CREATE RETENTION POLICY ")  # the DDL part of an influx_inspect export
 _MASK = {" ": "\x01", ",": "\x02", "=": "\x03"}
 _MASK_BYTES = np.frombuffer(bytes.maketrans("".join(_MASK).encode(), "".join(_MASK.values()).encode()), np.uint8)
-_SEPARATOR = _MASK_BYTES != np.arange(256)
+_SEPARATOR = np.arange(256) != _MASK_BYTES
 _UNMASK_BYTES = np.arange(256, dtype=np.uint8)
 _UNMASK_BYTES[[ord(code) for code in _MASK.values()]] = [ord(char) for char in _MASK]
 _NOT_PLAIN = np.zeros(256, dtype=bool)

@@ -36,7 +36,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import timezone
+from datetime import UTC
 from typing import Any
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 from zoneinfo import ZoneInfo
@@ -69,7 +69,7 @@ def is_postgres(uri: Any) -> bool:
 
 
 def open_for_job(spec: Any, time_column: str, planned: dict[str, Any] | None = None,
-                 partition: str | None = None) -> "PostgresSource":
+                 partition: str | None = None) -> PostgresSource:
     """The source of a job (a `JobSpec`) whose table's time column is ``time_column``, partitioned by
     the time transform ``partition`` (None when the table has several tiers)."""
     return PostgresSource(
@@ -261,7 +261,7 @@ class PostgresSource(Source):
                               "a PostgreSQL source needs timestamptz, timestamp or an integer epoch column")
         self._kind = kind
         col = _ident(self._time_column)
-        as_int = f"(extract(epoch from {{}}) * 1000000)::int8" if kind != "integer" else "{}::int8"
+        as_int = "(extract(epoch from {}) * 1000000)::int8" if kind != "integer" else "{}::int8"
         within = self._where(*self._domain_bounds(), kind)  # the job's range, so min/max and the estimate use the index
         lo, hi = self._fetch(
             f"SELECT {as_int.format(f'min({col})')} AS lo, {as_int.format(f'max({col})')} AS hi "
@@ -345,13 +345,13 @@ class PostgresSource(Source):
         if self._kind == "timestamptz":
             return start, end
         if self._kind == "timestamp":
-            zone = ZoneInfo(self._tz) if self._tz else timezone.utc
+            zone = ZoneInfo(self._tz) if self._tz else UTC
 
             def wall(us: int | None, margin: int) -> int | None:
-                return None if us is None else to_micros(from_micros(us).astimezone(zone).replace(tzinfo=timezone.utc)) + margin
+                return None if us is None else to_micros(from_micros(us).astimezone(zone).replace(tzinfo=UTC)) + margin
 
             return wall(start, -US_PER_DAY), wall(end, US_PER_DAY)
-        per = _UNIT_US.get(self._time_unit or "", None)
+        per = _UNIT_US.get(self._time_unit or "")
         if per is None:
             return None, None
         if per == 0:  # nanoseconds

@@ -13,7 +13,7 @@ files are never rewritten); ``abort`` is the ordinary abort.
 from __future__ import annotations
 
 import time
-from datetime import date, datetime, timezone
+from datetime import date, datetime, UTC
 from typing import Any
 
 import numpy as np
@@ -190,7 +190,7 @@ def _source_days(rt: Runtime, job: JobRecord) -> dict[int, int]:
 
 def _day_number(day: date | str) -> int:
     value = day if isinstance(day, date) else date.fromisoformat(str(day))
-    return to_micros(datetime(value.year, value.month, value.day, tzinfo=timezone.utc)) // US_PER_DAY
+    return to_micros(datetime(value.year, value.month, value.day, tzinfo=UTC)) // US_PER_DAY
 
 
 def _day_text(day: int) -> str:

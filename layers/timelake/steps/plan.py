@@ -13,7 +13,7 @@ import math
 import os
 
 import numpy as np
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 from typing import Any
 
 from timelake.errors import InvalidJob, ValidationFailed
@@ -52,7 +52,7 @@ def plan(rt: Runtime, job_id: str, source: Any = None, parallelism: int | None =
     spec = JobSpec.model_validate(job.spec)
     table = rt.load_table(spec.table)
     src = open_job_source(spec, source, table)
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     ctx = context(spec, table, to_micros(now))
     try:
         writable_spec(table, ctx.contract.time_column)

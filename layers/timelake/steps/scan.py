@@ -15,7 +15,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -42,9 +42,6 @@ from timelake.sources.resolve import open_spec_source
 from timelake.sources.wide import WideSource
 from timelake.steps import spill
 from timelake.steps.write import sorted_order, write_rows
-
-if TYPE_CHECKING:
-    import duckdb
 
 HELD_BYTES = 32 << 20  # rows a scan holds before spilling them all (coded: about 20 bytes a row of three columns)
 SAMPLE_ROWS = 1 << 15  # rows written to measure Parquet bytes per row: enough for the ratio, a few ms per task
@@ -108,7 +105,7 @@ class ScanResult:
     def rows_in_scope(self) -> int:
         return sum(p.rows for p in self.partitions.values())
 
-    def merge(self, other: "ScanResult") -> None:
+    def merge(self, other: ScanResult) -> None:
         self.rows_in_source += other.rows_in_source
         self.rejected.update(other.rejected)
         merge_examples(self.examples, other.examples)
@@ -159,7 +156,7 @@ class ScanResult:
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "ScanResult":
+    def from_json(cls, data: dict[str, Any]) -> ScanResult:
         result = cls(
             rows_in_source=data["rows_in_source"], rejected=Counter(data["rejected"]), examples=data["examples"],
             rows_outside_range=data["rows_outside_range"], rows_outside_retention=data["rows_outside_retention"],
@@ -499,7 +496,7 @@ def _write_whole(table: Any, ctx: ScanContext, job_id: str, result: ScanResult, 
 
 
 def _scan_batch(
-    result: ScanResult, rows: pa.Table, ctx: ScanContext, spiller: _Spiller | None, overlap: "_OverlapCounter | None"
+    result: ScanResult, rows: pa.Table, ctx: ScanContext, spiller: _Spiller | None, overlap: _OverlapCounter | None
 ) -> None:
     if rows.num_rows == 0:
         return

@@ -221,7 +221,7 @@ class SpillFile:
         if joined:
             self._write_batch(runs, joined)
 
-    def _write_batch(self, runs: "_Runs", chosen: list[int]) -> None:
+    def _write_batch(self, runs: _Runs, chosen: list[int]) -> None:
         """The ``chosen`` runs (of one partition, in order) as one record batch, copied once; a single run
         as it is. Indexes them: runs of one bucket that follow one another as one."""
         start = self.stream.tell()

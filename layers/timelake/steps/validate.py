@@ -106,7 +106,7 @@ class CheckContext:
     job_id: str = ""
 
     @classmethod
-    def of(cls, rt: Runtime, job_id: str, shared: bool = False) -> "CheckContext":
+    def of(cls, rt: Runtime, job_id: str, shared: bool = False) -> CheckContext:
         job = rt.store.get_job(job_id)
         table = job_table(rt, job)
         return cls(job.state, table, Contract.from_table(table), {} if shared else None, job_id=job_id)
@@ -295,7 +295,7 @@ class _FileFacts:
                 "series": pc.cast(self.series, pa.string()).to_pylist()}
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "_FileFacts":
+    def from_json(cls, data: dict[str, Any]) -> _FileFacts:
         return cls(**{**data, "partition": tuple(data["partition"]), "range": tuple(data["range"]),
                       "series": pa.array(data["series"], pa.string())})
 
@@ -336,14 +336,14 @@ def _facts_uri(rt: Runtime, job_id: str, snapshots: dict[str, Any], path: str) -
     return rt.staging_path(job_id, "validate", f"{digest}.json")
 
 
-def _store_facts(rt: Runtime, job_id: str, snapshots: dict[str, Any], facts: "_FileFacts") -> None:
+def _store_facts(rt: Runtime, job_id: str, snapshots: dict[str, Any], facts: _FileFacts) -> None:
     fs, path = filesystem(_facts_uri(rt, job_id, snapshots, facts.path))
     make_parent(fs, path)
     with fs.open_output_stream(path) as out:
         out.write(json.dumps(facts.to_json()).encode())
 
 
-def _stored_facts(rt: Runtime, job_id: str, snapshots: dict[str, Any], path: str) -> "_FileFacts | None":
+def _stored_facts(rt: Runtime, job_id: str, snapshots: dict[str, Any], path: str) -> _FileFacts | None:
     fs, local = filesystem(_facts_uri(rt, job_id, snapshots, path))
     try:
         with fs.open_input_stream(local) as handle:

@@ -333,7 +333,7 @@ class KeyPacker:
     CHUNK = 1 << 20  # rows packed at a time: the temporaries stay small beside the packed array
 
     @classmethod
-    def fit(cls, series: str, time_column: str, distinct: pa.Array, first_us: int, last_us: int) -> "KeyPacker | None":
+    def fit(cls, series: str, time_column: str, distinct: pa.Array, first_us: int, last_us: int) -> KeyPacker | None:
         """A packer for series ``distinct`` and times in [first, last]; None when they need over 63 bits."""
         time_bits = max(last_us - first_us, 1).bit_length()
         if time_bits + len(distinct).bit_length() + 1 > 63:
