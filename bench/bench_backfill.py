@@ -35,7 +35,7 @@ import signal
 import subprocess
 import sys
 import time
-from datetime import datetime, UTC
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -188,7 +188,7 @@ def case_floor(args: argparse.Namespace, work: Path, layout: str) -> dict[str, A
         day = day[order]
         rows = rows.take(pa.array(order))
         cuts = np.flatnonzero(np.diff(day)) + 1
-        for lo, hi in zip([0, *cuts], [*cuts, rows.num_rows]):
+        for lo, hi in zip([0, *cuts], [*cuts, rows.num_rows], strict=True):
             part = rows.slice(lo, hi - lo).sort_by([("device_id", "ascending"), ("ts", "ascending")])
             pq.write_table(part, out / f"{int(day[lo])}.parquet", compression="zstd")
     sizes = [p.stat().st_size for p in out.iterdir()]
@@ -288,7 +288,7 @@ def case_backfill(args: argparse.Namespace, work: Path, source: str, rows_in_sou
     report = job.report()
     tbl.refresh()
     files = tbl.iceberg.inspect.files()
-    ours = [size for path, size in zip(files.column("file_path").to_pylist(), files.column("file_size_in_bytes").to_pylist())
+    ours = [size for path, size in zip(files.column("file_path").to_pylist(), files.column("file_size_in_bytes").to_pylist(), strict=True)
             if job.id in path]
     unit_seconds = [u.result.get("seconds", 0.0) for u in lake.runtime.store.units(job.id)]
     failed = [c["name"] for c in report["checks"] if c["blocking"] and not c["passed"]]
@@ -555,7 +555,7 @@ def _ratio(results: dict[str, dict[str, Any]], top: str, bottom: str) -> float |
 def _round_ratios(runs: dict[str, list[dict[str, Any]]], top: str, bottom: str, key: str) -> str:
     """The ratio of the two cases within each round (they ran one after the other, so under the same
     load), as median [min-max]: the best-of ratio pairs runs from different moments."""
-    pairs = [a[key] / b[key] for a, b in zip(runs.get(top, []), runs.get(bottom, [])) if b.get(key)]
+    pairs = [a[key] / b[key] for a, b in zip(runs.get(top, []), runs.get(bottom, []), strict=False) if b.get(key)]  # a failed round leaves one case a run short
     if not pairs:
         return ""
     pairs.sort()

@@ -13,7 +13,7 @@ import argparse
 import sys
 import tempfile
 import time
-from datetime import datetime, timedelta, UTC
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pyarrow.parquet as pq

@@ -31,7 +31,7 @@ import os
 import pstats
 import shutil
 import time
-from datetime import datetime, timedelta, UTC
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -136,10 +136,9 @@ def floor(work: Path, files: list[Any], paused: bool = False) -> dict[str, float
         gc.disable()
     try:
         wall, cpu = time.perf_counter(), time.process_time()
-        with table.transaction() as tx:
-            with tx.update_snapshot().fast_append() as append:
-                for f in files:
-                    append.append_data_file(f)
+        with table.transaction() as tx, tx.update_snapshot().fast_append() as append:
+            for f in files:
+                append.append_data_file(f)
         return {"wall": time.perf_counter() - wall, "cpu": time.process_time() - cpu}
     finally:
         gc.enable()

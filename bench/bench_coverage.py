@@ -25,7 +25,7 @@ import statistics
 import sys
 import tempfile
 import time
-from datetime import datetime, timedelta, UTC
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import numpy as np

@@ -21,7 +21,7 @@ import json
 import subprocess
 import sys
 import tempfile
-from datetime import datetime, timedelta, UTC
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import numpy as np

@@ -30,7 +30,8 @@ import shutil
 import sys
 import tempfile
 import time
-from datetime import datetime, UTC
+from datetime import UTC, datetime
+from itertools import pairwise
 from pathlib import Path
 
 import pyarrow as pa
@@ -81,7 +82,7 @@ def _copy_slice(uri: str, lo: int, hi: int, path: str) -> int:
 
 def floor(server: PgServer, lo: int, hi: int, readers: int, out: Path) -> tuple[float, int]:
     edges = [lo + (hi + 1 - lo) * i // readers for i in range(readers)] + [hi + 1]
-    jobs = [(server.uri(), a, b, str(out / f"slice-{i}.parquet")) for i, (a, b) in enumerate(zip(edges, edges[1:]))]
+    jobs = [(server.uri(), a, b, str(out / f"slice-{i}.parquet")) for i, (a, b) in enumerate(pairwise(edges))]
     started = time.perf_counter()
     with multiprocessing.get_context("forkserver").Pool(readers) as pool:
         rows = sum(pool.starmap(_copy_slice, jobs))

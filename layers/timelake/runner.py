@@ -6,6 +6,7 @@ failure or Ctrl-C) simply continues from there; every step is idempotent.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import socket
@@ -347,7 +348,5 @@ class _Heartbeat:
         """Only this process writes ``runs`` while it holds the job, so writing its own copy loses nothing.
         A heartbeat that cannot be written (a full disk) costs the job's clock, never the job."""
         self.runs[-1][1] = time.time()
-        try:
+        with contextlib.suppress(Exception):
             self.rt.store.update_job(self.job_id, runs=self.runs)
-        except Exception:  # noqa: BLE001
-            pass

@@ -11,6 +11,7 @@ socket pair, whose end the worker inherits as a file descriptor.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import multiprocessing
 import queue
@@ -110,10 +111,8 @@ class WorkerPool(Executor):
                     future.set_exception(value)
         finally:
             if connection is not None:
-                try:
+                with contextlib.suppress(OSError):
                     connection.send(None)
-                except OSError:
-                    pass
                 connection.close()
 
 def serve(fd: int) -> None:

@@ -75,10 +75,10 @@ def test_overlapping_lease_refused_adjacent_allowed(store):
     store.acquire_lease(Lease("iot.a", 200, 300, "j2"))  # [start, end) ranges touch but do not overlap
     store.acquire_lease(Lease("iot.b", 100, 200, "j3"))  # another table
     store.acquire_lease(Lease("iot.a", 100, 200, "j1"))  # re-acquiring your own lease is idempotent
-    assert sorted(l.job_id for l in store.leases("iot.a")) == ["j1", "j2"]
+    assert sorted(lease.job_id for lease in store.leases("iot.a")) == ["j1", "j2"]
     store.release_lease("j1")
     store.acquire_lease(Lease("iot.a", 150, 180, "j4"))
-    assert sorted(l.job_id for l in store.leases()) == ["j2", "j3", "j4"]
+    assert sorted(lease.job_id for lease in store.leases()) == ["j2", "j3", "j4"]
 
 
 def test_missing_records_raise_job_not_found(store):
@@ -272,9 +272,8 @@ def test_a_held_job_runs_until_its_process_dies(tmp_path):
     child.start()
     assert held.wait(30)
     assert store.running("j") is True
-    with pytest.raises(JobBusy, match="job j is running in another process"):
-        with store.hold("j"):
-            pass
+    with pytest.raises(JobBusy, match="job j is running in another process"), store.hold("j"):
+        pass
     os.kill(child.pid, signal.SIGKILL)
     child.join(30)
     assert store.running("j") is False

@@ -4,7 +4,7 @@ sink (so the sink is wired and could be called); a backfill never does, with or 
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, UTC
+from datetime import UTC, datetime, timedelta
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -124,7 +124,7 @@ def test_runs_end_at_a_series_boundary_and_at_a_null_and_nan_is_above_every_thre
               ("s2", "b"): [3, 2, 5, 1]}
     rows = [(t[i], site, device, v) for (site, device), values in series.items() for i, v in enumerate(values)]
     rows = [rows[i] for i in (7, 0, 12, 3, 9, 14, 1, 5, 10, 2, 13, 6, 8, 11, 4)]
-    arrow = pa.table(list(zip(*rows)), schema=schema)
+    arrow = pa.table(list(zip(*rows, strict=True)), schema=schema)
     rules = parse(["hot: value > 80 for PT2M", "cold: value < 4"], schema)
     contract = Contract.from_table(table.iceberg)
 

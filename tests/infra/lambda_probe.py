@@ -15,7 +15,7 @@ import importlib.util
 import json
 import sys
 from collections.abc import Callable
-from datetime import datetime, timedelta, UTC
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 

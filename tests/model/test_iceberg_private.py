@@ -5,7 +5,7 @@ pyiceberg that moves one of them fails here, by name, before any job can."""
 from __future__ import annotations
 
 import inspect
-from datetime import datetime, UTC
+from datetime import UTC, datetime
 
 import pyarrow as pa
 import pyiceberg

@@ -11,7 +11,7 @@ import os
 import subprocess
 import sys
 from collections import Counter
-from datetime import datetime, timedelta, UTC
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -149,12 +149,12 @@ def keyed(rows: pa.Table) -> dict[Key, float]:
     dupes = [k for k, n in counts.items() if n > 1]
     assert not dupes, f"{len(dupes)} duplicate key(s), e.g. {dupes[:3]}"
     ts = pc.cast(rows.column("ts"), pa.int64()).to_pylist()
-    return dict(zip(zip(rows.column("device_id").to_pylist(), ts), rows.column("value").to_pylist()))
+    return dict(zip(zip(rows.column("device_id").to_pylist(), ts, strict=True), rows.column("value").to_pylist(), strict=True))
 
 
 def key_counts(rows: pa.Table) -> Counter:
     ts = pc.cast(rows.column("ts"), pa.int64()).to_pylist()
-    return Counter(zip(rows.column("device_id").to_pylist(), ts))
+    return Counter(zip(rows.column("device_id").to_pylist(), ts, strict=True))
 
 
 def assert_same_rows(actual: pa.Table, expected: pa.Table) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import threading
-from datetime import datetime, timedelta, UTC
+from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 import pyarrow as pa

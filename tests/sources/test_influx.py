@@ -6,7 +6,7 @@ import csv
 import gzip
 import io
 import json
-from datetime import datetime, timedelta, UTC
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pyarrow as pa

@@ -13,6 +13,7 @@ import subprocess
 import threading
 import time
 from datetime import datetime, timedelta
+from itertools import pairwise
 from pathlib import Path
 
 import duckdb
@@ -109,7 +110,7 @@ def test_each_piece_reads_only_its_range(postgres, readings_table, sensor):
     reads = _piece_reads(postgres, mark)
     assert len(reads) == len(job.record().state["source_plan"]["edges"]) - 1 >= 8
     bounds = sorted((lo, hi) for lo, hi, _ in reads)
-    assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:])), bounds
+    assert all(a[1] == b[0] for a, b in pairwise(bounds)), bounds
     lo, hi = postgres.sql("SELECT min(ts) AS lo, max(ts) AS hi FROM readings").to_pylist()[0].values()
     assert (bounds[0][0], bounds[-1][1]) == (to_micros(lo), to_micros(hi) + 1)
     others = [s for s in statements if not PIECE.match(s)]
@@ -131,10 +132,10 @@ def test_pieces_are_cut_on_day_edges_and_each_day_is_written_by_its_scan_task(po
     edges = record.state["source_plan"]["edges"]
     day = 86_400_000_000
     assert all(edge % day == 0 for edge in edges[1:-1]) and edges[0] == _us(start)
-    widths = {b - a for a, b in zip(edges[1:-2], edges[2:-1])}  # days a piece come from the planner's row estimate,
+    widths = {b - a for a, b in pairwise(edges[1:-1])}  # days a piece come from the planner's row estimate,
     assert len(widths) <= 1 and all(abs(w // day - days_a_piece) <= 1 for w in widths), widths  # which moves with ANALYZE
     reads = sorted((lo, hi) for lo, hi, _ in _piece_reads(postgres, mark))
-    assert reads == list(zip(edges, edges[1:]))
+    assert reads == list(pairwise(edges))
     units = lake.runtime.store.units(job.id)
     assert record.state["units_total"] == 10 == len([u for u in units if u.info.get("direct")])
     assert all(u.result["spill_bytes_read"] == 0 for u in units)
@@ -184,7 +185,7 @@ def test_pieces_follow_timescaledb_chunks_when_the_catalog_is_there(postgres, re
     chunk_rows = []
     postgres.sql("CREATE SCHEMA _timescaledb_internal")
     try:
-        for i, (a, b) in enumerate(zip(months, months[1:])):
+        for i, (a, b) in enumerate(pairwise(months)):
             postgres.sql(f"CREATE TABLE _timescaledb_internal._hyper_1_{i}_chunk AS SELECT * FROM readings "
                          f"WHERE ts >= '{a.isoformat()}' AND ts < '{b.isoformat()}'")
             postgres.sql(f"ANALYZE _timescaledb_internal._hyper_1_{i}_chunk")
@@ -201,7 +202,7 @@ def test_pieces_follow_timescaledb_chunks_when_the_catalog_is_there(postgres, re
     source = _rows(postgres)
     first, last = (to_micros(t.as_py()) for t in (source.column("ts")[0], source.column("ts")[-1]))
     assert plan["edges"] == [first, *[to_micros(m) for m in months[1:] if first < to_micros(m) <= last], last + 1]
-    per_chunk = [_count(source, a, b) for a, b in zip(plan["edges"], plan["edges"][1:])]
+    per_chunk = [_count(source, a, b) for a, b in pairwise(plan["edges"])]
     assert [round(n) for n in plan["piece_rows"]] == per_chunk and min(per_chunk) < max(per_chunk) / 2
     assert job.report()["rows_in_source"] == sum(per_chunk)
 
@@ -280,7 +281,7 @@ def test_the_dry_run_shows_the_source_limits_and_their_eta(postgres, readings_ta
     run = _cli("backfill", "iot.sensor", "--from", postgres.uri(table=readings_table), "--dry-run",
                "--source-max-connections", "3", warehouse=warehouse)
     assert run.returncode == 0, run.stderr
-    line = next(l for l in run.stdout.splitlines() if "source limits" in l)
+    line = next(text for text in run.stdout.splitlines() if "source limits" in text)
     rows = _rows(postgres).num_rows
     assert "3 connection(s), 250,000 rows/s" in line and f"~{round(rows / 250_000, 1)} s" in line, line
 
@@ -434,7 +435,7 @@ def test_scan_tasks_read_each_piece_once_whether_one_reader_reads_ahead_or_sever
                           source_max_connections=connections, max_concurrency=2).wait()
     reads = _piece_reads(postgres, mark)
     edges = job.record().state["source_plan"]["edges"]
-    assert sorted((lo, hi) for lo, hi, _ in reads) == list(zip(edges, edges[1:]))
+    assert sorted((lo, hi) for lo, hi, _ in reads) == list(pairwise(edges))
     assert len(job.record().state["scan_tasks"]) >= 4
     if connections == 1:
         assert len({s.pid for _, _, s in reads}) == 1  # one connection, kept from task to task

@@ -3,7 +3,7 @@ DuckDB `CALL`; and the wide reader's own errors, each one line naming the column
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, UTC
+from datetime import UTC, datetime, timedelta
 
 import duckdb
 import pandas as pd

@@ -39,7 +39,7 @@ def check_main(table, job_id: str, source: pa.Table, live: pa.Table) -> list[str
     missing = [p for p in _files_of(table) if not Path(p.removeprefix("file://")).exists()]
     assert missing == [], missing
     rows = table.scan().to_arrow().cast(SCHEMA)
-    assert rows.num_rows == len(set(zip(*[rows.column(c).to_pylist() for c in ("device_id", "ts")]))), "duplicate keys"
+    assert rows.num_rows == len(set(zip(*[rows.column(c).to_pylist() for c in ("device_id", "ts")], strict=True))), "duplicate keys"
     days = pc.strftime(rows.column("ts"), "%Y-%m-%d")
     source_days = pc.strftime(source.column("ts"), "%Y-%m-%d")
     on_main = []
@@ -49,8 +49,8 @@ def check_main(table, job_id: str, source: pa.Table, live: pa.Table) -> list[str
         assert got in (0, expected), f"day {day}: {got} of {expected} rows (a partial chunk)"
         if got:
             on_main.append(day)
-    live_keys = set(zip(live.column("device_id").to_pylist(), live.column("ts").to_pylist()))
-    assert live_keys <= set(zip(rows.column("device_id").to_pylist(), rows.column("ts").to_pylist()))
+    live_keys = set(zip(live.column("device_id").to_pylist(), live.column("ts").to_pylist(), strict=True))
+    assert live_keys <= set(zip(rows.column("device_id").to_pylist(), rows.column("ts").to_pylist(), strict=True))
     return on_main
 
 
@@ -102,7 +102,7 @@ def _ended_as_main_shows(lake: timelake.Lake, job_id: str, on_main: list[str]) -
 
 
 def test_abort_before_the_first_chunk(lake, warehouse):
-    for n in range(REPEATS):
+    def once(n: int) -> None:
         results: list = []
         job_id, source, live, error = _run(lake, warehouse, n, "publish.started",
                                            lambda other, job_id, k: _abort_now(other, job_id, results))
@@ -110,10 +110,13 @@ def test_abort_before_the_first_chunk(lake, warehouse):
         assert check_main(lake.table(f"iot.race{n}").iceberg, job_id, source, live) == []
         _ended_as_main_shows(lake, job_id, [])
 
+    for n in range(REPEATS):
+        once(n)
+
 
 def test_abort_between_chunks(lake, warehouse):
     """After chunk k (every k in turn, the last one included): main keeps chunks 0..k, whole."""
-    for n in range(REPEATS):
+    def once(n: int) -> None:
         results: list = []
         after = n % DAYS
         job_id, source, live, error = _run(lake, warehouse, n, "publish.chunk",
@@ -123,11 +126,14 @@ def test_abort_between_chunks(lake, warehouse):
         assert on_main == _days(source, after + 1)
         _ended_as_main_shows(lake, job_id, on_main)
 
+    for n in range(REPEATS):
+        once(n)
+
 
 def test_abort_during_a_slow_commit_waits_for_it(lake, warehouse):
     """The abort arrives while chunk k's commit is in flight (held open 0.3 s): it waits until the
     commit landed, then no further chunk starts; the files it deletes are referenced by nothing."""
-    for n in range(REPEATS):
+    def once(n: int) -> None:
         results: list = []
         threads: list[threading.Thread] = []
         during = n % DAYS
@@ -148,6 +154,9 @@ def test_abort_during_a_slow_commit_waits_for_it(lake, warehouse):
         referenced = set(_files_of(lake.table(f"iot.race{n}").iceberg))
         assert len(written) == DAYS and not any(Path(p.removeprefix("file://")).exists() for p in written - referenced)
         _ended_as_main_shows(lake, job_id, on_main)
+
+    for n in range(REPEATS):
+        once(n)
 
 
 def test_cli_abort_from_another_process_during_publish(lake, warehouse, tmp_path):

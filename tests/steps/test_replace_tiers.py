@@ -4,7 +4,7 @@ deletes and adds are one overwrite snapshot (no DELETE-then-APPEND middle state 
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, UTC
+from datetime import UTC, datetime, timedelta
 
 import numpy as np
 import pyarrow as pa

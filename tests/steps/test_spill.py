@@ -3,6 +3,7 @@ whatever the number of units per partition, and every unit gets exactly its seri
 
 from __future__ import annotations
 
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -63,7 +64,7 @@ def test_each_unit_holds_only_its_own_series_from_a_run_of_buckets(lake):
     owner: dict[tuple[str, str], str] = {}
     for day in {u.info["partition"] for u in units}:
         runs = sorted((min(u.info["buckets"]), max(u.info["buckets"])) for u in units if u.info["partition"] == day)
-        assert all(hi < next_lo for (_, hi), (next_lo, _) in zip(runs, runs[1:])), "units take contiguous bucket runs"
+        assert all(hi < next_lo for (_, hi), (next_lo, _) in pairwise(runs)), "units take contiguous bucket runs"
     for unit in units:
         for device in set(_rows([unit], ["device_id"]).column(0).to_pylist()):
             assert owner.setdefault((unit.info["partition"], device), unit.unit_id) == unit.unit_id
@@ -119,7 +120,7 @@ def test_small_runs_share_record_batches_and_a_read_still_gets_only_its_buckets(
         file = spill.SpillFile(uri, dictionaries, join_bytes)
         for partition, rows in (((0, 1), source), ((0, 2), other)):
             coded = dictionaries.code(rows)
-            for lo, hi in zip(halves, halves[1:]):
+            for lo, hi in pairwise(halves):
                 file.hold(coded.slice(lo, hi - lo), [partition], np.zeros(hi - lo, dtype=np.int64), buckets[lo:hi],
                           coded.nbytes * (hi - lo) // coded.num_rows)
             file.flush()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, UTC
+from datetime import UTC, datetime, timedelta
 
 import pyarrow as pa
 import pyarrow.csv as pacsv
@@ -79,7 +79,7 @@ def test_older_rows_land_in_coarser_partitions(lake):
     specs = {t.transform: t.spec_id for t in table.contract.tiers}
     files = iceberg.inspect.files()
     by_spec = {}
-    for spec_id, path in zip(files.column("spec_id").to_pylist(), files.column("file_path").to_pylist()):
+    for spec_id, path in zip(files.column("spec_id").to_pylist(), files.column("file_path").to_pylist(), strict=True):
         by_spec.setdefault(spec_id, []).append(path)
     assert set(by_spec) == set(specs.values())
     assert all("ts_year=" in p for p in by_spec[specs["year"]])

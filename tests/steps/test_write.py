@@ -19,8 +19,8 @@ def _contract(series: tuple[str, ...] = ("device_id",)) -> Contract:
 
 
 def _reference_mask(rows: pa.Table, existing: pa.Table, keys: list[str]) -> np.ndarray:
-    have = set(zip(*(existing.column(k).to_pylist() for k in keys)))
-    return np.array([key in have for key in zip(*(rows.column(k).to_pylist() for k in keys))])
+    have = set(zip(*(existing.column(k).to_pylist() for k in keys), strict=True))
+    return np.array([key in have for key in zip(*(rows.column(k).to_pylist() for k in keys), strict=True)])
 
 
 def test_merge_match_equals_a_set_reference_with_unknown_series_and_shared_times():
@@ -33,7 +33,7 @@ def test_merge_match_equals_a_set_reference_with_unknown_series_and_shared_times
     kept, dropped, dropped_sum = drop_existing(rows, existing, _contract())
     mask = _reference_mask(rows, existing, ["device_id", "ts"])
     assert dropped == mask.sum() == 40 and kept.num_rows == rows.num_rows - 40
-    assert dropped_sum == pytest.approx(sum(v for v, m in zip(rows.column("value").to_pylist(), mask) if m))
+    assert dropped_sum == pytest.approx(sum(v for v, m in zip(rows.column("value").to_pylist(), mask, strict=True) if m))
 
 
 def test_merge_match_with_a_two_column_series_key_takes_the_join():

@@ -52,7 +52,7 @@ import random
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager, nullcontext, suppress
 from typing import Any
 
 import boto3
@@ -340,10 +340,8 @@ class DynamoJobStore:
         raise RuntimeError(f"{self.table_name} {key['pk']['S']}: still conflicting after {_ATTEMPTS} attempts")
 
     def _insert_new(self, item: Item) -> None:
-        try:
+        with suppress(self._conditional_failed):
             self._client.put_item(TableName=self.table_name, Item=item, ConditionExpression="attribute_not_exists(pk)")
-        except self._conditional_failed:
-            pass
 
 
 class _Unlimited(Exception):

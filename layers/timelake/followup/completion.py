@@ -10,7 +10,7 @@ half-updated picture. It is derived data: ``refresh`` rebuilds it whole from the
 
 from __future__ import annotations
 
-from datetime import datetime, UTC
+from datetime import UTC, datetime
 
 import pyarrow as pa
 from pyiceberg.exceptions import NoSuchTableError, TableAlreadyExistsError

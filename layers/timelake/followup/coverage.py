@@ -26,7 +26,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import datetime, UTC
+from datetime import UTC, datetime
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
@@ -145,7 +146,7 @@ def compute(
         lo = lo if lo is not None else floor_to(int(stats.lo.min()), grain_at(int(stats.lo.min())))
         hi = hi if hi is not None else _ceil(int(stats.hi.max()) + 1, grain_at)
     edges = bucket_edges(lo, hi, grain_at, by, uniform)
-    buckets = [Bucket(a, b, grain_at(a)) for a, b in zip(edges, edges[1:])]
+    buckets = [Bucket(a, b, grain_at(a)) for a, b in pairwise(edges)]
     interval = fixed_interval(table.properties[EXPECTED_INTERVAL]) if table.properties.get(EXPECTED_INTERVAL) else None
     fractions = _assign(stats, np.array(edges, dtype=np.int64), buckets, interval)
     counts = _series_counts(stats, contract, fractions, table.io) if series else None
@@ -214,7 +215,7 @@ def file_stats(rt: Runtime, table: IcebergTable, contract: Contract, lo: int | N
     writers = _writers_by_snapshot(rt, table, {e[5] for e in entries})
     names = [LIVE, *sorted(set(writers.values()))]
     code = {n: i for i, n in enumerate(names)}
-    columns = list(zip(*entries)) if entries else [[] for _ in range(6)]
+    columns = list(zip(*entries, strict=True)) if entries else [[] for _ in range(6)]
     return FileStats(
         paths=list(columns[0]), lo=np.array(columns[1], dtype=np.int64), hi=np.array(columns[2], dtype=np.int64),
         rows=np.array(columns[3], dtype=np.int64), seq=np.array(columns[4], dtype=np.int64),
@@ -266,7 +267,7 @@ def _writers_by_snapshot(rt: Runtime, table: IcebergTable, wanted: set[int]) -> 
     if wanted <= {s.snapshot_id for s in table.snapshots()}:
         return writers
     published = history(rt, ".".join(table.name()[-2:]))
-    for job_id, ids in zip(published.column("job_id").to_pylist(), published.column("snapshot_ids").to_pylist()):
+    for job_id, ids in zip(published.column("job_id").to_pylist(), published.column("snapshot_ids").to_pylist(), strict=True):
         for snapshot_id in ids or []:
             writers.setdefault(snapshot_id, job_id)
     return writers
@@ -336,11 +337,11 @@ def _assign(
         last_writer[span[newer]] = stats.writer[i]
     writers: list[dict[str, int]] = [{} for _ in buckets]
     ks, ws = np.nonzero(by_writer)  # row-major: per bucket, writers in their order
-    for k, w, n in zip(ks.tolist(), ws.tolist(), by_writer[ks, ws].tolist()):
+    for k, w, n in zip(ks.tolist(), ws.tolist(), by_writer[ks, ws].tolist(), strict=True):
         writers[k][stats.writers[w]] = n
     names = [None, *stats.writers]  # last_writer -1: none
     for bucket, n, f, e, w, last in zip(buckets, rows.tolist(), files.tolist(), estimated.tolist(), writers,
-                                        (last_writer + 1).tolist()):
+                                        (last_writer + 1).tolist(), strict=True):
         bucket.rows, bucket.files, bucket.estimated, bucket.writers, bucket.last_writer = n, f, e, w, names[last]
     exact = np.flatnonzero(inside)
     return [(int(i), first[i:i + 1], stats.rows[i:i + 1]) for i in exact] + spread
@@ -384,8 +385,8 @@ def _series_counts(
         counts = labels.value_counts()
         names, numbers = counts.field("values").to_pylist(), counts.field("counts").to_numpy()
         found = []
-        for bucket, part in zip(span, share):
-            for name, count in zip(names, _split(int(part), numbers / max(numbers.sum(), 1))):
+        for bucket, part in zip(span, share, strict=True):
+            for name, count in zip(names, _split(int(part), numbers / max(numbers.sum(), 1)), strict=True):
                 if count:
                     found.append((int(bucket), name, int(count)))
         return found

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import html
 import json
-from datetime import datetime, UTC
+from datetime import UTC, datetime
 
 from rich.text import Text
 

@@ -11,6 +11,7 @@ are replaced, never appended twice), so a retried event or a resumed job is harm
 from __future__ import annotations
 
 from collections.abc import Callable
+from itertools import pairwise
 from typing import Any
 
 from pydantic import BaseModel
@@ -51,7 +52,7 @@ def pieces(rt: Runtime, event: PublishedEvent) -> list[PublishedEvent]:
         cuts.append(min(next_boundary(cuts[-1], grain), hi))
     if len(cuts) <= 2:
         return [event]
-    return [event.model_copy(update={"start": iso(a), "end": iso(b)}) for a, b in zip(cuts, cuts[1:])]
+    return [event.model_copy(update={"start": iso(a), "end": iso(b)}) for a, b in pairwise(cuts)]
 
 
 def on_published(rt: Runtime, event: PublishedEvent, progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:

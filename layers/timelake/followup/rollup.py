@@ -15,6 +15,7 @@ import json
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -114,7 +115,7 @@ def refresh(rt: Runtime, base: str, start: str, end: str, progress: Progress | N
 
     if progress:
         progress(0, total, base)
-    return {r.table_name(base): refresh_range(rt, base, r, *span, lambda: tick(r.table_name(base))) for r, span in plan}
+    return {r.table_name(base): refresh_range(rt, base, r, *span, partial(tick, r.table_name(base))) for r, span in plan}
 
 
 def widen(r: Rollup, lo: int, hi: int) -> tuple[int, int]:

@@ -3,6 +3,7 @@ and user errors as one line."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import sys
@@ -109,10 +110,8 @@ class StepDisplay:
     def _show(self, final: bool = False) -> None:
         """A display that cannot read the store (a full disk, a locked database) skips a beat: it must
         neither stop the job nor hide the error the job itself then reports."""
-        try:
+        with contextlib.suppress(Exception):
             self.show(final)
-        except Exception:  # noqa: BLE001
-            pass
 
     def show(self, final: bool = False) -> None:
         """Update the bars, or print the lines of the steps that ended; ``final``: the run is over (here),

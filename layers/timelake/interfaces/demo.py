@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import shutil
 import threading
-from datetime import datetime, timedelta, UTC
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import numpy as np
@@ -96,7 +96,7 @@ def run_demo(warehouse: Path) -> None:
     console.print(f"  rows on main: {result.num_rows:,}; duplicate keys: {sum(1 for c in keys.column('count_all').to_pylist() if c > 1)}; "
                   f"live rows appended during the backfill: {appended:,}, all on main: {_live_count(result, today) == appended}")
     signal = table.coverage()
-    statuses = dict(zip(*signal.group_by("status").aggregate([([], "count_all")]).to_pydict().values()))
+    statuses = dict(zip(*signal.group_by("status").aggregate([([], "count_all")]).to_pydict().values(), strict=True))
     page = warehouse / "coverage.html"
     page.write_text(heatmap.page(table.coverage_map(window, window + timedelta(days=70))))
     console.print(f"  completion signal {table.name}__coverage (written by the publish): "

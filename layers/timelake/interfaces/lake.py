@@ -6,7 +6,7 @@ import json
 import os
 import threading
 from collections.abc import Callable, Iterable
-from datetime import datetime, UTC
+from datetime import UTC, datetime
 from typing import Any
 
 import pyarrow as pa

@@ -6,6 +6,7 @@ These functions are what the thin handlers call: JSON-able input, JSON-able outp
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import time
@@ -123,10 +124,8 @@ def ensure_job(rt: Runtime, spec: JobSpec) -> JobRecord:
     try:
         return rt.store.get_job(spec.job_id)
     except JobNotFound:
-        try:
+        with contextlib.suppress(ValueError):  # created concurrently: same id, same job
             rt.store.create_job(JobRecord(spec.job_id, spec.table, "created", spec.to_json()))
-        except ValueError:
-            pass  # created concurrently: same id, same job
         return rt.store.get_job(spec.job_id)
 
 
@@ -235,10 +234,8 @@ def finish_writes(rt: Runtime, job_id: str) -> None:
 def fail(rt: Runtime, job_id: str, error: str, cause: str | None) -> dict[str, str]:
     """Record a step's failure on the job; returns a readable error and cause for the Fail state."""
     message = _cause_message(cause)
-    try:
+    with contextlib.suppress(JobNotFound):  # failed before the job record existed (e.g. an invalid job JSON)
         record_failure(rt, job_id, f"{error}: {message}")
-    except JobNotFound:
-        pass  # failed before the job record existed (e.g. an invalid job JSON)
     return {"error": error, "cause": f"job {job_id}: {message}"}
 
 

@@ -175,7 +175,7 @@ def data_files(table: IcebergTable, results: Iterable[dict[str, Any]]) -> list[D
     results = list(results)
     unrecorded = [r for r in results if "file_statistics" not in r]
     with ThreadPoolExecutor(max_workers=16) as pool:
-        read = dict(zip(map(id, unrecorded), pool.map(lambda r: data_file_from_result(table, r, order), unrecorded)))
+        read = dict(zip(map(id, unrecorded), pool.map(lambda r: data_file_from_result(table, r, order), unrecorded), strict=True))
     return [read[id(r)] if id(r) in read else data_file_from_result(table, r, order) for r in results]
 
 
@@ -472,7 +472,7 @@ def _partitions(spec: PartitionSpec, schema: Schema, rows: pa.Table) -> list[tup
         return [(None, rows)]
     values = np.stack([_partition_values(field, schema, rows) for field in spec.fields], axis=1)
     keys, codes = np.unique(values, axis=0, return_inverse=True)
-    return [(PartitionKey([PartitionFieldValue(field, int(v)) for field, v in zip(spec.fields, keys[code])], spec, schema), part)
+    return [(PartitionKey([PartitionFieldValue(field, int(v)) for field, v in zip(spec.fields, keys[code], strict=True)], spec, schema), part)
             for code, part in split_by_code(rows, codes.reshape(-1))]
 
 

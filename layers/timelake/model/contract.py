@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from datetime import datetime
+from itertools import pairwise
 
 import numpy as np
 import pyarrow as pa
@@ -88,7 +89,7 @@ class Contract:
         year) is never split between two tiers.
         """
         cutoffs = []
-        for tier, coarser in zip(self.tiers, self.tiers[1:]):
+        for tier, coarser in pairwise(self.tiers):
             assert tier.max_age is not None
             cutoffs.append(floor_to(to_micros(subtract_duration(now, tier.max_age)), coarser.transform))
         return cutoffs
@@ -143,7 +144,7 @@ def normalize_tiers(partition_by: str | dict[str | None, str]) -> list[tuple[str
         items: list[tuple[str | None, str]] = [(None, partition_by)]
     else:
         items = sorted(partition_by.items(), key=lambda kv: (kv[0] is None, _age_days(kv[0])))
-    for (age, transform), nxt in zip(items, items[1:] + [None]):
+    for (age, transform), nxt in zip(items, items[1:] + [None], strict=True):
         if transform not in TRANSFORM_CLASSES:
             raise ValueError(f"partition_by: unknown granularity '{transform}' (one of {', '.join(TRANSFORM_CLASSES)})")
         if nxt is not None and _ORDER.index(nxt[1]) <= _ORDER.index(transform):

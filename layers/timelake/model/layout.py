@@ -9,6 +9,7 @@ import threading
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -151,7 +152,7 @@ def code_runs(codes: np.ndarray, repeats: bool = False) -> tuple[np.ndarray | No
         codes = codes[order]
         cuts = np.flatnonzero(codes[1:] != codes[:-1]) + 1
     bounds = np.concatenate(([0], cuts, [len(codes)])).tolist()
-    return order, [(int(codes[lo]), lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:])]
+    return order, [(int(codes[lo]), lo, hi) for lo, hi in pairwise(bounds)]
 
 
 def time_filter(column: str, start_us: int | None, end_us: int | None) -> BooleanExpression:

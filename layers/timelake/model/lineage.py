@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from pyiceberg.manifest import DataFileContent, ManifestEntry, ManifestEntryStatus
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from pyiceberg.table import Table as IcebergTable
 
 
-class Origin(str, Enum):
+class Origin(StrEnum):
     JOB = "job"
     PLAN = "plan"
     REWRITE = "rewrite"

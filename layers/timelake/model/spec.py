@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import re
 import secrets
-from datetime import date, datetime, UTC
+from datetime import UTC, date, datetime
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 from urllib.parse import parse_qsl
 
@@ -158,9 +158,8 @@ class JobSpec(BaseModel):
     @field_validator("tz")
     @classmethod
     def _known_zone(cls, tz: str | None) -> str | None:
-        if tz is not None:
-            if not known_zone(tz):
-                raise ValueError(f"unknown time zone '{printable(tz)[:100]}' (use an IANA name such as Europe/Berlin)")
+        if tz is not None and not known_zone(tz):
+            raise ValueError(f"unknown time zone '{printable(tz)[:100]}' (use an IANA name such as Europe/Berlin)")
         return tz
 
     @field_validator("run_between")

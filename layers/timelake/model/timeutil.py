@@ -8,7 +8,7 @@ retention, where a month really is a month.
 from __future__ import annotations
 
 import re
-from datetime import date, datetime, timedelta, UTC
+from datetime import UTC, date, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 import numpy as np

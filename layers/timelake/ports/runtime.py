@@ -7,6 +7,7 @@ root, `timelake.adapters.runtime_for`, which is the one place that picks the ada
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections.abc import Callable
@@ -214,7 +215,5 @@ def private_folder(path: Path) -> None:
 
 def private_file(path: Path) -> None:
     """Create ``path`` empty with mode 0600 unless it exists (SQLite gives its -wal and -shm files the same mode)."""
-    try:
+    with contextlib.suppress(FileExistsError):
         os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
-    except FileExistsError:
-        pass

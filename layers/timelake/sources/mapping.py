@@ -249,11 +249,11 @@ class Mapper:
         if lost is not None:
             placed = pc.cast(when.filter(lost), pa.int64()).drop_null().to_numpy()
             days, counts = np.unique(np.floor_divide(placed, US_PER_DAY), return_counts=True)
-            result.issue_days.update(dict(zip(days.tolist(), counts.tolist())))
+            result.issue_days.update(dict(zip(days.tolist(), counts.tolist(), strict=True)))
         if states is not None:
             kept = states if keep is None else states.filter(keep)
             counted = kept.drop_null().value_counts()
-            result.states.update(dict(zip(counted.field("values").to_pylist(), counted.field("counts").to_pylist())))
+            result.states.update(dict(zip(counted.field("values").to_pylist(), counted.field("counts").to_pylist(), strict=True)))
         arrays, fields = [], []
         for f in self.target:
             column = when if f.name == self.time_column else values[f.name]

@@ -25,6 +25,7 @@ are scrubbed of it.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -37,6 +38,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC
+from itertools import pairwise
 from typing import Any
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 from zoneinfo import ZoneInfo
@@ -208,7 +210,7 @@ class PostgresSource(Source):
             for batch in _rebatch(batches, self._batch_rows):
                 yield SourceBatch(batch, piece, offset)
                 offset += batch.num_rows
-        self._early = dict(zip(order[done:done + len(pending)], pending))
+        self._early = dict(zip(order[done:done + len(pending)], pending, strict=True))
 
     def read_next(self, pieces: list[str]) -> None:
         self._next = pieces[:READ_AHEAD]
@@ -281,7 +283,7 @@ class PostgresSource(Source):
             plan["piece_rows"] = [round(c[2]) for c in chunks]
         elif aligned:
             plan["edges"], plan["aligned"] = aligned, True
-            plan["piece_rows"] = [round(rows * (b - a) / (hi - lo)) for a, b in zip(aligned, aligned[1:])]
+            plan["piece_rows"] = [round(rows * (b - a) / (hi - lo)) for a, b in pairwise(aligned)]
         else:  # equal spans: rows are assumed to spread evenly over the range
             count = min(MAX_PIECES, max(1, math.ceil(rows / self._target.piece_rows)))
             plan["edges"] = sorted({lo + (hi - lo) * i // count for i in range(count)} | {hi})
@@ -360,7 +362,7 @@ class PostgresSource(Source):
 
     def _ranges(self) -> list[tuple[int, int]]:
         edges = self._plan["edges"]
-        return list(zip(edges, edges[1:]))
+        return list(pairwise(edges))
 
     def _piece_name(self, lo: int, hi: int) -> str:
         if self._plan["kind"] == "integer":
@@ -466,10 +468,8 @@ class PostgresSource(Source):
 
     def _close(self) -> None:
         if self._con is not None:
-            try:
+            with contextlib.suppress(Exception):  # a dropped connection may refuse even to close
                 self._con.close()
-            except Exception:  # a dropped connection may refuse even to close
-                pass
             self._con = None
 
     def _error(self, exc: Exception, connecting: bool = False) -> SourceError:

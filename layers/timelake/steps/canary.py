@@ -13,7 +13,7 @@ files are never rewritten); ``abort`` is the ordinary abort.
 from __future__ import annotations
 
 import time
-from datetime import date, datetime, UTC
+from datetime import UTC, date, datetime
 from typing import Any
 
 import numpy as np
@@ -81,7 +81,6 @@ def check(rt: Runtime, job_id: str, source: Any = None) -> dict[str, Any]:
     missing = [u.unit_id for u in units if u.status != "done"]
     if missing:
         raise BackfillError(f"job {job_id}: {len(missing)} canary unit(s) not written yet (first: {missing[0]}); resume the job")
-    spec = JobSpec.model_validate(job.spec)
     table = job_table(rt, job)
     written = [u.result for u in units if u.result.get("path")]
     snapshot_id = stage_files(table, job_id, job.state["branch"], written, STEP)
@@ -283,7 +282,7 @@ def _pairs(mapper: Any, batch: SourceBatch, time_column: str, start: int,
     source_rows = np.flatnonzero(kept)
     chosen = np.flatnonzero(inside[source_rows])[:CANDIDATE_ROWS]
     at = source_rows[chosen]
-    rows = zip(batch.data.take(pa.array(at)).to_pylist(), mapped.table.take(pa.array(chosen)).to_pylist(), at.tolist())
+    rows = zip(batch.data.take(pa.array(at)).to_pylist(), mapped.table.take(pa.array(chosen)).to_pylist(), at.tolist(), strict=True)
     return [(raw, row, batch.where(i)) for raw, row, i in rows], left_out
 
 

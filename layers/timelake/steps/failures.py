@@ -7,6 +7,8 @@ something is missing.
 
 from __future__ import annotations
 
+import contextlib
+
 from timelake.ports.files import filesystem, make_parent
 from timelake.ports.runtime import Runtime
 
@@ -20,10 +22,8 @@ def note(rt: Runtime, job_id: str, item: str, error: BaseException) -> None:
 
 def clear(rt: Runtime, job_id: str, item: str) -> None:
     fs, path = filesystem(rt.staging_path(job_id, "failures", f"{item}.txt"))
-    try:
+    with contextlib.suppress(FileNotFoundError):
         fs.delete_file(path)
-    except FileNotFoundError:
-        pass
 
 
 def first(rt: Runtime, job_id: str, items: list[str]) -> str | None:

@@ -8,12 +8,13 @@ and, unless it is a dry run, takes the lease and creates the branch. A dry run c
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 
 import numpy as np
-from datetime import datetime, UTC
+from datetime import UTC, datetime
 from typing import Any
 
 from timelake.errors import InvalidJob, ValidationFailed
@@ -360,10 +361,8 @@ def _balance(buckets: dict[int, int], slices: int) -> list[list[int]]:
 
 def clear_staging(rt: Runtime, job_id: str) -> None:
     fs, root = filesystem(rt.staging_path(job_id))
-    try:
+    with contextlib.suppress(FileNotFoundError):
         fs.delete_dir(root)
-    except FileNotFoundError:
-        pass
 
 
 CHUNKS = "publish/chunks.json"  # the publish chunks, [start, end) each, as the first publish attempt cut them

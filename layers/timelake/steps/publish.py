@@ -11,9 +11,11 @@ them although it deletes the rest of the range.
 
 from __future__ import annotations
 
+import contextlib
 import operator
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
@@ -178,10 +180,10 @@ def chunks(staged: list[DataFile], contract: Contract, publish_by: str | None, s
 
 def _assigned(staged: list[DataFile], spans: list[tuple[int, int]], bounds: list[int], publish_by: str | None) -> list[Chunk]:
     start = bounds[0]
-    result = [Chunk(iso(lo) if publish_by else "all", lo, hi, []) for lo, hi in zip(bounds, bounds[1:])]
+    result = [Chunk(iso(lo) if publish_by else "all", lo, hi, []) for lo, hi in pairwise(bounds)]
     firsts = np.array([lo for lo, _ in spans], dtype=np.int64).reshape(-1)
     at = np.maximum(np.searchsorted(np.array(bounds[:-1]), np.maximum(firsts, start), side="right") - 1, 0)
-    for f, index in zip(staged, at.tolist()):
+    for f, index in zip(staged, at.tolist(), strict=True):
         result[index].files.append(f)
     return result
 
@@ -388,8 +390,6 @@ def _drop_late_conflicts(
 
 def _drop_spill(rt: Runtime, job_id: str) -> None:
     fs, path = filesystem(rt.staging_path(job_id, "spill"))
-    try:
+    with contextlib.suppress(FileNotFoundError):
         fs.delete_dir(path)
-    except FileNotFoundError:
-        pass
 

@@ -39,7 +39,7 @@ def missing_files(paths: list[str], io: Any = None) -> list[str]:
     else:
         with ThreadPoolExecutor(max_workers=HEADS) as pool:
             infos = list(pool.map(lambda item: item[0].get_file_info(item[1]), located))
-    return [p for p, info in zip(paths, infos) if info.type == pafs.FileType.NotFound]
+    return [p for p, info in zip(paths, infos, strict=True) if info.type == pafs.FileType.NotFound]
 
 
 def rewrite_missing(rt: Runtime, job_id: str, table: Any, units: list[UnitRecord]) -> list[str]:

@@ -75,7 +75,7 @@ class PartitionStats:
     def counted(self) -> None:
         if self.counting is not None:
             present = np.flatnonzero(self.counting)
-            self.buckets.update(dict(zip(present.tolist(), self.counting[present].tolist())))
+            self.buckets.update(dict(zip(present.tolist(), self.counting[present].tolist(), strict=True)))
             self.counting = None
 
 
@@ -518,7 +518,7 @@ def _scan_batch(
     if rows.num_rows == 0:
         return
     days, day_of_row, counts = dense_unique(np.floor_divide(ts, US_PER_DAY))
-    result.days.update(dict(zip(days.tolist(), counts.tolist())))
+    result.days.update(dict(zip(days.tolist(), counts.tolist(), strict=True)))
     if result.sample_rows == 0:
         result.sample_rows, result.sample_bytes = _measure(rows.slice(0, SAMPLE_ROWS), ctx.contract)
     if overlap is not None:

@@ -34,6 +34,7 @@ the directory rows and the run rows of its buckets, and the dictionaries.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -277,10 +278,8 @@ class SpillFile:
         print Arrow's error after the job's own."""
         self.held.clear()
         for end in (self.writer.close, self.stream.close):
-            try:
+            with contextlib.suppress((OSError, pa.ArrowException)):
                 end()
-            except (OSError, pa.ArrowException):
-                pass
 
 
 class _Runs:
@@ -292,7 +291,7 @@ class _Runs:
         self.buckets = np.concatenate([batch.buckets for batch in held])
         self.sizes = np.concatenate([np.diff(batch.starts) for batch in held])
         self._where = [(batch.rows, start, size) for batch in held
-                       for start, size in zip(batch.starts[:-1].tolist(), np.diff(batch.starts).tolist())]
+                       for start, size in zip(batch.starts[:-1].tolist(), np.diff(batch.starts).tolist(), strict=True)]
 
     def slice(self, run: int) -> pa.Table:
         rows, start, size = self._where[run]
@@ -365,7 +364,7 @@ def decoded(rows: pa.Table, dictionaries: dict[str, pa.Array]) -> pa.Table:
     if not dictionaries:
         return rows
     columns, fields = [], []
-    for f, column in zip(rows.schema, rows.columns):
+    for f, column in zip(rows.schema, rows.columns, strict=True):
         if f.name in dictionaries:
             values = dictionaries[f.name]
             column = pa.chunked_array([pa.DictionaryArray.from_arrays(column.combine_chunks(), values)])
@@ -407,7 +406,7 @@ def _ranges(index: Any, partition: tuple[int, int], buckets: list[int] | None,
     firsts, counts = directory[wanted, 0], directory[wanted, 1]
     start, end = int(firsts.min()), int((firsts + counts).max())
     runs = _ints(index, 8 * (section + 2 * slots + RUN * start), RUN * (end - start), counter).reshape(-1, RUN)
-    chosen = runs[np.concatenate([np.arange(f - start, f - start + n) for f, n in zip(firsts.tolist(), counts.tolist())])]
+    chosen = runs[np.concatenate([np.arange(f - start, f - start + n) for f, n in zip(firsts.tolist(), counts.tolist(), strict=True)])]
     chosen = chosen[np.lexsort((chosen[:, 2], chosen[:, 0]))]
     parts: list[list[Any]] = []  # [offset, length, [[first row, rows], ...]]
     for offset, length, first, rows in chosen.tolist():

@@ -18,6 +18,7 @@ import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, fields
+from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -362,12 +363,12 @@ def _scan_files(rt: Runtime, job_id: str | None, table: Any, contract: Contract,
     if job_id:  # one small object per file: read many at once, their latency (not their size) is the cost
         with ThreadPoolExecutor(max_workers=FACT_READERS) as pool:
             found = dict(zip([f.file_path for f in staged],
-                             pool.map(lambda f: _stored_facts(rt, job_id, snapshots, f.file_path), staged)))
+                             pool.map(lambda f: _stored_facts(rt, job_id, snapshots, f.file_path), staged), strict=True))
     missing = [f for f in staged if found.get(f.file_path) is None]
     mains = _planned_views(table, contract, state, job_id, snapshots, state["range_start"], state["range_end"]) if missing else {}
     with ThreadPoolExecutor(max_workers=4) as pool:
         computed = dict(zip([f.file_path for f in missing], pool.map(
-            lambda f: _file_facts(contract, state, mains, f.file_path, f.spec_id, f.partition[0]), missing)))
+            lambda f: _file_facts(contract, state, mains, f.file_path, f.spec_id, f.partition[0]), missing), strict=True))
     return [found.get(f.file_path) or computed[f.file_path] for f in staged]
 
 
@@ -469,7 +470,7 @@ def _unique(column: pa.Array | pa.ChunkedArray) -> pa.Array:
 def _plain(rows: pa.Table) -> pa.Table:
     """``rows`` with dictionary-encoded columns decoded."""
     return pa.table({name: pc.cast(column, column.type.value_type) if pa.types.is_dictionary(column.type) else column
-                     for name, column in zip(rows.column_names, rows.columns)})
+                     for name, column in zip(rows.column_names, rows.columns, strict=True)})
 
 
 class _Near:
@@ -539,7 +540,7 @@ def _unique_keys(facts: list[_FileFacts], contract: Contract) -> Check:
             if len(pc.unique(series)) != len(series):
                 shared.append({"partition": partition, "files": [f.path for f in files]})
     spans = sorted(files[0].range for files in by_partition.values())
-    overlapping = [{"ranges": [iso(a[0]), iso(b[0])]} for a, b in zip(spans, spans[1:]) if b[0] < a[1]]
+    overlapping = [{"ranges": [iso(a[0]), iso(b[0])]} for a, b in pairwise(spans) if b[0] < a[1]]
     passed = not count and not shared and not overlapping
     cols = ", ".join(contract.dedup_key)
     detail = (

@@ -131,7 +131,7 @@ def _read_slice(unit: UnitRecord, target: pa.Schema, contract: Contract, counter
         chunks = pa.chunked_array(compact.pop(name))
         columns.append((chunks.unify_dictionaries() if name in series else chunks).combine_chunks())
         del chunks
-    fields = [f.with_type(c.type) for f, c in zip(target, columns)]  # keeps the Iceberg field ids
+    fields = [f.with_type(c.type) for f, c in zip(target, columns, strict=True)]  # keeps the Iceberg field ids
     # Arrow's allocator keeps the pages of the read's buffers for its own reuse; the sort that follows
     # allocates through numpy, which cannot use them, so a large unit's go back to the system now (~0.4 GB
     # a 33M-row unit).
@@ -380,7 +380,7 @@ class KeyPacker:
             if order is not None:  # repeated keys: every row of an equal run matches
                 ends = np.searchsorted(ordered, ordered[at], side="right")
                 runs = ends - at > 1
-                at = np.concatenate([at[~runs], *(np.arange(a, b) for a, b in zip(at[runs], ends[runs]))]).astype(np.int64)
+                at = np.concatenate([at[~runs], *(np.arange(a, b) for a, b in zip(at[runs], ends[runs], strict=True))]).astype(np.int64)
                 at = order[at]
             mask[at] = True
         return mask
