@@ -124,7 +124,7 @@ def serve(fd: int) -> None:
             return
         module, name, args = call
         try:
-            target = importlib.import_module(module)
+            target: Any = importlib.import_module(module)
             for part in name.split("."):
                 target = getattr(target, part)
             result = (True, target(*args))

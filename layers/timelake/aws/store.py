@@ -125,7 +125,7 @@ class DynamoJobStore:
     def update_job_if(self, job_id: str, guard: Guard, phase: str | None = None, **state: Any) -> JobRecord:
         """The guard looks at the item as read; the write is conditional on its version, so a lost race
         re-reads and asks the guard again."""
-        finishing = []
+        finishing: list[bool] = []
 
         def change(item: Item | None) -> Item:
             if item is None:

@@ -33,13 +33,12 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from pyiceberg.conversions import from_bytes
 from pyiceberg.manifest import DataFile, DataFileContent, ManifestContent, ManifestFile
 from pyiceberg.table import Table as IcebergTable
 
 from timelake.model.commit import JOB_PROPERTY, STEP_PROPERTY
 from timelake.model.contract import TRANSFORM_CLASSES, Contract, _spec_transform
-from timelake.model.layout import file_bounds
+from timelake.model.layout import file_bounds, int_from_bytes
 from timelake.model.timeutil import (
     US_PER_DAY, US_PER_HOUR, floor_to, iso, next_boundary, parse_duration, parse_instant, to_micros, transform_range,
 )
@@ -186,7 +185,8 @@ def file_stats(rt: Runtime, table: IcebergTable, contract: Contract, lo: int | N
     10,000 entries it committed)."""
     snapshot = table.current_snapshot()
     if snapshot is None:
-        return FileStats([], *(np.zeros(0, dtype=np.int64) for _ in range(5)), [LIVE])
+        none = np.zeros(0, dtype=np.int64)  # one empty array for the five columns: there is nothing to change in it
+        return FileStats(paths=[], lo=none, hi=none, rows=none, seq=none, writer=none, writers=[LIVE])
     time_field = table.schema().find_field(contract.time_column)
     manifests = [m for m in snapshot.manifests(table.io)
                  if m.content == ManifestContent.DATA and _may_overlap(table, contract, m, lo, hi)]
@@ -215,7 +215,7 @@ def file_stats(rt: Runtime, table: IcebergTable, contract: Contract, lo: int | N
     writers = _writers_by_snapshot(rt, table, {e[5] for e in entries})
     names = [LIVE, *sorted(set(writers.values()))]
     code = {n: i for i, n in enumerate(names)}
-    columns = list(zip(*entries, strict=True)) if entries else [[] for _ in range(6)]
+    columns: list[Sequence[Any]] = list(zip(*entries, strict=True)) if entries else [[] for _ in range(6)]
     return FileStats(
         paths=list(columns[0]), lo=np.array(columns[1], dtype=np.int64), hi=np.array(columns[2], dtype=np.int64),
         rows=np.array(columns[3], dtype=np.int64), seq=np.array(columns[4], dtype=np.int64),
@@ -262,8 +262,8 @@ def _writers_by_snapshot(rt: Runtime, table: IcebergTable, wanted: set[int]) -> 
     Any other snapshot is the live path."""
     from timelake.followup.provenance import history
 
-    writers = {s.snapshot_id: s.summary[JOB_PROPERTY] for s in table.snapshots()
-               if s.summary is not None and s.summary.get(JOB_PROPERTY) and s.summary.get(STEP_PROPERTY) == "publish"}
+    writers = {s.snapshot_id: job for s in table.snapshots()
+               if s.summary is not None and (job := s.summary.get(JOB_PROPERTY)) and s.summary.get(STEP_PROPERTY) == "publish"}
     if wanted <= {s.snapshot_id for s in table.snapshots()}:
         return writers
     published = history(rt, ".".join(table.name()[-2:]))
@@ -281,8 +281,8 @@ def _may_overlap(table: IcebergTable, contract: Contract, manifest: ManifestFile
     summary = manifest.partitions[index]
     if summary.lower_bound is None or summary.upper_bound is None:
         return True
-    first = transform_range(transform, from_bytes(result_type, summary.lower_bound))[0]
-    last = transform_range(transform, from_bytes(result_type, summary.upper_bound))[1]
+    first = transform_range(transform, int_from_bytes(result_type, summary.lower_bound))[0]
+    last = transform_range(transform, int_from_bytes(result_type, summary.upper_bound))[1]
     return (hi is None or first < hi) and (lo is None or last > lo)
 
 
@@ -308,7 +308,7 @@ def _assign(
     rows = np.zeros(n, dtype=np.int64)
     files = np.zeros(n, dtype=np.int64)
     width = len(stats.writers)
-    by_writer = np.zeros(n * width, dtype=np.int64)
+    by_writer: np.ndarray = np.zeros(n * width, dtype=np.int64)  # reshaped to (bucket, writer) below
     last_seq = np.full(n, -1, dtype=np.int64)
     last_writer = np.full(n, -1, dtype=np.int64)
     if inside.any():

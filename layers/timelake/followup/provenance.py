@@ -14,7 +14,8 @@ from typing import Any
 
 import pyarrow as pa
 from pyiceberg.exceptions import NamespaceAlreadyExistsError, NoSuchTableError, TableAlreadyExistsError
-from pyiceberg.expressions import EqualTo
+from pyiceberg.expressions import EqualTo, Reference
+from pyiceberg.expressions.literals import literal
 
 from timelake.model.commit import with_retry
 from timelake.ports.runtime import Runtime
@@ -75,7 +76,7 @@ def record(rt: Runtime, job: JobRecord, units: list[UnitRecord]) -> None:
     from timelake.model.report import build_report
 
     table = _table(rt)
-    if table.scan(row_filter=EqualTo("job_id", job.job_id), selected_fields=("job_id",)).to_arrow().num_rows:
+    if table.scan(row_filter=EqualTo(term=Reference("job_id"), value=literal(job.job_id)), selected_fields=("job_id",)).to_arrow().num_rows:
         return
     report = build_report(job, units)
     row = {
@@ -101,7 +102,7 @@ def history(rt: Runtime, table_name: str | None = None) -> pa.Table:
         table = rt.catalog.load_table(TABLE)
     except NoSuchTableError:
         return SCHEMA.empty_table()
-    scan = table.scan(row_filter=EqualTo("table_name", table_name)) if table_name else table.scan()
+    scan = table.scan(row_filter=EqualTo(term=Reference("table_name"), value=literal(table_name))) if table_name else table.scan()
     return scan.to_arrow().sort_by("published_at")
 
 

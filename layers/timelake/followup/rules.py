@@ -28,12 +28,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pyiceberg.exceptions import NoSuchTableError
-from pyiceberg.expressions import And, EqualTo, GreaterThanOrEqual, LessThan
+from pyiceberg.expressions import And, EqualTo, Reference
+from pyiceberg.expressions.literals import literal
 
 from timelake.model.commit import swap
 from timelake.model.contract import Contract
-from timelake.model.layout import fresh_schema, micros, read_range, series_codes, time_bounds
-from timelake.model.timeutil import US_PER_DAY, US_PER_SECOND, from_micros, parse_duration
+from timelake.model.layout import fresh_schema, micros, read_range, series_codes, time_bounds, time_filter
+from timelake.model.timeutil import US_PER_DAY, US_PER_SECOND, parse_duration
 from timelake.ports.runtime import Runtime
 
 RULES = "timelake.rules"
@@ -277,8 +278,7 @@ def record(rt: Runtime, base: str, events: pa.Table, source: str, job_id: str | 
     row_filter = None
     if replace is not None:
         lo, hi = replace
-        row_filter = And(EqualTo("source", source), And(GreaterThanOrEqual("fired_at", from_micros(lo).isoformat()),
-                                                           LessThan("fired_at", from_micros(hi).isoformat())))
+        row_filter = And(EqualTo(term=Reference("source"), value=literal(source)), time_filter("fired_at", lo, hi))
     swap(target, row_filter, rows, f"events of {base}")
     return rows.num_rows
 
@@ -330,8 +330,7 @@ def _not_recorded(rt: Runtime, base: str, contract: Contract, events: pa.Table, 
     import duckdb  # lazily: functions that never reach this leave DuckDB out of their layers
     try:
         known = rt.catalog.load_table(events_table_name(base)).scan(row_filter=And(
-            EqualTo("source", "live"), And(GreaterThanOrEqual("fired_at", from_micros(lo).isoformat()),
-                                           LessThan("fired_at", from_micros(hi).isoformat())))).to_arrow()
+            EqualTo(term=Reference("source"), value=literal("live")), time_filter("fired_at", lo, hi))).to_arrow()
     except NoSuchTableError:
         return events
     if known.num_rows == 0 or events.num_rows == 0:

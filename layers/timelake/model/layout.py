@@ -10,7 +10,7 @@ import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from itertools import pairwise
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -157,15 +157,16 @@ def code_runs(codes: np.ndarray, repeats: bool = False) -> tuple[np.ndarray | No
 
 def time_filter(column: str, start_us: int | None, end_us: int | None) -> BooleanExpression:
     """Iceberg row filter for [start, end) on the time column (None: unbounded), for pruning."""
-    from pyiceberg.expressions import AlwaysTrue, And, GreaterThanOrEqual, LessThan
+    from pyiceberg.expressions import AlwaysTrue, And, GreaterThanOrEqual, LessThan, Reference
+    from pyiceberg.expressions.literals import literal
 
     from timelake.model.timeutil import from_micros
 
     result: BooleanExpression = AlwaysTrue()
     if start_us is not None:
-        result = And(result, GreaterThanOrEqual(column, from_micros(start_us).isoformat()))
+        result = And(result, GreaterThanOrEqual(term=Reference(column), value=literal(from_micros(start_us).isoformat())))
     if end_us is not None:
-        result = And(result, LessThan(column, from_micros(end_us).isoformat()))
+        result = And(result, LessThan(term=Reference(column), value=literal(from_micros(end_us).isoformat())))
     return result
 
 
@@ -295,10 +296,18 @@ class MainReader:
 
 def file_bounds(file: Any, field: Any) -> tuple[int | None, int | None]:
     """A data file's lower and upper time bound (inclusive, UTC µs) from its manifest entry; None if unknown."""
+    lo, hi = (file.lower_bounds or {}).get(field.field_id), (file.upper_bounds or {}).get(field.field_id)
+    return (None if lo is None else int_from_bytes(field.field_type, lo),
+            None if hi is None else int_from_bytes(field.field_type, hi))
+
+
+def int_from_bytes(value_type: Any, raw: bytes) -> int:
+    """A serialized Iceberg value that is an integer: a timestamp bound (µs) or a time transform's
+    partition value. pyiceberg types ``from_bytes`` by its first possible result (str), so callers
+    that know the value is an int say so here, once."""
     from pyiceberg.conversions import from_bytes
 
-    lo, hi = (file.lower_bounds or {}).get(field.field_id), (file.upper_bounds or {}).get(field.field_id)
-    return (None if lo is None else from_bytes(field.field_type, lo), None if hi is None else from_bytes(field.field_type, hi))
+    return cast(int, from_bytes(value_type, raw))
 
 
 def fresh_schema(schema: pa.Schema) -> Schema:

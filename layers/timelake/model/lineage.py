@@ -163,7 +163,9 @@ def _since_ids(table: IcebergTable, base: int | None) -> set[int]:
 def referenced_files(table: IcebergTable) -> set[str]:
     """Every data and delete file that a snapshot still in the table's metadata references (main's
     and every other ref's included): what no cleanup of ours may delete. Reads each manifest once."""
-    io, seen, paths = table.io, set(), set()
+    io = table.io
+    seen: set[str] = set()
+    paths: set[str] = set()
     for snapshot in table.snapshots():
         for manifest in snapshot.manifests(io):
             if manifest.manifest_path in seen:

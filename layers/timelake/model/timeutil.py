@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, date, datetime, timedelta
+from typing import overload
 from zoneinfo import ZoneInfo
 
 import numpy as np
@@ -67,6 +68,12 @@ def parse_size(text: str | int) -> int:
     return int(number * 1024 ** " KMGT".index(unit or " "))
 
 
+@overload
+def parse_instant(value: str | datetime | date, tz: str | None = None) -> datetime: ...
+@overload
+def parse_instant(value: None, tz: str | None = None) -> None: ...
+@overload
+def parse_instant(value: str | datetime | date | None, tz: str | None = None) -> datetime | None: ...
 def parse_instant(value: str | datetime | date | None, tz: str | None = None) -> datetime | None:
     """An instant from user input; naive values are local time in ``tz`` (UTC when no tz is given)."""
     if value is None:
@@ -94,6 +101,12 @@ def from_micros(micros: int) -> datetime:
     return EPOCH + timedelta(microseconds=int(micros))
 
 
+@overload
+def iso(micros: int) -> str: ...
+@overload
+def iso(micros: None) -> None: ...
+@overload
+def iso(micros: int | None) -> str | None: ...
 def iso(micros: int | None) -> str | None:
     """UTC ISO-8601 text for reports."""
     return None if micros is None else from_micros(micros).isoformat().replace("+00:00", "Z")
@@ -103,6 +116,12 @@ def iso(micros: int | None) -> str | None:
 TRANSFORMS = ("hour", "day", "month", "year")
 
 
+@overload
+def iso_seconds(seconds: float) -> str: ...
+@overload
+def iso_seconds(seconds: None) -> None: ...
+@overload
+def iso_seconds(seconds: float | None) -> str | None: ...
 def iso_seconds(seconds: float | None) -> str | None:
     """An epoch time in seconds (``time.time()``, as job records keep them) as ISO text."""
     return None if seconds is None else iso(round(seconds * 1_000_000))

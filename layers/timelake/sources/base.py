@@ -14,7 +14,7 @@ import os
 import re
 import stat
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing, contextmanager
 from dataclasses import dataclass
@@ -235,7 +235,8 @@ class FileSource(Source):
             return None
         with ThreadPoolExecutor(max_workers=16) as pool:  # a footer is a small read, latency-bound on S3
             bounds = list(pool.map(lambda path: _footer_bounds(self._fs, path, column), self._paths.values()))
-        return None if any(b is None for b in bounds) else bounds
+        found = [b for b in bounds if b is not None]
+        return found if len(found) == len(bounds) else None
 
     def _parquet(self, path: str) -> Iterator[pa.RecordBatch]:
         with self._fs.open_input_file(path) as f:
@@ -273,7 +274,7 @@ class FileSource(Source):
         with self._open(path) as f:
             yield from pcsv.open_csv(f, convert_options=convert, **self._csv_reading())
 
-    def _json(self, path: str) -> Iterator[pa.RecordBatch]:
+    def _json(self, path: str) -> Generator[pa.RecordBatch, None, None]:
         """Parse chunks of whole lines rather than using the streaming reader.
 
         The streaming reader fixes every type from its first block and then

@@ -19,7 +19,8 @@ from typing import Any
 import pyarrow as pa
 from pyiceberg.catalog import load_catalog
 from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
-from pyiceberg.expressions import AlwaysTrue, And, BooleanExpression, GreaterThanOrEqual, LessThan
+from pyiceberg.expressions import AlwaysTrue, And, BooleanExpression, GreaterThanOrEqual, LessThan, Reference
+from pyiceberg.expressions.literals import literal
 from pyiceberg.table import DataScan
 from pyiceberg.transforms import IdentityTransform
 from pyiceberg.types import TimestampType, TimestamptzType
@@ -87,9 +88,10 @@ class IcebergSource(Source):
         if piece not in self.pieces():
             raise SourceError(f"{piece} is not a piece of source '{self.uri}'")
         row_filter: BooleanExpression = AlwaysTrue()
-        if piece != WHOLE:
+        if self._column is not None:  # the pieces are time ranges (one WHOLE piece otherwise)
             lo, hi = (to_micros(datetime.fromisoformat(t)) for t in piece.split("/"))
-            row_filter = And(GreaterThanOrEqual(self._column, lo), LessThan(self._column, hi))
+            row_filter = And(GreaterThanOrEqual(term=Reference(self._column), value=literal(lo)),
+                             LessThan(term=Reference(self._column), value=literal(hi)))
         return self.table.scan(row_filter=row_filter, snapshot_id=self.snapshot_id)
 
     def batches(self, piece: str | None = None) -> Iterator[SourceBatch]:
@@ -108,7 +110,7 @@ class IcebergSource(Source):
             return self._ranges
         found: list[tuple[int, int, int]] = []
         specs = self.table.specs()
-        columns = set()
+        columns: set[str | None] = set()
         for task in self.table.scan(snapshot_id=self.snapshot_id).plan_files():
             located = self._partition_range(specs[task.file.spec_id], task.file.partition)
             if located is None:

@@ -47,7 +47,7 @@ from timelake.sources.base import SourceError, _line_chunks, _mapped_line_chunks
 try:
     from timelake.sources import _lineproto  # compiled at install (_lineproto.c)
 except ImportError:  # no compiler where it was installed, or a build for another machine (a Lambda layer)
-    _lineproto = None
+    _lineproto = None  # type: ignore[assignment]  # absent: each caller checks and falls back to Arrow kernels
 
 TIME = "time"
 LINE = "__line"
@@ -193,7 +193,7 @@ class _Cells:
         if bits & (bits - 1):  # spelled more than one way in the chunk; maybe in the job's lines too
             spelled = sorted((int(line), code) for code, line in enumerate(self.first[key]) if line >= 0) if at is None \
                 else sorted((int(lines[rows[int(np.argmax(kinds == code))]]), code)
-                            for code in np.flatnonzero(np.bincount(kinds, minlength=len(_KINDS))))
+                            for code in np.flatnonzero(np.bincount(kinds, minlength=len(_KINDS))).tolist())
             if len(spelled) > 1:
                 return {_KINDS[code]: line for line, code in spelled}, None
         code = bits.bit_length() - 1 if not bits & (bits - 1) else int(kinds[0])
@@ -277,7 +277,7 @@ class _Entry:
 
     line: int
     tags: list[str]
-    cells: list[tuple[str, str]]
+    cells: list[tuple[str, str | None]]  # key and kind (None: a value of no kind, refused)
     error: str | None = None  # influxd refused the point after creating ``cells``' fields
 
 
@@ -553,7 +553,9 @@ class LineProtocol:
 
     def _cut(self, chunk: bytes | bytearray | memoryview, join: bool = True) -> _Cut:
         if _lineproto is not None:
-            return _Cut(*_lineproto.split(chunk, _MOST_ODD, join, self.dialect), join)
+            parts = _lineproto.split(chunk, _MOST_ODD, join, self.dialect)
+            assert parts is not None, "split returns None only past most_odd lines set aside, and _MOST_ODD is all"
+            return _Cut._make((*parts, join))
         return _split_arrow(chunk.tobytes() if isinstance(chunk, memoryview) else bytes(chunk), self.dialect)
 
     def _read(self, chunk: bytes | bytearray | memoryview, first_line: int, cut: _Cut, aside: _Aside,
@@ -563,7 +565,7 @@ class LineProtocol:
         set aside; the rows of lines in ``drop`` are left out. Where a row left out may stand for
         several lines (the cut joined them), the chunk is cut again with a row per line. With
         ``entries``, each line of the job's measurement is listed with its keys."""
-        refused: list[tuple[int, str, bytes]] = []
+        refused: list[tuple[int, str, bytes | None]] = []  # None: the text is taken from the chunk below
         points: list[tuple[int, grammar.Point]] = []
         listed: list[_Entry] = []
         seen: set[str] = set()
@@ -591,16 +593,16 @@ class LineProtocol:
             return self._read(chunk, first_line, self._cut(chunk, join=False), aside, drop, entries)
         parts = [native, self._points(points, seen)]
         missing = [line for line, _, text in refused if text is None]
-        if missing:
-            texts = _line_texts(chunk, first_line, missing)
-            refused = [(line, reason, texts[line] if text is None else text) for line, reason, text in refused]
-        refused.sort(key=lambda item: item[0])
-        return _Chunk(parts, refused,
+        texts = _line_texts(chunk, first_line, missing) if missing else {}
+        found = sorted(((line, reason, texts[line] if text is None else text) for line, reason, text in refused),
+                       key=lambda item: item[0])
+        return _Chunk(parts, found,
                       lambda more: self._read(chunk, first_line, self._cut(chunk, join=False), aside, drop | more, True),
                       lambda numbers: _line_texts(chunk, first_line, numbers), listed if entries else None)
 
     def _native(self, chunk: bytes | bytearray | memoryview, first_line: int, cut: _Cut, aside: _Aside,
-                drop: frozenset[int], refused: list[tuple[int, str, bytes]], entries: list[_Entry] | None) -> _Part | None:
+                drop: frozenset[int], refused: list[tuple[int, str, bytes | None]], entries: list[_Entry] | None,
+                ) -> _Part | None:
         """The part of the cut's rows, the rows refused added to ``refused`` (and with ``entries``, the
         rows of the job's measurement to it); None when a row left out joined other lines (``cut``
         joined), to be read again with a row per line."""
@@ -625,9 +627,9 @@ class LineProtocol:
         if cut.joined and left_out is not None and left_out.any():
             return None
         if refuse is not None:
-            for at in np.flatnonzero(refuse if leave is None else refuse & ~leave):
-                reason = refusal[codes[at]] or f"time outside range {grammar.MIN_NS} - {grammar.MAX_NS}"
-                refused.append((int(lines[at]), reason, None))
+            for row in np.flatnonzero(refuse if leave is None else refuse & ~leave):
+                reason = refusal[codes[row]] or f"time outside range {grammar.MIN_NS} - {grammar.MAX_NS}"
+                refused.append((int(lines[row]), reason, None))
         if left_out is None:  # the common chunk: each series of the cut has a row, and every row is kept
             part = _Part(lines, set(measurement.to_pylist()))
         else:
@@ -696,9 +698,9 @@ class LineProtocol:
         part.kinds = {}
         self._fill(part, lines, pa.array([point.time for _, point in written], pa.int64()), tags, fields, series)
         for key, spelled in phantom.items():
-            for kind, line in spelled.items():
+            for name, first in spelled.items():
                 known = part.kinds.setdefault(key, {})
-                known[kind] = min(line, known.get(kind, line))
+                known[name] = min(first, known.get(name, first))
         return part
 
     def _fill(self, part: _Part, lines: np.ndarray, ns: pa.Array, tags: dict[str, pa.Array],
@@ -969,11 +971,11 @@ def _cells(count: int, starts: np.ndarray, aside: np.ndarray, rows: np.ndarray, 
     series = table.column("s").combine_chunks().filter(pa.array(ok))
     used, codes = np.unique(series.indices.to_numpy(zero_copy_only=False), return_inverse=True)
     distinct = series.dictionary.take(pa.array(used, pa.int32()))
-    offsets, data = distinct.buffers()[1], distinct.buffers()[2]
-    offsets = np.frombuffer(offsets, np.int32)[distinct.offset:distinct.offset + len(distinct) + 1]
-    data = b"" if data is None else data.to_pybytes()[int(offsets[0]):int(offsets[-1])]
+    series_offsets = np.frombuffer(distinct.buffers()[1], np.int32)[distinct.offset:distinct.offset + len(distinct) + 1]
+    data = distinct.buffers()[2]
+    data = b"" if data is None else data.to_pybytes()[int(series_offsets[0]):int(series_offsets[-1])]
     return _Cut(count, np.flatnonzero(aside).astype(np.int32), line_of.astype(np.int32), codes.astype(np.int32),
-                stamps[ok], (offsets - offsets[0]).astype(np.int32), data,
+                stamps[ok], (series_offsets - series_offsets[0]).astype(np.int32), data,
                 names, counts, kinds, cell_row.astype(np.int32), kind.astype(np.uint8), number, np.frombuffer(text, np.uint8),
                 first, 0, np.ones(len(line_of), dtype=np.uint8), starts[aside].astype(np.int32))
 
@@ -1088,6 +1090,8 @@ def _series_tail(block: bytearray | memoryview, end: int) -> int:
     mapped file comes only with the compiled reader: the Arrow reader's cut searches bytes.)"""
     if _lineproto is not None:
         return _lineproto.series_tail(block, end)
+    if isinstance(block, memoryview):  # not from the readers here (see above), but a view has no find
+        block = bytearray(block)
     start = block.rfind(b"\n", 0, end - 1) + 1
     space = block.find(b" ", start, end - 1)
     if space < 0 or start <= end // 2:
@@ -1185,15 +1189,15 @@ class _Held:
             self.batches.append(batch)
             self.nbytes += batch.get_total_buffer_size()
             if self.nbytes > _HOLD_BYTES:
-                self.folder = tempfile.TemporaryDirectory(prefix="timelake-influx-")
+                self.folder = folder = tempfile.TemporaryDirectory(prefix="timelake-influx-")
                 self.writers, self.files = [None] * _SPILL_PARTS, [[] for _ in range(_SPILL_PARTS)]
                 held, self.batches = self.batches, []
                 for each in held:
-                    self._spill(each)
+                    self._spill(each, folder)
             return
-        self._spill(batch)
+        self._spill(batch, self.folder)
 
-    def _spill(self, batch: pa.RecordBatch) -> None:
+    def _spill(self, batch: pa.RecordBatch, folder: tempfile.TemporaryDirectory) -> None:
         """The batch cut by a hash of its time into the part files, all written with the widest schema so far."""
         if BLOCK in batch.schema.names:  # cut by time into parts, a block no longer holds its rows together
             batch = batch.drop_columns([BLOCK])
@@ -1212,11 +1216,12 @@ class _Held:
         start = 0
         for index, count in enumerate(counts):
             if count:
-                if self.writers[index] is None:
-                    path = Path(self.folder.name) / f"{index}-{len(self.files[index])}.arrow"
+                writer = self.writers[index]
+                if writer is None:
+                    path = Path(folder.name) / f"{index}-{len(self.files[index])}.arrow"
                     self.files[index].append(path)
-                    self.writers[index] = pa.ipc.new_stream(str(path), self.schema)
-                self.writers[index].write_batch(batch.slice(start, count))
+                    writer = self.writers[index] = pa.ipc.new_stream(str(path), self.schema)
+                writer.write_batch(batch.slice(start, count))
             start += count
 
     def merged(self, tags: list[str]) -> Iterator[pa.Table]:

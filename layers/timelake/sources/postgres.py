@@ -190,6 +190,7 @@ class PostgresSource(Source):
             raise SourceError(f"{unknown[0]} is not a piece of source '{self.uri}'")
         if self._ahead is None:
             self._ahead = ThreadPoolExecutor(1, thread_name_prefix="postgres-read-ahead")
+        ahead = self._ahead
         order = [*pieces, *(p for p in self._next if p not in pieces)]
         self._next = []
         early, self._early = self._early, {}
@@ -198,7 +199,7 @@ class PostgresSource(Source):
         def fill(upto: int) -> None:
             while len(pending) + done < min(upto, len(order)):
                 piece = order[len(pending) + done]
-                pending.append(early.pop(piece, None) or self._ahead.submit(self._read_piece, piece, *ranges[piece]))
+                pending.append(early.pop(piece) if piece in early else ahead.submit(self._read_piece, piece, *ranges[piece]))
 
         done = 0
         for piece in pieces:
@@ -270,13 +271,14 @@ class PostgresSource(Source):
             f"FROM ({self._base()}) AS src{within}"
         ).to_pylist()[0].values()
         rows, width = self._estimate(within)
-        relation = self._relation_oid() if self._target.table else self._query
+        table = self._target.table
+        relation = self._relation_oid(table) if table else self._query
         plan: dict[str, Any] = {"relation": relation, "kind": kind, "rows": rows, "width": width,
                                 "edges": [], "piece_rows": []}
         if lo is None:
             return plan
         hi += 1
-        chunks = self._chunks(lo, hi) if kind != "integer" and self._target.table else None
+        chunks = self._chunks(table, lo, hi) if kind != "integer" and table else None
         aligned = self._aligned(lo, hi, rows) if not chunks else None
         if chunks:
             plan["edges"] = [lo, *[c[1] for c in chunks[:-1]], hi]
@@ -319,15 +321,15 @@ class PostgresSource(Source):
         top = plan[0]["Plan"]
         return float(top["Plan Rows"]), float(top["Plan Width"])
 
-    def _relation_oid(self) -> int:
-        return int(self._fetch(f"SELECT {_literal(self._target.table)}::regclass::oid::int8 AS oid").column(0)[0].as_py())
+    def _relation_oid(self, table: str) -> int:
+        return int(self._fetch(f"SELECT {_literal(table)}::regclass::oid::int8 AS oid").column(0)[0].as_py())
 
-    def _chunks(self, lo: int, hi: int) -> list[tuple[int, int, float]] | None:
+    def _chunks(self, table: str, lo: int, hi: int) -> list[tuple[int, int, float]] | None:
         """TimescaleDB chunks overlapping [lo, hi) as (start, end, estimated rows), when the catalog exists."""
         present = self._fetch("SELECT to_regclass('timescaledb_information.chunks') IS NOT NULL AS present").column(0)[0]
         if not present.as_py():
             return None
-        schema, _, name = self._target.table.rpartition(".")
+        schema, _, name = table.rpartition(".")
         rows = self._fetch(f"""
             SELECT (extract(epoch from range_start) * 1000000)::int8 AS lo,
                    (extract(epoch from range_end) * 1000000)::int8 AS hi,
@@ -462,8 +464,9 @@ class PostgresSource(Source):
             cursor.close()
 
     def __del__(self) -> None:
-        if getattr(self, "_ahead", None) is not None:
-            self._ahead.shutdown(wait=True, cancel_futures=True)
+        ahead = getattr(self, "_ahead", None)  # None also when __init__ failed before setting it
+        if ahead is not None:
+            ahead.shutdown(wait=True, cancel_futures=True)
         self._close()
 
     def _close(self) -> None:
@@ -475,7 +478,7 @@ class PostgresSource(Source):
     def _error(self, exc: Exception, connecting: bool = False) -> SourceError:
         """One line, naming the source and what the server said, without the password."""
         text = str(exc)
-        for secret in {self._secret, quote(self._secret or "", safe="")} - {None, ""}:
+        for secret in {self._secret or "", quote(self._secret or "", safe="")} - {""}:
             text = text.replace(secret, "***")
         text = re.sub(r"\s*Query was:.*", "", text, flags=re.S)
         text = " ".join(re.sub(r"^[A-Z_]+: (\[libpq\] )?", "", text).split())
@@ -489,7 +492,7 @@ def _dropped(exc: BaseException) -> bool:
     return any(marker in text for marker in _DROPPED)
 
 
-def _adbc_errors() -> tuple[type[BaseException], ...]:
+def _adbc_errors() -> tuple[type[Exception], ...]:
     """The driver's errors, and the OSError its Arrow stream raises when the server fails mid-result."""
     from adbc_driver_manager import Error
 

@@ -53,9 +53,10 @@ def budget(store: RateStore, spec: Any, job_id: str, clock: Clock) -> RowBudget 
 def read(src: Source, pieces: list[str], row_budget: RowBudget | None) -> Iterator[SourceBatch]:
     """The batches of ``pieces``, read within the budget: a paced source waits between its own
     fetches; any other source waits after each batch it yields."""
-    own = row_budget is not None and isinstance(src, Paced)
-    if own:
+    own = False
+    if row_budget is not None and isinstance(src, Paced):
         src.pace(row_budget.take, row_budget.rows_per_second)
+        own = True
     for batch in src.read(pieces):
         yield batch
         if row_budget is not None and not own:

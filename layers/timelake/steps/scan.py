@@ -192,12 +192,12 @@ class _Spiller:
     days.
 
     The partitions of ``direct`` (see `plan.plan_direct`) are held whole instead, and handed to
-    ``finish`` once the piece after their last one is read (`advance`); one that ``finish`` declines
-    is spilled like the rest."""
+    ``finish`` (with this spiller, whose dictionaries decode them) once the piece after their last one
+    is read (`advance`); one that ``finish`` declines is spilled like the rest."""
 
     def __init__(self, rt: Runtime, job_id: str, task: int, schema: pa.Schema, series_key: tuple[str, ...],
                  direct: dict[str, dict[str, Any]] | None = None,
-                 finish: Callable[[PartitionStats, pa.Table], bool] | None = None, join_bytes: int = 0) -> None:
+                 finish: Callable[[_Spiller, PartitionStats, pa.Table], bool] | None = None, join_bytes: int = 0) -> None:
         self.uri = rt.staging_path(job_id, "spill")
         self.task = task
         self.dictionaries = spill.Dictionaries(schema, series_key)
@@ -237,7 +237,7 @@ class _Spiller:
         keys: list[tuple[int, int] | None] = []
         for part in parts:
             key = None if part is None else (part.key.spec_id, part.key.value)
-            if key is not None and key not in self.parts:
+            if part is not None and key is not None and key not in self.parts:
                 self.parts[key] = part
                 part.spill.append(self.file.uri)
             keys.append(key)
@@ -276,9 +276,10 @@ class _Spiller:
         part, tables, runs = self.whole.pop(key)
         rows = pa.concat_tables(tables)
         self.whole_rows -= rows.num_rows
-        if spill_it or self.finish is None or not self.finish(part, rows):
+        if spill_it or self.finish is None or not self.finish(self, part, rows):
             del self.direct[key.name]
-            buckets = None if runs[0] is None else np.concatenate(runs)
+            held = [run for run in runs if run is not None]  # all or none: with a series key or without
+            buckets = np.concatenate(held) if held else None
             self._spill([part], np.zeros(rows.num_rows, dtype=np.int64), rows, buckets)
 
     def close(self) -> None:
@@ -335,7 +336,7 @@ def wide_source(spec: JobSpec, inner: Source, table: Any) -> Source:
     numeric = [f.name for f in schema if f.name not in taken and (pa.types.is_floating(f.type) or pa.types.is_integer(f.type))]
     if not numeric:
         raise InvalidJob(f"wide source: table {spec.table} has no numeric column left to hold the values")
-    value = contract.check_column if contract.check_column in numeric else numeric[0]
+    value = contract.check_column if contract.check_column is not None and contract.check_column in numeric else numeric[0]
     mapped = [name for name in spec.map if name in (*made, value)]
     if mapped:
         raise InvalidJob(f"wide source: the series key and the value come from the column names and cells; "
@@ -391,12 +392,12 @@ def scan_task(rt: Runtime, ctx: ScanContext, job_id: str, task: int, pieces: ran
     mapper = mapper_for(ctx, src, coded)
     src.read_dictionaries({mapper.source_of[name] for name in coded})
     result = ScanResult()
-    spiller = None
+    spiller: _Spiller | None = None
     if not ctx.spec.dry_run:
         direct = direct_plan(rt, job_id, task)
         main = _direct_main(ctx, direct)
         spiller = _Spiller(rt, job_id, task, ctx.target, ctx.contract.series_key, direct,
-                           lambda part, rows: _write_whole(table, ctx, job_id, result, spiller, part, rows, main),
+                           lambda held, part, rows: _write_whole(table, ctx, job_id, result, held, part, rows, main),
                            spill.join_bytes(ctx.contract.target_file_size))
     overlap = _OverlapCounter(ctx.contract) if ctx.spec.dry_run else None
     index = {names[p]: p for p in pieces}
@@ -436,7 +437,7 @@ def scan_task(rt: Runtime, ctx: ScanContext, job_id: str, task: int, pieces: ran
         raise
     if spiller:
         spiller.close()
-    if overlap is not None and result.min_us is not None:
+    if overlap is not None and result.min_us is not None and result.max_us is not None:
         result.duplicates_in_source = overlap.duplicates()
         result.overlap_existing_rows = overlap.finish(table, result.min_us, result.max_us + 1)
     fs, path = filesystem(result_uri(rt, job_id, task))
@@ -517,8 +518,8 @@ def _scan_batch(
         rows, ts = rows.filter(pa.array(keep)), ts[keep]
     if rows.num_rows == 0:
         return
-    days, day_of_row, counts = dense_unique(np.floor_divide(ts, US_PER_DAY))
-    result.days.update(dict(zip(days.tolist(), counts.tolist(), strict=True)))
+    days, day_of_row, day_counts = dense_unique(np.floor_divide(ts, US_PER_DAY))
+    result.days.update(dict(zip(days.tolist(), day_counts.tolist(), strict=True)))
     if result.sample_rows == 0:
         result.sample_rows, result.sample_bytes = _measure(rows.slice(0, SAMPLE_ROWS), ctx.contract)
     if overlap is not None:
@@ -632,7 +633,7 @@ class _OverlapCounter:
             return 0
         cols = self._cols()
         return int(self.con.execute(f"SELECT count(*) - (SELECT count(*) FROM (SELECT DISTINCT {cols} FROM src)) "
-                                    "FROM src").fetchone()[0])
+                                    "FROM src").fetchall()[0][0])
 
     def _cols(self) -> str:
         return ", ".join(f'"{k}"' for k in self.keys)
@@ -643,7 +644,7 @@ class _OverlapCounter:
                 return 0
             main = read_range(table, self.time_column, start, end, tuple(self.keys))  # noqa: F841
             cols = self._cols()
-            return int(self.con.execute(f"SELECT count(*) FROM src SEMI JOIN main USING ({cols})").fetchone()[0])
+            return int(self.con.execute(f"SELECT count(*) FROM src SEMI JOIN main USING ({cols})").fetchall()[0][0])
         finally:
             self.con.close()
             self.tmp.cleanup()
