@@ -54,7 +54,7 @@ class TestClock:
         for hook in list(self.on_sleep):
             hook(now)
 
-    def wait_until(self, instant: float, poll: Callable[[], None]) -> None:
+    def wait_until(self, instant: float, poll: Callable[[], object]) -> None:
         self.waits.append((self.now(), instant))
         for hook in list(self.on_wait):
             hook(instant)

@@ -179,7 +179,7 @@ def _scan_all(rt: Runtime, job_id: str, source: Any, cancel: threading.Event | N
         tasks, names = job.state["scan_tasks"], src.pieces() if src else []
         for i, piece in enumerate(pending):
             _in_window(rt, job_id, cancel, "while scanning")
-            if i + 1 < len(pending):
+            if src is not None and i + 1 < len(pending):
                 src.read_next(names[slice(*tasks[pending[i + 1]])])
             scan(rt, job_id, piece, source, opened=src)
             checkpoint("scan.unit")

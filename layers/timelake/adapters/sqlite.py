@@ -103,7 +103,8 @@ class SqliteJobStore:
         return job
 
     def list_jobs(self, table: str | None = None) -> list[JobRecord]:
-        sql, args = "SELECT * FROM jobs", ()
+        sql = "SELECT * FROM jobs"
+        args: tuple[str, ...] = ()
         if table:
             sql, args = sql + " WHERE tbl=?", (table,)
         return [_job(r) for r in self._con().execute(sql + " ORDER BY created_at", args)]
@@ -160,7 +161,8 @@ class SqliteJobStore:
             con.execute("DELETE FROM leases WHERE job_id=?", (job_id,))
 
     def leases(self, table: str | None = None) -> list[Lease]:
-        sql, args = "SELECT tbl, start_us, end_us, job_id FROM leases", ()
+        sql = "SELECT tbl, start_us, end_us, job_id FROM leases"
+        args: tuple[str, ...] = ()
         if table:
             sql, args = sql + " WHERE tbl=?", (table,)
         return [Lease(*r) for r in self._con().execute(sql, args)]

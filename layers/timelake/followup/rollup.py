@@ -23,7 +23,7 @@ from pyiceberg.manifest import DataFile
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.transforms import DayTransform, MonthTransform
 
-from timelake.model.commit import COMMIT_ATTEMPTS, since, swap, write_rows
+from timelake.model.commit import COMMIT_ATTEMPTS, since, summary_value, swap, write_rows
 from timelake.model.contract import Contract
 from timelake.model.layout import fresh_schema, stream_range, time_filter
 from timelake.model.timeutil import (
@@ -85,7 +85,7 @@ def create_tables(rt: Runtime, base: str, contract: Contract, schema: pa.Schema,
     """One Iceberg table per rollup, partitioned by day (hourly buckets) or month (daily ones)."""
     for r in rollups:
         iceberg = fresh_schema(rollup_schema(contract, schema, r))
-        transform = DayTransform() if r.interval == "1h" else MonthTransform()
+        transform: DayTransform | MonthTransform = DayTransform() if r.interval == "1h" else MonthTransform()
         spec = PartitionSpec(PartitionField(iceberg.find_field("bucket_start").field_id, 1000, transform, "bucket_part"))
         rt.catalog.create_table(r.table_name(base), schema=iceberg, partition_spec=spec,
                                 properties={"timelake.rollup-of": base, "timelake.rollup-interval": r.interval})
@@ -202,7 +202,7 @@ class _Overlapped(Exception):
 def _not_overlapped(current: Any, seen: int | None, lo: int, hi: int) -> None:
     """Raise `_Overlapped` if a commit since snapshot ``seen`` touched [lo, hi) or does not say what it touched."""
     for snapshot in since(current, seen):
-        span = (snapshot.summary or {}).get(RANGE)
+        span = summary_value(snapshot, RANGE)
         other = tuple(map(int, span.split(":"))) if span else None
         if other is None or (other[0] < hi and lo < other[1]):
             raise _Overlapped

@@ -21,6 +21,7 @@ import json
 import math
 import re
 import time
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -77,7 +78,7 @@ class Rule(BaseModel):
         return self.model_dump(by_alias=True, exclude_none=True)
 
 
-def parse(definitions: list[dict[str, Any] | str] | None, schema: pa.Schema) -> list[Rule]:
+def parse(definitions: Sequence[dict[str, Any] | str] | None, schema: pa.Schema) -> list[Rule]:
     """Rule definitions (dicts, or the CLI's text form) checked against the base table's schema."""
     rules = []
     for d in definitions or []:

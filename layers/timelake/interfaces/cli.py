@@ -514,9 +514,12 @@ def create_table(
     on: Annotated[str, typer.Option("--on", help="local (embedded lake) or aws (the deployed stack's Glue catalog and bucket)")] = "local",
 ) -> None:
     """Create TABLE with its contract: columns from --schema or a sample file (--like), time column, series key."""
-    if (schema is None) == (like is None):
+    if schema is not None and like is None:
+        columns = _columns(schema)
+    elif like is not None and schema is None:
+        columns = _sample_columns(like)
+    else:
         fail("give the columns with --schema 'NAME TYPE, …' or --like FILE (one of them)")
-    columns = _columns(schema) if schema else _sample_columns(like)
     if time is None:
         times = [f.name for f in columns if pa.types.is_timestamp(f.type)]
         if len(times) != 1:
@@ -687,7 +690,7 @@ def run_cli() -> None:
         sys.exit(1)
 
 
-def _expected(exc: Exception) -> bool:
+def _expected(exc: BaseException) -> bool:
     return isinstance(exc, BackfillError | ValueError | OSError | OverflowError | RecursionError) or _aws_text(exc) is not None
 
 

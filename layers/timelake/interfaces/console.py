@@ -9,7 +9,7 @@ import signal
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -369,7 +369,7 @@ def _source_limits(limits: dict[str, Any]) -> str:
     return f"{connections} connection(s), {rate}{eta}"
 
 
-def fail(message: str) -> None:
+def fail(message: str) -> NoReturn:
     print(f"error: {one_line(message)}", file=sys.stderr)
     raise typer.Exit(1)
 
@@ -402,5 +402,5 @@ def print_table(headers: list[str], rows: list[list[Any]], empty: str) -> None:
         column.min_width = max(len(headers[i]), *(len(row[i]) for row in cells))
     for row in cells:
         grid.add_row(*row)
-    width = sum(column.min_width + 3 for column in grid.columns) + 1
+    width = sum((column.min_width or 0) + 3 for column in grid.columns) + 1  # each set just above
     out.print(grid, crop=False, width=max(width, out.width))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import shutil
 import threading
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -103,7 +104,7 @@ def run_demo(warehouse: Path) -> None:
                   f"{', '.join(f'{n} {s}' for s, n in sorted(statuses.items()))} partition(s); the same picture as a page: {page}")
 
 
-def _live_writer(table: Table, today: datetime, stop: threading.Event):
+def _live_writer(table: Table, today: datetime, stop: threading.Event) -> Callable[[], int]:
     """A thread that appends one minute of readings for every device every 200 ms, like live ingestion."""
     appended = [0]
     state = {"t": today}

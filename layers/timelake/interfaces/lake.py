@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -252,7 +252,11 @@ class Table:
                 job = self.backfill(source=rows.filter(old)).wait()
                 rows = rows.filter(pc.invert(old))
         if rows.num_rows:
-            self.iceberg = with_retry(self.iceberg.refresh(), lambda t: (t.append(rows), t.refresh())[1], "append")
+            def append(table: IcebergTable) -> IcebergTable:
+                table.append(rows)
+                return table.refresh()
+
+            self.iceberg = with_retry(self.iceberg.refresh(), append, "append")
             if evaluate_rules:
                 evaluate_live(self.lake.runtime, self.name, rows)
             if update_coverage:
@@ -271,7 +275,7 @@ class Table:
         """Coverage computed now from the table's metadata, per hour/day/month bucket (see `coverage`)."""
         return compute_coverage(self.lake.runtime, self.name, start, end, by=by, series=series)
 
-    def declare(self, rollups: list[dict[str, Any]] | None = None, rules: list[dict[str, Any] | str] | None = None,
+    def declare(self, rollups: list[dict[str, Any]] | None = None, rules: Sequence[dict[str, Any] | str] | None = None,
                 progress: Callable[[int, int, str], None] | None = None) -> Table:
         """Add rollups and rules to the contract of an existing table (a rule of the same name is
         replaced). A new rollup's table is created and built from the whole base table at once, so it

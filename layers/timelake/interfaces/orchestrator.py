@@ -6,6 +6,7 @@ after its job and the job record always knows its latest execution.
 
 from __future__ import annotations
 
+import builtins
 import json
 from typing import TYPE_CHECKING, Any
 
@@ -100,7 +101,7 @@ class StepFunctionsOrchestrator:
         return {"job_id": job_id, "settings": {name: current_setting(job, name) for name in SETTINGS},
                 "map_runs_updated": updated}
 
-    def _update_running_maps(self, job: JobRecord) -> list[str]:
+    def _update_running_maps(self, job: JobRecord) -> builtins.list[str]:  # builtins: `list` here is the method above
         """UpdateMapRun's MaxConcurrency on each Map run of the job's execution that has not ended."""
         arn = self._latest_execution(job)
         if arn is None:

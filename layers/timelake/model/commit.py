@@ -19,7 +19,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import numpy as np
 import pyarrow as pa
@@ -79,6 +79,11 @@ STEP_PROPERTY = "timelake.step"
 CHUNK_PROPERTY = "timelake.chunk"
 INHERITED_IDS = "timelake.inherited-ids"  # summary: the entries this snapshot added name no snapshot or sequence number
 NAN_COUNTS = b"timelake.nan-value-counts"  # Parquet footer key: NaNs per float column, by name (Parquet has no such statistic)
+
+
+def summary_value(snapshot: Snapshot, key: str) -> str | None:
+    """A property of a snapshot's summary; None also for a snapshot without a summary (the spec lets a writer omit it)."""
+    return snapshot.summary.get(key) if snapshot.summary is not None else None
 
 
 def data_file(table: IcebergTable, path: str, spec_id: int, partition_value: int | Record) -> DataFile:
@@ -224,7 +229,7 @@ def staged_manifests(table: IcebergTable, snapshot_id: int, files: list[DataFile
     entries per spec as ``files`` has (the staging snapshot holds exactly the units' files, which
     validation checked). None otherwise: the caller writes the entries anew."""
     snapshot = table.snapshot_by_id(snapshot_id)
-    if snapshot is None or (snapshot.summary or {}).get(INHERITED_IDS) != "true":
+    if snapshot is None or summary_value(snapshot, INHERITED_IDS) != "true":
         return None
     manifests = [m for m in snapshot.manifests(table.io) if m.added_snapshot_id == snapshot_id]
     per_spec: dict[int, int] = defaultdict(int)
@@ -288,7 +293,7 @@ def landed(table: IcebergTable, job_id: str, key: str, keys: list[str]) -> list[
     if through is None or through not in keys or key not in keys or keys.index(through) < keys.index(key):
         return None
     return sorted(s.snapshot_id for s in table.snapshots()
-                  if (s.summary or {}).get(JOB_PROPERTY) == job_id and (s.summary or {}).get(CHUNK_PROPERTY) == key)
+                  if summary_value(s, JOB_PROPERTY) == job_id and summary_value(s, CHUNK_PROPERTY) == key)
 
 
 def retire(table: IcebergTable, job_id: str, branch: str | None) -> list[int]:
@@ -312,11 +317,11 @@ def retire(table: IcebergTable, job_id: str, branch: str | None) -> list[int]:
         heads = {ref.snapshot_id for name, ref in current.metadata.refs.items() if name != branch}
         needed = ancestors(current) | heads
         ids = [s.snapshot_id for s in current.snapshots()
-               if (s.summary or {}).get(JOB_PROPERTY) == job_id and s.snapshot_id not in needed]
+               if summary_value(s, JOB_PROPERTY) == job_id and s.snapshot_id not in needed]
         if not (has_branch or ids or marker in current.properties):
             return ids
         tx = without_blind_retries(current).transaction()
-        if has_branch:
+        if has_branch and branch is not None:
             ManageSnapshots(tx).remove_branch(branch).commit()
         if ids:  # expiring a snapshot removes it from the metadata only (see above)
             ExpireSnapshots(tx).by_ids(ids).commit()
@@ -455,8 +460,8 @@ def write_rows(table: IcebergTable, rows: pa.Table) -> list[DataFile]:
     metadata = table.metadata
     spec, schema = metadata.spec(), metadata.schema()
     task_schema = pyarrow_to_schema(rows.schema, name_mapping=schema.name_mapping, format_version=metadata.format_version)
-    target = property_as_int(metadata.properties, TableProperties.WRITE_TARGET_FILE_SIZE_BYTES,
-                             TableProperties.WRITE_TARGET_FILE_SIZE_BYTES_DEFAULT)
+    target = cast(int, property_as_int(metadata.properties, TableProperties.WRITE_TARGET_FILE_SIZE_BYTES,
+                                       TableProperties.WRITE_TARGET_FILE_SIZE_BYTES_DEFAULT))  # an int default: an int
     write_uuid, counter = uuid.uuid4(), itertools.count()
     tasks = [WriteTask(write_uuid, next(counter), task_schema, batches, partition_key=key)
              for key, part in _partitions(spec, schema, rows) for batches in bin_pack_arrow_table(part, target)]
@@ -478,6 +483,8 @@ def _partitions(spec: PartitionSpec, schema: Schema, rows: pa.Table) -> list[tup
 
 def _partition_values(field: PartitionField, schema: Schema, rows: pa.Table) -> np.ndarray:
     name = schema.find_column_name(field.source_id)
+    if name is None:
+        raise ValueError(f"partition field {field.name}: its source column (id {field.source_id}) is not in the schema")
     column, transform = rows.column(name), str(field.transform)
     if transform not in TRANSFORMS or not pa.types.is_timestamp(column.type):
         raise ValueError(f"cannot write rows partitioned by {transform}({name}): the engine partitions by the "

@@ -170,8 +170,11 @@ class _PartitionCounter(SnapshotSummaryCollector):
     only their count is kept, so partitions are counted by value instead of each file's partition being
     formatted as a path (a fifth of a 10,000-file commit here)."""
 
+    # keyed by (spec id, *partition values), not by path: with no partition summaries build() only counts the keys
+    partition_metrics: defaultdict[tuple[Any, ...], UpdateMetrics]  # type: ignore[assignment]
+
     def update_partition_metrics(self, partition_spec: Any, file: DataFile, is_add_file: bool, schema: Any) -> None:
-        key = (partition_spec.spec_id, *file.partition)
+        key = (partition_spec.spec_id, *iter(file.partition))  # iter: a Record iterates by __getitem__
         if key not in self.partition_metrics:
             self.partition_metrics[key] = UpdateMetrics()
 
@@ -186,7 +189,7 @@ class _PartitionCounter(SnapshotSummaryCollector):
             metrics.added_file_size += f.file_size_in_bytes
             metrics.added_data_files += 1
             metrics.added_records += f.record_count
-            if len(f.partition) > 0 and (key := (f.spec_id, *f.partition)) not in partitions:
+            if len(f.partition) > 0 and (key := (f.spec_id, *iter(f.partition))) not in partitions:
                 partitions[key] = UpdateMetrics()
 
 

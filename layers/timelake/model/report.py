@@ -85,8 +85,8 @@ def progress(job: JobRecord, units: list[UnitRecord], notes: dict[str, dict[str,
     if window is not None:
         info["quiet_hours"] = str(window)
         until = job.state.get(PAUSED_UNTIL)
-        waiting = until is not None and job.phase in NEXT_STEP and not stopped
-        info["paused_until"] = iso_local(until, window.tz) if waiting else None
+        waiting = job.phase in NEXT_STEP and not stopped
+        info["paused_until"] = iso_local(until, window.tz) if until is not None and waiting else None
     return info
 
 
@@ -145,7 +145,7 @@ def _steps(job: JobRecord, units: list[UnitRecord], notes: dict[str, dict[str, A
         if i > order or (name not in elapsed and i != order):
             continue
         seconds = elapsed.get(name, 0.0)
-        step = {"name": name, "state": state if i == order else "done", "elapsed_seconds": round(seconds, 3),
+        step: dict[str, Any] = {"name": name, "state": state if i == order else "done", "elapsed_seconds": round(seconds, 3),
                 "done": None, "total": None, "of": None, "rows": None, "rows_total": None, "rows_per_second": None,
                 "eta_seconds": None}
         step.update(counts.get(name, {}))

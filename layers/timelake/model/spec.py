@@ -279,8 +279,8 @@ class JobSpec(BaseModel):
 #: the fields `timelake backfill set` changes on a job that has not finished; kept in its state as ``settings``
 SETTINGS = ("max_concurrency", "source_rows_per_second")
 #: a settings change, checked as the job model checks those fields (the same bounds and descriptions)
-Settings = create_model("Settings", __config__=ConfigDict(extra="forbid"),
-                        **{name: (JobSpec.model_fields[name].annotation, JobSpec.model_fields[name]) for name in SETTINGS})
+_SETTING_FIELDS: dict[str, Any] = {name: (JobSpec.model_fields[name].annotation, JobSpec.model_fields[name]) for name in SETTINGS}
+Settings = create_model("Settings", __config__=ConfigDict(extra="forbid"), **_SETTING_FIELDS)
 
 
 def current_spec(spec: dict[str, Any], state: dict[str, Any]) -> JobSpec:

@@ -22,9 +22,9 @@ class Clock(Protocol):
 
     def sleep(self, seconds: float) -> None: ...
 
-    def wait_until(self, instant: float, poll: Callable[[], None]) -> None:
+    def wait_until(self, instant: float, poll: Callable[[], object]) -> None:
         """Return at ``instant``; meanwhile call ``poll`` at least every `POLL_SECONDS`, which raises to
-        stop waiting (an interrupted or aborted job)."""
+        stop waiting (an interrupted or aborted job); what it returns is ignored."""
         ...
 
     def workflow_instant(self, instant: float) -> float:
@@ -41,7 +41,7 @@ class SystemClock:
         if seconds > 0:
             time.sleep(seconds)
 
-    def wait_until(self, instant: float, poll: Callable[[], None]) -> None:
+    def wait_until(self, instant: float, poll: Callable[[], object]) -> None:
         while True:
             poll()
             left = instant - time.time()

@@ -96,7 +96,7 @@ class SharedFileIO(PyArrowFileIO):
         key = (tuple(sorted(self.properties.items())), os.environ.get("AWS_ACCESS_KEY_ID"), os.environ.get("AWS_SESSION_TOKEN"))
         self.fs_by_scheme = functools.partial(_shared_fs, key, self.fs_by_scheme)
 
-    def new_input(self, location: str) -> InputFile:
+    def new_input(self, location: str) -> InputFile:  # type: ignore[override]  # pyiceberg reads through FileIO's contract, InputFile
         if not location.endswith(".metadata.json"):
             return super().new_input(location)
         with _LOCK:

@@ -229,7 +229,9 @@ class AnnotatedCsv:
     def _values(self, texts: list[str], kind: str, name: str, refused: dict[int, str], empty: bool) -> pa.Array:
         """A column of values of ``kind``; an empty text is no value, or with ``empty`` the empty string."""
         if kind == "string":
-            return pa.array(texts if empty else [text or None for text in texts], pa.string())
+            if empty:
+                return pa.array(texts, pa.string())
+            return pa.array([text or None for text in texts], pa.string())
         if kind == "boolean":
             valid = [text in ("true", "false", "") for text in texts]
             for at in (at for at, ok in enumerate(valid) if not ok):

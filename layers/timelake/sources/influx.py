@@ -144,9 +144,11 @@ class InfluxServerSource(Source):
         options = urllib.parse.parse_qs(url.query)
         self.uri = uri
         self.database = url.path.strip("/")
-        self.measurement = (options.get("measurement") or [measurement])[0]
-        if not self.database or not self.measurement:
+        named = options.get("measurement")
+        measurement = named[0] if named else measurement
+        if not self.database or not measurement:
             raise SourceError(f"'{uri}' must be influx://host:port/database?measurement=name")
+        self.measurement = measurement
         self.endpoint = f"{'https' if options.get('tls') == ['true'] else 'http'}://{url.hostname}:{url.port or 8086}"
         if url.password:
             raise SourceError("put the InfluxDB password in INFLUX_PASSWORD, not in the URI: the URI is stored in the job")

@@ -46,12 +46,14 @@ def request_abort(rt: Runtime, job_id: str) -> None:
 
 def claim_commit(rt: Runtime, job_id: str, chunk: str) -> None:
     """Publish, before committing ``chunk``: mark the commit in flight, unless an abort came first."""
-    rt.store.update_job_if(job_id, _not_aborted, **{IN_FLIGHT: {"chunk": chunk, "since": time.time()}})
+    flight: dict[str, Any] = {IN_FLIGHT: {"chunk": chunk, "since": time.time()}}
+    rt.store.update_job_if(job_id, _not_aborted, **flight)
 
 
 def claim_publish(rt: Runtime, job_id: str, **state: Any) -> JobRecord:
     """Publish, after its last chunk commit: from here the job is published and abort refuses it."""
-    return rt.store.update_job_if(job_id, _not_aborted, **{ALL_COMMITTED: True, IN_FLIGHT: None}, **state)
+    marks: dict[str, Any] = {ALL_COMMITTED: True, IN_FLIGHT: None}
+    return rt.store.update_job_if(job_id, _not_aborted, **marks, **state)
 
 
 def start_publish(rt: Runtime, job_id: str) -> JobRecord:
@@ -75,8 +77,8 @@ def abort(rt: Runtime, job_id: str, wait: float = ABORT_WAIT_SECONDS) -> dict[st
     keys = chunk_keys(rt, job_id, spec.publish_by)
     chunks = sorted(set(job.state.get("published_chunks", {})) | {k for k in keys if landed(table, job_id, k, keys) is not None})
     retire(table, job_id, job.state.get("branch") or f"backfill/{job_id}")
-    candidates = {u.result.get("path") for u in rt.store.units(job_id)} | set(direct_paths(rt, job, table))
-    candidates.discard(None)
+    written = {path for u in rt.store.units(job_id) if (path := u.result.get("path")) is not None}
+    candidates: set[str] = written | set(direct_paths(rt, job, table))
     referenced = {location_key(p) for p in referenced_files(table.refresh())}
     kept = {p for p in candidates if location_key(p) in referenced}
     deleted = sum(_delete(path, table.io) for path in sorted(candidates - kept))

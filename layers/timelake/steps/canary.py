@@ -56,7 +56,10 @@ def select(rt: Runtime, job_id: str) -> list[str]:
         return job.state["canary"]["units"]
     spec = JobSpec.model_validate(job.spec)
     days = _source_days(rt, job)
-    day = (min(days) if days else None) if spec.canary is True else _day_number(spec.canary)
+    if isinstance(spec.canary, date):
+        day: int | None = _day_number(spec.canary)
+    else:  # True (a job without a canary never gets here): the first day with rows
+        day = min(days) if days else None
     if day not in days:
         abort(rt, job_id)  # the lease and the branch were taken by the cut; a job that cannot run holds neither
         message = (f"canary day {_day_text(day)} has no source rows in the job (rows from {_day_text(min(days))} "

@@ -85,7 +85,8 @@ def scan_tasks(sizes: list[int], parallelism: int) -> list[list[int]]:
         rounded = math.ceil(count / parallelism) * parallelism
         if rounded <= len(sizes) and total / rounded >= MIN_TASK_BYTES / 2:
             count = rounded
-    tasks, start, acc = [], 0, 0
+    tasks: list[list[int]] = []
+    start, acc = 0, 0
     for i, size in enumerate(sizes):
         acc += size
         if acc >= total * (len(tasks) + 1) / count and len(tasks) < count - 1:

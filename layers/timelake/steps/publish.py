@@ -29,7 +29,7 @@ from timelake.errors import BackfillError
 from timelake.followup import completion, provenance
 from timelake.model.commit import (
     CHUNK_PROPERTY, JOB_PROPERTY, STEP_PROPERTY, ManifestCopy, collector_paused, data_file, data_files, is_conflict, landed,
-    overwrite_files, published_property, retire, staged_manifests, with_retry, without_blind_retries,
+    overwrite_files, published_property, retire, staged_manifests, summary_value, with_retry, without_blind_retries,
 )
 from timelake.model.contract import Contract
 from timelake.model.faults import checkpoint
@@ -57,7 +57,7 @@ class Chunk:
 
 
 def publish(rt: Runtime, job_id: str, max_chunks: int | None = None,
-            between: Callable[[], None] | None = None) -> dict[str, Any]:
+            between: Callable[[], object] | None = None) -> dict[str, Any]:
     """Publish step. Input: job id (and at most how many chunks to commit in this call, so an
     orchestrator can loop chunk by chunk within Lambda's time limit). Output: ``done`` and snapshot ids.
     ``between`` runs before each chunk still to commit: it may wait (quiet hours) or raise (an abort)."""
@@ -65,7 +65,7 @@ def publish(rt: Runtime, job_id: str, max_chunks: int | None = None,
         return _publish(rt, job_id, max_chunks, between)
 
 
-def _publish(rt: Runtime, job_id: str, max_chunks: int | None, between: Callable[[], None] | None) -> dict[str, Any]:
+def _publish(rt: Runtime, job_id: str, max_chunks: int | None, between: Callable[[], object] | None) -> dict[str, Any]:
     job = rt.store.get_job(job_id)
     spec = JobSpec.model_validate(job.spec)
     state = job.state
@@ -285,7 +285,7 @@ def _commit_chunk(
         written.update(attempt)  # the attempt that landed
     table = table.refresh()
     return sorted(s.snapshot_id for s in table.snapshots()
-                  if s.snapshot_id not in before and (s.summary or {}).get(JOB_PROPERTY) == job_id)
+                  if s.snapshot_id not in before and summary_value(s, JOB_PROPERTY) == job_id)
 
 
 REPLACED = (Origin.PLAN, Origin.REWRITE, Origin.JOB)  # replace mode takes these over in its range; live writers' rows stay

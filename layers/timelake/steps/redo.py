@@ -59,10 +59,14 @@ def rewrite_missing(rt: Runtime, job_id: str, table: Any, units: list[UnitRecord
         fs, path = filesystem(result_uri(rt, job_id, task))
         fs.delete_file(path)  # a finished task returns its stored result: this one must run again
         scan(rt, job_id, task)
-        partitions = {key.name: part for key, part in read_result(rt, job_id, task).partitions.items()}
+        result = read_result(rt, job_id, task)
+        assert result is not None, "the scan just ran: its result is stored"
+        partitions = {key.name: part for key, part in result.partitions.items()}
         for unit_id, (owner, name) in by_name.items():
             if owner == task:
-                rt.store.complete_unit(job_id, unit_id, partitions[name].direct)
+                direct = partitions[name].direct
+                assert direct is not None, "a unit of the direct plan: the scan wrote its file"
+                rt.store.complete_unit(job_id, unit_id, direct)
     spilled = [u.unit_id for u in lost if u.unit_id not in by_name]
     if spilled:
         rt.store.update_job(job_id, "planned")

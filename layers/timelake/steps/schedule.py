@@ -66,7 +66,8 @@ def _note(rt: Runtime, job_id: str, until: float | None, now: float) -> None:
                 raise _Changed
 
         try:
-            rt.store.update_job_if(job_id, unchanged, **{PAUSED_UNTIL: until, PAUSES: pauses})
+            state: dict[str, Any] = {PAUSED_UNTIL: until, PAUSES: pauses}
+            rt.store.update_job_if(job_id, unchanged, **state)
             return
         except _Changed:
             continue

@@ -278,7 +278,7 @@ class SpillFile:
         print Arrow's error after the job's own."""
         self.held.clear()
         for end in (self.writer.close, self.stream.close):
-            with contextlib.suppress((OSError, pa.ArrowException)):
+            with contextlib.suppress(OSError, pa.ArrowException):
                 end()
 
 

@@ -66,7 +66,7 @@ def stage_files(table: IcebergTable, job_id: str, branch: str, written: list[dic
     empty at the plan (or whose branch someone removed) the branch is created at that commit (main
     gets no commit before publish)."""
     head = table.snapshot_by_name(branch)
-    if _is_staged(head, job_id, step):
+    if head is not None and _is_staged(head, job_id, step):
         return head.snapshot_id
     if not written:
         return None

@@ -396,7 +396,7 @@ def _file_facts(contract: Contract, state: dict[str, Any], mains: dict[str, Snap
         # the series are needed before the pass only to pack keys against main; else the pass collects them
         first_series = contract.series_key[0] if contract.series_key else None
         early = first_series is not None and (bool(mains and series) or first_series not in columns)
-        if early:
+        if early and first_series is not None:
             facts.series = _distinct(parquet, first_series)
         seen: list[pa.Array] = []
         packer = KeyPacker.fit(series, contract.time_column, facts.series, lo, hi - 1) if mains and series else None
@@ -422,7 +422,7 @@ def _file_facts(contract: Contract, state: dict[str, Any], mains: dict[str, Snap
                 dups = rows.select(keys).filter(pa.array(dup_mask))
                 facts.duplicate_count += dups.num_rows
                 facts.duplicates += [_fmt_row(r) for r in dups.slice(0, SAMPLES).to_pylist()]
-            if packed is not None:
+            if packer is not None and packed is not None:
                 keyed, at = packer.pack_rows(rows)
                 packed[offset + at] = keyed  # a key outside the partition stays -1: it matches nothing
             for name, near in nears.items():
@@ -436,7 +436,7 @@ def _file_facts(contract: Contract, state: dict[str, Any], mains: dict[str, Snap
         time_type = parquet.schema_arrow.field(contract.time_column).type
         if first_series is not None and not early:
             facts.series = _sorted_distinct(seen, parquet.schema_arrow.field(first_series).type)
-    if packed is not None:
+    if packer is not None and packed is not None:
         for name, main in mains.items():
             hits = np.flatnonzero(packer.mark(packed, main.batches(lo, hi)))
             facts.overlap[name] = len(hits)
@@ -480,8 +480,9 @@ class _Near:
     def __init__(self, rows: pa.Table, contract: Contract) -> None:
         self.contract = contract
         self.series = contract.series_key[0] if len(contract.series_key) == 1 else None
+        self.ranks: np.ndarray | None = None
         if self.series is None or rows.num_rows == 0:
-            self.rows, self.distinct, self.ranks = rows, None, None
+            self.rows, self.distinct = rows, None
             return
         self.distinct = pc.unique(rows.column(self.series)).sort()
         ranks = pc.index_in(rows.column(self.series), value_set=self.distinct).to_numpy(zero_copy_only=False)
@@ -493,7 +494,7 @@ class _Near:
         keys = list(self.contract.dedup_key)
         rows = _plain(rows)
         near = self.rows
-        if self.distinct is not None and near.num_rows:
+        if self.distinct is not None and self.ranks is not None and near.num_rows:
             mine_values = _unique(rows.column(self.series))
             mine = pc.index_in(mine_values, value_set=self.distinct.cast(mine_values.type))
             present = mine.drop_null().to_numpy(zero_copy_only=False)
