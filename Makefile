@@ -45,7 +45,7 @@ test-deps:
 demo: $(RUNTIME)
 	$(VENV)/bin/timelake demo
 
-test: $(STAMP) test-deps docs lint
+test: $(STAMP) lint test-deps docs
 	$(PY) -m pytest -n 2 --dist loadgroup --durations=15
 
 # ruff over every Python file of the repository and mypy over the package and the Lambda handlers (what they
