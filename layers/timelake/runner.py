@@ -31,7 +31,7 @@ from timelake.model.spec import JobSpec
 from timelake.ports.runtime import Runtime
 from timelake.ports.store import TERMINAL, JobRecord, Lease
 from timelake.sources.postgres import is_postgres
-from timelake.steps import canary
+from timelake.steps import canary, diff
 from timelake.steps.abort import abort
 from timelake.steps.plan import cut, pending_pieces, plan, scan
 from timelake.steps.publish import publish
@@ -84,10 +84,16 @@ def _run(rt: Runtime, job_id: str, source: Any, cancel: threading.Event | None) 
                 cut(rt, job_id)
                 checkpoint("plan.done")
             elif step == "write" and canary.wanted(job):
-                _write_all(rt, job_id, cancel, only=canary.select(rt, job_id))
+                only = canary.select(rt, job_id)
+                chosen = rt.store.get_job(job_id).state["canary"]
+                _main_all(rt, job_id, cancel, span=(chosen["start"], chosen["end"]))
+                _write_all(rt, job_id, cancel, only=only)
                 canary.check(rt, job_id, source)
             elif step == "write":
+                _main_all(rt, job_id, cancel)
                 _write_all(rt, job_id, cancel)
+                if job.spec.get("dry_run"):
+                    diff.finish_dry_run(rt, job_id)
             elif step == "stage":
                 try:
                     stage(rt, job_id)
@@ -193,8 +199,25 @@ def _write_all(rt: Runtime, job_id: str, cancel: threading.Event | None, only: l
     else:
         threads = workers <= THREAD_WRITERS or job.state.get("rows_in_scope", 0) < IN_PROCESS_ROWS
         _fan_out(rt, job_id, "write", pending, workers, lambda: None, cancel, threads=threads, shared=main)
-    if only is None:
+    if only is None and not spec.dry_run:
         rt.store.update_job(job_id, "written")
+
+
+def _main_all(rt: Runtime, job_id: str, cancel: threading.Event | None, span: tuple[int, int] | None = None) -> None:
+    """Read main's range for the job's diff (`timelake.steps.diff`): the main tasks not done yet (only
+    those a canary's ``span`` needs), on threads (Arrow reads and spills outside the GIL)."""
+    pending = diff.pending_main_tasks(rt, job_id, span)
+    if not pending:
+        return
+    spec = JobSpec.model_validate(rt.store.get_job(job_id).spec)
+    workers = min(spec.max_concurrency or os.cpu_count() or 1, len(pending))
+    if workers <= 1:
+        for task in pending:
+            _check(cancel, job_id, "while reading main's range", rt)
+            diff.read_main(rt, job_id, task)
+            checkpoint("main.task")
+    else:
+        _fan_out(rt, job_id, "main", pending, workers, lambda: None, cancel, threads=True)
 
 
 def _check_all(rt: Runtime, job_id: str, cancel: threading.Event | None) -> None:
@@ -261,7 +284,8 @@ def _fan_out(
                         raise BackfillError(f"job {job_id}: {step} of {item} failed: {type(exc).__name__}: {exc}") from exc
                     tick()
                     checkpoint(f"{step}.unit")
-                _check(cancel, job_id, {"scan": "while scanning", "write": "while writing"}.get(step, "while validating"), rt)
+                _check(cancel, job_id, {"scan": "while scanning", "write": "while writing", "main": "while reading main's range"}.get(
+                    step, "while validating"), rt)
         except BaseException:
             pool.shutdown(wait=True, cancel_futures=True)
             raise
@@ -295,6 +319,8 @@ def _run_item(rt: Runtime, step: str, job_id: str, item: Any,
         return scan(rt, job_id, item, shares_cores=True)
     if step == "write":
         return write_unit(rt, job_id, item, shared if isinstance(shared, MainReader) else None)
+    if step == "main":
+        return diff.read_main(rt, job_id, item)
     return check_file(rt, job_id, item["file"], item["spec_id"], item["partition"],
                       shared if isinstance(shared, CheckContext) else None)
 

@@ -44,7 +44,16 @@ SCHEMA = pa.schema([
     pa.field("rows_outside_range", pa.int64()),
     pa.field("chunks", pa.int32()),
     pa.field("snapshot_ids", pa.list_(pa.int64())),
+    pa.field("reason", pa.string()),
+    pa.field("diff_rows_before", pa.int64()),
+    pa.field("diff_rows_after", pa.int64()),
+    pa.field("diff_only_before", pa.int64()),
+    pa.field("diff_only_after", pa.int64()),
+    pa.field("diff_in_both", pa.int64()),
+    pa.field("diff_changed", pa.int64()),
+    pa.field("diff", pa.string()),
 ])
+DIFF_TOTALS = ("rows_before", "rows_after", "only_before", "only_after", "in_both", "changed")
 
 
 def job_hash(spec: dict[str, Any]) -> str:
@@ -60,18 +69,28 @@ def engine_version() -> str:
 
 
 def summary_properties(job: JobRecord) -> dict[str, str]:
-    """Facts every publish commit carries in its snapshot summary."""
-    return {
+    """Facts every publish commit carries in its snapshot summary: how the job ran, why (its reason),
+    and what it changed in its range (its diff's totals)."""
+    properties = {
         "timelake.mode": job.spec["mode"],
         "timelake.source": job.state.get("source_uri") or job.spec["source"],
         "timelake.source-fingerprint": job.state.get("source_fingerprint") or "",
         "timelake.job-hash": job_hash(job.spec),
         "timelake.engine-version": engine_version(),
     }
+    if job.spec.get("reason"):
+        properties["timelake.reason"] = job.spec["reason"]
+    totals = (job.state.get("diff_job") or {}).get("totals")
+    if totals:
+        properties.update({f"timelake.diff.{name.replace('_', '-')}": str(totals[name]) for name in DIFF_TOTALS})
+    return properties
 
 
-def record(rt: Runtime, job: JobRecord, units: list[UnitRecord]) -> None:
-    """Add the job's row to ``timelake.backfills`` once (a resume finds it and adds nothing)."""
+def record(rt: Runtime, job: JobRecord, units: list[UnitRecord], diff: dict[str, Any] | None = None) -> None:
+    """Add the job's row to ``timelake.backfills`` once (a resume finds it and adds nothing), with its
+    reason and, for a job with a diff, its totals and its summary (per column, per day, the most changed
+    series and sample rows side by side) as JSON, so the explanation stays with the table whatever
+    becomes of the job's scratch files."""
     from timelake.model.report import build_report
 
     table = _table(rt)
@@ -89,7 +108,9 @@ def record(rt: Runtime, job: JobRecord, units: list[UnitRecord]) -> None:
         "rows_conflicting_existing": report["rows_conflicting_existing"],
         "rows_rejected": report["rows_rejected"]["total"], "rows_outside_retention": report["rows_outside_retention"],
         "rows_outside_range": report["rows_outside_range"], "chunks": len(report["published_chunks"]),
-        "snapshot_ids": report["published_snapshot_ids"],
+        "snapshot_ids": report["published_snapshot_ids"], "reason": job.spec.get("reason"),
+        "diff": json.dumps({k: v for k, v in diff.items() if k != "cells"}) if diff else None,
+        **{f"diff_{name}": (diff or {}).get("totals", {}).get(name) for name in DIFF_TOTALS},
     }
     rows = pa.Table.from_pylist([row], schema=SCHEMA).cast(table.schema().as_arrow())
     with_retry(table, lambda current: current.append(rows), "provenance")
@@ -107,7 +128,7 @@ def history(rt: Runtime, table_name: str | None = None) -> pa.Table:
 
 def _table(rt: Runtime) -> Any:
     try:
-        return rt.catalog.load_table(TABLE)
+        return _current(rt.catalog.load_table(TABLE))
     except NoSuchTableError:
         pass
     try:
@@ -119,3 +140,20 @@ def _table(rt: Runtime) -> Any:
         return rt.catalog.create_table(TABLE, schema=SCHEMA, properties={"comment": "one row per published backfill"})
     except TableAlreadyExistsError:
         return rt.catalog.load_table(TABLE)
+
+
+def _current(table: Any) -> Any:
+    """The provenance table with every column this version records: a table an earlier version created
+    gains the new ones (optional, so its older rows read them as null)."""
+    missing = [f for f in SCHEMA if f.name not in table.schema().column_names]
+    if not missing:
+        return table
+
+    def evolve(current: Any) -> Any:
+        if all(f.name in current.schema().column_names for f in missing):
+            return current
+        with current.update_schema() as update:
+            update.union_by_name(pa.schema([f.with_nullable(True) for f in missing]))
+        return current.refresh()
+
+    return with_retry(table, evolve, "provenance schema")

@@ -173,6 +173,9 @@ def run(
     from_sql: Annotated[Optional[str], typer.Option("--from-sql", help="A DuckDB query as the source (sets source "
                                                     "'duckdb:' and the query field)")] = None,
     measurement: Annotated[Optional[str], typer.Option("--measurement", help=field_help("measurement"))] = None,
+    reason: Annotated[Optional[str], typer.Option("--reason", metavar="TEXT", help=field_help("reason"))] = None,
+    no_diff: Annotated[bool, typer.Option("--no-diff", help="Do not compute the diff (see the job field diff): one "
+                                          "read of main's range less")] = False,
     precision: Annotated[Optional[str], typer.Option("--precision", help=field_help("precision"))] = None,
     null_values: Annotated[Optional[list[str]], typer.Option("--null-values", help=field_help("null_values"))] = None,
     on_bad_value: Annotated[Optional[str], typer.Option("--on-bad-value", help=field_help("on_bad_value"))] = None,
@@ -196,7 +199,8 @@ def run(
         "query": _one_query(query, from_sql), "source_max_connections": source_max_connections,
         "source_rows_per_second": source_rows_per_second, "measurement": measurement, "precision": precision,
         "null_values": null_values, "on_bad_value": on_bad_value, "delimiter": delimiter, "decimal": decimal,
-        "timestamp_format": timestamp_format, "skip_rows": skip_rows, "encoding": encoding,
+        "timestamp_format": timestamp_format, "skip_rows": skip_rows, "encoding": encoding, "reason": reason,
+        "diff": False if no_diff else None,
     }
     fields.update({k: v for k, v in given.items() if v is not None})
     fields["table"] = table
@@ -339,6 +343,37 @@ def history(table: str, as_json: JsonFlag = False, warehouse: Warehouse = None) 
          r["source_uri"], f"{r['rows_written']:,}",
          f"{r['rows_duplicate_in_source'] + r['rows_conflicting_existing'] + r['rows_rejected']:,}",
          ", ".join(map(str, r["snapshot_ids"]))] for r in rows], f"no published backfills on {table}")
+
+
+@backfill_app.command("diff")
+def diff_job(
+    job_id: str,
+    html_file: Annotated[Optional[Path], typer.Option("--html", help="Also write a standalone HTML page")] = None,
+    as_json: JsonFlag = False, warehouse: Warehouse = None, on: On = "local",
+) -> None:
+    """What JOB changes in its range (replace, merge): rows only before, only after, in both, values
+    changed, and each column's sum and count before and after, per day and series, with sample rows side
+    by side; a dry run's prediction, or a waiting canary's day."""
+    from timelake.followup.diffview import diff_text, page
+
+    lake = _deployed_lake() if _on_aws(on) else _lake(warehouse)
+    found = lake.job(job_id).diff()
+    cells = found.pop("cells")
+    if html_file:
+        html_file.write_text(page(found, cells))
+    if as_json:
+        out.print_json(json.dumps({**found, "cells": cells.to_pylist() if cells is not None else None}, default=str))
+        return
+    scope = "the canary day of " if found["scope"] == "canary" else ""
+    out.print(safe(f"diff of {scope}job {job_id} on {found['table']} ({found['mode']}), {found['range']['start']} … "
+                   f"{found['range']['end']}" + (": predicted by the dry run" if found["predicted"] else "")), soft_wrap=True)
+    if found.get("reason"):
+        out.print(safe(f"  reason: {found['reason']}"), soft_wrap=True)
+    out.print(diff_text(found), end="", soft_wrap=True)
+    if cells is None:
+        out.print("  (the summary kept in timelake.backfills: the job's scratch files, with every cell, are gone)")
+    if html_file:
+        out.print(f"  page: {html_file}", soft_wrap=True)
 
 
 @backfill_app.command("schema")

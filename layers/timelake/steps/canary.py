@@ -4,7 +4,8 @@
 is planned and leased, but only the units whose partition holds the canary day are written and
 staged on the branch; the checks run over that day alone, and the job stops in phase
 ``awaiting-approval`` with a report a person can judge (counts and checks, sample rows through the
-mapping, column statistics, projections for the whole job). ``approve`` lets the job go on: the
+mapping, column statistics, what the day changes on main (its diff, `timelake.steps.diff`),
+projections for the whole job). ``approve`` lets the job go on: the
 canary's snapshot stays at the branch head, where it keeps its files safe from other engines' cleanup
 while the other units are written, and the stage step commits the rest on top of it (the canary's
 files are never rewritten); ``abort`` is the ordinary abort.
@@ -30,7 +31,7 @@ from timelake.ports.files import filesystem
 from timelake.ports.runtime import Runtime
 from timelake.ports.store import JobRecord, UnitRecord
 from timelake.sources.base import SourceBatch
-from timelake.steps import spill
+from timelake.steps import diff, spill
 from timelake.steps.abort import abort
 from timelake.steps.plan import context, job_table
 from timelake.steps.scan import mapper_for, open_job_source, read_result
@@ -46,8 +47,9 @@ ROW_BY_ROW_LIMIT = 500  # a batch with rejected rows is re-mapped row by row (to
 
 
 def wanted(job: JobRecord) -> bool:
-    """Whether the job asked for a canary that has not been approved yet."""
-    return bool(job.spec.get("canary")) and not job.state.get("canary_approved")
+    """Whether the job asked for a canary that has not been approved yet (a dry run writes no day first:
+    it predicts all of them)."""
+    return bool(job.spec.get("canary")) and not job.state.get("canary_approved") and not job.spec.get("dry_run")
 
 
 def select(rt: Runtime, job_id: str) -> list[str]:
@@ -89,8 +91,11 @@ def check(rt: Runtime, job_id: str, source: Any = None) -> dict[str, Any]:
     scoped = _day_state(job.state, units, snapshot_id)
     checks = run_checks(rt, job.spec, units, scoped)
     conclude(rt, job_id, checks, "writing", job.state["branch"])
+    changed = diff.conclude(rt, job_id, "canary", units, (chosen["start"], chosen["end"]))
     job = rt.store.get_job(job_id)
     report = build(rt, job, units, snapshot_id, source)
+    if changed is not None:  # what the day changes on main, before anyone approves it
+        report["diff"] = {k: changed[k] for k in ("range", "totals", "by_column", "by_day", "by_series", "samples")}
     rt.store.update_job(job_id, AWAITING, canary_report=report, canary_snapshot_id=snapshot_id,
                         awaiting_since=time.time())
     return {"job_id": job_id, "phase": AWAITING, "day": chosen["day"], "passed": True}

@@ -13,6 +13,7 @@ import math
 import os
 
 import numpy as np
+import pyarrow.fs as pafs
 from datetime import datetime, timezone
 from typing import Any
 
@@ -20,8 +21,9 @@ from timelake.errors import InvalidJob
 from timelake.model.commit import collector_paused, with_retry
 from timelake.model.contract import Contract, writable_spec
 from timelake.model.cost import estimate_cost
-from timelake.model.layout import PartitionKey, partition_codes
-from timelake.model.lineage import PlanMark, planned_view
+from timelake.model.diff import compares
+from timelake.model.layout import PartitionKey, file_bounds, partition_codes, time_filter
+from timelake.model.lineage import PlanMark, main_tasks, planned_view
 from timelake.model.spec import FIRST_YEAR, LAST_MICROS, LAST_YEAR, JobSpec
 from timelake.model.timeutil import (US_PER_DAY, floor_to, from_micros, iso, next_boundary, partition_starts,
                                      subtract_duration, to_micros)
@@ -104,7 +106,7 @@ def plan_direct(rt: Runtime, job_id: str, spec: JobSpec, ctx: ScanContext, src: 
     exactly as the write step would, and the spill's round trip is saved. Not for a dry run, which writes
     nothing, nor a canary, which writes one day before the person approves the rest, nor where the scan
     may not put data files (``scan_writes``: the AWS stack's scan role reads only)."""
-    if spec.dry_run or spec.canary or not rt.config.scan_writes:
+    if spec.dry_run or spec.canary or not rt.config.scan_writes or (spec.mode == "replace" and spec.diff):
         return 0
     pieces = src.pieces()
     bounds = src.column_bounds(mapper.source_of[ctx.contract.time_column]) if len(pieces) <= DIRECT_MAX_PIECES else None
@@ -243,12 +245,20 @@ def cut(rt: Runtime, job_id: str) -> dict[str, Any]:
         "partition_sums": {p.key.name: p.check_sum for p in total.partitions.values()},
         "check_column": contract.check_column,
     }
+    predicts = compares(spec.mode, spec.diff)
     if spec.dry_run:
         state.update(overlap_existing_rows=total.overlap_existing_rows,
                      rows_duplicate_in_source=total.duplicates_in_source,
                      would_fail=dst_failure(total, spec.dst_policy))
-        clear_staging(rt, job_id)
-        rt.store.update_job(job_id, "dry_run_complete", **state)
+        if not predicts:
+            clear_staging(rt, job_id)
+            rt.store.update_job(job_id, "dry_run_complete", **state)
+            return {"job_id": job_id, "dry_run": True, "units": len(units)}
+        # the diff is predicted as the run counts it: units sort their rows and compare, writing nothing
+        state["diff"] = plan_main_tasks(rt, job_id, table, contract, spec.mode, range_start, range_end, units,
+                                        PlanMark.at(table))
+        rt.store.put_units(job_id, units)
+        rt.store.update_job(job_id, "planned", **state)
         return {"job_id": job_id, "dry_run": True, "units": len(units)}
     refuse_dst(total, spec.dst_policy)
     rt.store.acquire_lease(Lease(spec.table, range_start, range_end, job_id))
@@ -257,6 +267,8 @@ def cut(rt: Runtime, job_id: str) -> dict[str, Any]:
     if mark.snapshot_id is not None:  # on an empty table, stage creates the branch at its own snapshot: main gets no commit
         fork_branch(table, branch, mark.snapshot_id)
     state.update(branch=branch, **mark.state())
+    if predicts:
+        state["diff"] = plan_main_tasks(rt, job_id, table, contract, spec.mode, range_start, range_end, units, mark)
     rt.store.put_units(job_id, units)
     write_json(rt, job_id, "units.json", [{"job_id": job_id, "unit_id": u.unit_id} for u in units])
     rt.store.update_job(job_id, "planned", **state)
@@ -332,6 +344,77 @@ def _cut_units(total: ScanResult, contract: Contract) -> list[UnitRecord]:
     return units
 
 
+MAIN_TASKS = "diff/main-tasks.json"  # the main tasks of a job with a diff: what each reads of main's range
+MAIN_TASK_BYTES = 256 << 20  # main's data file bytes a main task reads, at most (save one larger file)
+
+
+def plan_main_tasks(rt: Runtime, job_id: str, table: Any, contract: Contract, mode: str, start: int, end: int,
+                    units: list[UnitRecord], mark: PlanMark) -> dict[str, Any]:
+    """The main tasks of a job's diff: main's data files in the job's range at ``mark`` (the plan), cut
+    into tasks of about `MAIN_TASK_BYTES` each, so that every file is read once (`timelake.steps.diff`).
+
+    A task is a time span and the files it reads there: files whose time bounds overlap form clusters,
+    consecutive clusters share a task up to the byte budget, and a cluster above it is shared by several
+    tasks of the same span, each with its own files (``files``; None: every file of the span). A
+    task's span, not only its files, is what lets it find the rows again should another engine expire
+    the plan's snapshot and compact the files before the task runs. In replace mode each unit learns the
+    spills of the tasks whose span meets its partition, where it reads main's rows of its buckets."""
+    spans: list[tuple[int, int, str, int]] = []
+    if mark.snapshot_id is not None:
+        field = table.schema().find_field(contract.time_column)
+        planned = main_tasks(table, time_filter(contract.time_column, start, end), lambda entry: True, mark.snapshot_id)
+        for task in planned:
+            lo, hi = file_bounds(task.file, field)
+            lo, hi = start if lo is None else max(lo, start), end if hi is None else min(hi + 1, end)
+            size = task.file.file_size_in_bytes + sum(d.file_size_in_bytes for d in task.delete_files)
+            if lo < hi:
+                spans.append((lo, hi, task.file.file_path, size))
+    tasks = _main_task_spans(sorted(spans))
+    write_json(rt, job_id, MAIN_TASKS, tasks)
+    if mode == "replace":
+        for unit in units:
+            lo, hi = unit.info["start"], unit.info["end"]
+            unit.info["main_spill"] = [main_spill_uri(rt, job_id, i) for i, t in enumerate(tasks) if t["start"] < hi and t["end"] > lo]
+    return {"tasks": len(tasks), **mark.state()}
+
+
+def _main_task_spans(spans: list[tuple[int, int, str, int]]) -> list[dict[str, Any]]:
+    clusters: list[list[tuple[int, int, str, int]]] = []
+    for span in spans:
+        if clusters and span[0] < max(hi for _, hi, _, _ in clusters[-1]):
+            clusters[-1].append(span)
+        else:
+            clusters.append([span])
+    tasks: list[dict[str, Any]] = []
+    joined = 0  # bytes of the last task, while it takes whole clusters
+    for cluster in clusters:
+        lo, hi = cluster[0][0], max(h for _, h, _, _ in cluster)
+        size = sum(s for *_, s in cluster)
+        if size > MAIN_TASK_BYTES:
+            part: list[str] = []
+            taken = 0
+            for _, _, path, bytes_ in cluster:
+                if part and taken + bytes_ > MAIN_TASK_BYTES:
+                    tasks.append({"start": lo, "end": hi, "files": part, "rewrites": not any(t["start"] == lo for t in tasks)})
+                    part, taken = [], 0
+                part.append(path)
+                taken += bytes_
+            tasks.append({"start": lo, "end": hi, "files": part, "rewrites": not any(t["start"] == lo for t in tasks)})
+            joined = MAIN_TASK_BYTES
+        elif tasks and tasks[-1]["files"] is None and joined + size <= MAIN_TASK_BYTES:
+            tasks[-1]["end"] = hi
+            joined += size
+        else:
+            tasks.append({"start": lo, "end": hi, "files": None, "rewrites": True})
+            joined = size
+    return tasks
+
+
+def main_spill_uri(rt: Runtime, job_id: str, task: int) -> str:
+    """Where main task ``task`` spills main's rows (replace mode), by partition and series bucket."""
+    return rt.staging_path(job_id, "diff", "main", f"t{task:05d}.arrow")
+
+
 def _balance(buckets: dict[int, int], slices: int) -> list[list[int]]:
     """Series buckets cut into ``slices`` contiguous runs of nearly equal rows: a run of buckets is a run
     of batches in every spill file (see `timelake.steps.spill`), so a unit reads few, long byte ranges."""
@@ -348,10 +431,20 @@ def _balance(buckets: dict[int, int], slices: int) -> list[list[int]]:
     return groups
 
 
-def clear_staging(rt: Runtime, job_id: str) -> None:
+def clear_staging(rt: Runtime, job_id: str, keep: str | None = None) -> None:
+    """Delete the job's scratch files, all of them or all but the folder ``keep`` (a dry run's diff)."""
     fs, root = filesystem(rt.staging_path(job_id))
     try:
-        fs.delete_dir(root)
+        if keep is None:
+            fs.delete_dir(root)
+            return
+        for entry in fs.get_file_info(pafs.FileSelector(root)):
+            if entry.base_name == keep:
+                continue
+            if entry.type == pafs.FileType.Directory:
+                fs.delete_dir(entry.path)
+            else:
+                fs.delete_file(entry.path)
     except FileNotFoundError:
         pass
 

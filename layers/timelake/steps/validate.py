@@ -31,6 +31,7 @@ from pyiceberg.manifest import DataFile
 from timelake.errors import ValidationFailed
 from timelake.model.commit import staged_files
 from timelake.model.contract import Contract
+from timelake.model.diff import decoded_columns
 from timelake.model.layout import PartitionKey, SnapshotRange
 from timelake.model.lineage import Lineage, Origin, PlanMark, planned_view
 from timelake.model.spec import JobSpec
@@ -463,12 +464,6 @@ def _unique(column: pa.Array | pa.ChunkedArray) -> pa.Array:
     return pc.unique(values)
 
 
-def _plain(rows: pa.Table) -> pa.Table:
-    """``rows`` with dictionary-encoded columns decoded."""
-    return pa.table({name: pc.cast(column, column.type.value_type) if pa.types.is_dictionary(column.type) else column
-                     for name, column in zip(rows.column_names, rows.columns)})
-
-
 class _Near:
     """Main's keys in one staged file's partition, sorted by series, so each batch of the (sorted) file is
     matched against the slice of them that holds its series only."""
@@ -487,7 +482,7 @@ class _Near:
     def hits(self, rows: pa.Table, codes: Any) -> pa.Table:
         """The keys of ``rows`` (a batch of a staged file) that main holds."""
         keys = list(self.contract.dedup_key)
-        rows = _plain(rows)
+        rows = decoded_columns(rows)
         near = self.rows
         if self.distinct is not None and near.num_rows:
             mine_values = _unique(rows.column(self.series))

@@ -22,7 +22,12 @@ from pyiceberg.typedef import Record
 
 from timelake.model.commit import NAN_COUNTS, file_statistics
 from timelake.model.contract import Contract
+from timelake.model.diff import (
+    KINDS, SAMPLES, cell_schema, cells_of, compared_columns, compares, decoded_columns, differs, facts_uri, sample,
+    segments, series_labels, weights_of, write_facts,
+)
 from timelake.model.layout import MainReader, stable_argsort, stream_range
+from timelake.model.timeutil import US_PER_DAY
 from timelake.model.lineage import planned_view
 from timelake.model.spec import JobSpec
 from timelake.ports.files import filesystem, make_parent
@@ -59,20 +64,49 @@ def _write_unit(rt: Runtime, job_id: str, unit_id: str, main: MainReader | None)
     table = planned_view(rt.load_table(spec.table), job.state)
     contract = Contract.from_table(table)
     read = spill.SpillRead()
-    rows = _read_slice(unit, table.schema().as_arrow(), contract, read)
-    result = write_rows(table, contract, spec.mode, job_id, unit, rows, main)
+    target = table.schema().as_arrow()
+    rows = _read_slice(unit, target, contract, read)
+    compare = None
+    if compares(spec.mode, spec.diff):
+        old = _main_rows(unit, read) if spec.mode == "replace" else None
+        compare = Compare(compared_columns(target, contract), old)
+    result, facts = write_rows(table, contract, spec.mode, job_id, unit, rows, main, compare, predict=spec.dry_run)
+    if facts is not None:
+        write_facts(facts_uri(rt, job_id, "units", unit_id), *facts)
     result["spill_bytes_read"] = read.bytes_read
     result["seconds"] = round(time.monotonic() - started, 3)
     rt.store.complete_unit(job_id, unit_id, result)
     return result
 
 
+@dataclass
+class Compare:
+    """What a unit compares its rows with for the job's diff (`timelake.model.diff`): the compared
+    columns and, in replace mode, main's rows of the unit's partition and series buckets as the plan
+    found them, a read at a time (None in merge mode, where main's rows stay as they are)."""
+
+    columns: list[str]
+    old: Iterable[pa.Table] | None = None
+
+
+def _main_rows(unit: UnitRecord, counter: spill.SpillRead) -> Iterable[pa.Table]:
+    """Main's rows of the unit's partition and buckets, from the spills of the main tasks whose time span
+    meets the partition (`timelake.steps.diff`): the bytes of this unit's buckets only."""
+    return spill.read(unit.info.get("main_spill", []), (unit.info["spec_id"], unit.info["value"]), unit.info["buckets"], counter)
+
+
+Facts = tuple[pa.Table, dict[str, list[dict[str, Any]]]]
+
+
 def write_rows(table: Any, contract: Contract, mode: str, job_id: str, unit: UnitRecord, rows: pa.Table,
-               main: MainReader | None = None) -> dict[str, Any]:
+               main: MainReader | None = None, compare: Compare | None = None,
+               predict: bool = False) -> tuple[dict[str, Any], Facts | None]:
     """A unit's rows as its file: sorted, the last source row of each key kept, in merge mode the keys
-    main holds in the unit's partition dropped; returns what the unit records (counts, file, statistics).
-    The write step calls it on rows read from the spill; a scan on a partition it holds whole."""
+    main holds in the unit's partition dropped; returns what the unit records (counts, file, statistics)
+    and, with ``compare``, its part of the job's diff (cells and sample rows). ``predict`` (a dry run)
+    writes no file. The write step calls it on rows read from the spill; a scan on a partition it holds whole."""
     order, dup_sum, duplicates, codes = sorted_order(rows, contract)
+    seg = segments(codes.columns, len(contract.series_key)) if compare is not None else None
     conflicts, conflict_sum = 0, 0.0
     if mode == "merge" and len(order) and table.current_snapshot() is not None:
         existing = (main.batches(table, unit.info["start"], unit.info["end"]) if main is not None else
@@ -83,15 +117,142 @@ def write_rows(table: Any, contract: Contract, mode: str, job_id: str, unit: Uni
         del keyed
         if mask.any():
             order, conflicts, conflict_sum = _drop_marked(rows, order, mask, contract)
+            seg = seg[~mask] if seg is not None else None
+    facts = _compare(rows, order, seg, codes, contract, compare) if compare is not None and seg is not None else None
     del codes  # the file is written from the rows and their order alone
     result: dict[str, Any] = {
         "rows_in": rows.num_rows, "rows_written": len(order), "rows_duplicate_in_source": duplicates,
         "rows_conflicting_existing": conflicts, "duplicate_sum": dup_sum, "conflict_sum": conflict_sum,
         "path": None, "bytes": 0, "spec_id": unit.info["spec_id"], "value": unit.info["value"],
     }
-    if len(order):
+    if len(order) and not predict:
         result.update(write_file(table, rows, unit_path(table, job_id, unit), order))
-    return result
+    return result, facts
+
+
+def _compare(rows: pa.Table, order: np.ndarray, seg: np.ndarray, codes: KeyCodes, contract: Contract,
+             compare: Compare) -> Facts:
+    """The unit's cells of the job's diff: its rows per day and series (``seg`` numbers them in ``order``,
+    `diff.segments`), and in replace mode how they meet main's rows of the unit's slice: keys in both,
+    values that changed, rows only one side holds, with a few of each side by side. Main's rows come a
+    read at a time and are matched by binary search among the unit's packed keys (its sort codes,
+    packed in place), so the unit holds its own rows and one read of main's."""
+    columns, schema = compare.columns, cell_schema(compare.columns)
+    firsts, starts = np.unique(seg, return_index=True)
+    dense = seg if len(firsts) == 0 or firsts[-1] == len(firsts) - 1 else np.searchsorted(firsts, seg).astype(np.int32)
+    cells = len(firsts)
+    counted: dict[str, np.ndarray] = {"rows_after": np.bincount(dense, minlength=cells).astype(np.float64)}
+    by_row = np.full(rows.num_rows, cells, dtype=np.int32)  # the cell of each row written; dropped rows count nowhere
+    by_row[order] = dense
+    for column in columns:
+        values, valid = weights_of(rows.column(column))
+        counted[f"{column}.count_after"] = np.bincount(by_row, weights=valid, minlength=cells + 1)[:cells]
+        if values is not None:
+            counted[f"{column}.sum_after"] = np.bincount(by_row, weights=values, minlength=cells + 1)[:cells]
+    del by_row
+    samples: dict[str, list[dict[str, Any]]] = {kind: [] for kind in KINDS}
+    keys = list(contract.dedup_key)
+    firsts_at = rows.select(contract.sort_columns).take(pa.array(order[starts]))
+    codes_of, labels = series_labels(firsts_at, contract.series_key)
+    label = labels.take(pa.array(codes_of))
+    unmatched = np.arange(len(order))
+    if compare.old is not None:
+        matched = np.zeros(len(order), dtype=bool)
+        for name in ("in_both", "changed", *(f"{c}.changed" for c in columns)):
+            counted[name] = np.zeros(cells)
+        pairs = _Pairs(rows, order, codes, contract)
+        for old in compare.old:
+            pos, at = pairs.of(old)
+            matched[pos] = True
+            counted["in_both"] += np.bincount(dense[pos], minlength=cells)
+            any_changed = np.zeros(len(pos), dtype=bool)
+            if len(pos):
+                for column in columns:
+                    changed = differs(old.column(column).take(pa.array(at)), rows.column(column).take(pa.array(order[pos])))
+                    counted[f"{column}.changed"] += np.bincount(dense[pos[changed]], minlength=cells)
+                    any_changed |= changed
+            counted["changed"] += np.bincount(dense[pos[any_changed]], minlength=cells)
+            _sample_pairs(samples, rows, order, old, pos[any_changed], at[any_changed], label, dense, keys, columns, contract)
+            if len(samples["only_before"]) < SAMPLES:
+                alone = np.ones(old.num_rows, dtype=bool)
+                alone[at] = False
+                _sample_side(samples, "only_before", old.take(pa.array(np.flatnonzero(alone)[:SAMPLES])), keys, columns, contract)
+        counted["only_after"] = counted["rows_after"] - np.bincount(dense[matched], minlength=cells)
+        unmatched = np.flatnonzero(~matched)
+    else:
+        counted["only_after"] = counted["rows_after"]
+    _sample_side(samples, "only_after", rows.take(pa.array(order[unmatched[:SAMPLES]])), keys, columns, contract)
+    time_codes = firsts_at.column(contract.time_column).cast(pa.int64()).to_numpy(zero_copy_only=False)
+    return cells_of(schema, time_codes // US_PER_DAY, label, counted), samples
+
+
+class _Pairs:
+    """Matches main's rows with a unit's, key by key: by binary search among the unit's keys packed into
+    one int64 each (`KeyPacker`, in place of its sort codes) for the usual key, else by Arrow's join."""
+
+    def __init__(self, rows: pa.Table, order: np.ndarray, codes: KeyCodes, contract: Contract) -> None:
+        self.rows, self.order, self.contract = rows, order, contract
+        self.packer: KeyPacker | None = None
+        self.mine = np.empty(0, dtype=np.int64)
+        series = packed_series(contract)
+        if len(order) and codes.packs(contract) and codes.columns:
+            ranks, times = codes.columns[0], codes.columns[1]
+            self.packer = KeyPacker.fit(series, contract.time_column, codes.distinct[series], int(times.min()), int(times.max()))
+            if self.packer is not None:
+                reuse = times.flags.writeable and times.dtype == np.int64
+                self.mine = self.packer.pack(ranks, times, out=times if reuse else None)  # ascending: rows sorted, keys unique
+                codes.columns.clear()
+        self.keyed: pa.Table | None = None
+
+    def of(self, old: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+        """(positions in ``order``, row numbers of ``old``) of the rows whose keys are equal."""
+        if not len(self.order) or not old.num_rows:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        if self.packer is not None:
+            theirs, at = self.packer.pack_rows(old)
+            pos = np.minimum(np.searchsorted(self.mine, theirs), len(self.mine) - 1)
+            hit = self.mine[pos] == theirs
+            return pos[hit].astype(np.int64), at[hit].astype(np.int64)
+        keys = list(self.contract.dedup_key)
+        if self.keyed is None:
+            mine = decoded_columns(self.rows.select(keys).take(pa.array(self.order)))
+            self.keyed = mine.append_column("__mine", pa.array(np.arange(len(self.order))))
+        theirs = decoded_columns(old.select(keys)).cast(self.keyed.select(keys).schema)
+        theirs = theirs.append_column("__theirs", pa.array(np.arange(old.num_rows)))
+        joined = self.keyed.join(theirs, keys=keys, join_type="inner")
+        return (joined.column("__mine").to_numpy().astype(np.int64), joined.column("__theirs").to_numpy().astype(np.int64))
+
+
+def _sample_pairs(samples: dict[str, list[dict[str, Any]]], rows: pa.Table, order: np.ndarray, old: pa.Table,
+                  pos: np.ndarray, at: np.ndarray, label: pa.Array, dense: np.ndarray, keys: list[str], columns: list[str],
+                  contract: Contract) -> None:
+    """Keep the first changed rows (in the table's order), before and after side by side."""
+    room = SAMPLES - len(samples["changed"])
+    if room <= 0 or not len(pos):
+        return
+    first = np.argsort(pos, kind="stable")[:room]
+    after = rows.select(keys + columns).take(pa.array(order[pos[first]])).to_pylist()
+    before = old.select(columns).take(pa.array(at[first])).to_pylist()
+    for i, new, was in zip(first.tolist(), after, before):
+        key = {k: new[k] for k in keys}
+        samples["changed"].append(sample(key, contract.time_column, was, {c: new[c] for c in columns},
+                                         label[int(dense[pos[i]])].as_py()))
+
+
+def _sample_side(samples: dict[str, list[dict[str, Any]]], kind: str, rows: pa.Table, keys: list[str],
+                 columns: list[str], contract: Contract) -> None:
+    """Keep a few rows that only one side holds."""
+    room = SAMPLES - len(samples[kind])
+    if room <= 0 or not rows.num_rows:
+        return
+    picked = rows.slice(0, room)
+    codes, labels = series_labels(picked, contract.series_key)
+    for i, row in enumerate(picked.select(keys + columns).to_pylist()):
+        values = {c: row[c] for c in columns}
+        key = {k: row[k] for k in keys}
+        label = labels[int(codes[i])].as_py()
+        samples[kind].append(sample(key, contract.time_column, values if kind == "only_before" else None,
+                                    values if kind == "only_after" else None, label))
 
 
 def _read_slice(unit: UnitRecord, target: pa.Schema, contract: Contract, counter: spill.SpillRead) -> pa.Table:
