@@ -95,7 +95,7 @@ def check(rt: Runtime, job_id: str, source: Any = None) -> dict[str, Any]:
     job = rt.store.get_job(job_id)
     report = build(rt, job, units, snapshot_id, source)
     if changed is not None:  # what the day changes on main, before anyone approves it
-        report["diff"] = {k: changed[k] for k in ("range", "totals", "by_column", "by_day", "by_series", "samples")}
+        report["diff"] = changed
     rt.store.update_job(job_id, AWAITING, canary_report=report, canary_snapshot_id=snapshot_id,
                         awaiting_since=time.time())
     return {"job_id": job_id, "phase": AWAITING, "day": chosen["day"], "passed": True}

@@ -31,7 +31,7 @@ from pyiceberg.manifest import DataFile
 from timelake.errors import ValidationFailed
 from timelake.model.commit import staged_files
 from timelake.model.contract import Contract
-from timelake.model.diff import decoded_columns
+from timelake.model.diff import decoded_columns, series_labels
 from timelake.model.layout import PartitionKey, SnapshotRange
 from timelake.model.lineage import Lineage, Origin, PlanMark, planned_view
 from timelake.model.spec import JobSpec
@@ -391,8 +391,11 @@ def _file_facts(contract: Contract, state: dict[str, Any], mains: dict[str, Snap
         parquet = pq.ParquetFile(handle, metadata=stored, read_dictionary=text or None)  # codes, not a string a row
         series = packed_series(contract)
         # the series are needed before the pass only to pack keys against main; else the pass collects them
+        # (a key of several columns as their values joined: the files of a partition share no series, not
+        # no value of its first column)
         first_series = contract.series_key[0] if contract.series_key else None
-        early = first_series is not None and (bool(mains and series) or first_series not in columns)
+        several = len(contract.series_key) > 1 and set(contract.series_key) <= set(columns)
+        early = first_series is not None and not several and (bool(mains and series) or first_series not in columns)
         if early:
             facts.series = _distinct(parquet, first_series)
         seen: list[pa.Array] = []
@@ -401,7 +404,9 @@ def _file_facts(contract: Contract, state: dict[str, Any], mains: dict[str, Snap
         nears = {name: _Near(main.batches(lo, hi).read_all(), contract) for name, main in mains.items()} if packer is None else {}
         for batch in parquet.iter_batches(batch_size=BATCH_ROWS, columns=columns, use_threads=False):
             rows = pa.Table.from_batches([batch])
-            if first_series is not None and not early:
+            if several:
+                seen.append(series_labels(rows, contract.series_key)[1])
+            elif first_series is not None and not early:
                 seen.append(_unique(rows.column(first_series)))
             codes = sort_key_codes(rows, contract)
             unsorted_at, dup_mask = _order(codes.columns)
@@ -431,7 +436,9 @@ def _file_facts(contract: Contract, state: dict[str, Any], mains: dict[str, Snap
             last = {k: rows.column(k)[rows.num_rows - 1].as_py() for k in keys}
             offset += rows.num_rows
         time_type = parquet.schema_arrow.field(contract.time_column).type
-        if first_series is not None and not early:
+        if several:
+            facts.series = _sorted_distinct(seen, pa.string())
+        elif first_series is not None and not early:
             facts.series = _sorted_distinct(seen, parquet.schema_arrow.field(first_series).type)
     if packed is not None:
         for name, main in mains.items():
