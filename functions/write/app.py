@@ -1,4 +1,5 @@
-"""Write Lambda: one work unit, one Parquet file. Input: one item of the units manifest."""
+"""Write Lambda: one work unit, one Parquet file. Input: one item of the units manifest (or of a diff's
+main tasks, which read main's range before the units)."""
 
 from typing import Any
 
@@ -6,7 +7,8 @@ from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from timelake.interfaces.service import UnitEvent, lambda_runtime
+from timelake.interfaces.service import MainTaskEvent, UnitEvent, lambda_runtime
+from timelake.steps.diff import read_main
 from timelake.steps.write import write_unit
 
 logger, tracer, metrics = Logger(), Tracer(), Metrics()
@@ -16,6 +18,12 @@ logger, tracer, metrics = Logger(), Tracer(), Metrics()
 @tracer.capture_lambda_handler
 @metrics.log_metrics
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+    if "main_task" in event:  # the write Map runs a diff's main tasks before the units (they read main's range)
+        task = MainTaskEvent.model_validate(event)
+        logger.append_keys(job_id=task.job_id, main_task=task.main_task)
+        read = read_main(lambda_runtime(), task.job_id, task.main_task)
+        metrics.add_metric(name="MainRowsRead", unit=MetricUnit.Count, value=read.get("rows", 0))
+        return {"main_task": task.main_task, "rows": read.get("rows", 0)}
     unit = UnitEvent.model_validate(event)
     logger.append_keys(job_id=unit.job_id, unit_id=unit.unit_id)
     result = write_unit(lambda_runtime(), unit.job_id, unit.unit_id)

@@ -174,8 +174,7 @@ def run(
                                                     "'duckdb:' and the query field)")] = None,
     measurement: Annotated[Optional[str], typer.Option("--measurement", help=field_help("measurement"))] = None,
     reason: Annotated[Optional[str], typer.Option("--reason", metavar="TEXT", help=field_help("reason"))] = None,
-    no_diff: Annotated[bool, typer.Option("--no-diff", help="Do not compute the diff (see the job field diff): one "
-                                          "read of main's range less")] = False,
+    diff: Annotated[Optional[bool], typer.Option("--diff/--no-diff", help=field_help("diff"))] = None,
     precision: Annotated[Optional[str], typer.Option("--precision", help=field_help("precision"))] = None,
     null_values: Annotated[Optional[list[str]], typer.Option("--null-values", help=field_help("null_values"))] = None,
     on_bad_value: Annotated[Optional[str], typer.Option("--on-bad-value", help=field_help("on_bad_value"))] = None,
@@ -200,7 +199,7 @@ def run(
         "source_rows_per_second": source_rows_per_second, "measurement": measurement, "precision": precision,
         "null_values": null_values, "on_bad_value": on_bad_value, "delimiter": delimiter, "decimal": decimal,
         "timestamp_format": timestamp_format, "skip_rows": skip_rows, "encoding": encoding, "reason": reason,
-        "diff": False if no_diff else None,
+        "diff": diff,
     }
     fields.update({k: v for k, v in given.items() if v is not None})
     fields["table"] = table

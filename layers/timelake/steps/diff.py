@@ -179,8 +179,9 @@ def conclude(rt: Runtime, job_id: str, scope: str = "job", units: list[UnitRecor
     missing = [u.unit_id for u in units if u.status != "done"]
     if missing:
         raise BackfillError(f"job {job_id}: the diff needs every unit written; {len(missing)} are not (first: {missing[0]})")
-    tasks = len(read_json(rt, job_id, MAIN_TASKS) or [])
-    uris = [facts_uri(rt, job_id, "main", main_task_name(i)) for i in range(tasks)]
+    tasks = [i for i, t in enumerate(read_json(rt, job_id, MAIN_TASKS) or [])
+             if span is None or (t["start"] < span[1] and t["end"] > span[0])]
+    uris = [facts_uri(rt, job_id, "main", main_task_name(i)) for i in tasks]
     with ThreadPoolExecutor(max_workers=FACT_READERS) as pool:
         main = list(pool.map(read_facts, uris))
         found = list(pool.map(lambda u: read_facts(facts_uri(rt, job_id, "units", u.unit_id)), units))
