@@ -211,20 +211,55 @@ def _group(row: dict[str, Any], columns: list[str]) -> dict[str, Any]:
     return result
 
 
-def segments(codes: list[np.ndarray], series_columns: int) -> np.ndarray:
-    """Rows in the table's sort order (their sort codes: series key columns, then time) numbered by run
-    of one series and UTC day: the cells of a unit are its runs, so counting them is a pass, not a sort."""
+CHUNK = 1 << 20  # rows whose temporaries a pass holds at once
+
+
+def runs(codes: list[np.ndarray], series_columns: int) -> np.ndarray:
+    """Where the runs of one series and UTC day start among rows in the table's sort order (their sort
+    codes: series key columns, then time): the cells of a unit are its runs, so counting them is a pass,
+    not a sort. Found a chunk at a time, so the pass holds a run's start each and little else; a unit
+    within one day (a day's or an hour's partition) looks at its series alone."""
     n = len(codes[series_columns]) if len(codes) > series_columns else 0
     if not n:
-        return np.zeros(0, dtype=np.int32)
-    days = codes[series_columns] // US_PER_DAY
-    change = days[1:] != days[:-1]
-    for column in codes[:series_columns]:
-        change |= column[1:] != column[:-1]
-    seg = np.empty(n, dtype=np.int32)
-    seg[0] = 0
-    np.cumsum(change, out=seg[1:])
-    return seg
+        return np.zeros(0, dtype=np.int64)
+    times = codes[series_columns]
+    one_day = int(times.min()) // US_PER_DAY == int(times.max()) // US_PER_DAY
+    edges = [np.zeros(1, dtype=np.int64)]
+    for i in range(0, n, CHUNK):
+        j, lo = min(n, i + CHUNK), max(i - 1, 0)
+        change = np.zeros(j - lo - 1, dtype=bool)
+        if not one_day:
+            days = times[lo:j] // US_PER_DAY
+            change |= days[1:] != days[:-1]
+        for column in codes[:series_columns]:
+            part = column[lo:j]
+            change |= part[1:] != part[:-1]
+        edges.append(np.flatnonzero(change) + lo + 1)
+    return np.concatenate(edges)
+
+
+def kept_runs(starts: np.ndarray, dropped: np.ndarray) -> np.ndarray:
+    """The runs' starts once the rows ``dropped`` marks are gone (merge mode's conflicts); a run left
+    without rows goes. A chunk at a time: the marks are counted, not listed whole."""
+    before = np.zeros(len(starts), dtype=np.int64)  # rows dropped before each start
+    seen = 0
+    for i in range(0, len(dropped), CHUNK):
+        marked = np.flatnonzero(dropped[i:i + CHUNK]) + i
+        inside = (starts >= i) & (starts < i + CHUNK)
+        before[inside] = seen + np.searchsorted(marked, starts[inside])
+        seen += len(marked)
+    moved = starts - before
+    ends = np.append(moved[1:], len(dropped) - seen)
+    return moved[ends > moved]
+
+
+def chunk_runs(starts: np.ndarray, i: int, j: int) -> tuple[np.ndarray, np.ndarray]:
+    """Rows [i, j) of runs starting at ``starts``: where each run present starts within them, and its number."""
+    first = int(np.searchsorted(starts, i, side="right")) - 1
+    last = int(np.searchsorted(starts, j, side="left"))
+    local = starts[first:last] - i
+    local[0] = 0
+    return local, np.arange(first, last)
 
 
 def differs(before: pa.Array | pa.ChunkedArray, after: pa.Array | pa.ChunkedArray) -> np.ndarray:
@@ -242,11 +277,11 @@ def _numpy(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
     return values.to_numpy(zero_copy_only=False)
 
 
-def weights_of(column: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray | None, np.ndarray]:
+def weights_of(column: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray | None, np.ndarray | None]:
     """A column as weights to count cells with: its values (nulls as 0; None when it cannot be summed)
-    and 1 where it holds a value."""
+    and 1 where it holds a value (None when every row does)."""
     values = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    valid = np.ones(len(values)) if values.null_count == 0 else _numpy(values.is_valid()).astype(np.float64)
+    valid = None if values.null_count == 0 else _numpy(values.is_valid()).astype(np.float64)
     if not summable(values.type):
         return None, valid
     numbers = values if pa.types.is_floating(values.type) else values.cast(pa.float64())

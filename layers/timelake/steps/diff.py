@@ -94,7 +94,7 @@ def read_main(rt: Runtime, job_id: str, task: int) -> dict[str, Any]:
             weights: dict[str, np.ndarray] = {"rows_before": np.ones(rows.num_rows)}
             for column in columns:
                 values, valid = weights_of(rows.column(column))
-                weights[f"{column}.count_before"] = valid
+                weights[f"{column}.count_before"] = weights["rows_before"] if valid is None else valid
                 if values is not None:
                     weights[f"{column}.sum_before"] = values
             parts.append(count_cells(columns, days, series, labels, weights))

@@ -23,8 +23,8 @@ from pyiceberg.typedef import Record
 from timelake.model.commit import NAN_COUNTS, file_statistics
 from timelake.model.contract import Contract
 from timelake.model.diff import (
-    KINDS, SAMPLES, cell_schema, cells_of, compared_columns, compares, decoded_columns, differs, facts_uri, sample,
-    segments, series_labels, weights_of, write_facts,
+    KINDS, SAMPLES, cell_schema, cells_of, chunk_runs, compared_columns, compares, decoded_columns, differs, facts_uri,
+    kept_runs, runs, sample, series_labels, weights_of, write_facts,
 )
 from timelake.model.layout import MainReader, stable_argsort, stream_range
 from timelake.model.timeutil import US_PER_DAY
@@ -106,7 +106,7 @@ def write_rows(table: Any, contract: Contract, mode: str, job_id: str, unit: Uni
     and, with ``compare``, its part of the job's diff (cells and sample rows). ``predict`` (a dry run)
     writes no file. The write step calls it on rows read from the spill; a scan on a partition it holds whole."""
     order, dup_sum, duplicates, codes = sorted_order(rows, contract)
-    seg = segments(codes.columns, len(contract.series_key)) if compare is not None else None
+    starts = runs(codes.columns, len(contract.series_key)) if compare is not None else None
     conflicts, conflict_sum = 0, 0.0
     if mode == "merge" and len(order) and table.current_snapshot() is not None:
         existing = (main.batches(table, unit.info["start"], unit.info["end"]) if main is not None else
@@ -117,9 +117,12 @@ def write_rows(table: Any, contract: Contract, mode: str, job_id: str, unit: Uni
         del keyed
         if mask.any():
             order, conflicts, conflict_sum = _drop_marked(rows, order, mask, contract)
-            seg = seg[~mask] if seg is not None else None
-    facts = _compare(rows, order, seg, codes, contract, compare) if compare is not None and seg is not None else None
+            starts = kept_runs(starts, mask) if starts is not None else None
+    # replace mode packs the unit's keys in place of its sort codes, to match main's rows against them
+    pairs = _Pairs(rows, order, codes, contract) if compare is not None and compare.old is not None else None
     del codes  # the file is written from the rows and their order alone
+    facts = _compare(rows, order, starts, contract, compare, pairs) if compare is not None and starts is not None else None
+    del pairs
     result: dict[str, Any] = {
         "rows_in": rows.num_rows, "rows_written": len(order), "rows_duplicate_in_source": duplicates,
         "rows_conflicting_existing": conflicts, "duplicate_sum": dup_sum, "conflict_sum": conflict_sum,
@@ -130,60 +133,81 @@ def write_rows(table: Any, contract: Contract, mode: str, job_id: str, unit: Uni
     return result, facts
 
 
-def _compare(rows: pa.Table, order: np.ndarray, seg: np.ndarray, codes: KeyCodes, contract: Contract,
-             compare: Compare) -> Facts:
-    """The unit's cells of the job's diff: its rows per day and series (``seg`` numbers them in ``order``,
-    `diff.segments`), and in replace mode how they meet main's rows of the unit's slice: keys in both,
-    values that changed, rows only one side holds, with a few of each side by side. Main's rows come a
-    read at a time and are matched by binary search among the unit's packed keys (its sort codes,
-    packed in place), so the unit holds its own rows and one read of main's."""
+def _compare(rows: pa.Table, order: np.ndarray, starts: np.ndarray, contract: Contract, compare: Compare,
+             pairs: "_Pairs | None") -> Facts:
+    """The unit's cells of the job's diff: its rows per day and series (the runs at ``starts`` in ``order``,
+    `diff.runs`), and in replace mode how they meet main's rows of the unit's slice (``pairs``): keys in
+    both, values that changed, rows only one side holds, with a few of each side by side. Main's rows
+    come a read at a time and the unit's values a chunk at a time, so the comparison adds a flag a row
+    (replace mode) to what the writer holds."""
     columns, schema = compare.columns, cell_schema(compare.columns)
-    firsts, starts = np.unique(seg, return_index=True)
-    dense = seg if len(firsts) == 0 or firsts[-1] == len(firsts) - 1 else np.searchsorted(firsts, seg).astype(np.int32)
-    cells = len(firsts)
-    counted: dict[str, np.ndarray] = {"rows_after": np.bincount(dense, minlength=cells).astype(np.float64)}
-    by_row = np.full(rows.num_rows, cells, dtype=np.int32)  # the cell of each row written; dropped rows count nowhere
-    by_row[order] = dense
+    size = len(starts)
+    counted: dict[str, np.ndarray] = {"rows_after": np.zeros(size)}
     for column in columns:
-        values, valid = weights_of(rows.column(column))
-        counted[f"{column}.count_after"] = np.bincount(by_row, weights=valid, minlength=cells + 1)[:cells]
-        if values is not None:
-            counted[f"{column}.sum_after"] = np.bincount(by_row, weights=values, minlength=cells + 1)[:cells]
-    del by_row
+        counted[f"{column}.count_after"] = np.zeros(size)
+        counted[f"{column}.sum_after"] = np.zeros(size)
+    for i in range(0, len(order), COMPACT_ROWS):  # runs of one cell: a sequential sum each
+        j = min(len(order), i + COMPACT_ROWS)
+        firsts, cells = chunk_runs(starts, i, j)
+        lengths = np.diff(np.append(firsts, j - i))
+        at = pa.array(order[i:j])
+        counted["rows_after"][cells] += lengths
+        for column in columns:
+            values, valid = weights_of(rows.column(column).take(at))
+            counted[f"{column}.count_after"][cells] += lengths if valid is None else np.add.reduceat(valid, firsts)
+            if values is not None:
+                counted[f"{column}.sum_after"][cells] += np.add.reduceat(values, firsts)
     samples: dict[str, list[dict[str, Any]]] = {kind: [] for kind in KINDS}
     keys = list(contract.dedup_key)
     firsts_at = rows.select(contract.sort_columns).take(pa.array(order[starts]))
     codes_of, labels = series_labels(firsts_at, contract.series_key)
     label = labels.take(pa.array(codes_of))
-    unmatched = np.arange(len(order))
-    if compare.old is not None:
+    matched = None
+    if pairs is not None and compare.old is not None:
         matched = np.zeros(len(order), dtype=bool)
         for name in ("in_both", "changed", *(f"{c}.changed" for c in columns)):
-            counted[name] = np.zeros(cells)
-        pairs = _Pairs(rows, order, codes, contract)
+            counted[name] = np.zeros(size)
         for old in compare.old:
             pos, at = pairs.of(old)
             matched[pos] = True
-            counted["in_both"] += np.bincount(dense[pos], minlength=cells)
+            cell = np.searchsorted(starts, pos, side="right") - 1
+            counted["in_both"] += np.bincount(cell, minlength=size)
             any_changed = np.zeros(len(pos), dtype=bool)
             if len(pos):
                 for column in columns:
                     changed = differs(old.column(column).take(pa.array(at)), rows.column(column).take(pa.array(order[pos])))
-                    counted[f"{column}.changed"] += np.bincount(dense[pos[changed]], minlength=cells)
+                    counted[f"{column}.changed"] += np.bincount(cell[changed], minlength=size)
                     any_changed |= changed
-            counted["changed"] += np.bincount(dense[pos[any_changed]], minlength=cells)
-            _sample_pairs(samples, rows, order, old, pos[any_changed], at[any_changed], label, dense, keys, columns, contract)
+            counted["changed"] += np.bincount(cell[any_changed], minlength=size)
+            _sample_pairs(samples, rows, order, old, pos[any_changed], at[any_changed],
+                          label.take(pa.array(cell[any_changed])), keys, columns, contract)
             if len(samples["only_before"]) < SAMPLES:
                 alone = np.ones(old.num_rows, dtype=bool)
                 alone[at] = False
                 _sample_side(samples, "only_before", old.take(pa.array(np.flatnonzero(alone)[:SAMPLES])), keys, columns, contract)
-        counted["only_after"] = counted["rows_after"] - np.bincount(dense[matched], minlength=cells)
-        unmatched = np.flatnonzero(~matched)
+        counted["only_after"] = counted["rows_after"].copy()
+        for i in range(0, len(order), COMPACT_ROWS):
+            j = min(len(order), i + COMPACT_ROWS)
+            firsts, cells = chunk_runs(starts, i, j)
+            counted["only_after"][cells] -= np.add.reduceat(matched[i:j].astype(np.int32), firsts)
     else:
         counted["only_after"] = counted["rows_after"]
-    _sample_side(samples, "only_after", rows.take(pa.array(order[unmatched[:SAMPLES]])), keys, columns, contract)
+    alone = _first_unmatched(matched, len(order), SAMPLES)
+    _sample_side(samples, "only_after", rows.take(pa.array(order[alone])), keys, columns, contract)
     time_codes = firsts_at.column(contract.time_column).cast(pa.int64()).to_numpy(zero_copy_only=False)
     return cells_of(schema, time_codes // US_PER_DAY, label, counted), samples
+
+
+def _first_unmatched(matched: np.ndarray | None, rows: int, count: int) -> np.ndarray:
+    """The first ``count`` positions not ``matched`` (all positions when nothing was matched against)."""
+    if matched is None:
+        return np.arange(min(rows, count))
+    found: list[np.ndarray] = []
+    for i in range(0, rows, COMPACT_ROWS):
+        found.append(np.flatnonzero(~matched[i:i + COMPACT_ROWS])[:count] + i)
+        if sum(len(f) for f in found) >= count:
+            break
+    return np.concatenate(found)[:count] if found else np.zeros(0, dtype=np.int64)
 
 
 class _Pairs:
@@ -224,9 +248,10 @@ class _Pairs:
 
 
 def _sample_pairs(samples: dict[str, list[dict[str, Any]]], rows: pa.Table, order: np.ndarray, old: pa.Table,
-                  pos: np.ndarray, at: np.ndarray, label: pa.Array, dense: np.ndarray, keys: list[str], columns: list[str],
+                  pos: np.ndarray, at: np.ndarray, labels: pa.Array, keys: list[str], columns: list[str],
                   contract: Contract) -> None:
-    """Keep the first changed rows (in the table's order), before and after side by side."""
+    """Keep the first changed rows (in the table's order), before and after side by side; ``labels``: each
+    pair's series."""
     room = SAMPLES - len(samples["changed"])
     if room <= 0 or not len(pos):
         return
@@ -235,8 +260,7 @@ def _sample_pairs(samples: dict[str, list[dict[str, Any]]], rows: pa.Table, orde
     before = old.select(columns).take(pa.array(at[first])).to_pylist()
     for i, new, was in zip(first.tolist(), after, before):
         key = {k: new[k] for k in keys}
-        samples["changed"].append(sample(key, contract.time_column, was, {c: new[c] for c in columns},
-                                         label[int(dense[pos[i]])].as_py()))
+        samples["changed"].append(sample(key, contract.time_column, was, {c: new[c] for c in columns}, labels[i].as_py()))
 
 
 def _sample_side(samples: dict[str, list[dict[str, Any]]], kind: str, rows: pa.Table, keys: list[str],
