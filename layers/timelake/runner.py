@@ -24,7 +24,9 @@ from timelake.errors import Aborted, BackfillError, FilesLost, Interrupted
 from timelake.followup import refresh as followup
 from timelake.model.contract import Contract
 from timelake.model.faults import checkpoint
+from timelake.model.diff import MainAtPlan
 from timelake.model.layout import MainReader
+from timelake.model.lineage import planned_view
 from timelake.model.limits import limits
 from timelake.model.report import NEXT_STEP
 from timelake.model.spec import JobSpec
@@ -36,6 +38,7 @@ from timelake.steps.abort import abort
 from timelake.steps.plan import cut, pending_pieces, plan, scan
 from timelake.steps.publish import publish
 from timelake.steps.scan import open_job_source
+from timelake.steps.spill import coded_columns
 from timelake.steps.stage import stage
 from timelake.steps.validate import CheckContext, check_file, check_items, plan_checks, validate
 from timelake.steps.write import write_unit
@@ -187,10 +190,14 @@ def _write_all(rt: Runtime, job_id: str, cancel: threading.Event | None, only: l
     units = rt.store.units(job_id)
     pending = [u.unit_id for u in units if u.status != "done" and (only is None or u.unit_id in only)]
     workers = min(spec.max_concurrency or os.cpu_count() or 1, len(pending)) if pending else 0
-    main = None
+    main: MainReader | MainAtPlan | None = None
     if spec.mode == "merge" and pending:
         contract = Contract.from_table(rt.load_table(spec.table))
         main = MainReader(contract.time_column, job.state["range_start"], job.state["range_end"], contract.dedup_key)
+    elif spec.mode == "replace" and job.state.get("diff") and pending:  # units that read main's rows of their partition
+        table = planned_view(rt.load_table(spec.table), job.state)
+        contract = Contract.from_table(table)
+        main = MainAtPlan(table, contract, job.state, job_id, coded_columns(table.schema().as_arrow(), contract.series_key))
     if workers <= 1:
         for unit_id in pending:
             _check(cancel, job_id, "while writing", rt)
@@ -247,7 +254,7 @@ def _check(cancel: threading.Event | None, job_id: str, doing: str, rt: Runtime 
 
 def _fan_out(
     rt: Runtime, job_id: str, step: str, items: list[Any], workers: int, tick: Callable[[], None],
-    cancel: threading.Event | None, threads: bool = False, shared: MainReader | CheckContext | None = None,
+    cancel: threading.Event | None, threads: bool = False, shared: MainReader | MainAtPlan | CheckContext | None = None,
 ) -> None:
     """Run ``step`` (scan, write or check) over ``items`` on a pool of processes, or of ``threads`` (which
     share ``shared``: merge mode's reader of main for writes, the job's check context for checks),
@@ -314,11 +321,11 @@ def _in_worker(config: dict[str, Any], step: str, job_id: str, item: Any) -> dic
 
 
 def _run_item(rt: Runtime, step: str, job_id: str, item: Any,
-              shared: MainReader | CheckContext | None = None) -> dict[str, Any]:
+              shared: MainReader | MainAtPlan | CheckContext | None = None) -> dict[str, Any]:
     if step == "scan":  # a worker of a fan-out, beside the others
         return scan(rt, job_id, item, shares_cores=True)
     if step == "write":
-        return write_unit(rt, job_id, item, shared if isinstance(shared, MainReader) else None)
+        return write_unit(rt, job_id, item, shared if isinstance(shared, MainReader | MainAtPlan) else None)
     if step == "main":
         return diff.read_main(rt, job_id, item)
     return check_file(rt, job_id, item["file"], item["spec_id"], item["partition"],

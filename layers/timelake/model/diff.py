@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import json
 import math
+import threading
+from collections.abc import Iterator
 from datetime import date, datetime, time
 from decimal import Decimal
 from typing import Any
@@ -27,9 +29,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from pyiceberg.manifest import DataFileContent
 
 from timelake.model.contract import Contract
-from timelake.model.layout import dense_unique, series_codes
+from timelake.model.layout import SnapshotRange, dense_unique, series_codes
+from timelake.model.lineage import Lineage, Origin, PlanMark
 from timelake.model.timeutil import US_PER_DAY
 from timelake.ports.files import filesystem, make_parent
 from timelake.ports.runtime import Runtime
@@ -104,11 +108,13 @@ def count_cells(columns: list[str], days: np.ndarray, codes: np.ndarray, labels:
     schema = cell_schema(columns)
     if not len(days):
         return schema.empty_table()
+    width = max(len(labels), 1)
     day_values, day_index, _ = dense_unique(days)
-    combined = day_index * max(len(labels), 1) + codes
-    cell_values, cell_index, _ = dense_unique(combined)
-    return cells_of(schema, day_values[cell_values // max(len(labels), 1)], labels.take(pa.array(cell_values % max(len(labels), 1))),
-                    {name: np.bincount(cell_index, weights=w, minlength=len(cell_values)) for name, w in weights.items()})
+    combined = day_index * width + codes  # a batch's few days times its series: a count per slot, no sort
+    slots = len(day_values) * width
+    present = np.flatnonzero(np.bincount(combined, minlength=slots))
+    sums = {name: np.bincount(combined, weights=w, minlength=slots)[present] for name, w in weights.items()}
+    return cells_of(schema, day_values[present // width], labels.take(pa.array(present % width)), sums)
 
 
 def cells_of(schema: pa.Schema, days: np.ndarray, labels: pa.Array, sums: dict[str, np.ndarray]) -> pa.Table:
@@ -369,3 +375,57 @@ def read_facts(uri: str) -> tuple[pa.Table, dict[str, list[dict[str, Any]]]] | N
         return None
     samples = json.loads((table.schema.metadata or {}).get(SAMPLES_KEY, b"{}"))
     return table.replace_schema_metadata(None), samples
+
+
+def mark_of(state: dict[str, Any]) -> PlanMark:
+    """The snapshot of main a job's diff compares with: the plan's (a dry run's cut takes one of its own)."""
+    return PlanMark(state["diff"]["base_snapshot_id"], state["diff"]["base_sequence_number"])
+
+
+def rows_at_plan(table: Any, mark: PlanMark, job_id: str, files: set[str] | None = None,
+                 rewrites: bool = True) -> tuple[int | None, Any]:
+    """Where main's rows of the plan are now: the snapshot to read (the plan's, while the metadata keeps
+    it) and a filter of its manifest entries: ``files`` of it (all, for None). Should another engine
+    have expired that snapshot, main's current files that hold rows of the plan (`lineage`): the named
+    files still there, and (``rewrites``) the files compactions wrote since."""
+    at_plan = mark.snapshot_id is not None and table.snapshot_by_id(mark.snapshot_id) is not None
+    if at_plan:
+        return mark.snapshot_id, lambda entry: (files is None or entry.data_file.content != DataFileContent.DATA
+                                                or entry.data_file.file_path in files)
+    lineage = Lineage(table, mark, job_id)
+    accepts = lineage.accepts((Origin.PLAN, Origin.REWRITE))
+
+    def keep(entry: Any) -> bool:
+        if not accepts(entry):
+            return False
+        if files is None or entry.data_file.content != DataFileContent.DATA or entry.data_file.file_path in files:
+            return True
+        return rewrites and lineage.origin(entry) == Origin.REWRITE
+
+    return None, keep
+
+
+class MainAtPlan:
+    """Main's rows of a replace job's range as the plan found them, for the units that read their own
+    partition's (`timelake.steps.diff`): planned once over the range (by the writers of one process
+    together) and read per unit, a row group at a time, the series dictionary-encoded."""
+
+    def __init__(self, table: Any, contract: Contract, state: dict[str, Any], job_id: str,
+                 dictionaries: tuple[str, ...]) -> None:
+        self._args = (table, contract, state, job_id)
+        self._dictionaries = dictionaries
+        self._plan: SnapshotRange | None = None
+        self._lock = threading.Lock()
+
+    def batches(self, start_us: int, end_us: int) -> Iterator[pa.Table]:
+        table, contract, state, job_id = self._args
+        lo, hi = max(start_us, state["range_start"]), min(end_us, state["range_end"])
+        if lo >= hi:
+            return iter(())
+        with self._lock:
+            if self._plan is None:
+                snapshot_id, keep = rows_at_plan(table, mark_of(state), job_id)
+                self._plan = SnapshotRange(table, contract.time_column, state["range_start"], state["range_end"],
+                                           tuple(table.schema().as_arrow().names), snapshot_id, keep)
+            plan = self._plan
+        return (pa.Table.from_batches([b]) for b in plan.batches(lo, hi, self._dictionaries) if b.num_rows)

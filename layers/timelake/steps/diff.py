@@ -20,23 +20,22 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
-from pyiceberg.manifest import DataFileContent
 
 from timelake.errors import BackfillError
 from timelake.model.contract import Contract
 from timelake.model.diff import (
-    SAMPLES, combine, compared_columns, count_cells, facts_uri, finish, keep_samples, plain, read_facts, sample,
-    series_labels, summarize, weights_of, write_facts,
+    SAMPLES, combine, compared_columns, count_cells, facts_uri, finish, keep_samples, mark_of, plain, read_facts,
+    rows_at_plan, sample, series_labels, summarize, weights_of, write_facts,
 )
-from timelake.model.layout import SnapshotRange, micros, partition_codes
-from timelake.model.lineage import Lineage, Origin, PlanMark, planned_view
+from timelake.model.layout import SnapshotRange, dense_unique, micros, partition_codes
+from timelake.model.lineage import planned_view
 from timelake.model.spec import JobSpec
 from timelake.model.timeutil import US_PER_DAY, iso
 from timelake.ports.files import filesystem, make_parent
 from timelake.ports.runtime import Runtime
 from timelake.ports.store import UnitRecord
 from timelake.steps import spill
-from timelake.steps.plan import MAIN_TASKS, clear_staging, context, main_spill_uri, read_json
+from timelake.steps.plan import LOCAL, MAIN_TASKS, clear_staging, context, main_spill_uri, read_json
 from timelake.steps.scan import HELD_BYTES, series_bucket
 
 FACT_READERS = 32  # facts files read at once when combining (thousands of small objects on S3)
@@ -63,11 +62,11 @@ def read_main(rt: Runtime, job_id: str, task: int) -> dict[str, Any]:
     columns = compared_columns(target, contract)
     cutoffs = context(spec, planned, job.state["planned_at_us"]).cutoffs
     definition = (read_json(rt, job_id, MAIN_TASKS) or [])[task]
+    local = set(read_json(rt, job_id, LOCAL) or [])  # partitions whose unit reads main's rows itself
     lo, hi = definition["start"], definition["end"]
-    mark = PlanMark(job.state["diff"]["base_snapshot_id"], job.state["diff"]["base_sequence_number"])
-    at_plan = mark.snapshot_id if mark.snapshot_id is not None and table.snapshot_by_id(mark.snapshot_id) is not None else None
-    reader = SnapshotRange(planned, contract.time_column, lo, hi, tuple(target.names), at_plan,
-                           _files_of(planned, mark, job_id, definition, at_plan is not None))
+    files = set(definition["files"]) if definition["files"] is not None else None
+    snapshot_id, keep = rows_at_plan(planned, mark_of(job.state), job_id, files, definition["rewrites"])
+    reader = SnapshotRange(planned, contract.time_column, lo, hi, tuple(target.names), snapshot_id, keep)
     dictionaries = spill.Dictionaries(target, contract.series_key)
     out = None
     if spec.mode == "replace":  # created even when it stays empty: the units read every spill their partition lists
@@ -77,14 +76,17 @@ def read_main(rt: Runtime, job_id: str, task: int) -> dict[str, Any]:
     parts, samples, rows_read = [], [], 0
     per_day: dict[int, int] = {}
     try:
-        for batch in reader.batches(lo, hi):
-            rows = pa.Table.from_batches([batch]).cast(target)
+        for batch in reader.batches(lo, hi, dictionaries.coded):
+            rows = pa.Table.from_batches([batch])
+            ts = micros(rows, contract.time_column)
+            codes, keys = partition_codes(ts, contract, cutoffs)
+            if local and any(k.name in local for k in keys):
+                mine = ~np.isin(codes, [i for i, k in enumerate(keys) if k.name in local])
+                rows, ts, codes = rows.filter(pa.array(mine)), ts[mine], codes[mine]
             if not rows.num_rows:
                 continue
             rows_read += rows.num_rows
-            ts = micros(rows, contract.time_column)
             if out is not None:
-                codes, keys = partition_codes(ts, contract, cutoffs)
                 buckets = series_bucket(rows, contract.series_key) if contract.series_key else None
                 out.hold(dictionaries.code(rows), [(k.spec_id, k.value) for k in keys], codes, buckets, rows.nbytes)
                 if out.held_bytes > HELD_BYTES:
@@ -109,35 +111,16 @@ def read_main(rt: Runtime, job_id: str, task: int) -> dict[str, Any]:
     return {"job_id": job_id, "task": task, "rows": rows_read}
 
 
-def _files_of(table: Any, mark: PlanMark, job_id: str, task: dict[str, Any], at_plan: bool) -> Any:
-    """Which of main's manifest entries a task reads: at the plan's snapshot, its files (all of its span's
-    when it names none). Should another engine have expired that snapshot, main's files now that hold
-    rows of the plan (`lineage`): its named files still there, and the files compactions wrote since,
-    which the first task of the span reads."""
-    files = set(task["files"]) if task["files"] is not None else None
-    if at_plan:
-        return lambda entry: files is None or entry.data_file.content != DataFileContent.DATA or entry.data_file.file_path in files
-    lineage = Lineage(table, mark, job_id)
-    accepts = lineage.accepts((Origin.PLAN, Origin.REWRITE))
-
-    def keep(entry: Any) -> bool:
-        if not accepts(entry):
-            return False
-        if files is None or entry.data_file.content != DataFileContent.DATA or entry.data_file.file_path in files:
-            return True
-        return bool(task["rewrites"]) and lineage.origin(entry) == Origin.REWRITE
-
-    return keep
-
-
 def _first_of_days(rows: pa.Table, days: np.ndarray, series: np.ndarray, labels: pa.Array, per_day: dict[int, int],
                    contract: Contract, columns: list[str]) -> list[dict[str, Any]]:
     """A few rows of each day the task has not kept enough of: the samples of a day the job removes whole."""
-    wanted = [d for d in np.unique(days).tolist() if per_day.get(d, 0) < SAMPLES]
+    present, index, _ = dense_unique(days)
+    wanted = [i for i, d in enumerate(present.tolist()) if per_day.get(d, 0) < SAMPLES]
     found = []
     keys = list(contract.dedup_key)
-    for day in wanted:
-        at = np.flatnonzero(days == day)[:SAMPLES - per_day.get(day, 0)]
+    for i in wanted:
+        day = int(present[i])
+        at = np.flatnonzero(index == i)[:SAMPLES - per_day.get(day, 0)]
         per_day[day] = per_day.get(day, 0) + len(at)
         for i, row in zip(at.tolist(), rows.select(keys + columns).take(pa.array(at)).to_pylist()):
             found.append(sample({k: row[k] for k in keys}, contract.time_column, {c: row[c] for c in columns}, None,
@@ -261,11 +244,12 @@ def drop_scratch(rt: Runtime, job_id: str) -> None:
             fs.delete_dir(path)
         except FileNotFoundError:
             pass
-    fs, path = filesystem(rt.staging_path(job_id, MAIN_TASKS))
-    try:
-        fs.delete_file(path)
-    except FileNotFoundError:
-        pass
+    for name in (MAIN_TASKS, LOCAL):
+        fs, path = filesystem(rt.staging_path(job_id, name))
+        try:
+            fs.delete_file(path)
+        except FileNotFoundError:
+            pass
 
 
 def finish_dry_run(rt: Runtime, job_id: str) -> dict[str, Any] | None:

@@ -8,9 +8,11 @@ and, unless it is a dry run, takes the lease and creates the branch. A dry run c
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 import os
+from collections import Counter
 
 import numpy as np
 import pyarrow.fs as pafs
@@ -256,7 +258,7 @@ def cut(rt: Runtime, job_id: str) -> dict[str, Any]:
             return {"job_id": job_id, "dry_run": True, "units": len(units)}
         # the diff is predicted as the run counts it: units sort their rows and compare, writing nothing
         state["diff"] = plan_main_tasks(rt, job_id, table, contract, spec.mode, range_start, range_end, units,
-                                        PlanMark.at(table))
+                                        PlanMark.at(table), spec.max_concurrency or os.cpu_count() or 1)
         rt.store.put_units(job_id, units)
         rt.store.update_job(job_id, "planned", **state)
         return {"job_id": job_id, "dry_run": True, "units": len(units)}
@@ -268,7 +270,8 @@ def cut(rt: Runtime, job_id: str) -> dict[str, Any]:
         fork_branch(table, branch, mark.snapshot_id)
     state.update(branch=branch, **mark.state())
     if predicts:
-        state["diff"] = plan_main_tasks(rt, job_id, table, contract, spec.mode, range_start, range_end, units, mark)
+        state["diff"] = plan_main_tasks(rt, job_id, table, contract, spec.mode, range_start, range_end, units, mark,
+                                        spec.max_concurrency or os.cpu_count() or 1)
     rt.store.put_units(job_id, units)
     write_json(rt, job_id, "units.json", [{"job_id": job_id, "unit_id": u.unit_id} for u in units])
     rt.store.update_job(job_id, "planned", **state)
@@ -345,20 +348,29 @@ def _cut_units(total: ScanResult, contract: Contract) -> list[UnitRecord]:
 
 
 MAIN_TASKS = "diff/main-tasks.json"  # the main tasks of a job with a diff: what each reads of main's range
+LOCAL = "diff/local.json"  # replace mode: the partitions whose one unit reads main's rows itself
 MAIN_TASK_BYTES = 256 << 20  # main's data file bytes a main task reads, at most (save one larger file)
 
 
 def plan_main_tasks(rt: Runtime, job_id: str, table: Any, contract: Contract, mode: str, start: int, end: int,
-                    units: list[UnitRecord], mark: PlanMark) -> dict[str, Any]:
-    """The main tasks of a job's diff: main's data files in the job's range at ``mark`` (the plan), cut
-    into tasks of about `MAIN_TASK_BYTES` each, so that every file is read once (`timelake.steps.diff`).
+                    units: list[UnitRecord], mark: PlanMark, parallelism: int) -> dict[str, Any]:
+    """Who reads main's rows of the job's range for its diff (`timelake.steps.diff`), each file once.
+
+    In replace mode a partition of one unit has its unit read main's rows there itself (``main_local``):
+    it compares with them as they come, and nothing is spilled. The main tasks read the rest: main's
+    data files at ``mark`` (the plan) in the other partitions, cut into about four tasks a worker, of at
+    most `MAIN_TASK_BYTES` each; in replace mode they spill what they read for the units of partitions
+    cut into several, and every unit learns the spills of the tasks whose span meets its partition.
 
     A task is a time span and the files it reads there: files whose time bounds overlap form clusters,
     consecutive clusters share a task up to the byte budget, and a cluster above it is shared by several
     tasks of the same span, each with its own files (``files``; None: every file of the span). A
     task's span, not only its files, is what lets it find the rows again should another engine expire
-    the plan's snapshot and compact the files before the task runs. In replace mode each unit learns the
-    spills of the tasks whose span meets its partition, where it reads main's rows of its buckets."""
+    the plan's snapshot and compact the files before the task runs."""
+    parts = Counter(u.info["partition"] for u in units)
+    local = {name for name, count in parts.items() if count == 1} if mode == "replace" else set()
+    covered = _merged_spans([(max(u.info["start"], start), min(u.info["end"], end)) for u in units
+                             if u.info["partition"] in local])
     spans: list[tuple[int, int, str, int]] = []
     if mark.snapshot_id is not None:
         field = table.schema().find_field(contract.time_column)
@@ -367,18 +379,40 @@ def plan_main_tasks(rt: Runtime, job_id: str, table: Any, contract: Contract, mo
             lo, hi = file_bounds(task.file, field)
             lo, hi = start if lo is None else max(lo, start), end if hi is None else min(hi + 1, end)
             size = task.file.file_size_in_bytes + sum(d.file_size_in_bytes for d in task.delete_files)
-            if lo < hi:
+            if lo < hi and not _inside(covered, lo, hi):
                 spans.append((lo, hi, task.file.file_path, size))
-    tasks = _main_task_spans(sorted(spans))
+    total = sum(size for *_, size in spans)
+    budget = min(MAIN_TASK_BYTES, max(MIN_TASK_BYTES, total // (4 * max(parallelism, 1)) + 1))
+    tasks = _main_task_spans(sorted(spans), budget)
     write_json(rt, job_id, MAIN_TASKS, tasks)
+    write_json(rt, job_id, LOCAL, sorted(local))
     if mode == "replace":
         for unit in units:
             lo, hi = unit.info["start"], unit.info["end"]
-            unit.info["main_spill"] = [main_spill_uri(rt, job_id, i) for i, t in enumerate(tasks) if t["start"] < hi and t["end"] > lo]
+            unit.info["main_local"] = unit.info["partition"] in local
+            unit.info["main_spill"] = [] if unit.info["main_local"] else [
+                main_spill_uri(rt, job_id, i) for i, t in enumerate(tasks) if t["start"] < hi and t["end"] > lo]
     return {"tasks": len(tasks), **mark.state()}
 
 
-def _main_task_spans(spans: list[tuple[int, int, str, int]]) -> list[dict[str, Any]]:
+def _merged_spans(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """[lo, hi) spans joined where they overlap or touch, sorted."""
+    merged: list[tuple[int, int]] = []
+    for lo, hi in sorted(spans):
+        if merged and lo <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], hi))
+        else:
+            merged.append((lo, hi))
+    return merged
+
+
+def _inside(spans: list[tuple[int, int]], lo: int, hi: int) -> bool:
+    """Whether [lo, hi) lies within one of the joined ``spans``."""
+    at = bisect.bisect_right(spans, (lo, float("inf"))) - 1
+    return at >= 0 and spans[at][0] <= lo and hi <= spans[at][1]
+
+
+def _main_task_spans(spans: list[tuple[int, int, str, int]], budget: int) -> list[dict[str, Any]]:
     clusters: list[list[tuple[int, int, str, int]]] = []
     for span in spans:
         if clusters and span[0] < max(hi for _, hi, _, _ in clusters[-1]):
@@ -390,18 +424,18 @@ def _main_task_spans(spans: list[tuple[int, int, str, int]]) -> list[dict[str, A
     for cluster in clusters:
         lo, hi = cluster[0][0], max(h for _, h, _, _ in cluster)
         size = sum(s for *_, s in cluster)
-        if size > MAIN_TASK_BYTES:
+        if size > budget:
             part: list[str] = []
             taken = 0
             for _, _, path, bytes_ in cluster:
-                if part and taken + bytes_ > MAIN_TASK_BYTES:
+                if part and taken + bytes_ > budget:
                     tasks.append({"start": lo, "end": hi, "files": part, "rewrites": not any(t["start"] == lo for t in tasks)})
                     part, taken = [], 0
                 part.append(path)
                 taken += bytes_
             tasks.append({"start": lo, "end": hi, "files": part, "rewrites": not any(t["start"] == lo for t in tasks)})
-            joined = MAIN_TASK_BYTES
-        elif tasks and tasks[-1]["files"] is None and joined + size <= MAIN_TASK_BYTES:
+            joined = budget
+        elif tasks and tasks[-1]["files"] is None and joined + size <= budget:
             tasks[-1]["end"] = hi
             joined += size
         else:

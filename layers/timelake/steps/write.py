@@ -23,8 +23,8 @@ from pyiceberg.typedef import Record
 from timelake.model.commit import NAN_COUNTS, file_statistics
 from timelake.model.contract import Contract
 from timelake.model.diff import (
-    KINDS, SAMPLES, cell_schema, cells_of, chunk_runs, compared_columns, compares, decoded_columns, differs, facts_uri,
-    kept_runs, runs, sample, series_labels, weights_of, write_facts,
+    KINDS, SAMPLES, MainAtPlan, cell_schema, cells_of, chunk_runs, combine, compared_columns, compares, count_cells,
+    decoded_columns, differs, facts_uri, kept_runs, runs, sample, series_labels, weights_of, write_facts,
 )
 from timelake.model.layout import MainReader, stable_argsort, stream_range
 from timelake.model.timeutil import US_PER_DAY
@@ -45,9 +45,10 @@ COMPACT_ROWS = 1 << 20
 RELEASE_BYTES = 64 << 20
 
 
-def write_unit(rt: Runtime, job_id: str, unit_id: str, main: MainReader | None = None) -> dict[str, Any]:
+def write_unit(rt: Runtime, job_id: str, unit_id: str, main: MainReader | MainAtPlan | None = None) -> dict[str, Any]:
     """Write step. Input: job id and unit id. Output: the unit's counts (also recorded in the store).
-    ``main`` is shared by the writers of one process so that merge mode plans main once."""
+    ``main`` is shared by the writers of one process so that main is planned once: merge mode's reader
+    of main now, or replace mode's of main at the plan, for the units that compare with it themselves."""
     try:
         return _write_unit(rt, job_id, unit_id, main)
     except Exception as exc:
@@ -55,7 +56,7 @@ def write_unit(rt: Runtime, job_id: str, unit_id: str, main: MainReader | None =
         raise
 
 
-def _write_unit(rt: Runtime, job_id: str, unit_id: str, main: MainReader | None) -> dict[str, Any]:
+def _write_unit(rt: Runtime, job_id: str, unit_id: str, main: MainReader | MainAtPlan | None) -> dict[str, Any]:
     job, unit = rt.store.job_and_unit(job_id, unit_id)
     if unit.status == "done":
         return unit.result
@@ -67,10 +68,14 @@ def _write_unit(rt: Runtime, job_id: str, unit_id: str, main: MainReader | None)
     target = table.schema().as_arrow()
     rows = _read_slice(unit, target, contract, read)
     compare = None
-    if compares(spec.mode, spec.diff):
-        old = _main_rows(unit, read) if spec.mode == "replace" else None
-        compare = Compare(compared_columns(target, contract), old)
-    result, facts = write_rows(table, contract, spec.mode, job_id, unit, rows, main, compare, predict=spec.dry_run)
+    if compares(spec.mode, spec.diff) and spec.mode == "replace" and unit.info.get("main_local"):
+        at_plan = main if isinstance(main, MainAtPlan) else MainAtPlan(
+            table, contract, job.state, job_id, spill.coded_columns(target, contract.series_key))
+        compare = Compare(compared_columns(target, contract), at_plan.batches(unit.info["start"], unit.info["end"]), True)
+    elif compares(spec.mode, spec.diff):
+        compare = Compare(compared_columns(target, contract), _main_rows(unit, read) if spec.mode == "replace" else None)
+    merging = main if isinstance(main, MainReader) else None
+    result, facts = write_rows(table, contract, spec.mode, job_id, unit, rows, merging, compare, predict=spec.dry_run)
     if facts is not None:
         write_facts(facts_uri(rt, job_id, "units", unit_id), *facts)
     result["spill_bytes_read"] = read.bytes_read
@@ -83,10 +88,12 @@ def _write_unit(rt: Runtime, job_id: str, unit_id: str, main: MainReader | None)
 class Compare:
     """What a unit compares its rows with for the job's diff (`timelake.model.diff`): the compared
     columns and, in replace mode, main's rows of the unit's partition and series buckets as the plan
-    found them, a read at a time (None in merge mode, where main's rows stay as they are)."""
+    found them, a read at a time (None in merge mode, where main's rows stay as they are): read by
+    the unit itself when its partition is its own, else from the main tasks' spill."""
 
     columns: list[str]
     old: Iterable[pa.Table] | None = None
+    counts_before: bool = False  # the old rows are the partition's all (a unit of its own): count them too
 
 
 def _main_rows(unit: UnitRecord, counter: spill.SpillRead) -> Iterable[pa.Table]:
@@ -163,11 +170,14 @@ def _compare(rows: pa.Table, order: np.ndarray, starts: np.ndarray, contract: Co
     codes_of, labels = series_labels(firsts_at, contract.series_key)
     label = labels.take(pa.array(codes_of))
     matched = None
+    before: list[pa.Table] = []
     if pairs is not None and compare.old is not None:
         matched = np.zeros(len(order), dtype=bool)
         for name in ("in_both", "changed", *(f"{c}.changed" for c in columns)):
             counted[name] = np.zeros(size)
         for old in compare.old:
+            if compare.counts_before:
+                before.append(_before_cells(old, columns, contract))
             pos, at = pairs.of(old)
             matched[pos] = True
             cell = np.searchsorted(starts, pos, side="right") - 1
@@ -195,7 +205,21 @@ def _compare(rows: pa.Table, order: np.ndarray, starts: np.ndarray, contract: Co
     alone = _first_unmatched(matched, len(order), SAMPLES)
     _sample_side(samples, "only_after", rows.take(pa.array(order[alone])), keys, columns, contract)
     time_codes = firsts_at.column(contract.time_column).cast(pa.int64()).to_numpy(zero_copy_only=False)
-    return cells_of(schema, time_codes // US_PER_DAY, label, counted), samples
+    after = cells_of(schema, time_codes // US_PER_DAY, label, counted)
+    return (combine([after, *before], columns) if before else after), samples
+
+
+def _before_cells(old: pa.Table, columns: list[str], contract: Contract) -> pa.Table:
+    """A read of main's rows counted per day and series, as a main task counts them."""
+    codes, labels = series_labels(old, contract.series_key)
+    weights: dict[str, np.ndarray] = {"rows_before": np.ones(old.num_rows)}
+    for column in columns:
+        values, valid = weights_of(old.column(column))
+        weights[f"{column}.count_before"] = weights["rows_before"] if valid is None else valid
+        if values is not None:
+            weights[f"{column}.sum_before"] = values
+    days = pc.cast(old.column(contract.time_column), pa.int64()).to_numpy(zero_copy_only=False) // US_PER_DAY
+    return count_cells(columns, days, codes, labels, weights)
 
 
 def _first_unmatched(matched: np.ndarray | None, rows: int, count: int) -> np.ndarray:
@@ -539,9 +563,11 @@ class KeyPacker:
     def pack_rows(self, rows: pa.Table | pa.RecordBatch) -> tuple[np.ndarray, np.ndarray]:
         """The packed keys of the ``rows`` that can match, and which rows those are."""
         column = rows.column(self.series)
-        if pa.types.is_dictionary(column.type):
-            column = pc.cast(column, column.type.value_type)
-        ranks = pc.index_in(column, value_set=self.distinct.cast(column.type))
+        if pa.types.is_dictionary(column.type):  # looked up per distinct value, not per row
+            single = column.unify_dictionaries().combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+            ranks = pc.index_in(single.dictionary, value_set=self.distinct.cast(single.type.value_type)).take(single.indices)
+        else:
+            ranks = pc.index_in(column, value_set=self.distinct.cast(column.type))
         times = _numpy(pc.cast(rows.column(self.time_column), pa.int64()))
         inside = _numpy(ranks.is_valid()) & (times >= self.base) & (times - self.base < 1 << self.time_bits)
         at = np.flatnonzero(inside)
