@@ -23,7 +23,7 @@ import pytest
 
 from tests.conftest import cli_in_process, make_readings, recent
 from timelake.model.layout import read_range
-from timelake.model.timeutil import US_PER_DAY, to_micros, parse_instant
+from timelake.model.timeutil import parse_instant, to_micros
 
 REASON = "calibration v2: value = raw * 1.02 + 0.1 for d00"
 EXPORT_MAP = {"ts": "timestamp", "device_id": "device", "value": "raw"}

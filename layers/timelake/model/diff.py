@@ -117,6 +117,22 @@ def count_cells(columns: list[str], days: np.ndarray, codes: np.ndarray, labels:
     return cells_of(schema, day_values[present // width], labels.take(pa.array(present % width)), sums)
 
 
+def before_cells(rows: pa.Table, columns: list[str], contract: Contract, days: np.ndarray | None = None,
+                 series: tuple[np.ndarray, pa.Array] | None = None) -> pa.Table:
+    """Main's rows counted per day and series (``days`` and ``series``, `series_labels`, when the caller
+    has them): their number, and per compared column its sum and non-null count."""
+    codes, labels = series if series is not None else series_labels(rows, contract.series_key)
+    if days is None:
+        days = pc.cast(rows.column(contract.time_column), pa.int64()).to_numpy(zero_copy_only=False) // US_PER_DAY
+    weights: dict[str, np.ndarray] = {"rows_before": np.ones(rows.num_rows)}
+    for column in columns:
+        values, valid = weights_of(rows.column(column))
+        weights[f"{column}.count_before"] = weights["rows_before"] if valid is None else valid
+        if values is not None:
+            weights[f"{column}.sum_before"] = values
+    return count_cells(columns, days, codes, labels, weights)
+
+
 def cells_of(schema: pa.Schema, days: np.ndarray, labels: pa.Array, sums: dict[str, np.ndarray]) -> pa.Table:
     """A cells table from its days, series labels and some columns' values (zero for the others)."""
     columns = []

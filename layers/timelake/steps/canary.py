@@ -23,6 +23,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from timelake.errors import Aborted, BackfillError, InvalidJob
+from timelake.model.diff import plain
 from timelake.model.layout import micros, read_range
 from timelake.model.report import AWAITING, approval_deadline
 from timelake.model.spec import JobSpec
@@ -240,11 +241,11 @@ def _samples(rt: Runtime, job: JobRecord, spec: JobSpec, table: Any, source: Any
     hits = existing_mask(mapped, existing, contract) if existing.num_rows else [False] * len(candidates)
     order = [i for i, hit in enumerate(hits) if hit][:SAMPLES_WITH_EXISTING]
     order += [i for i in range(len(candidates)) if i not in order][: SAMPLES - len(order)]
-    by_key = {tuple(_plain(r[k]) for k in contract.dedup_key): r for r in existing.to_pylist()} if any(hits) else {}
+    by_key = {tuple(plain(r[k]) for k in contract.dedup_key): r for r in existing.to_pylist()} if any(hits) else {}
     samples = []
     for i in order:
         raw, row, origin = candidates[i]
-        match = by_key.get(tuple(_plain(row[k]) for k in contract.dedup_key))
+        match = by_key.get(tuple(plain(row[k]) for k in contract.dedup_key))
         samples.append({"origin": origin, "source": _jsonable(raw), "mapped": _jsonable(row),
                         "existing": _jsonable(match) if match else None, "outcome": _outcome(spec.mode, match is not None)})
     return samples
@@ -328,7 +329,7 @@ class _Stats:
         self.max = hi if self.max is None or hi > self.max else self.max
 
     def to_json(self) -> dict[str, Any]:
-        return {"rows": self.rows, "nulls": self.nulls, "min": _plain(self.min), "max": _plain(self.max)}
+        return {"rows": self.rows, "nulls": self.nulls, "min": plain(self.min), "max": plain(self.max)}
 
 
 def _projected(state: dict[str, Any], rows_in: int, written: int, seconds: float, units: int) -> dict[str, Any]:
@@ -346,15 +347,5 @@ def _projected(state: dict[str, Any], rows_in: int, written: int, seconds: float
     }
 
 
-def _plain(value: Any) -> Any:
-    if isinstance(value, datetime):
-        return value.isoformat()
-    if isinstance(value, date):
-        return value.isoformat()
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
-    return value
-
-
 def _jsonable(row: dict[str, Any] | None) -> dict[str, Any] | None:
-    return None if row is None else {k: _plain(v) for k, v in row.items()}
+    return None if row is None else {k: plain(v) for k, v in row.items()}

@@ -24,8 +24,8 @@ import pyarrow.fs as pafs
 from timelake.errors import BackfillError
 from timelake.model.contract import Contract
 from timelake.model.diff import (
-    SAMPLES, combine, compared_columns, count_cells, facts_uri, finish, keep_samples, mark_of, plain, read_facts,
-    rows_at_plan, sample, series_labels, summarize, weights_of, write_facts,
+    SAMPLES, before_cells, combine, compared_columns, facts_uri, finish, keep_samples, mark_of, plain, read_facts,
+    rows_at_plan, sample, series_labels, summarize, write_facts,
 )
 from timelake.model.layout import SnapshotRange, dense_unique, micros, partition_codes
 from timelake.model.lineage import planned_view
@@ -93,13 +93,7 @@ def read_main(rt: Runtime, job_id: str, task: int) -> dict[str, Any]:
                     out.flush()
             days = ts // US_PER_DAY
             series, labels = series_labels(rows, contract.series_key)
-            weights: dict[str, np.ndarray] = {"rows_before": np.ones(rows.num_rows)}
-            for column in columns:
-                values, valid = weights_of(rows.column(column))
-                weights[f"{column}.count_before"] = weights["rows_before"] if valid is None else valid
-                if values is not None:
-                    weights[f"{column}.sum_before"] = values
-            parts.append(count_cells(columns, days, series, labels, weights))
+            parts.append(before_cells(rows, columns, contract, days, (series, labels)))
             samples += _first_of_days(rows, days, series, labels, per_day, contract, columns)
     except BaseException:
         if out is not None:

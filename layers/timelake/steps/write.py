@@ -23,7 +23,7 @@ from pyiceberg.typedef import Record
 from timelake.model.commit import NAN_COUNTS, file_statistics
 from timelake.model.contract import Contract
 from timelake.model.diff import (
-    KINDS, SAMPLES, MainAtPlan, cell_schema, cells_of, chunk_runs, combine, compared_columns, compares, count_cells,
+    KINDS, SAMPLES, MainAtPlan, before_cells, cell_schema, cells_of, chunk_runs, combine, compared_columns, compares,
     decoded_columns, differs, facts_uri, kept_runs, runs, sample, series_labels, weights_of, write_facts,
 )
 from timelake.model.layout import MainReader, stable_argsort, stream_range
@@ -177,7 +177,7 @@ def _compare(rows: pa.Table, order: np.ndarray, starts: np.ndarray, contract: Co
             counted[name] = np.zeros(size)
         for old in compare.old:
             if compare.counts_before:
-                before.append(_before_cells(old, columns, contract))
+                before.append(before_cells(old, columns, contract))
             pos, at = pairs.of(old)
             matched[pos] = True
             cell = np.searchsorted(starts, pos, side="right") - 1
@@ -208,18 +208,6 @@ def _compare(rows: pa.Table, order: np.ndarray, starts: np.ndarray, contract: Co
     after = cells_of(schema, time_codes // US_PER_DAY, label, counted)
     return (combine([after, *before], columns) if before else after), samples
 
-
-def _before_cells(old: pa.Table, columns: list[str], contract: Contract) -> pa.Table:
-    """A read of main's rows counted per day and series, as a main task counts them."""
-    codes, labels = series_labels(old, contract.series_key)
-    weights: dict[str, np.ndarray] = {"rows_before": np.ones(old.num_rows)}
-    for column in columns:
-        values, valid = weights_of(old.column(column))
-        weights[f"{column}.count_before"] = weights["rows_before"] if valid is None else valid
-        if values is not None:
-            weights[f"{column}.sum_before"] = values
-    days = pc.cast(old.column(contract.time_column), pa.int64()).to_numpy(zero_copy_only=False) // US_PER_DAY
-    return count_cells(columns, days, codes, labels, weights)
 
 
 def _first_unmatched(matched: np.ndarray | None, rows: int, count: int) -> np.ndarray:
