@@ -23,6 +23,7 @@ import pytest
 
 from tests.conftest import cli_in_process, make_readings, recent
 from timelake.model.layout import read_range
+from timelake.steps import diff as diff_step
 from timelake.model.timeutil import parse_instant, to_micros
 
 REASON = "calibration v2: value = raw * 1.02 + 0.1 for d00"
@@ -238,10 +239,12 @@ def _plant(start: str, days: float, seed: int, sites: tuple[str, ...] = ("north"
     return pa.concat_tables(tables)
 
 
-def test_many_units_a_partition_tiers_and_a_two_column_series_key(lake, tmp_path):
+def test_many_units_a_partition_tiers_and_a_two_column_series_key(lake, tmp_path, monkeypatch):
     """Units of a few series each (a tiny target file size cuts a day into several), day and month
     partitions, a series key of two columns (matched by Arrow's join, not packed keys), a text and an
-    integer column beside the double; a replace job and then a merge job into a range partly on main."""
+    integer column beside the double; a replace job and then a merge job into a range partly on main.
+    The cells are combined a few units at a time, as a job of thousands of units combines them."""
+    monkeypatch.setattr(diff_step, "GROUP_UNITS", 5)
     plant = lake.create_table("iot.plant", schema=PLANT, time_column="ts", series_key=["site", "device"],
                               partition_by={"P30D": "day", None: "month"}, retention="P3Y", target_file_size="2KB")
     plant.backfill(source=_plant(recent(45), 20, seed=1)).wait()
@@ -263,6 +266,7 @@ def test_many_units_a_partition_tiers_and_a_two_column_series_key(lake, tmp_path
     after = plant.refresh().iceberg.current_snapshot().snapshot_id
     units = lake.runtime.store.units(job.id)
     assert len(units) > len({u.info["partition"] for u in units}) > 1  # several units in a partition
+    assert len(diff_step._stretches(units, *(lake.runtime.store.get_job(job.id).state[k] for k in ("range_start", "range_end")))) > 2
     assert {u.info["transform"] for u in units} == {"day", "month"}
     expected = reference(_range_rows(plant, start, end, before), _range_rows(plant, start, end, after), keys, series, columns)
     found = job.diff()

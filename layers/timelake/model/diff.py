@@ -4,12 +4,13 @@ count before and after and how many of its values changed (what SQLMesh's ``tabl
 ``audit_helper`` show for two relations).
 
 "Before" is main's rows of the job's range as the plan found them, "after" what main holds there once
-the job is published. Neither side is read a second time for this: each of main's files in the range
-is read once by a main task, which counts its rows per day and series (``*_before``) and, in replace
-mode, spills them by partition and series bucket beside the source's rows; each unit, which holds its
-rows sorted anyway, counts them (``*_after``) and compares them with main's rows of its own partition
-and buckets, read from that spill as it reads its own. Every task and unit leaves a small table of
-cells (`cell_schema`: one row per day and series it saw); the job's diff is their sum per cell.
+the job is published. Neither side is read twice for this. Each unit, which holds its rows sorted
+anyway, counts them (``*_after``) and, in replace mode, compares them with main's rows of its own
+partition and buckets: in a partition of its own it reads them itself (`MainAtPlan`) and counts them
+too (``*_before``); in a partition cut into several units, main tasks have read and counted them once
+and spilled them by bucket, as the scan spills the source's, and the unit reads its buckets back.
+Every task and unit leaves a small table of cells (`cell_schema`: one row per day and series it saw);
+the job's diff is their sum per cell.
 
 In merge mode main's rows stay as they are and the job's rows are added, so only the rows the job
 wrote are counted by the units, and the cells say so (`finish`).
@@ -182,16 +183,14 @@ def _set(table: pa.Table, name: str, values: Any) -> pa.Table:
     return table.set_column(table.schema.get_field_index(name), name, values)
 
 
-def summarize(cells: pa.Table, columns: list[str], samples: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
-    """A finished diff as JSON: totals, per column, per day and the most changed series, from its cells;
-    the samples as they were kept (per day, `keep_samples`)."""
-    totals = {name: int(pc.sum(cells.column(name)).as_py() or 0) for name in SUMMARY_COUNTS}
+def summarize(days: pa.Table, series: pa.Table, columns: list[str], samples: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """A finished diff as JSON from its cells grouped by day and by series (`grouped`): totals, per column,
+    per day and the most changed series; the samples as they were kept (per day, `keep_samples`)."""
+    totals = {name: int(pc.sum(days.column(name)).as_py() or 0) for name in SUMMARY_COUNTS}
     totals["unchanged"] = totals["in_both"] - totals["changed"]
-    totals["days"] = len(pc.unique(cells.column("day"))) if cells.num_rows else 0
-    totals["series"] = len(pc.unique(cells.column("series"))) if cells.num_rows else 0
-    by_column = [_column(cells, c, totals["in_both"]) for c in columns]
-    by_day = [_group(row, columns) for row in _grouped(cells, "day", columns).to_pylist()]
-    series = _grouped(cells, "series", columns)
+    totals["days"], totals["series"] = days.num_rows, series.num_rows
+    by_column = [_column(days, c, totals["in_both"]) for c in columns]
+    by_day = [_group(row, columns) for row in days.to_pylist()]
     score = pc.add(pc.add(series.column("only_before"), series.column("only_after")), series.column("changed"))
     order = pc.sort_indices(pa.table({"score": score, "series": series.column("series")}),
                             sort_keys=[("score", "descending"), ("series", "ascending")])
@@ -213,13 +212,17 @@ def _column(cells: pa.Table, column: str, in_both: int) -> dict[str, Any]:
             "match_share": None if not in_both else round((in_both - changed) / in_both, 6)}
 
 
-def _grouped(cells: pa.Table, by: str, columns: list[str]) -> pa.Table:
+def grouped(cells: pa.Table | list[pa.Table], by: str, columns: list[str]) -> pa.Table:
+    """Finished cells (or tables grouped so before) summed per day or per series, in order."""
     values = [*SUMMARY_COUNTS, *(f"{c}.{s}" for c in columns for s in ("sum_before", "sum_after", "count_before", "count_after", "changed"))]
-    if not cells.num_rows:
-        return pa.table({by: cells.column(by), **{v: pa.array([], pa.float64()) for v in values}})
-    grouped = cells.group_by([by]).aggregate([(v, "sum") for v in values])
-    grouped = grouped.rename_columns([n.removesuffix("_sum") if n != by else n for n in grouped.column_names])
-    return grouped.sort_by([(by, "ascending")])
+    parts = [t for t in (cells if isinstance(cells, list) else [cells]) if t.num_rows]
+    if not parts:
+        kind = pa.date32() if by == "day" else pa.string()
+        return pa.table({by: pa.array([], kind), **{v: pa.array([], pa.float64()) for v in values}})
+    table = pa.concat_tables([t.select([by, *values]).cast(parts[0].select([by, *values]).schema) for t in parts])
+    summed = table.group_by([by]).aggregate([(v, "sum") for v in values])
+    summed = summed.rename_columns([n.removesuffix("_sum") if n != by else n for n in summed.column_names])
+    return summed.sort_by([(by, "ascending")])
 
 
 def _group(row: dict[str, Any], columns: list[str]) -> dict[str, Any]:

@@ -348,7 +348,7 @@ def _cut_units(total: ScanResult, contract: Contract) -> list[UnitRecord]:
 
 
 MAIN_TASKS = "diff/main-tasks.json"  # the main tasks of a job with a diff: what each reads of main's range
-LOCAL = "diff/local.json"  # replace mode: the partitions whose one unit reads main's rows itself
+LOCAL = "diff/local.json"  # replace mode: the partitions whose one unit reads main's rows itself, and the others
 MAIN_TASK_BYTES = 256 << 20  # main's data file bytes a main task reads, at most (save one larger file)
 
 
@@ -385,7 +385,8 @@ def plan_main_tasks(rt: Runtime, job_id: str, table: Any, contract: Contract, mo
     budget = min(MAIN_TASK_BYTES, max(MIN_TASK_BYTES, total // (4 * max(parallelism, 1)) + 1))
     tasks = _main_task_spans(sorted(spans), budget)
     write_json(rt, job_id, MAIN_TASKS, tasks)
-    write_json(rt, job_id, LOCAL, sorted(local))
+    write_json(rt, job_id, LOCAL, {"local": sorted(local), "spilled": sorted(n for n, c in parts.items() if c > 1)
+                                   if mode == "replace" else []})
     if mode == "replace":
         for unit in units:
             lo, hi = unit.info["start"], unit.info["end"]

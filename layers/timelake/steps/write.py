@@ -27,9 +27,9 @@ from timelake.model.diff import (
     decoded_columns, differs, facts_uri, kept_runs, runs, sample, series_labels, weights_of, write_facts,
 )
 from timelake.model.layout import MainReader, stable_argsort, stream_range
-from timelake.model.timeutil import US_PER_DAY
 from timelake.model.lineage import planned_view
 from timelake.model.spec import JobSpec
+from timelake.model.timeutil import US_PER_DAY
 from timelake.ports.files import filesystem, make_parent
 from timelake.ports.runtime import Runtime
 from timelake.ports.store import UnitRecord
@@ -68,11 +68,12 @@ def _write_unit(rt: Runtime, job_id: str, unit_id: str, main: MainReader | MainA
     target = table.schema().as_arrow()
     rows = _read_slice(unit, target, contract, read)
     compare = None
-    if compares(spec.mode, spec.diff) and spec.mode == "replace" and unit.info.get("main_local"):
+    wanted = compares(spec.mode, spec.diff) and bool(job.state.get("diff"))  # its main tasks were planned at the cut
+    if wanted and spec.mode == "replace" and unit.info.get("main_local"):
         at_plan = main if isinstance(main, MainAtPlan) else MainAtPlan(
             table, contract, job.state, job_id, spill.coded_columns(target, contract.series_key))
         compare = Compare(compared_columns(target, contract), at_plan.batches(unit.info["start"], unit.info["end"]), True)
-    elif compares(spec.mode, spec.diff):
+    elif wanted:
         compare = Compare(compared_columns(target, contract), _main_rows(unit, read) if spec.mode == "replace" else None)
     merging = main if isinstance(main, MainReader) else None
     result, facts = write_rows(table, contract, spec.mode, job_id, unit, rows, merging, compare, predict=spec.dry_run)
@@ -147,13 +148,32 @@ def _compare(rows: pa.Table, order: np.ndarray, starts: np.ndarray, contract: Co
     both, values that changed, rows only one side holds, with a few of each side by side. Main's rows
     come a read at a time and the unit's values a chunk at a time, so the comparison adds a flag a row
     (replace mode) to what the writer holds."""
-    columns, schema = compare.columns, cell_schema(compare.columns)
-    size = len(starts)
-    counted: dict[str, np.ndarray] = {"rows_after": np.zeros(size)}
+    columns = compare.columns
+    counted = _count_after(rows, order, starts, columns)
+    samples: dict[str, list[dict[str, Any]]] = {kind: [] for kind in KINDS}
+    firsts_at = rows.select(contract.sort_columns).take(pa.array(order[starts]))
+    codes_of, labels = series_labels(firsts_at, contract.series_key)
+    label = labels.take(pa.array(codes_of))
+    matched, before = None, []
+    if pairs is not None and compare.old is not None:
+        matched, before = _meet(rows, order, starts, contract, compare, pairs, counted, label, samples)
+    else:
+        counted["only_after"] = counted["rows_after"]
+    alone = _first_unmatched(matched, len(order), SAMPLES)
+    _sample_side(samples, "only_after", rows.take(pa.array(order[alone])), list(contract.dedup_key), columns, contract)
+    time_codes = firsts_at.column(contract.time_column).cast(pa.int64()).to_numpy(zero_copy_only=False)
+    after = cells_of(cell_schema(columns), time_codes // US_PER_DAY, label, counted)
+    return (combine([after, *before], columns) if before else after), samples
+
+
+def _count_after(rows: pa.Table, order: np.ndarray, starts: np.ndarray, columns: list[str]) -> dict[str, np.ndarray]:
+    """Per run (a cell), the rows written and each column's sum and non-null count: a sequential sum a
+    run, a chunk of the unit's values taken at a time."""
+    counted = {"rows_after": np.zeros(len(starts))}
     for column in columns:
-        counted[f"{column}.count_after"] = np.zeros(size)
-        counted[f"{column}.sum_after"] = np.zeros(size)
-    for i in range(0, len(order), COMPACT_ROWS):  # runs of one cell: a sequential sum each
+        counted[f"{column}.count_after"] = np.zeros(len(starts))
+        counted[f"{column}.sum_after"] = np.zeros(len(starts))
+    for i in range(0, len(order), COMPACT_ROWS):
         j = min(len(order), i + COMPACT_ROWS)
         firsts, cells = chunk_runs(starts, i, j)
         lengths = np.diff(np.append(firsts, j - i))
@@ -164,50 +184,47 @@ def _compare(rows: pa.Table, order: np.ndarray, starts: np.ndarray, contract: Co
             counted[f"{column}.count_after"][cells] += lengths if valid is None else np.add.reduceat(valid, firsts)
             if values is not None:
                 counted[f"{column}.sum_after"][cells] += np.add.reduceat(values, firsts)
-    samples: dict[str, list[dict[str, Any]]] = {kind: [] for kind in KINDS}
-    keys = list(contract.dedup_key)
-    firsts_at = rows.select(contract.sort_columns).take(pa.array(order[starts]))
-    codes_of, labels = series_labels(firsts_at, contract.series_key)
-    label = labels.take(pa.array(codes_of))
-    matched = None
-    before: list[pa.Table] = []
-    if pairs is not None and compare.old is not None:
-        matched = np.zeros(len(order), dtype=bool)
-        for name in ("in_both", "changed", *(f"{c}.changed" for c in columns)):
-            counted[name] = np.zeros(size)
-        for old in compare.old:
-            if compare.counts_before:
-                before.append(before_cells(old, columns, contract))
-            pos, at = pairs.of(old)
-            matched[pos] = True
-            cell = np.searchsorted(starts, pos, side="right") - 1
-            counted["in_both"] += np.bincount(cell, minlength=size)
-            any_changed = np.zeros(len(pos), dtype=bool)
-            if len(pos):
-                for column in columns:
-                    changed = differs(old.column(column).take(pa.array(at)), rows.column(column).take(pa.array(order[pos])))
-                    counted[f"{column}.changed"] += np.bincount(cell[changed], minlength=size)
-                    any_changed |= changed
-            counted["changed"] += np.bincount(cell[any_changed], minlength=size)
-            _sample_pairs(samples, rows, order, old, pos[any_changed], at[any_changed],
-                          label.take(pa.array(cell[any_changed])), keys, columns, contract)
-            if len(samples["only_before"]) < SAMPLES:
-                alone = np.ones(old.num_rows, dtype=bool)
-                alone[at] = False
-                _sample_side(samples, "only_before", old.take(pa.array(np.flatnonzero(alone)[:SAMPLES])), keys, columns, contract)
-        counted["only_after"] = counted["rows_after"].copy()
-        for i in range(0, len(order), COMPACT_ROWS):
-            j = min(len(order), i + COMPACT_ROWS)
-            firsts, cells = chunk_runs(starts, i, j)
-            counted["only_after"][cells] -= np.add.reduceat(matched[i:j].astype(np.int32), firsts)
-    else:
-        counted["only_after"] = counted["rows_after"]
-    alone = _first_unmatched(matched, len(order), SAMPLES)
-    _sample_side(samples, "only_after", rows.take(pa.array(order[alone])), keys, columns, contract)
-    time_codes = firsts_at.column(contract.time_column).cast(pa.int64()).to_numpy(zero_copy_only=False)
-    after = cells_of(schema, time_codes // US_PER_DAY, label, counted)
-    return (combine([after, *before], columns) if before else after), samples
+    return counted
 
+
+def _meet(rows: pa.Table, order: np.ndarray, starts: np.ndarray, contract: Contract, compare: Compare, pairs: "_Pairs",
+          counted: dict[str, np.ndarray], label: pa.Array,
+          samples: dict[str, list[dict[str, Any]]]) -> tuple[np.ndarray, list[pa.Table]]:
+    """Replace mode: main's rows of the unit's slice, a read at a time, against the unit's: per cell the
+    keys in both, the rows and each column's values that changed, the rows only after (into
+    ``counted``), samples of each kind; which of the unit's rows main holds, and main's rows counted per
+    cell when the unit reads its partition's all (``compare.counts_before``)."""
+    columns, keys, size = compare.columns, list(contract.dedup_key), len(starts)
+    matched = np.zeros(len(order), dtype=bool)
+    before: list[pa.Table] = []
+    for name in ("in_both", "changed", *(f"{c}.changed" for c in columns)):
+        counted[name] = np.zeros(size)
+    for old in compare.old or ():
+        if compare.counts_before:
+            before.append(before_cells(old, columns, contract))
+        pos, at = pairs.of(old)
+        matched[pos] = True
+        cell = np.searchsorted(starts, pos, side="right") - 1
+        counted["in_both"] += np.bincount(cell, minlength=size)
+        any_changed = np.zeros(len(pos), dtype=bool)
+        if len(pos):
+            for column in columns:
+                changed = differs(old.column(column).take(pa.array(at)), rows.column(column).take(pa.array(order[pos])))
+                counted[f"{column}.changed"] += np.bincount(cell[changed], minlength=size)
+                any_changed |= changed
+        counted["changed"] += np.bincount(cell[any_changed], minlength=size)
+        _sample_pairs(samples, rows, order, old, pos[any_changed], at[any_changed],
+                      label.take(pa.array(cell[any_changed])), keys, columns, contract)
+        if len(samples["only_before"]) < SAMPLES:
+            alone = np.ones(old.num_rows, dtype=bool)
+            alone[at] = False
+            _sample_side(samples, "only_before", old.take(pa.array(np.flatnonzero(alone)[:SAMPLES])), keys, columns, contract)
+    counted["only_after"] = counted["rows_after"].copy()
+    for i in range(0, len(order), COMPACT_ROWS):
+        j = min(len(order), i + COMPACT_ROWS)
+        firsts, cells = chunk_runs(starts, i, j)
+        counted["only_after"][cells] -= np.add.reduceat(matched[i:j].astype(np.int32), firsts)
+    return matched, before
 
 
 def _first_unmatched(matched: np.ndarray | None, rows: int, count: int) -> np.ndarray:
