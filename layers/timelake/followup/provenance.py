@@ -54,6 +54,7 @@ SCHEMA = pa.schema([
     pa.field("diff", pa.string()),
 ])
 DIFF_TOTALS = ("rows_before", "rows_after", "only_before", "only_after", "in_both", "changed")
+SAMPLES_KEPT = 20  # sample rows of each kind the row keeps
 
 
 def job_hash(spec: dict[str, Any]) -> str:
@@ -109,7 +110,7 @@ def record(rt: Runtime, job: JobRecord, units: list[UnitRecord], diff: dict[str,
         "rows_rejected": report["rows_rejected"]["total"], "rows_outside_retention": report["rows_outside_retention"],
         "rows_outside_range": report["rows_outside_range"], "chunks": len(report["published_chunks"]),
         "snapshot_ids": report["published_snapshot_ids"], "reason": job.spec.get("reason"),
-        "diff": json.dumps({k: v for k, v in diff.items() if k != "cells"}) if diff else None,
+        "diff": json.dumps(_kept(diff)) if diff else None,
         **{f"diff_{name}": (diff or {}).get("totals", {}).get(name) for name in DIFF_TOTALS},
     }
     rows = pa.Table.from_pylist([row], schema=SCHEMA).cast(table.schema().as_arrow())
@@ -140,6 +141,13 @@ def _table(rt: Runtime) -> Any:
         return rt.catalog.create_table(TABLE, schema=SCHEMA, properties={"comment": "one row per published backfill"})
     except TableAlreadyExistsError:
         return rt.catalog.load_table(TABLE)
+
+
+def _kept(diff: dict[str, Any]) -> dict[str, Any]:
+    """The diff as a row keeps it: every day and column, the most changed series, and the first
+    `SAMPLES_KEPT` sample rows of each kind (the job's own summary keeps a few a day)."""
+    return {**{k: v for k, v in diff.items() if k != "cells"},
+            "samples": {kind: rows[:SAMPLES_KEPT] for kind, rows in diff.get("samples", {}).items()}}
 
 
 def _current(table: Any) -> Any:
