@@ -70,8 +70,9 @@ def generate(args: argparse.Namespace) -> None:
         for name, values in (("v1", raw), ("v2", np.round(raw * 1.01, 6))):
             pq.write_table(pa.table({"ts": pa.array(ts).cast(SCHEMA.field("ts").type), "device_id": names, "value": values},
                                     schema=SCHEMA), root / name / f"{args.layout}-{group:04d}.parquet")
-    lake_root = root / "lake"
+    lake_root = root / "work" / "lake"  # prepared where every case runs: the catalog keeps absolute paths
     subprocess.run([sys.executable, __file__, "--prepare", "--work", str(lake_root), *_sizes(args)], check=True)
+    shutil.copytree(lake_root, root / "loaded")
     (root / "done").write_text("")
 
 
@@ -129,9 +130,10 @@ def child(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace, case: str) -> dict[str, Any]:
-    work = data_dir(args) / "work" / case
+    """One case on the loaded lake, restored at the path it was prepared at."""
+    work = data_dir(args) / "work" / "lake"
     shutil.rmtree(work, ignore_errors=True)
-    shutil.copytree(data_dir(args) / "lake", work)
+    shutil.copytree(data_dir(args) / "loaded", work)
     out = work.parent / f"{case}.json"
     result = subprocess.run([sys.executable, __file__, "--case", case, "--work", str(work), "--out", str(out), *_sizes(args)],
                             capture_output=True, text=True)
