@@ -28,12 +28,15 @@ install: $(STAMP)
 
 # The servers and the browser that the tests run for real, llvm-strip, which strips the Lambda
 # layers' aarch64 objects (GNU strip reads only this machine's), and Java with the SQLite JDBC driver
-# for Spark's Iceberg catalog (tests/lake), from Debian's packages when missing.
+# for Spark's Iceberg catalog (tests/lake), the PostgreSQL JDBC driver and javac for Iceberg's REST catalog
+# server (tests/catalogs), from Debian's packages when missing.
 test-deps:
 	@missing=""; \
 	test -x $(PG_BIN)/postgres || missing="$$missing postgresql-15"; \
 	command -v java >/dev/null || missing="$$missing openjdk-17-jre-headless"; \
 	test -f /usr/share/java/sqlite-jdbc.jar || missing="$$missing libxerial-sqlite-jdbc-java"; \
+	test -f /usr/share/java/postgresql.jar || missing="$$missing libpostgresql-jdbc-java"; \
+	command -v javac >/dev/null || missing="$$missing openjdk-17-jdk-headless"; \
 	command -v influxd >/dev/null || missing="$$missing influxdb"; \
 	command -v chromium >/dev/null || missing="$$missing chromium"; \
 	command -v llvm-strip >/dev/null || missing="$$missing llvm"; \

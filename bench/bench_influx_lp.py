@@ -7,6 +7,9 @@ file whose every line quotes a string field, for an export as ``influx_inspect``
 line per field, in runs per series and field, so every point is merged from its lines), the same
 with what real ones hold (a tenth of the values missing, and the series listed again for a second
 shard of time), and the rate of the parse alone (lines typed into batches, before the merge).
+``--only wide`` reads the same number of fields as lines of 10 fields and as lines of 2,000 (each
+its own key), with the compiled reader and with the Arrow one, and prints the time per field of each:
+the target is 2,000 fields a line in at most twice the time per field of 10.
 
 The sides run alternately, ``--repeat`` times; the best run of each is compared (the machine is
 shared, so the load average is printed with them, and the ratio of CPU seconds, which load moves less).
@@ -16,6 +19,7 @@ in that process was about 15 % faster than in a new one.
 
     .venv/bin/python bench/bench_influx_lp.py                # 2M points, 5 rounds
     .venv/bin/python bench/bench_influx_lp.py 1000000 --repeat 9
+    .venv/bin/python bench/bench_influx_lp.py --only wide --fields 2000000
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from timelake.sources.line_protocol import LineProtocol
 
 FILES = {"plain": "plain fields", "quoted": "every line quotes a string", "tsm": "one line per field (TSM export)",
          "gaps": "TSM export, a tenth of the values missing, two shards"}
+WIDTHS = (10, 2_000)  # fields per line of the wide case
 
 
 def _files(folder: Path, rows: int, kind: str) -> tuple[Path, Path, int]:
@@ -107,15 +112,53 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("rows", type=int, nargs="?", default=2_000_000)
     parser.add_argument("--repeat", type=int, default=5)
-    parser.add_argument("--only", nargs="+", choices=list(FILES), default=list(FILES))
+    parser.add_argument("--only", nargs="+", choices=[*FILES, "wide"], default=list(FILES))
+    parser.add_argument("--fields", type=int, default=2_000_000, help="fields of each file of the wide case")
     args = parser.parse_args()
     rows = args.rows - args.rows % 500
     print(f"{os.cpu_count()} CPUs, pyarrow {pa.__version__}, {rows:,} points, best of {args.repeat} alternating runs")
     with tempfile.TemporaryDirectory() as tmp:
-        for kind in args.only:
+        if "wide" in args.only:
+            paths = [_wide(Path(tmp), args.fields, width) for width in WIDTHS]
+            with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as fresh:
+                fresh.submit(_measure_wide, paths, args.fields, args.repeat).result()
+        for kind in (kind for kind in args.only if kind != "wide"):
             lp, csv, points = _files(Path(tmp), rows, kind)
             with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as fresh:
                 fresh.submit(_measure, kind, lp, csv, points, args.repeat).result()
+
+
+def _wide(folder: Path, fields: int, width: int) -> Path:
+    """``fields`` values as lines of ``width`` fields, keys f0, f1, ... (50 series, rising times)."""
+    rng = np.random.default_rng(0)
+    lines = fields // width
+    values = np.round(rng.uniform(0, 100, (lines, width)), 3).astype(str)
+    pairs = np.char.add(np.array([f"f{i}=" for i in range(width)]), values)
+    body = [f"sensor,device_id=d{n % 50} {','.join(row)} {1_700_000_000_000_000_000 + n}" for n, row in enumerate(pairs)]
+    path = folder / f"wide-{width}.lp"
+    path.write_text("\n".join(body) + "\n")
+    return path
+
+
+def _measure_wide(paths: list[Path], fields: int, repeat: int) -> None:
+    """CPU time per field of each width, compiled and Arrow reader, alternating; the best run of each."""
+    from timelake.sources import line_protocol
+
+    compiled = line_protocol._lineproto
+    cpu: dict[tuple[str, int], list[float]] = {}
+    for _ in range(repeat):
+        for reader in ("compiled", "arrow"):
+            line_protocol._lineproto = compiled if reader == "compiled" else None
+            for path, width in zip(paths, WIDTHS, strict=True):
+                source = open_influx_files(str(path), "sensor", "ns", 262_144)
+                _, used = _seconds(lambda s=source: sum(b.data.num_rows for b in s.batches()), fields // width)
+                cpu.setdefault((reader, width), []).append(used)
+    line_protocol._lineproto = compiled
+    for reader in ("compiled", "arrow"):
+        per_field = {width: min(cpu[(reader, width)]) / fields * 1e9 for width in WIDTHS}
+        print(f"{fields:,} fields, {reader} reader (load average {os.getloadavg()[0]:.1f}): "
+              + ", ".join(f"{width} a line {per_field[width]:.0f} ns of CPU per field" for width in WIDTHS)
+              + f"; ratio {per_field[WIDTHS[-1]] / per_field[WIDTHS[0]]:.2f} (target <= 2)", flush=True)
 
 
 def _parse(lp: Path) -> int:

@@ -68,10 +68,6 @@ DROPPED: dict[str, str] = {
     "python-dateutil": "part of the Lambda Python runtime (botocore's); strictyaml imports it",
     "jmespath": "part of the Lambda Python runtime (botocore's)",
     "six": "part of the Lambda Python runtime (python-dateutil's)",
-    "requests": "only pyiceberg's REST catalog and fsspec file IO import it; Lambdas use Glue and pyarrow's S3",
-    "charset-normalizer": "pulled in by requests",
-    "idna": "pulled in by requests",
-    "certifi": "pulled in by requests (pyarrow's S3 client uses the system's CA bundle)",
     "fsspec": "only pyiceberg's fsspec file IO imports it; pyiceberg picks pyarrow's for s3:// first",
     "typer": "CLI only",
     "rich": "CLI only (pyiceberg imports it only in pyiceberg.cli)",
@@ -86,6 +82,10 @@ DROPPED: dict[str, str] = {
     "pyiceberg-core": "pyiceberg loads it only to partition rows when it writes a partitioned table itself; Lambda "
                       "code writes through timelake.model.commit, which partitions them (31.8 MB)",
 }
+# Kept although no Lambda of the default stack (Glue) imports them: pyiceberg's REST catalog, which the
+# stack's other catalogs use (the Glue Iceberg REST endpoint, S3 Tables), needs `requests`, and with it
+# charset-normalizer, idna and certifi (its CA bundle: about 0.3 MB); the SigV4 signing it adds comes from
+# botocore, which the Lambda runtime has. tests/catalogs/test_rest_on_lambda.py runs it from the layer.
 # Added to the layer unless the project lists them already.
 EXTRA: dict[str, str] = {
     "numpy": "the engine imports numpy, which pyproject only gets through pandas, dropped above",
@@ -127,6 +127,10 @@ PRUNED = (
     "pyarrow/libarrow_python.so", "pyarrow/libarrow_python.so.*.*.*",
     # zstandard ships a C extension and a cffi backend of the same code; it loads the C one.
     "zstandard/_cffi.*.so", "zstandard/backend_cffi.py",
+    # charset-normalizer's compiled twins of its own cd.py and md.py (0.6 MB), which Python imports
+    # instead when they are absent; requests asks it only to guess the encoding of an answer without a
+    # charset, and the REST catalogs answer JSON.
+    "charset_normalizer/*.so",
     # pyiceberg's Hive catalog client (thrift stubs).
     "hive_metastore", "fb303",
     # The C++ sources and headers the ADBC driver manager ships beside its compiled extension.

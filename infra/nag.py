@@ -37,6 +37,9 @@ LAKE_PREFIX = {
 GLUE_TABLES = ("the engine loads and commits whichever table of the configured Glue databases (glueDatabases) a job names; "
                "tables are created after deployment, so the grant covers those databases' tables and no other database")
 
+S3_TABLES = ("the engine loads and commits whichever table of the table bucket a job names (catalog=s3tables); tables "
+             "are created after deployment, so the grant covers that bucket's tables and no other bucket")
+
 
 def acknowledge(stack: BackfillStack) -> None:
     for name, fn in stack.functions.items():
@@ -49,6 +52,9 @@ def acknowledge(stack: BackfillStack) -> None:
                 _ack(fn.role, f"AwsSolutions-IAM5[Resource::{bucket}/{prefix}]", reason)
             for db in stack.settings.all_databases:
                 _ack(fn.role, f"AwsSolutions-IAM5[Resource::{_glue(db)}]", GLUE_TABLES)
+            if stack.table_bucket_arn is not None:
+                arn = _ref(stack, stack.table_bucket, "TableBucketARN") if stack.table_bucket else stack.table_bucket_arn
+                _ack(fn.role, f"AwsSolutions-IAM5[Resource::{arn}/table/*]", S3_TABLES)
         if FUNCTIONS[name].reads_sources:
             for source in stack.settings.source_buckets:
                 _ack(fn.role, f"AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:s3:::{source}/*]",
@@ -74,8 +80,11 @@ def acknowledge(stack: BackfillStack) -> None:
          "the Maps' ItemReaders read the piece and unit lists that plan and cut write under the job's staging "
          "folder, named by the job id at run time; read-only and limited to the staging prefix")
     _ack(stack.functions["api"].role, f"AwsSolutions-IAM5[Resource::{states}:execution:{workflow}:*]",
-         "the API describes and redrives a job's execution by its name (the job id, chosen at run time); limited to "
-         "this state machine's executions")
+         "the API describes and redrives a job's execution by its name (the job id, chosen at run time), and lists "
+         "its map runs to apply a settings change; limited to this state machine's executions")
+    _ack(stack.functions["api"].role, f"AwsSolutions-IAM5[Resource::{states}:mapRun:{workflow}/*]",
+         "a settings change updates the MaxConcurrency of the job's running map runs, whose ids exist at run time "
+         "only; UpdateMapRun alone, limited to this state machine's map runs")
 
     _ack(stack.node.find_child("RollupDeadLetters"), "AwsSolutions-SQS3",
          "this queue IS the dead-letter queue of the rollup rule's Lambda target (EventBridge, not SQS, sends to it, so "

@@ -28,6 +28,7 @@ from aws_cdk import aws_lambda_destinations as destinations
 from aws_cdk import aws_lambda_event_sources as event_sources
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_s3 as s3
+from aws_cdk import aws_s3tables as s3tables
 from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sns_subscriptions as subscriptions
 from aws_cdk import aws_sqs as sqs
@@ -67,6 +68,14 @@ DIFF = f"{STAGING_PREFIX}*/diff/*"  # <job>/diff/...: the diff's main tasks, spi
 RECORD_DATA = (f"{WAREHOUSE_PREFIX}/{DATABASE}.db/backfills/data/*", f"{WAREHOUSE_PREFIX}/*__coverage/data/*")
 
 
+# The catalog the deployment's tables live in (CDK context ``catalog``): Glue through pyiceberg's Glue
+# client, the Glue Iceberg REST endpoint, or S3 Tables' Iceberg REST endpoint; both REST endpoints sign
+# with SigV4 (the Lambda role's credentials). The catalog's name is the kind's.
+CATALOG_KINDS = ("glue", "glue-rest", "s3tables")
+DEFAULT_TABLE_BUCKET = "timelake-backfill"  # the table bucket the stack makes for ``catalog=s3tables`` without ``tableBucketArn``
+TABLE_BUCKET_ARN = r"arn:aws[a-z-]*:s3tables:[a-z0-9-]+:\d{12}:bucket/[a-z0-9-]{3,63}"
+
+
 @dataclass(frozen=True)
 class Settings:
     """What a deployer chooses (CDK context, see `from_context`); the defaults run the README example."""
@@ -79,6 +88,8 @@ class Settings:
     write_concurrency: int = DEFAULT_WRITE_CONCURRENCY
     unit_ttl_days: int = DEFAULT_UNIT_TTL_DAYS
     rollup_work_max_age_hours: int = DEFAULT_ROLLUP_WORK_MAX_AGE_HOURS  # the RollupWork age alarm's threshold
+    catalog: str = "glue"  # one of CATALOG_KINDS
+    table_bucket_arn: str | None = None  # catalog s3tables: an existing table bucket (None: the stack makes one)
 
     @classmethod
     def from_context(cls, get: Any) -> "Settings":
@@ -106,7 +117,15 @@ class Settings:
                        scan_concurrency=number("scanConcurrency", DEFAULT_SCAN_CONCURRENCY),
                        write_concurrency=number("writeConcurrency", DEFAULT_WRITE_CONCURRENCY),
                        unit_ttl_days=number("unitTtlDays", DEFAULT_UNIT_TTL_DAYS),
-                       rollup_work_max_age_hours=number("rollupWorkMaxAgeHours", DEFAULT_ROLLUP_WORK_MAX_AGE_HOURS))
+                       rollup_work_max_age_hours=number("rollupWorkMaxAgeHours", DEFAULT_ROLLUP_WORK_MAX_AGE_HOURS),
+                       catalog=str(get("catalog") or "glue"), table_bucket_arn=get("tableBucketArn") or None)
+        if settings.catalog not in CATALOG_KINDS:
+            raise ValueError(f"context catalog: '{settings.catalog}' is not one of {', '.join(CATALOG_KINDS)}")
+        if settings.table_bucket_arn and settings.catalog != "s3tables":
+            raise ValueError("context tableBucketArn applies to catalog=s3tables only")
+        if settings.table_bucket_arn and not re.fullmatch(TABLE_BUCKET_ARN, settings.table_bucket_arn):
+            raise ValueError(f"context tableBucketArn: '{settings.table_bucket_arn}' is not a table bucket ARN "
+                             "(arn:aws:s3tables:REGION:ACCOUNT:bucket/NAME)")
         for db in settings.databases:
             if not re.fullmatch(r"[a-z0-9_]{1,255}", db):
                 raise ValueError(f"context glueDatabases: '{db}' is not a Glue database name (lower case, digits, _)")
@@ -167,7 +186,8 @@ ROLLUP_VISIBILITY = Duration.minutes(90)  # 6 x the rollup Lambda's timeout, as 
 API_ROUTES: tuple[tuple[str, str], ...] = (
     ("POST", "/backfills"), ("GET", "/backfills"), ("GET", "/backfills/{id}"),
     ("GET", "/backfills/{id}/report"), ("POST", "/backfills/{id}/resume"), ("POST", "/backfills/{id}/abort"),
-    ("POST", "/backfills/{id}/approve"), ("POST", "/backfills/{id}/reject"), ("GET", "/tables/{table}/coverage"),
+    ("POST", "/backfills/{id}/approve"), ("POST", "/backfills/{id}/reject"), ("POST", "/backfills/{id}/settings"),
+    ("GET", "/tables/{table}/coverage"),
 )
 LAYER_DESCRIPTIONS = {
     ENGINE_LAYER: "timelake engine with pyarrow, pyiceberg, numpy, pydantic and Powertools (aarch64, CPython 3.12)",
@@ -175,6 +195,14 @@ LAYER_DESCRIPTIONS = {
     "postgres": "ADBC PostgreSQL driver for the functions that read PostgreSQL sources (aarch64, CPython 3.12)",
 }
 GLUE_READ = ["glue:GetDatabase", "glue:GetDatabases", "glue:GetTable", "glue:GetTables"]
+GLUE_REST = ["glue:GetCatalog"]  # the Glue Iceberg REST endpoint's config call, on top of the table actions
+# S3 Tables' REST endpoint: the actions each call needs (load: metadata location + data; commit: new
+# metadata location + the metadata file written into table storage).
+S3TABLES_READ = ["s3tables:GetTableBucket", "s3tables:ListNamespaces", "s3tables:GetNamespace", "s3tables:ListTables",
+                 "s3tables:GetTable", "s3tables:GetTableMetadataLocation", "s3tables:GetTableData"]
+S3TABLES_COMMIT = ["s3tables:UpdateTableMetadataLocation", "s3tables:PutTableData", "s3tables:CreateTable",
+                   "s3tables:CreateNamespace"]
+S3TABLES_WRITE = ["s3tables:PutTableData"]
 GLUE_COMMIT = ["glue:UpdateTable", "glue:CreateTable"]  # CreateTable: companion tables made on first use (provenance, coverage)
 DYNAMODB_READ_WRITE = [
     "dynamodb:GetItem", "dynamodb:BatchGetItem", "dynamodb:Query", "dynamodb:Scan", "dynamodb:DescribeTable",
@@ -195,11 +223,18 @@ class BackfillStack(Stack):
         self.source_buckets = tuple(dict.fromkeys(s.split("/", 1)[0] for s in settings.source_buckets))
         self.access_logs = self._access_log_bucket()
         self.bucket = self._data_bucket()
-        self.databases = {db: glue.CfnDatabase(
-            self, "Database" if db == DATABASE else f"Database{_pascal(db)}", catalog_id=self.account,
-            database_input=glue.CfnDatabase.DatabaseInputProperty(
-                name=db, description="Iceberg tables loaded by timelake backfill",
-                location_uri=self.bucket.s3_url_for_object(f"{WAREHOUSE_PREFIX}/{db}.db"))) for db in settings.all_databases}
+        self.table_bucket: s3tables.CfnTableBucket | None = None
+        self.table_bucket_arn = self._table_bucket() if settings.catalog == "s3tables" else None
+        if settings.catalog == "s3tables":
+            self.databases = {db: s3tables.CfnNamespace(
+                self, "Namespace" if db == DATABASE else f"Namespace{_pascal(db)}", namespace=db,
+                table_bucket_arn=self.table_bucket_arn) for db in settings.all_databases}
+        else:
+            self.databases = {db: glue.CfnDatabase(
+                self, "Database" if db == DATABASE else f"Database{_pascal(db)}", catalog_id=self.account,
+                database_input=glue.CfnDatabase.DatabaseInputProperty(
+                    name=db, description="Iceberg tables loaded by timelake backfill",
+                    location_uri=self.bucket.s3_url_for_object(f"{WAREHOUSE_PREFIX}/{db}.db"))) for db in settings.all_databases}
         self.database = self.databases[DATABASE]
         self.jobs_table = self._jobs_table()
         self.alarm_topic = sns.Topic(
@@ -233,12 +268,26 @@ class BackfillStack(Stack):
         }.items():
             CfnOutput(self, name, value=value)
 
+    def catalog_props(self) -> dict[str, str]:
+        """pyiceberg's properties of the chosen catalog (`Settings.catalog`). Both REST endpoints sign with
+        SigV4 using the function's own role; table data is in the stack's bucket except on S3 Tables,
+        whose tables keep their files in the table bucket's own storage."""
+        kind = self.settings.catalog
+        if kind == "glue":
+            return {"type": "glue", "warehouse": self.bucket.s3_url_for_object(WAREHOUSE_PREFIX),
+                    "glue.id": Aws.ACCOUNT_ID, "glue.region": Aws.REGION, "s3.region": Aws.REGION}
+        signing = {"rest.sigv4-enabled": "true", "rest.signing-region": Aws.REGION, "s3.region": Aws.REGION}
+        if kind == "glue-rest":
+            return {"type": "rest", "uri": f"https://glue.{Aws.REGION}.{Aws.URL_SUFFIX}/iceberg", "warehouse": Aws.ACCOUNT_ID,
+                    "rest.signing-name": "glue", **signing}
+        return {"type": "rest", "uri": f"https://s3tables.{Aws.REGION}.{Aws.URL_SUFFIX}/iceberg",
+                "warehouse": self.table_bucket_arn, "rest.signing-name": "s3tables", **signing}
+
     def lake_config(self) -> str:
         """``TIMELAKE_CONFIG``: `timelake.ports.runtime.LakeConfig` as JSON, tokens resolved at deploy time."""
         return self.to_json_string({
-            "catalog_name": "glue",
-            "catalog_props": {"type": "glue", "warehouse": self.bucket.s3_url_for_object(WAREHOUSE_PREFIX),
-                              "glue.id": Aws.ACCOUNT_ID, "glue.region": Aws.REGION, "s3.region": Aws.REGION},
+            "catalog_name": self.settings.catalog,
+            "catalog_props": self.catalog_props(),
             "store": f"dynamodb://{self.jobs_table.table_name}?unit_ttl_days={self.settings.unit_ttl_days}",
             "staging": self.bucket.s3_url_for_object(STAGING_PREFIX.rstrip("/")),
             "events": f"eventbridge://{self.bus.event_bus_name}",
@@ -247,6 +296,14 @@ class BackfillStack(Stack):
             # The scan role reads lake data only: every partition goes through the spill to the write Lambdas.
             "scan_writes": False,
         })
+
+    def _table_bucket(self) -> str:
+        """The S3 Tables table bucket: ``tableBucketArn``, or one made here (kept when the stack goes)."""
+        if self.settings.table_bucket_arn:
+            return self.settings.table_bucket_arn
+        self.table_bucket = s3tables.CfnTableBucket(self, "TableBucket", table_bucket_name=DEFAULT_TABLE_BUCKET)
+        self.table_bucket.apply_removal_policy(RemovalPolicy.RETAIN)
+        return self.table_bucket.attr_table_bucket_arn
 
     def _access_log_bucket(self) -> s3.Bucket:
         return s3.Bucket(
@@ -330,21 +387,27 @@ class BackfillStack(Stack):
         commit (table metadata + glue:UpdateTable) or delete, each on the narrowest prefix."""
         role.add_to_policy(iam.PolicyStatement(actions=["s3:GetObject"], resources=[self.bucket.arn_for_objects("*")]))
         role.add_to_policy(iam.PolicyStatement(actions=["s3:ListBucket", "s3:GetBucketLocation"], resources=[self.bucket.bucket_arn]))
+        in_bucket = self.settings.catalog != "s3tables"  # S3 Tables keeps table files in its own storage
         # pyarrow's delete_dir re-creates the parent folder's marker object: clearing scratch puts too.
         put = ([f"{STAGING_PREFIX}*"] if spec.scratch or spec.clears_scratch else
                [FACTS] if spec.writes_facts else [DIFF] if spec.writes_diff else []) + \
-            ([TABLE_DATA] if spec.writes_data else []) + \
-            ([TABLE_METADATA] if spec.commits else []) + (list(RECORD_DATA) if spec.writes_records and not spec.writes_data else [])
+            ([TABLE_DATA] if spec.writes_data and in_bucket else []) + ([TABLE_METADATA] if spec.commits and in_bucket else []) + \
+            (list(RECORD_DATA) if spec.writes_records and not spec.writes_data and in_bucket else [])
         if put:
             role.add_to_policy(iam.PolicyStatement(actions=["s3:PutObject", "s3:AbortMultipartUpload"],
                                                    resources=[self.bucket.arn_for_objects(p) for p in put]))
-        delete = ([f"{STAGING_PREFIX}*"] if spec.clears_scratch else []) + ([TABLE_DATA] if spec.deletes_data else [])
+        delete = ([f"{STAGING_PREFIX}*"] if spec.clears_scratch else []) + ([TABLE_DATA] if spec.deletes_data and in_bucket else [])
         if delete:
             role.add_to_policy(iam.PolicyStatement(actions=["s3:DeleteObject"], resources=[self.bucket.arn_for_objects(p) for p in delete]))
+        if not in_bucket:
+            role.add_to_policy(iam.PolicyStatement(
+                actions=S3TABLES_READ + (S3TABLES_COMMIT if spec.commits else S3TABLES_WRITE if spec.writes_data else []),
+                resources=[self.table_bucket_arn, f"{self.table_bucket_arn}/table/*"]))
+            return
         glue_arn = f"arn:{Aws.PARTITION}:glue:{Aws.REGION}:{Aws.ACCOUNT_ID}"
         dbs = self.settings.all_databases
         role.add_to_policy(iam.PolicyStatement(
-            actions=GLUE_READ + (GLUE_COMMIT if spec.commits else []),
+            actions=GLUE_READ + (GLUE_REST if self.settings.catalog == "glue-rest" else []) + (GLUE_COMMIT if spec.commits else []),
             resources=[f"{glue_arn}:catalog", *(f"{glue_arn}:database/{db}" for db in dbs), *(f"{glue_arn}:table/{db}/*" for db in dbs)]))
 
     def _state_machine(self, asl_path: Path) -> sfn.StateMachine:
@@ -390,13 +453,18 @@ class BackfillStack(Stack):
                                                   resources=[self.state_machine.state_machine_arn]))
         fn.add_to_role_policy(iam.PolicyStatement(actions=["states:DescribeExecution", "states:RedriveExecution", "states:StopExecution"],
                                                   resources=[f"{states}:execution:{self.state_machine.state_machine_name}:*"]))
+        # settings mid-job: the concurrency of the job's running Map runs
+        fn.add_to_role_policy(iam.PolicyStatement(actions=["states:ListMapRuns"],
+                                                  resources=[f"{states}:execution:{self.state_machine.state_machine_name}:*"]))
+        fn.add_to_role_policy(iam.PolicyStatement(actions=["states:UpdateMapRun"],
+                                                  resources=[f"{states}:mapRun:{self.state_machine.state_machine_name}/*"]))
 
     def _api(self) -> apigw.RestApi:
         """REST API with IAM (SigV4) auth on every method. Bodies are checked against the job
         model's required fields here; the handler validates the full model (422 on bad input)."""
         access_logs = logs.LogGroup(self, "ApiAccessLogs", retention=LOG_RETENTION, removal_policy=RemovalPolicy.DESTROY)
         api = apigw.RestApi(
-            self, "Api", rest_api_name=SERVICE, description="Start, list, inspect, resume, approve, reject and abort backfills; a table's coverage",
+            self, "Api", rest_api_name=SERVICE, description="Start, list, inspect, resume, approve, reject and abort backfills, change their settings; a table's coverage",
             endpoint_types=[apigw.EndpointType.REGIONAL], cloud_watch_role=True,
             default_method_options=apigw.MethodOptions(authorization_type=apigw.AuthorizationType.IAM),
             deploy_options=apigw.StageOptions(

@@ -55,9 +55,14 @@ def sensor(lake: timelake.Lake) -> timelake.Table:
                              partition_by="day", retention="P3Y", target_file_size="64MB")
 
 
+#: The day the test session started (UTC): every `recent` day counts back from it, so a run that
+#: crosses midnight does not see two different "todays" (rows made before midnight for a range asked after).
+TODAY = datetime.now(timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
+
+
 def recent(days_ago: int) -> str:
-    """An ISO day ``days_ago`` before today (UTC): keeps test data inside retention whatever the date."""
-    return (datetime.now(timezone.utc) - timedelta(days=days_ago)).strftime("%Y-%m-%d")
+    """An ISO day ``days_ago`` before the session's day (UTC): keeps test data inside retention whatever the date."""
+    return (TODAY - timedelta(days=days_ago)).strftime("%Y-%m-%d")
 
 
 def reference_merge(existing: pa.Table, source: pa.Table) -> pa.Table:
@@ -120,19 +125,26 @@ def cli(*args: str, warehouse: Path, check: bool = True) -> subprocess.Completed
 def cli_in_process(*args: str) -> tuple[int, str]:
     """``timelake ARGS`` through its entry point in this process: (exit code, stderr). Faster than a
     subprocess, and what a user sees, since main() is where a failure becomes one line."""
+    code, _, err = cli_main(*args)
+    return code, err
+
+
+def cli_main(*args: str) -> tuple[int, str, str]:
+    """``timelake ARGS`` as the command runs it, in this process (its umask left alone): (exit code,
+    stdout, stderr)."""
     import contextlib
     import io
 
-    from timelake.interfaces.cli import main
+    from timelake.interfaces.cli import run_cli
 
-    err, argv = io.StringIO(), sys.argv
+    out, err, argv = io.StringIO(), io.StringIO(), sys.argv
     sys.argv = ["timelake", *args]
     try:
-        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-            main()
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
+            run_cli()
         code = 0
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     finally:
         sys.argv = argv
-    return code, err.getvalue()
+    return code, out.getvalue(), err.getvalue()

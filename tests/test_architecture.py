@@ -18,7 +18,7 @@ ENGINE = Path(__file__).resolve().parents[1] / "layers" / "timelake"
 # A part may import its own modules and any part of a lower rank. Parts of one rank do not import
 # each other.
 RANKS = {"": 7, "duckdb": 7, "interfaces": 6, "runner": 5, "steps": 4, "sources": 3, "followup": 3, "model": 2,
-         "ports": 1, "errors": 0}
+         "ports": 1, "workers": 1, "errors": 0}
 ADAPTERS = {"adapters", "aws"}
 MAY_IMPORT_ADAPTERS = {"", "interfaces", "runner", *ADAPTERS}
 ADAPTERS_MAY_IMPORT = {"ports", "errors", *ADAPTERS}
@@ -137,3 +137,21 @@ def test_the_direction_check_refuses_upward_and_adapter_imports() -> None:
     assert not allowed("timelake.aws.store", "timelake.steps.plan")
     assert allowed("timelake.runner", "timelake.adapters")
     assert allowed("timelake.steps.publish", "timelake.followup.completion")
+
+
+def test_every_error_the_engine_raises_on_purpose_has_one_root_and_is_public():
+    """One root, `BackfillError`, so a caller catches what the engine means in one clause; each exported
+    from `timelake`."""
+    import inspect
+
+    import timelake
+    from timelake import errors
+
+    defined = [c for _, c in inspect.getmembers(errors, inspect.isclass) if c.__module__ == errors.__name__]
+    assert len(defined) > 10 and all(issubclass(c, errors.BackfillError) for c in defined)
+    assert {c.__name__ for c in defined} <= set(timelake.__all__)
+    for path in ENGINE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and node.name.endswith("Error") and path.name != "errors.py":
+                bases = {getattr(b, "id", getattr(b, "attr", "")) for b in node.bases}
+                assert not bases & {"ValueError", "Exception", "RuntimeError"}, f"{path.name}: {node.name} is not a BackfillError"

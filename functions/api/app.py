@@ -17,7 +17,7 @@ from timelake.interfaces.orchestrator import StepFunctionsOrchestrator
 from timelake.interfaces.service import lambda_runtime
 from pydantic import ValidationError
 
-from timelake.model.spec import DocumentError, JobSpec, external_job, parse_document, printable
+from timelake.model.spec import DocumentError, JobSpec, Settings, external_job, parse_document, printable
 
 logger, tracer = Logger(), Tracer()
 app = APIGatewayRestResolver(enable_validation=True)
@@ -70,6 +70,12 @@ def resume(job_id: str) -> Response[dict[str, Any]]:
 @app.post("/backfills/<job_id>/abort", summary="Stop the execution; remove the branch, unpublished files and the lease")
 def abort(job_id: str) -> dict[str, Any]:
     return orchestrator().abort(job_id)
+
+
+@app.post("/backfills/<job_id>/settings", summary="Change a job's max_concurrency or source_rows_per_second while it "
+          "runs: the running Map and the next ones, the next rows read; a finished job is refused")
+def settings(job_id: str, change: Settings) -> dict[str, Any]:
+    return orchestrator().set_settings(job_id, **change.model_dump())
 
 
 @app.post("/backfills/<job_id>/approve", summary="Approve the canary day: write, validate and publish the rest",

@@ -8,7 +8,10 @@
 
 from datetime import datetime
 
-from timelake.errors import BackfillError, InvalidJob, LeaseConflict, TableNotFound, ValidationFailed
+from timelake.errors import (
+    Aborted, BackfillError, CatalogUnsupported, DocumentError, DstRefused, FilesLost, Interrupted, InvalidJob, JobBusy,
+    JobNotFound, LeaseConflict, MappingError, SourceError, TableNotFound, ValidationFailed,
+)
 from timelake.interfaces.lake import Job, Lake, Table, connect
 from timelake.model.spec import JobSpec
 from timelake.model.version import __version__
@@ -20,6 +23,7 @@ def is_range_leased(table: str, start: "str | datetime", end: "str | datetime", 
 
 
 __all__ = [
-    "BackfillError", "InvalidJob", "Job", "JobSpec", "Lake", "LeaseConflict", "Table", "TableNotFound",
-    "ValidationFailed", "__version__", "connect", "is_range_leased",
+    "Aborted", "BackfillError", "CatalogUnsupported", "DocumentError", "DstRefused", "FilesLost", "Interrupted",
+    "InvalidJob", "Job", "JobBusy", "JobNotFound", "JobSpec", "Lake", "LeaseConflict", "MappingError", "SourceError",
+    "Table", "TableNotFound", "ValidationFailed", "__version__", "connect", "is_range_leased",
 ]

@@ -5,8 +5,29 @@ class BackfillError(Exception):
     """Base of every error the engine raises on purpose (as opposed to a bug)."""
 
 
+class SourceError(BackfillError, ValueError):
+    """A source cannot be found or read; the message names the file or glob and the problem. (Also a
+    ValueError, as bad input is to Python callers.)"""
+
+
+class MappingError(BackfillError, ValueError):
+    """The source cannot be mapped; names table and source column, type, and for bad values the file, row and value."""
+
+
+class DocumentError(BackfillError, ValueError):
+    """A job document that is not one before any field is read; ``status`` is the HTTP answer for it."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 class TableNotFound(BackfillError):
     pass
+
+
+class CatalogUnsupported(BackfillError):
+    """The catalog is not configured, or cannot do what a backfill needs (commit, be shared), or is not the job's."""
 
 
 class JobNotFound(BackfillError):

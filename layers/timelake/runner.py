@@ -7,16 +7,12 @@ failure or Ctrl-C) simply continues from there; every step is idempotent.
 from __future__ import annotations
 
 import errno
-import multiprocessing
 import os
 import socket
-import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
-from concurrent.futures import FIRST_COMPLETED, Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor, wait
-from contextlib import contextmanager
-from importlib.machinery import ModuleSpec
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Executor, Future, ThreadPoolExecutor, wait
 from typing import Any
 
 from timelake.adapters import runtime_for
@@ -29,7 +25,7 @@ from timelake.model.layout import MainReader
 from timelake.model.lineage import planned_view
 from timelake.model.limits import limits
 from timelake.model.report import NEXT_STEP
-from timelake.model.spec import JobSpec
+from timelake.model.spec import MAX_CONCURRENCY, JobSpec, current_setting, current_spec
 from timelake.ports.runtime import Runtime
 from timelake.ports.store import TERMINAL, JobRecord, Lease
 from timelake.sources.postgres import is_postgres
@@ -37,37 +33,51 @@ from timelake.steps import canary, diff
 from timelake.steps.abort import abort
 from timelake.steps.plan import cut, pending_pieces, plan, scan
 from timelake.steps.publish import publish
+from timelake.steps.schedule import closed_until
 from timelake.steps.scan import open_job_source
 from timelake.steps.spill import coded_columns
 from timelake.steps.stage import stage
 from timelake.steps.validate import CheckContext, check_file, check_items, plan_checks, validate
 from timelake.steps.write import write_unit
+from timelake.workers import WorkerPool
 
 WAITING = {canary.AWAITING}  # the job stops here until a person approves (continue) or aborts it
 # Below this many rows, units are written by threads of this process (a unit's sort, take and
-# Parquet encoding run outside the GIL): starting worker processes (about 1 s for the forkserver
+# Parquet encoding run outside the GIL): starting worker processes (each imports the engine: about 1-2 s
 # here) costs more than they save. bench/bench_backfill.py, 13M rows on 2 cores: threads 0.77 s,
 # processes 0.87 s; from a PostgreSQL source, which starts no processes for its scan, 0.7 s against 1.5 s.
-IN_PROCESS_ROWS = int(os.environ.get("TIMELAKE_IN_PROCESS_ROWS", 20_000_000))
+IN_PROCESS_ROWS = ("TIMELAKE_IN_PROCESS_ROWS", 20_000_000)
 # At most this many writers are threads whatever the rows: two threads of one process keep two cores
 # busy (the GIL is held for a small part of a unit), and processes only add their start and their own
 # copies of the engine. bench/bench_backfill.py --days 120, 51.8M rows from a file per device on 2
 # cores: the write step 3.5 s on processes, 2.3 s on threads, and the peak memory 793 MB against 654.
-THREAD_WRITERS = int(os.environ.get("TIMELAKE_THREAD_WRITERS", 2))
+THREAD_WRITERS = ("TIMELAKE_THREAD_WRITERS", 2)
 # Below this many source bytes (as the pieces report them), scan tasks run on threads too: Arrow
 # reads Parquet and CSV and does most of the mapping outside the GIL, and starting processes was
 # half of a 13M-row scan (bench/bench_backfill.py, day-ordered: 2.2 s on processes, 1.1 s on threads).
 # Above it, processes, so that a long scan on many cores is not held back by the GIL. A PostgreSQL
 # source is always read by threads: its driver decodes outside the GIL (bench/bench_postgres.py).
-IN_PROCESS_SOURCE_BYTES = int(os.environ.get("TIMELAKE_IN_PROCESS_SOURCE_BYTES", 1 << 30))
+IN_PROCESS_SOURCE_BYTES = ("TIMELAKE_IN_PROCESS_SOURCE_BYTES", 1 << 30)
+# (each read from its environment variable when a fan-out starts, so a process can change it between jobs)
+# Steps that run whatever the time: planning (it reads listings, footers and schemas, so a wrong job fails at
+# once rather than when its quiet hours begin) and the rollups after publish (the table's own follow-up,
+# which on AWS its events start). Every other step, and every unit and publish commit, waits for them.
+UNGATED = {"plan", "refresh"}
 HEARTBEAT_SECONDS = 2.0  # how often a runner notes that it still runs the job: the time a crash loses from its clock
 MAX_RUNS = 100
+
+
+def setting(name_and_default: tuple[str, int]) -> int:
+    """A tuning limit: its environment variable as set now, else its default."""
+    name, default = name_and_default
+    return int(os.environ.get(name, default))
 
 
 def run_job(rt: Runtime, job_id: str, source: Any = None, cancel: threading.Event | None = None) -> str:
     """Run a job from its current phase to the end; returns the final phase. One process at a time
     runs a job (`JobBusy` otherwise); while it does, the job store shows it as running."""
-    rt.store.get_job(job_id)  # an unknown job is named as such, before anything is held
+    record = rt.store.get_job(job_id)  # an unknown job is named as such, before anything is held
+    rt.check_catalog(record.spec.get("catalog"))
     with rt.store.hold(job_id), _Heartbeat(rt, job_id):
         return _run(rt, job_id, source, cancel)
 
@@ -76,7 +86,10 @@ def _run(rt: Runtime, job_id: str, source: Any, cancel: threading.Event | None) 
     job = reopen(rt, job_id)
     while job.phase not in TERMINAL | WAITING:
         step = NEXT_STEP[job.phase]
-        _check(cancel, job_id, f"before {step}", rt)
+        if step in UNGATED:
+            _check(cancel, job_id, f"before {step}", rt)
+        else:
+            _in_window(rt, job_id, cancel, f"before {step}")
         try:
             if step == "plan":
                 rt.store.update_job(job_id, "planning")
@@ -108,7 +121,7 @@ def _run(rt: Runtime, job_id: str, source: Any, cancel: threading.Event | None) 
                 _check_all(rt, job_id, cancel)
                 validate(rt, job_id)
             elif step == "publish":
-                publish(rt, job_id)
+                publish(rt, job_id, between=lambda: _in_window(rt, job_id, cancel, "between publish commits"))
                 if followup.needed(rt.load_table(job.table), JobSpec.model_validate(job.spec)):
                     rt.store.update_job(job_id, "refreshing")
             elif step == "refresh":
@@ -165,21 +178,22 @@ def record_failure(rt: Runtime, job_id: str, error: str) -> JobRecord:
 def _scan_all(rt: Runtime, job_id: str, source: Any, cancel: threading.Event | None) -> None:
     """Scan every source piece not scanned yet: in-process for in-memory data or a single piece."""
     job = rt.store.get_job(job_id)
-    spec = JobSpec.model_validate(job.spec)
+    spec = current_spec(job.spec, job.state)
     pending = pending_pieces(rt, job_id)
-    workers = min(limits(spec).scan_workers(spec.max_concurrency or os.cpu_count() or 1), len(pending))
+    connections = limits(spec).max_connections
+    workers = min(_workers(job, connections), len(pending))
     if source is not None or workers <= 1:
         src = open_job_source(spec, source, rt.load_table(spec.table), job.state.get("source_plan")) if pending else None
         tasks, names = job.state["scan_tasks"], src.pieces() if src else []
         for i, piece in enumerate(pending):
-            _check(cancel, job_id, "while scanning", rt)
+            _in_window(rt, job_id, cancel, "while scanning")
             if i + 1 < len(pending):
                 src.read_next(names[slice(*tasks[pending[i + 1]])])
             scan(rt, job_id, piece, source, opened=src)
             checkpoint("scan.unit")
     else:
-        threads = is_postgres(spec.source) or job.state.get("source_bytes", 0) < IN_PROCESS_SOURCE_BYTES
-        _fan_out(rt, job_id, "scan", pending, workers, lambda: None, cancel, threads=threads)
+        threads = is_postgres(spec.source) or job.state.get("source_bytes", 0) < setting(IN_PROCESS_SOURCE_BYTES)
+        _fan_out(rt, job_id, "scan", pending, lambda job: _workers(job, connections), lambda: None, cancel, threads=threads)
     rt.store.update_job(job_id, "scanned")
 
 
@@ -189,7 +203,6 @@ def _write_all(rt: Runtime, job_id: str, cancel: threading.Event | None, only: l
     spec = JobSpec.model_validate(job.spec)
     units = rt.store.units(job_id)
     pending = [u.unit_id for u in units if u.status != "done" and (only is None or u.unit_id in only)]
-    workers = min(spec.max_concurrency or os.cpu_count() or 1, len(pending)) if pending else 0
     main: MainReader | MainAtPlan | None = None
     if spec.mode == "merge" and pending:
         contract = Contract.from_table(rt.load_table(spec.table))
@@ -198,40 +211,27 @@ def _write_all(rt: Runtime, job_id: str, cancel: threading.Event | None, only: l
         table = planned_view(rt.load_table(spec.table), job.state)
         contract = Contract.from_table(table)
         main = MainAtPlan(table, contract, job.state, job_id, coded_columns(table.schema().as_arrow(), contract.series_key))
-    if workers <= 1:
-        for unit_id in pending:
-            _check(cancel, job_id, "while writing", rt)
-            write_unit(rt, job_id, unit_id, main)
-            checkpoint("write.unit")
-    else:
-        threads = workers <= THREAD_WRITERS or job.state.get("rows_in_scope", 0) < IN_PROCESS_ROWS
-        _fan_out(rt, job_id, "write", pending, workers, lambda: None, cancel, threads=threads, shared=main)
+    if pending:  # one writer too is a thread of the fan-out: a concurrency set meanwhile then adds writers
+        workers = min(_workers(job), len(pending))
+        threads = workers <= setting(THREAD_WRITERS) or job.state.get("rows_in_scope", 0) < setting(IN_PROCESS_ROWS)
+        _fan_out(rt, job_id, "write", pending, _workers, lambda: None, cancel, threads=threads, shared=main)
     if only is None and not spec.dry_run:
         rt.store.update_job(job_id, "written")
 
 
 def _main_all(rt: Runtime, job_id: str, cancel: threading.Event | None, span: tuple[int, int] | None = None) -> None:
     """Read main's range for the job's diff (`timelake.steps.diff`): the main tasks not done yet (only
-    those a canary's ``span`` needs), on threads (Arrow reads and spills outside the GIL)."""
+    those a canary's ``span`` needs), on threads (Arrow reads and spills outside the GIL), as many at
+    once and in the same quiet hours as the units."""
     pending = diff.pending_main_tasks(rt, job_id, span)
-    if not pending:
-        return
-    spec = JobSpec.model_validate(rt.store.get_job(job_id).spec)
-    workers = min(spec.max_concurrency or os.cpu_count() or 1, len(pending))
-    if workers <= 1:
-        for task in pending:
-            _check(cancel, job_id, "while reading main's range", rt)
-            diff.read_main(rt, job_id, task)
-            checkpoint("main.task")
-    else:
-        _fan_out(rt, job_id, "main", pending, workers, lambda: None, cancel, threads=True)
+    if pending:
+        _fan_out(rt, job_id, "main", pending, _workers, lambda: None, cancel, threads=True)
 
 
 def _check_all(rt: Runtime, job_id: str, cancel: threading.Event | None) -> None:
     """The per-file checks of validation, on the writers' pool; `validate` then combines them. One file
     is checked inside `validate` itself."""
     if plan_checks(rt, job_id)["files"] > 1:
-        spec = JobSpec.model_validate(rt.store.get_job(job_id).spec)
         items = check_items(rt, job_id)
         checked = [0]
 
@@ -240,44 +240,73 @@ def _check_all(rt: Runtime, job_id: str, cancel: threading.Event | None) -> None
             rt.store.note_progress(job_id, "validate", {"done": checked[0], "total": len(items), "of": "files"})
 
         rt.store.note_progress(job_id, "validate", {"done": 0, "total": len(items), "of": "files"})
-        _fan_out(rt, job_id, "check", items, min(spec.max_concurrency or os.cpu_count() or 1, len(items)),
-                 tick, cancel, threads=True, shared=CheckContext.of(rt, job_id, shared=True))
+        _fan_out(rt, job_id, "check", items, _workers, tick, cancel, threads=True,
+                 shared=CheckContext.of(rt, job_id, shared=True))
 
 
-def _check(cancel: threading.Event | None, job_id: str, doing: str, rt: Runtime | None = None) -> None:
-    """Stop between steps or units when interrupted (Ctrl-C) or when an abort was requested."""
+def _workers(job: JobRecord, cap: int | None = None) -> int:
+    """Units to run at once, as the job's settings have it now (`timelake backfill set`), at most ``cap``
+    (the source's connections, for scan tasks)."""
+    wanted = current_setting(job, "max_concurrency") or os.cpu_count() or 1
+    return min(wanted, cap) if cap else wanted
+
+
+def _check(cancel: threading.Event | None, job_id: str, doing: str, rt: Runtime) -> JobRecord:
+    """Stop between steps or units when interrupted (Ctrl-C) or when an abort was requested; the job as
+    the store has it now."""
     if cancel is not None and cancel.is_set():
         raise Interrupted(f"job {job_id} interrupted {doing}; resume with: timelake backfill resume {job_id}")
-    if rt is not None and rt.store.get_job(job_id).state.get("abort_requested"):
+    job = rt.store.get_job(job_id)
+    if job.state.get("abort_requested"):
         raise Aborted(f"job {job_id} was aborted")
+    return job
+
+
+def _in_window(rt: Runtime, job_id: str, cancel: threading.Event | None, doing: str) -> JobRecord:
+    """`_check`, then wait while the job's quiet hours are closed: still stopped by Ctrl-C or an abort."""
+    while True:
+        job = _check(cancel, job_id, doing, rt)
+        until = closed_until(rt, job)
+        if until is None:
+            return job
+        rt.clock.wait_until(until, lambda: _check(cancel, job_id, f"{doing} (paused for quiet hours)", rt))
 
 
 def _fan_out(
-    rt: Runtime, job_id: str, step: str, items: list[Any], workers: int, tick: Callable[[], None],
+    rt: Runtime, job_id: str, step: str, items: list[Any], workers: Callable[[JobRecord], int], tick: Callable[[], None],
     cancel: threading.Event | None, threads: bool = False, shared: MainReader | MainAtPlan | CheckContext | None = None,
 ) -> None:
-    """Run ``step`` (scan, write or check) over ``items`` on a pool of processes, or of ``threads`` (which
+    """Run ``step`` (scan, main, write or check) over ``items`` on a pool of processes, or of ``threads`` (which
     share ``shared``: merge mode's reader of main for writes, the job's check context for checks),
-    recording progress as items finish."""
+    recording progress as items finish.
+
+    As items finish the job is read again: ``workers(job)`` items run at once from then on (its settings
+    may have changed), and outside its quiet hours none starts; once the running ones have finished,
+    the fan-out waits for the window. Pools start their threads and processes as items need them, so
+    the pool's bound is the largest concurrency a job may have."""
     config = rt.config.model_dump()
+    doing = {"scan": "while scanning", "write": "while writing", "main": "while reading main's range"}.get(step, "while validating")
     if threads:
-        pool: Executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"timelake-{step}")
+        pool: Executor = ThreadPoolExecutor(max_workers=MAX_CONCURRENCY, thread_name_prefix=f"timelake-{step}")
     else:
-        context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload(["timelake.steps.write", "timelake.steps.scan", "pyiceberg.catalog.sql"])
-        pool = ProcessPoolExecutor(max_workers=workers, mp_context=context)
-    with _workers_skip_main(), pool:
+        pool = WorkerPool(MAX_CONCURRENCY)
+    with pool:
         queue = list(reversed(items))
         running: dict[Future, Any] = {}
         try:
             while queue or running:
-                while queue and len(running) < workers * 2:
-                    item = queue.pop()
-                    if threads:
-                        future = pool.submit(_run_item, rt, step, job_id, item, shared)
-                    else:
-                        future = pool.submit(_in_worker, config, step, job_id, item)
-                    running[future] = item
+                job = _check(cancel, job_id, doing, rt)
+                closed = bool(queue) and closed_until(rt, job) is not None
+                if closed and not running:  # the last running unit has finished: wait for the window
+                    job, closed = _in_window(rt, job_id, cancel, doing), False
+                if queue and not closed:
+                    for _ in range(min(len(queue), workers(job) - len(running))):
+                        item = queue.pop()
+                        if threads:
+                            future = pool.submit(_run_item, rt, step, job_id, item, shared)
+                        else:
+                            future = pool.submit(_in_worker, config, step, job_id, item)
+                        running[future] = item
                 done, _ = wait(running, timeout=0.5, return_when=FIRST_COMPLETED)
                 for future in done:
                     item = running.pop(future)
@@ -291,29 +320,9 @@ def _fan_out(
                         raise BackfillError(f"job {job_id}: {step} of {item} failed: {type(exc).__name__}: {exc}") from exc
                     tick()
                     checkpoint(f"{step}.unit")
-                _check(cancel, job_id, {"scan": "while scanning", "write": "while writing", "main": "while reading main's range"}.get(
-                    step, "while validating"), rt)
         except BaseException:
             pool.shutdown(wait=True, cancel_futures=True)
             raise
-
-
-@contextmanager
-def _workers_skip_main() -> Iterator[None]:
-    """Worker processes run engine code only. Without this, multiprocessing re-runs the caller's
-    script in every worker, and a script without ``if __name__ == "__main__":`` (as most pyiceberg
-    scripts are) would create tables and start jobs again there; naming the main module ``__main__``
-    makes the workers skip it."""
-    main = sys.modules.get("__main__")
-    if main is None:
-        yield
-        return
-    saved = getattr(main, "__spec__", None)
-    main.__spec__ = ModuleSpec("__main__", None)
-    try:
-        yield
-    finally:
-        main.__spec__ = saved
 
 
 def _in_worker(config: dict[str, Any], step: str, job_id: str, item: Any) -> dict[str, Any]:

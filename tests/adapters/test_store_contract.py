@@ -296,3 +296,20 @@ def test_a_job_store_from_before_the_phase_log_opens_and_logs(tmp_path):
     assert (store.get_job("j").state, store.get_job("j").phase_log) == ({"rows": 1}, [])
     assert [phase for phase, _ in store.update_job("j", "written").phase_log] == ["written"]
     assert SqliteJobStore(path).get_job("j").phase == "written"  # opened again: nothing to add
+
+
+def test_a_rate_set_on_the_job_governs_its_readers_next_reservations(store):
+    """Readers keep the rate they started with; `set_rate` (``timelake backfill set``) overrides it for
+    every later reservation of that job, 0 lifting the limit, and the budget keeps its place throughout.
+    Times are given (``now``), so the expected waits follow from the bucket's rule alone: a reservation
+    starts where the last one ended (a new budget one second from now) and waits until a second before
+    its end."""
+    now = 1_000_000.0
+    assert store.reserve_rows("j", 500, 1000.0, now) == pytest.approx(0.5)  # ends at now + 1.5
+    store.set_rate("j", 100)
+    assert store.reserve_rows("j", 500, 1000.0, now) == pytest.approx(5.5)  # 500 rows at 100/s: ends at now + 6.5
+    store.set_rate("j", 0)
+    assert store.reserve_rows("j", 10**9, 1000.0, now) == 0.0  # no limit: nothing reserved
+    store.set_rate("j", 1000)
+    assert store.reserve_rows("j", 500, 1.0, now) == pytest.approx(6.0)  # ends at now + 7
+    assert store.reserve_rows("other", 500, 1000.0, now) == pytest.approx(0.5)  # the rate is the job's alone

@@ -10,9 +10,11 @@ import io
 import json
 import multiprocessing
 import os
+import threading
 import time
 import urllib.request
 import zipfile
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +49,8 @@ class Cloud:
     invocations: list[str]
     # function name → called with each event before the handler; raising fails that invocation
     before: dict[str, Any] = field(default_factory=dict)
+    # function name → the most invocations of it that ran at once
+    peaks: Counter[str] = field(default_factory=Counter)
 
     def run(self, job: dict[str, Any], name: str, timeout: float = 120) -> dict[str, Any]:
         """Start an execution named ``name`` and wait for its end."""
@@ -137,6 +141,9 @@ def _deploy(aws: str, monkeypatch: pytest.MonkeyPatch, dispatch: Dispatch) -> Cl
 
     invocations: list[str] = []
     before: dict[str, Any] = {}
+    running: Counter[str] = Counter()
+    peaks: Counter[str] = Counter()
+    counting = threading.Lock()
 
     def invoke(self: Any, function_name: str, qualifier: Any, body: Any, headers: Any, response_headers: Any) -> bytes:
         name = function_name.rsplit(":", 1)[-1]
@@ -148,7 +155,14 @@ def _deploy(aws: str, monkeypatch: pytest.MonkeyPatch, dispatch: Dispatch) -> Cl
             except Exception as exc:
                 response_headers["x-amz-function-error"] = "Unhandled"
                 return json.dumps({"errorType": type(exc).__name__, "errorMessage": str(exc)}).encode()
-        answer, failed = dispatch(name, event)
+        with counting:
+            running[name] += 1
+            peaks[name] = max(peaks[name], running[name])
+        try:
+            answer, failed = dispatch(name, event)
+        finally:
+            with counting:
+                running[name] -= 1
         if failed:
             response_headers["x-amz-function-error"] = "Unhandled"
         return answer.encode()
@@ -166,7 +180,7 @@ def _deploy(aws: str, monkeypatch: pytest.MonkeyPatch, dispatch: Dispatch) -> Cl
     arn = sfn.create_state_machine(name="timelake-backfill", definition=definition, roleArn=role)["stateMachineArn"]
     lake = Lake(compose(config))
     lake.catalog.create_namespace("iot")
-    return Cloud(aws, sfn, arn, lake, config, invocations, before)
+    return Cloud(aws, sfn, arn, lake, config, invocations, before, peaks)
 
 
 def _create_functions(names: list[str]) -> dict[str, str]:

@@ -3,8 +3,8 @@ travel through S3 (ItemReader), Map results go to S3 (ResultWriter) with empty c
 loops by time, not by chunk. Step Functions caps a state's payload at 256 KiB and a Standard
 execution at 25,000 history events; moto enforces neither, so the history is measured here.
 
-The same source goes through the real workflow and the real handlers twice: as 12 units (one per
-day) and as 3,072 tiny units (one per series bucket of each day, about 8 rows each), each staged file
+The same source goes through the real workflow and the real handlers twice: as 4 units (one per
+day) and as 1,024 tiny units (one per series bucket of each day, about 8 rows each), each staged file
 then checked by its own item of the validation Map. Both executions
 record the same events, as many as ``docs/aws.md`` says (`documented_formula`), which
 `expected_events` derives from the workflow file itself: a state added to the success path changes
@@ -35,8 +35,9 @@ from tests.cloud.conftest import BUCKET, ROOT, Cloud
 from tests.conftest import make_readings, sort_rows
 
 PAYLOAD_LIMIT = 64 * 1024  # bytes: a quarter of Step Functions' 256 KiB per state
-DAYS, DEVICES = 12, 2000  # one row per device and day; 256 series buckets a day, all of them used
-MAP_CONCURRENCY = 8  # enough to keep both workers busy; each moto Map thread then runs ~400 items (< 980)
+DAYS, DEVICES = 4, 2000  # one row per device and day; 256 series buckets a day, all of them used
+BUCKETS = 256
+MAP_CONCURRENCY = 8  # enough to keep both workers busy; each moto Map thread then runs ~130 items (< 980)
 EVENTS_PER_STATE = {"Pass": 2, "Choice": 2, "Succeed": 2,  # entered, exited
                     "Task": 5,  # entered, scheduled, started, succeeded, exited
                     "Map": 6}  # entered, started, map run started, map run succeeded, succeeded, exited
@@ -146,7 +147,7 @@ def test_history_events_and_payloads_do_not_depend_on_the_number_of_units(cloud_
         assert cloud.sfn.describe_map_run(mapRunArn=check_run["mapRunArn"])["itemCounts"]["succeeded"] == len(files), name
     print("events and payloads:", runs)  # the numbers docs/aws.md quotes
     few, many = runs["few"], runs["many"]
-    assert few["units"] == DAYS and many["units"] >= 3000, runs
+    assert few["units"] == DAYS and many["units"] == DAYS * BUCKETS, runs
     assert few["publishes"] == many["publishes"] == 1, runs
     fixed, per_publish = expected_events(1)
     assert few["events"] == many["events"] == fixed + per_publish * 1 == sum(documented_formula()), runs

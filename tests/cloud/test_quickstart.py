@@ -13,8 +13,8 @@ What cannot run here, and stands in for it:
 - API Gateway has no invocation in moto: ``ApiUrl`` points at a stand-in here that checks the
   request's SigV4 signature (service ``execute-api``, the caller's credentials and region) and hands
   it, as API Gateway's proxy event, to the real API handler.
-- The example's source bucket (``old-historian``) is the reader's; it is created here, and the
-  export the script uploads is three days of the historian's Parquet files in ``export/``.
+The script makes its own bucket (named after the account) and export (``examples/make_export.py``),
+and names its job after the time, as a reader's second run would need.
 """
 
 from __future__ import annotations
@@ -39,12 +39,10 @@ from botocore.credentials import Credentials
 
 from infra.app import STACK_NAME
 from tests.cloud.conftest import ROOT, Cloud, _Context, load_function
-from tests.cloud.test_least_privilege import _export
 from tests.docs.test_examples import runnable_blocks
 from tests.infra.conftest import Synthesized, synthesized  # noqa: F401
 
 MARK = "<!-- run on moto -->"
-JOB = "bf-2024-reprocess"
 
 
 def quickstart_script() -> str:
@@ -136,11 +134,9 @@ def test_the_deploy_quickstart_runs_as_pasted(cloud: Cloud, api_gateway: _ApiGat
     outputs = _deploy_stand_in(cloud, api_gateway.url, synthesized)
     assert {"StateMachineArn", "ApiUrl", "BucketName"} <= set(re.findall(r"\$\(output (\w+)\)", script)) <= set(outputs)
     assert f"--stack-name {STACK_NAME} " in script
-    boto3.client("s3").create_bucket(Bucket="old-historian")
     (tmp_path / "examples").mkdir()
-    shutil.copy(ROOT / "examples" / "job.json", tmp_path / "examples" / "job.json")
-    (tmp_path / "export").mkdir()
-    pq.write_table(_export(3), tmp_path / "export" / "part-0.parquet")
+    for name in ("job.json", "make_export.py"):
+        shutil.copy(ROOT / "examples" / name, tmp_path / "examples" / name)
 
     bin_dir = Path(sys.executable).parent
     env = {k: v for k, v in os.environ.items() if not k.startswith("TIMELAKE_")} | {
@@ -150,15 +146,18 @@ def test_the_deploy_quickstart_runs_as_pasted(cloud: Cloud, api_gateway: _ApiGat
                           text=True, timeout=600)
     assert done.returncode == 0, f"the quickstart failed:\n{done.stdout}\n{done.stderr}"
 
-    execution = cloud.wait(cloud.state_machine_arn.replace(":stateMachine:", ":execution:") + f":{JOB}")
+    started, answer = _json_objects(done.stdout)
+    job = started["executionArn"].rsplit(":", 1)[1]
+    assert re.fullmatch(r"bf-2024-reprocess-\d{8}-\d{6}", job)
+    execution = cloud.wait(started["executionArn"])
     assert execution["status"] == "SUCCEEDED", execution
+    rows = sum(pq.read_metadata(path).num_rows for path in (tmp_path / "export").glob("*.parquet"))
+    assert rows == 144 and boto3.client("s3").list_objects_v2(Bucket="old-historian-123456789012")["KeyCount"] == 3
     lines = done.stdout.splitlines()
     assert lines[0] == f"state machine: {outputs['StateMachineArn']}, API: {outputs['ApiUrl']}, lake: s3://timelake-lake"
-    assert re.fullmatch(rf"{JOB} published; (\d+)/\1 units, 144/144 rows.* \[execution (RUNNING|SUCCEEDED)\]", lines[-1]), lines[-1]
-    started, answer = _json_objects(done.stdout)
-    assert started["executionArn"] == execution["executionArn"]
-    assert (answer["job_id"], answer["phase"]) == (JOB, "published") and answer["units_done"] == answer["units_total"] > 0
-    assert cloud.lake.table("iot.sensor").iceberg.scan().to_arrow().num_rows == 144
+    assert re.fullmatch(rf"{job} published; (\d+)/\1 units, {rows}/{rows} rows.* \[execution (RUNNING|SUCCEEDED)\]", lines[-1]), lines[-1]
+    assert (answer["job_id"], answer["phase"]) == (job, "published") and answer["units_done"] == answer["units_total"] > 0
+    assert cloud.lake.table("iot.sensor").iceberg.scan().to_arrow().num_rows == rows
     assert "created iot.sensor" in done.stdout
 
 

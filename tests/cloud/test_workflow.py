@@ -225,3 +225,22 @@ def test_rules_in_historical_mode_never_reach_the_alarm_topic(cloud: Cloud, read
     expected = reference(table.to_arrow(), day(8), day(6))
     assert recorded(table, "backfill") == expected and sum(counts) == len(expected) and expected
     assert sqs.receive_message(QueueUrl=alarms, WaitTimeSeconds=0).get("Messages", []) == []
+
+
+def test_over_the_reject_budget_the_workflow_fails_before_it_writes(cloud: Cloud, readings):
+    """The same budget on AWS: a third of the values unreadable ends the execution at the cut, with the
+    budget's message; no unit is written, no lease taken, main untouched."""
+    table = sensor_table(cloud.lake)
+    source = readings(recent(6), days=1, devices=2)
+    text = [f"{v:,.1f}" if i % 3 == 0 and v >= 1 else f"{v:.1f}" for i, v in enumerate(
+        (v * 1000 for v in source.column("value").to_pylist()))]
+    unreadable = sum("," in v for v in text)
+    _upload(source.set_column(2, "value", pa.array(text)), "src/grouped.parquet")
+    result = cloud.run({"table": "iot.sensor", "source": f"s3://{BUCKET}/src/*.parquet", "on_bad_value": "reject"},
+                       "bf-over-budget")
+    assert result["status"] == "FAILED" and "reject_budget" in result["cause"], result
+    record = cloud.lake.job("bf-over-budget").record()
+    assert record.phase == "failed_validation"
+    assert f"{unreadable:,} of {source.num_rows:,} source rows" in record.state["error"] and "--thousands ','" in record.state["error"]
+    assert cloud.invocations.count("timelake-write") == 0 and cloud.lake.leases("iot.sensor") == []
+    assert table.refresh().iceberg.current_snapshot() is None

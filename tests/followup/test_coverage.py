@@ -247,7 +247,7 @@ def test_live_append_can_update_the_signal(lake, sensor, readings):
     signal = sensor.coverage()
     assert signal.column("partition").to_pylist() == [recent(3)]
     assert signal.column("rows").to_pylist() == [48] and signal.column("last_writer").to_pylist() == ["live"]
-    assert signal.column("status").to_pylist() == ["complete"]  # no cadence declared: rows present is all it can say
+    assert signal.column("status").to_pylist() == ["has_data"]  # no cadence declared: rows present is all it can say
 
 
 def test_cli_text_json_html_and_errors(lake, scene, warehouse, tmp_path):
@@ -261,7 +261,7 @@ def test_cli_text_json_html_and_errors(lake, scene, warehouse, tmp_path):
     assert re.search(r"^\s+d00\s+([\d,]+) rows", text.stdout, re.M).group(1) == f"{d00:,}"
     assert "coverage-data" in page.read_text() and f"page: {page}" in text.stdout
     data = json.loads(run("iot.sensor", "--start", recent(21), "--end", recent(3), "--json").stdout)
-    assert data["statuses"] == {"complete": 9, "partial": 1, "backfilling": 2, "gap": 6}
+    assert data["statuses"] == {"complete": 9, "partial": 1, "has_data": 0, "backfilling": 2, "gap": 6}
     assert len(data["buckets"]) == 18
     bad = run("iot.nothing")
     assert bad.returncode == 1 and bad.stderr.startswith("error: table 'iot.nothing' does not exist")
@@ -366,8 +366,8 @@ def test_a_canary_awaiting_approval_is_backfilling_until_it_publishes(lake, sens
     job = sensor.backfill(source=readings(recent(8), days=3, devices=2), canary=recent(7)).wait()
     assert job.record().phase == "awaiting-approval"
     cmap = sensor.coverage_map(recent(9), recent(5))
-    assert [(b.status, b.backfill_jobs) for b in cmap.buckets] == [("complete", [])] + [("backfilling", [job.id])] * 3
+    assert [(b.status, b.backfill_jobs) for b in cmap.buckets] == [("has_data", [])] + [("backfilling", [job.id])] * 3
     assert sensor.coverage().num_rows == 0  # nothing published: no signal yet
     job.approve(wait=True)
     signal = {r["partition"]: (r["status"], r["last_writer"], r["rows"]) for r in sensor.coverage().to_pylist()}
-    assert signal == {recent(d): ("complete", job.id, 48) for d in (8, 7, 6)}
+    assert signal == {recent(d): ("has_data", job.id, 48) for d in (8, 7, 6)}  # no cadence: no count to compare

@@ -23,7 +23,7 @@ ABSENT = {  # a module of each layer, which must not import without that layer
     "duckdb": "duckdb",
     "postgres": "adbc_driver_postgresql",
 }
-NEVER = ("pyiceberg_core", "sqlalchemy", "pandas", "requests", "fsspec")  # in no layer (`infra.layer.DROPPED`)
+NEVER = ("pyiceberg_core", "sqlalchemy", "pandas", "fsspec")  # in no layer (`infra.layer.DROPPED`)
 
 
 class LambdaContext:

@@ -214,7 +214,8 @@ def test_each_function_role_grants_only_what_it_needs(synthesized: Synthesized) 
         assert {"dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:Query"} <= granted, name
         states = {a for a in granted if a.startswith("states:")}
         expected = {"states:StartExecution", "states:DescribeExecution", "states:RedriveExecution", "states:ListExecutions",
-                    "states:StopExecution", "states:SendTaskSuccess", "states:SendTaskFailure"}
+                    "states:StopExecution", "states:SendTaskSuccess", "states:SendTaskFailure",
+                    "states:ListMapRuns", "states:UpdateMapRun"}  # settings mid-job: the running Map's concurrency
         assert states == (expected if name == "api" else set()), name
         assert not {a for a in granted if a.endswith("*")}, name
 
@@ -251,7 +252,7 @@ def test_api_routes_use_iam_auth_and_lambda_proxy(synthesized: Synthesized) -> N
     assert routes == {("POST", "/backfills"), ("GET", "/backfills"), ("GET", "/backfills/{id}"),
                       ("GET", "/backfills/{id}/report"), ("POST", "/backfills/{id}/resume"), ("POST", "/backfills/{id}/abort"),
                       ("POST", "/backfills/{id}/approve"), ("POST", "/backfills/{id}/reject"),
-                      ("GET", "/tables/{table}/coverage")}
+                      ("POST", "/backfills/{id}/settings"), ("GET", "/tables/{table}/coverage")}
 
 
 def test_api_validates_the_job_body_and_logs_and_traces_its_stage(synthesized: Synthesized, template: Template) -> None:
@@ -505,3 +506,62 @@ def test_a_published_chunk_longer_than_a_piece_is_refreshed_piece_by_piece_from_
     others = [name for name, (_, props) in functions(synthesized).items() if name != "rollup"
               and any(work in json.dumps(s["Resource"]) for s in statements(synthesized, props["Role"]["Fn::GetAtt"][0]))]
     assert not others
+
+
+def _synth(context: dict[str, Any]) -> Synthesized:
+    app, _ = build_app({**feature_flags(), **NO_BUNDLING, **context})
+    return Synthesized(app.synth().get_stack_by_name(STACK_NAME).template, {}, Path())
+
+
+def _config(synthesized: Synthesized, function: str, names: dict[str, str]) -> LakeConfig:
+    env = functions(synthesized)[function][1]["Environment"]["Variables"]
+    return LakeConfig.model_validate_json(render(env["TIMELAKE_CONFIG"], names))
+
+
+def test_catalog_context_chooses_the_glue_iceberg_rest_endpoint() -> None:
+    """``-c catalog=glue-rest``: pyiceberg's REST client signing for Glue, the tables still in the stack's
+    bucket and its Glue databases, and glue:GetCatalog (the endpoint's config call) for every engine role."""
+    synthesized = _synth({"catalog": "glue-rest"})
+    config = _config(synthesized, "publish", {data_bucket(synthesized): "data-bucket"})
+    assert config.catalog_name == "glue-rest"
+    assert config.catalog_props == {"type": "rest", "uri": "https://glue.eu-central-1.<AWS::URLSuffix>/iceberg",
+                                    "warehouse": "123456789012", "rest.sigv4-enabled": "true", "rest.signing-name": "glue",
+                                    "rest.signing-region": "eu-central-1", "s3.region": "eu-central-1"}
+    assert {r["Properties"]["DatabaseInput"]["Name"] for r in synthesized.resources("AWS::Glue::Database").values()} == {DATABASE, "iot"}
+    for name, (_, props) in functions(synthesized).items():
+        granted = set().union(*map(actions, statements(synthesized, props["Role"]["Fn::GetAtt"][0])))
+        assert ("glue:GetCatalog" in granted) == FUNCTIONS[name].engine, name
+
+
+def test_catalog_context_chooses_s3_tables_with_its_own_table_bucket() -> None:
+    """``-c catalog=s3tables``: a table bucket (kept when the stack goes) with a namespace per database, the
+    S3 Tables REST endpoint signing for s3tables, and the s3tables actions instead of Glue and of the
+    stack bucket's warehouse prefixes: commits only where the step commits, data puts only where it writes."""
+    synthesized = _synth({"catalog": "s3tables"})
+    (bucket_id, bucket), = synthesized.resources("AWS::S3Tables::TableBucket").items()
+    assert bucket["Properties"]["TableBucketName"] == "timelake-backfill" and bucket["DeletionPolicy"] == "Retain"
+    assert {r["Properties"]["Namespace"] for r in synthesized.resources("AWS::S3Tables::Namespace").values()} == {DATABASE, "iot"}
+    assert synthesized.resources("AWS::Glue::Database") == {}
+    config = _config(synthesized, "write", {})
+    assert config.catalog_name == "s3tables" and config.catalog_props["warehouse"] == f"<{bucket_id}.TableBucketARN>"
+    assert config.catalog_props["uri"] == "https://s3tables.eu-central-1.<AWS::URLSuffix>/iceberg"
+    assert config.catalog_props["rest.signing-name"] == "s3tables" and config.staging.endswith("/_backfill")
+    for name, (_, props) in functions(synthesized).items():
+        role = statements(synthesized, props["Role"]["Fn::GetAtt"][0])
+        granted = set().union(*map(actions, role))
+        spec = FUNCTIONS[name]
+        assert not any(a.startswith("glue:") for a in granted), name
+        assert ("s3tables:GetTableData" in granted) == spec.engine, name
+        assert ("s3tables:UpdateTableMetadataLocation" in granted) == spec.commits, name
+        assert ("s3tables:PutTableData" in granted) == (spec.commits or spec.writes_data), name
+        assert "warehouse/" not in json.dumps([s["Resource"] for s in role if "s3:PutObject" in actions(s)]), name
+
+
+@pytest.mark.parametrize(("context", "message"), [
+    ({"catalog": "nessie"}, "context catalog: 'nessie' is not one of glue, glue-rest, s3tables"),
+    ({"tableBucketArn": "arn:aws:s3tables:eu-central-1:123456789012:bucket/lake"}, "context tableBucketArn applies to catalog=s3tables only"),
+    ({"catalog": "s3tables", "tableBucketArn": "lake"}, "context tableBucketArn: 'lake' is not a table bucket ARN"),
+])
+def test_bad_catalog_context_is_refused_with_its_name(context: dict[str, str], message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        Settings.from_context(context.get)

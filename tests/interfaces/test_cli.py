@@ -38,6 +38,8 @@ def test_backfill_json_report_then_status_and_list(sensor, warehouse, export):
     status = json.loads(cli("backfill", "status", report["job_id"], "--json", warehouse=warehouse).stdout)
     assert status["units_done"] == status["units_total"] == 2 and status["rows_processed"] == 96
     listed = json.loads(cli("backfill", "list", "iot.sensor", "--json", warehouse=warehouse).stdout)
+    assert [(j["job_id"], j["rows_written"]) for j in listed] == [(report["job_id"], 96)]  # no dry runs unless asked
+    listed = json.loads(cli("backfill", "list", "iot.sensor", "--dry-runs", "--json", warehouse=warehouse).stdout)
     assert [j["job_id"] for j in listed] == [dry["job_id"], report["job_id"]]
     assert timelake.connect(warehouse=warehouse).table("iot.sensor").to_arrow().num_rows == 96
 

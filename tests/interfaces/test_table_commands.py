@@ -24,20 +24,28 @@ def test_create_from_a_schema_then_declare_the_cadence_that_coverage_measures(wa
     table.append(make_readings(day, days=2 / 24, devices=3, step_minutes=1))  # two hours of one day
     status = lambda: {b["bucket"]: b["status"] for b in json.loads(  # noqa: E731
         cli("coverage", "iot.sensor", "--start", recent(5), "--end", recent(4), "--json", warehouse=warehouse).stdout)["buckets"]}
-    assert status() == {recent(5): "complete"}, "without a cadence any rows make a day complete"
-    cli("table", "set", "iot.sensor", "--expected-interval", "PT1M", "--expected-series", "3", warehouse=warehouse)
+    assert status() == {recent(5): "has_data"}, "without a cadence rows are all a day can show"
+    shown = json.loads(cli("table", "show", "iot.sensor", "--json", warehouse=warehouse).stdout)
+    assert (shown["expected_interval"], shown["expected_series"]) == (None, None)
+    assert "expected_interval: not declared" in cli("table", "show", "iot.sensor", warehouse=warehouse).stdout
+    cli("table", "set", "iot.sensor", "--expected-interval", "PT1M", warehouse=warehouse)
+    assert status() == {recent(5): "has_data"}, "a cadence without a series count still cannot tell"
+    cli("table", "set", "iot.sensor", "--expected-series", "3", warehouse=warehouse)
     assert status() == {recent(5): "partial"}
+    shown = json.loads(cli("table", "show", "iot.sensor", "--json", warehouse=warehouse).stdout)
+    assert (shown["expected_interval"], shown["expected_series"]) == ("PT1M", 3)
 
 
 def test_create_like_a_sample_file_takes_its_columns_with_times_in_utc(warehouse, tmp_path):
     sample = tmp_path / "sample.csv"
     pacsv.write_csv(pa.table({"timestamp": ["2026-01-01 00:00:00"], "tag": ["a"], "val": [1.5]}), sample)
     cli("table", "create", "plant.tags", "--like", str(sample), "--series", "tag", "--expected-interval", "PT10S",
-        warehouse=warehouse)
+        "--expected-series", "4", warehouse=warehouse)
     table = timelake.connect(warehouse=warehouse).table("plant.tags")
     schema = table.iceberg.schema().as_arrow()
     assert schema.names == ["timestamp", "tag", "val"] and schema.field("timestamp").type == pa.timestamp("us", tz="UTC")
     assert table.iceberg.properties["timelake.expected-interval"] == "PT10S"
+    assert table.iceberg.properties["timelake.expected-series"] == "4"
 
 
 def test_table_create_and_set_refuse_bad_input_in_one_line(warehouse, tmp_path):

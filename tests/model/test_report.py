@@ -35,6 +35,16 @@ def test_a_running_job_counts_up_to_now_and_a_waiting_one_does_not():
     assert "awaiting" not in str(step_seconds(waiting, now=900.0)) and step_seconds(waiting, now=900.0)["write"] == 4.0
 
 
+def test_time_paused_for_quiet_hours_counts_for_no_step():
+    """Writing (from the plan's end at 111) until 130 with a pause from 115 to 125, and scanning paused
+    from 105 until 108: the steps ran 19 - 10 and 10 - 3 seconds. A pause that lasts runs to now."""
+    paused = job(pauses=[[105.0, 108.0], [115.0, 125.0]])
+    seconds = step_seconds(paused, now=500.0)
+    assert seconds["write"] == 19.0 - 10.0 and seconds["scan"] == 10.0 - 3.0
+    waiting = job("writing", LOG[:5], pauses=[[115.0, None]], paused_until=1000.0)
+    assert step_seconds(waiting, now=120.0)["write"] == pytest.approx(9.0 - 5.0)
+
+
 def test_an_interrupted_job_shows_where_and_no_eta():
     units = [UnitRecord("u1", {}, "done", {"rows_in": 10}), UnitRecord("u2", {})]
     info = progress(job("writing", LOG[:5], runs=[[100.0, 113.0]], rows_in_scope=20), units, running=False, now=200.0)

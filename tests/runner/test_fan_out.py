@@ -17,7 +17,7 @@ from tests.conftest import SCHEMA, make_readings, recent, reference_merge, sort_
 @pytest.mark.parametrize(("writers", "in_job_process"), [(2, True), (3, False)])
 def test_writers_above_the_row_limit_are_threads_up_to_two(tmp_path, monkeypatch, writers: int,
                                                            in_job_process: bool) -> None:
-    monkeypatch.setattr(runner, "IN_PROCESS_ROWS", 0)  # every job is above the row limit
+    monkeypatch.setenv("TIMELAKE_IN_PROCESS_ROWS", "0")  # every job is above the row limit
     ran: list[tuple[int, str]] = []
     write = runner.write_unit
 

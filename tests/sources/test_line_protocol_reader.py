@@ -1,9 +1,10 @@
 """The compiled line-protocol reader against the Arrow one: for any file, the same rows or the same error.
 
-The compiled reader (timelake/sources/_lineproto.c) reads only lines of the plain shape and sets
-every other line aside for the general split, so what it must never do is accept a line and read it
-differently. Generated files mix plain lines with every spelling at the edge of a kind (a sign, an
-exponent, an integer one past 64 bits, a quoted separator, an escape), comments and blank lines.
+Both readers read only lines of the plain shape and set every other line aside for ``lp_grammar``,
+so what they must never do is accept a line and read it differently. Generated files mix plain
+lines with every spelling at the edge of a kind (a sign, an exponent, an integer one past 64 bits,
+a quoted separator, an escape), comments and blank lines. How both read against influxd itself is
+``test_line_protocol_influxd``.
 """
 
 from __future__ import annotations
@@ -67,9 +68,9 @@ def _file(draw: st.DrawFn) -> list[str]:
     return [draw(_line(index, clean)) for index in range(draw(st.integers(1, 30)))]
 
 
-def _read(path: Path) -> pa.Table | str:
+def _read(path: Path, kind: str = "influx") -> pa.Table | str:
     try:
-        batches = [b.data for b in open_influx_files(str(path), "sensor", "ns", 1_000).batches()]
+        batches = [b.data for b in open_influx_files(str(path), "sensor", "ns", 1_000, kind).batches()]
     except line_protocol.InfluxError as e:
         return f"InfluxError: {e}"
     if not batches:
@@ -105,11 +106,18 @@ def test_compiled_reader_reads_any_file_as_the_arrow_reader(tmp_path: Path, monk
     ("18446744073709551615u", 2**64 - 1, pa.uint64()), ('"a, b=c d"', "a, b=c d", pa.string()), ("FALSE", False, pa.bool_()),
 ])
 def test_compiled_reader_types_each_spelling_exactly(tmp_path: Path, spelled: str, typed: object, kind: pa.DataType) -> None:
+    """Unsigned integers are InfluxDB 2.x line protocol: the 1.x reader sets them aside, and refuses them."""
     path = tmp_path / "one.lp"
     path.write_text(f"sensor,device_id=d0 x={spelled} {NS}\n" * 3)
-    assert line_protocol._lineproto.split(path.read_bytes(), 0) is not None  # no line set aside
-    table = _read(path)
+    unsigned = kind == pa.uint64()
+    assert line_protocol._lineproto.split(path.read_bytes(), 0, True, 2 if unsigned else 1) is not None  # none set aside
+    table = _read(path, "influx2" if unsigned else "influx")
     assert table["x"].type == kind and table["x"].to_pylist() == [typed]  # one point: the three lines merged
+    if unsigned:
+        assert line_protocol._lineproto.split(path.read_bytes(), 0) is None
+        assert _read(path) == (f"InfluxError: line 1 of {path}: invalid number (unsigned integers such as 1u are "
+                               f"InfluxDB 2.x line protocol: read it with --format influx2): "
+                               f"'sensor,device_id=d0 x={spelled} {NS}'")
 
 
 def test_compiled_reader_sets_aside_what_it_does_not_read(tmp_path: Path) -> None:
@@ -165,7 +173,7 @@ def _tsm_export(draw: st.DrawFn) -> list[str]:
     """An export as influx_inspect writes it: per shard, per series, per field a run of lines in time
     order. With what real ones hold: a field missing at some times, shards that overlap in time (a
     point given twice: the later line wins), another measurement and an escaped tag between runs,
-    and a value the compiled reader leaves to the general split (``+1.5``) inside a run."""
+    and a value the compiled reader leaves to ``lp_grammar`` (``12.``) inside a run."""
     lines = []
     for shard in range(draw(st.integers(1, 3))):
         start = draw(st.integers(0, 40))
@@ -178,7 +186,7 @@ def _tsm_export(draw: st.DrawFn) -> list[str]:
                         continue  # the field missing at this time
                     value = _TSM_FIELDS[key].format("t" if key == "ok" and t % 2 else "F" if key == "ok" else t + shard)
                     if key == "value" and draw(st.integers(0, 29)) == 0:
-                        value = "+" + value
+                        value = value.split(".")[0] + "."
                     lines.append(f"{series} {key}={value} {NS + t * 1_000}")
     return lines
 
@@ -255,8 +263,7 @@ def test_joined_lines_keep_their_own_line_numbers_in_errors(tmp_path: Path) -> N
 def test_the_first_bad_timestamp_is_named_whatever_its_fault(tmp_path: Path) -> None:
     path = tmp_path / "export.lp"
     path.write_text(f"sensor value=1 {NS}\nsensor value=1 12x\nsensor value=1\n")
-    assert _read(path) == (f"InfluxError: line 2 of {path}: timestamp '12x' is not an integer number of ns "
-                           "that fits 64-bit nanoseconds")
+    assert _read(path) == f"InfluxError: line 2 of {path}: bad timestamp: 'sensor value=1 12x'"
 
 
 @settings(max_examples=300, derandomize=True, deadline=None, database=None)

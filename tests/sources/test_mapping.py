@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from timelake.sources.base import SourceBatch, open_source
-from timelake.sources.mapping import MappedBatch, Mapper, MappingError
+from timelake.sources.mapping import MappedBatch, Mapper, MappingError, number_hint, timestamp_hint
 
 UTC = timezone.utc
 TARGET = pa.schema(
@@ -114,7 +114,7 @@ def test_naive_timestamps_need_tz() -> None:
 
 
 def test_naive_strings_need_tz_and_name_the_row() -> None:
-    with pytest.raises(MappingError, match=r"naive timestamps such as '2024-01-01 00:00:00' at row 1 of a.csv: pass"):
+    with pytest.raises(MappingError, match=r"naive timestamps such as '2024-01-01 00:00:00' at row 2 of a.csv: pass"):
         _map({"ts": ["2024-01-01T00:00:00Z", "2024-01-01 00:00:00"], "sensor": ["s", "s"]})
 
 
@@ -151,8 +151,8 @@ def test_nonexistent_and_ambiguous_times_are_dropped_and_counted(policy: str) ->
     mapped = _map(_naive(local), tz="Europe/Berlin", dst_policy=policy)
     assert _times(mapped) == [_utc(2024, 3, 31, 0, 0), _utc(2024, 10, 27, 3, 0)]
     assert mapped.rejected == {"dst_nonexistent": 1, "dst_ambiguous": 2}
-    assert mapped.examples["dst_nonexistent"] == "row 1 of a.csv: ts=2024-03-31 02:30:00"
-    assert mapped.examples["dst_ambiguous"] == "row 2 of a.csv: ts=2024-10-27 02:30:00"
+    assert mapped.examples["dst_nonexistent"] == "row 2 of a.csv: ts=2024-03-31 02:30:00"
+    assert mapped.examples["dst_ambiguous"] == "row 3 of a.csv: ts=2024-10-27 02:30:00"
     assert mapped.table.schema.equals(TARGET)
 
 
@@ -204,7 +204,7 @@ def test_unparseable_time_names_column_file_row_and_value() -> None:
     times = ["2024-01-01T00:00:00Z", "yesterday-ish", "2024-01-01T00:00:00Z"]
     batch = _batch({"when": times, "sensor": ["s"] * 3}, origin="x.csv", row_offset=1000)
     mapper = _mapper(batch.data.schema, column_map={"ts": "when"}, tz="UTC")
-    pattern = r"column 'ts' \(source 'when'\): cannot convert 'yesterday-ish' at row 1001 of x.csv to .*ISO 8601"
+    pattern = r"column 'ts' \(source 'when'\): cannot convert 'yesterday-ish' at row 1002 of x.csv to .*ISO 8601"
     with pytest.raises(MappingError, match=pattern):
         mapper.apply(batch)
 
@@ -234,14 +234,14 @@ def test_epoch_integers_need_time_unit() -> None:
 
 
 def test_epoch_out_of_range_names_value() -> None:
-    with pytest.raises(MappingError, match=r"cannot convert 10000000000000000 at row 1 of a.csv"):
+    with pytest.raises(MappingError, match=r"cannot convert 10000000000000000 at row 2 of a.csv"):
         _map({"ts": pa.array([0, 10**16], pa.int64()), "sensor": ["s", "s"]}, time_unit="s")
 
 
 def test_uncastable_value_names_column_file_row_and_value() -> None:
     columns = {"ts": ["2024-01-01T00:00:00Z"] * 4, "sensor": ["s", None, "s", "s"], "value": ["1.5", "2", "3", "abc"]}
     batch = _batch(columns, origin="exports/day.csv", row_offset=500)
-    pattern = r"column 'value' \(source 'value'\): cannot convert 'abc' at row 503 of exports/day.csv to double"
+    pattern = r"column 'value' \(source 'value'\): cannot convert 'abc' at row 504 of exports/day.csv to double"
     with pytest.raises(MappingError, match=pattern):
         _mapper(batch.data.schema).apply(batch)
 
@@ -267,9 +267,9 @@ def test_null_time_series_key_and_required_are_counted_once() -> None:
     mapped = _map(columns, target=WITH_UNIT)
     assert mapped.rejected == {"null_time": 2, "null_series_key": 1, "null_required": 1}
     assert mapped.examples == {
-        "null_time": "row 1 of a.csv: ts=null",
-        "null_series_key": "row 2 of a.csv: sensor=null",
-        "null_required": "row 4 of a.csv: unit=null",
+        "null_time": "row 2 of a.csv: ts=null",
+        "null_series_key": "row 3 of a.csv: sensor=null",
+        "null_required": "row 5 of a.csv: unit=null",
     }
     assert mapped.table.num_rows == 1
     assert mapped.table.schema.equals(WITH_UNIT)
@@ -307,8 +307,8 @@ def test_bad_values_null_or_reject_with_up_to_five_examples() -> None:
     assert rejected.table.column("value").to_pylist() == [1.5, 2.0, 3.25]
     assert rejected.rejected == {"bad_value": 5}
     assert rejected.examples["bad_value"].split(" | ") == [
-        f"row {i} of a.csv: value={v}" for i, v in [(1, "#ERR"), (3, "#ERR"), (4, "x"), (5, "y"), (6, "z")]]
-    with pytest.raises(MappingError, match="'#ERR' at row 1 of a.csv"):
+        f"row {i} of a.csv: value={v}" for i, v in [(2, "#ERR"), (4, "#ERR"), (5, "x"), (6, "y"), (7, "z")]]
+    with pytest.raises(MappingError, match="'#ERR' at row 2 of a.csv"):
         _map(columns, decimal=",")
 
 
@@ -351,7 +351,7 @@ def test_earliest_and_latest_count_folded_rows_as_dst_collapsed() -> None:
         mapped = _map(_naive(FALL_BACK), tz="Europe/Berlin", dst_policy=policy)
         assert mapped.rejected == {"dst_collapsed": 2}
         assert _times(mapped) == [_utc(2024, 10, d, h, m) for d, h, m in kept]
-        assert mapped.examples["dst_collapsed"] == "row 3 of a.csv: ts=2024-10-27 02:00:00"
+        assert mapped.examples["dst_collapsed"] == "row 4 of a.csv: ts=2024-10-27 02:00:00"
 
 
 @pytest.mark.parametrize("values", [["yesterday"], ["2024-01-01 00:00:00", "2024-13-45 99:00"], ["2024-01-01T00:00:00Z", "noon"]])
@@ -359,5 +359,64 @@ def test_an_unparseable_time_without_tz_says_so_rather_than_asking_for_tz(values
     with pytest.raises(MappingError) as raised:
         _map({"ts": values, "sensor": ["s"] * len(values)})
     message = str(raised.value)
-    assert f"column 'ts' (source 'ts'): cannot convert {values[-1]!r} at row {len(values) - 1} of a.csv" in message
+    assert f"column 'ts' (source 'ts'): cannot convert {values[-1]!r} at row {len(values)} of a.csv" in message
     assert "not an ISO 8601 date and time" in message and "naive" not in message and "--tz" not in message
+
+
+@pytest.mark.parametrize(("value", "decimal", "options", "number"), [
+    ("1,234.5", ".", {"thousands": ","}, 1234.5), ("1.234,5", ".", {"thousands": ".", "decimal": ","}, 1234.5),
+    ("12,5", ".", {"decimal": ","}, 12.5), ("12.345.678", ".", {"thousands": ".", "decimal": ","}, 12345678.0),
+    ("1.234", ",", {"thousands": "."}, 1234.0), ("1 234,5", ".", {"thousands": " ", "decimal": ","}, 1234.5),
+    ("1'234.5", ".", {"thousands": "'"}, 1234.5)])
+def test_a_number_written_another_way_names_the_options_that_read_it(value: str, decimal: str, options: dict,
+                                                                     number: float) -> None:
+    quoted = {k: '"\'"' if v == "'" else f"'{v}'" for k, v in options.items()}
+    assert number_hint(value, decimal, None) == " ".join(f"--{k} {v}" for k, v in quoted.items()) + " reads it"
+    read = _map({"ts": ["2026-01-01T00:00:00Z"], "sensor": ["a"], "value": [value]}, **{"decimal": decimal, **options})
+    assert read.table.column("value").to_pylist() == [number]
+
+
+@pytest.mark.parametrize(("text", "fmt"), [
+    ("2/26/2026 12:00:00 AM", "%m/%d/%Y %I:%M:%S %p"), ("26-Feb-26 12:00:00", "%d-%b-%y %H:%M:%S"),
+    ("2026/02/26 13:00:00", "%Y/%m/%d %H:%M:%S"), ("13/02/2026 10:00:00", "%d/%m/%Y %H:%M:%S")])
+def test_a_time_in_a_known_pattern_names_the_format_that_reads_it(text: str, fmt: str) -> None:
+    with pytest.raises(MappingError, match=re.escape(f"--timestamp-format '{fmt}' reads it")):
+        _map({"ts": [text], "sensor": ["a"]}, tz="UTC")
+    assert _times(_map({"ts": [text], "sensor": ["a"]}, tz="UTC", timestamp_format=fmt)) == [
+        datetime.strptime(text, fmt).replace(tzinfo=UTC)]
+    assert "(or '%d/%m/%Y %H:%M' if the day comes first)" in timestamp_hint("02/03/2026 10:00")
+
+
+def test_thousands_reads_only_numbers_grouped_in_threes() -> None:
+    values = ["1,234.5", "12,345,678", "-1,000", "999.5", "1,2", "12,34"]
+    mapped = _map({"ts": ["2026-01-01T00:00:00Z"] * 6, "sensor": ["a"] * 6, "value": values},
+                  thousands=",", on_bad_value="null")
+    assert mapped.table.column("value").to_pylist() == [1234.5, 12345678.0, -1000.0, 999.5, None, None]
+    [entry] = mapped.issues.to_json()
+    assert (entry["action"], entry["column"], entry["kind"], entry["rows"]) == ("nulled", "value", "decimal mark", 2)
+
+
+def test_states_keep_text_that_is_no_number_and_count_it() -> None:
+    target = TARGET.append(pa.field("state", pa.string()))
+    columns = {"ts": [f"2026-01-01T00:00:0{i}Z" for i in range(5)], "sensor": ["a"] * 5,
+               "value": ["1.5", "I/O Timeout", "Shutdown", "I/O Timeout", "2,5"]}
+    with pytest.raises(MappingError, match=r"cannot convert '2,5' at row 5 of a.csv to double: a number with another "
+                                           r"decimal mark \(--decimal ',' reads it"):
+        _map(columns, target=target, states_column="state")  # a number written another way is never a state
+    kept = _map({**columns, "value": columns["value"][:4]} | {"ts": columns["ts"][:4], "sensor": ["a"] * 4},
+                target=target, states_column="state")
+    assert kept.table.column("value").to_pylist() == [1.5, None, None, None]
+    assert kept.table.column("state").to_pylist() == [None, "I/O Timeout", "Shutdown", "I/O Timeout"]
+    assert kept.states == {"I/O Timeout": 2, "Shutdown": 1} and not kept.rejected and not kept.issues.entries
+    with pytest.raises(MappingError, match="states column 'value' is double: it needs a string column of its own"):
+        _map(columns, target=target, states_column="value")
+
+
+def test_reasons_and_days_place_every_row_left_out() -> None:
+    columns = {"ts": ["2026-01-01T10:00:00Z", "2026-01-02T10:00:00Z", None, "2026-01-02T11:00:00Z"],
+               "sensor": ["a"] * 4, "value": ["1", "x", "2", "3"]}
+    mapped = _map(columns, on_bad_value="reject")
+    assert mapped.dropped.to_pylist() == [False, True, True, False]
+    assert mapped.reasons.to_pylist() == [None, "bad_value in value", "null_time in ts", None]
+    day = datetime(2026, 1, 2, tzinfo=UTC).timestamp() // 86400
+    assert mapped.issue_days == {day: 1}  # the row without a time belongs to no day

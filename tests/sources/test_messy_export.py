@@ -19,7 +19,8 @@ SENSORS = ["TI-101", "TI-102", "PI-201"]
 DAYS = [date(2026, 3, 28) + timedelta(d) for d in range(3)] + [
     date(2026, 10, 10) + timedelta(d) for d in range(17) if not 2 <= d <= 8]  # 12-18 Oct missing
 MAP = {"ts": "Zeitstempel", "device_id": "Messstelle", "value": "Messwert"}
-OPTIONS = {"map": MAP, "tz": ZONE, "format": "csv", "delimiter": ";", "decimal": ",", "on_bad_value": "reject"}
+OPTIONS = {"map": MAP, "tz": ZONE, "format": "csv", "delimiter": ";", "decimal": ",", "on_bad_value": "reject",
+           "max_rejected": "1%"}  # '#ERR' in 0.4 % of the cells
 
 
 def _export(folder: Path) -> None:
@@ -99,7 +100,9 @@ def test_dry_run_names_the_failure_and_the_flag_and_exits_3(warehouse, sensor, t
     last = failing.stderr.strip().splitlines()[-1]
     assert last.startswith("the run would fail:") and "'#ERR'" in last and "--on-bad-value" in last
     assert "Traceback" not in failing.stderr
-    passing = cli(*args, "--on-bad-value", "reject", warehouse=warehouse)
+    over = cli(*args, "--on-bad-value", "reject", warehouse=warehouse, check=False)
+    assert over.returncode == 3 and "over the default budget of 0.1% (0 rows" in over.stderr
+    passing = cli(*args, "--on-bad-value", "reject", "--max-rejected", "1", warehouse=warehouse)
     assert passing.returncode == 0
 
 

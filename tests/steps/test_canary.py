@@ -44,7 +44,7 @@ def scene(sensor, tmp_path):
 
 def _start(sensor, export: Path, canary):
     return sensor.backfill(source=f"{export}/*.parquet", map={"ts": "timestamp", "device_id": "tag_name", "value": "val"},
-                           tz="Europe/Berlin", canary=canary).wait()
+                           tz="Europe/Berlin", canary=canary, max_rejected=1).wait()  # the row without a time
 
 
 def _day(table: pa.Table, day: str) -> pa.Table:
@@ -86,7 +86,7 @@ def test_canary_day_is_staged_alone_and_equals_the_reference(lake, scene):
         "row_count_balance", "unique_keys_in_staged", "no_overlap_with_main", "aggregate_matches_source"}
     samples = canary["samples"]
     assert 1 <= len(samples) <= 5 and any(s["existing"] for s in samples)
-    assert any("a.parquet row " in s["origin"] for s in samples)  # a batch with a rejected row, mapped row by row
+    assert any(s["origin"].startswith("row ") and s["origin"].endswith("a.parquet") for s in samples)  # beside a rejected row
     for s in samples:
         local = datetime.fromisoformat(s["source"]["timestamp"]).replace(tzinfo=BERLIN)
         assert datetime.fromisoformat(s["mapped"]["ts"]) == local.astimezone(timezone.utc)
@@ -143,7 +143,7 @@ def test_an_approval_after_the_deadline_aborts_the_job_and_leaves_nothing(lake, 
     sensor, existing, _, export = scene
     main_before = sensor.refresh().iceberg.metadata.refs["main"].snapshot_id
     job = sensor.backfill(source=f"{export}/*.parquet", map={"ts": "timestamp", "device_id": "tag_name", "value": "val"},
-                          tz="Europe/Berlin", canary=recent(6), approval_timeout_seconds=1).wait()
+                          tz="Europe/Berlin", canary=recent(6), approval_timeout_seconds=1, max_rejected=1).wait()
     waiting = job.report()
     since = job.record().state["awaiting_since"]
     assert waiting["phase"] == "awaiting-approval"
@@ -176,7 +176,7 @@ def test_a_canary_day_without_rows_is_refused_and_holds_nothing(lake, scene):
 def test_cli_canary_prints_the_report_and_continue_publishes(lake, scene, warehouse):
     sensor, existing, utc, export = scene
     args = ["backfill", "iot.sensor", "--from", f"{export}/*.parquet", "--map", "ts=timestamp,device_id=tag_name,value=val",
-            "--tz", "Europe/Berlin"]
+            "--tz", "Europe/Berlin", "--max-rejected", "1"]
     run = cli(*args, "--canary", recent(6), "--approval-timeout", "3600", warehouse=warehouse)
     job_id = lake.jobs()[-1].id
     record = lake.job(job_id).record()
@@ -199,7 +199,8 @@ def test_cli_canary_prints_the_report_and_continue_publishes(lake, scene, wareho
 def test_a_failed_check_on_the_canary_day_stops_the_job_before_the_rest(lake, scene):
     sensor, existing, _, export = scene
     job = sensor.backfill(source=f"{export}/*.parquet", map={"ts": "timestamp", "device_id": "tag_name", "value": "val"},
-                          tz="Europe/Berlin", canary=recent(6), assertions=["SELECT * FROM staged WHERE device_id = 'd02'"])
+                          tz="Europe/Berlin", canary=recent(6), assertions=["SELECT * FROM staged WHERE device_id = 'd02'"],
+                          max_rejected=1)
     with pytest.raises(ValidationFailed, match=r"validation failed \(assertion_1\).*24 failing row"):
         job.wait()
     record = job.record()
@@ -207,3 +208,34 @@ def test_a_failed_check_on_the_canary_day_stops_the_job_before_the_rest(lake, sc
     assert len(_unit_files(lake, job.id)) == 1  # the other days were never written
     assert lake.leases() == [] and sort_rows(sensor.refresh().to_arrow()).equals(sort_rows(existing))
     assert f"backfill/{job.id}" in sensor.iceberg.metadata.refs  # kept for inspection, as for any failed validation
+
+
+def test_the_canary_shows_the_days_rejects_first(lake, sensor, tmp_path, warehouse):
+    """A day that looks right while rows are missing is what a canary is for: its rejected rows come first,
+    each with why, beside the whole job's count against the reject budget."""
+    days = [recent(d) for d in (4, 3)]
+    lines = ["ts,device_id,value"]
+    for day in days:
+        for minute in range(0, 120, 2):
+            value = "#ERR" if minute % 30 == 0 and day == days[0] else f"{minute / 2:.1f}"
+            lines.append(f"{day}T{minute // 60:02d}:{minute % 60:02d}:00Z,d01,{value}")
+    path = tmp_path / "day.csv"
+    path.write_text("\n".join(lines) + "\n")
+    bad = sum(1 for line in lines if line.endswith("#ERR"))
+    args = ["backfill", "iot.sensor", "--from", str(path), "--on-bad-value", "reject", "--max-rejected", "5%"]
+    run = cli(*args, "--canary", days[0], warehouse=warehouse)
+    shown = " ".join(run.stdout[run.stdout.index(f"canary {days[0]}"):].split())
+    assert shown.startswith(f"canary {days[0]}: {bad} rows of the day rejected or nulled; whole job: {bad} rejected or "
+                            "nulled, within the budget of 5% = 6 rows")
+    assert shown.index("rejected rows of the day") < shown.index("sample rows")
+    waiting = lake.jobs()[-1]
+    canary = waiting.report()["canary"]
+    assert canary["rows_rejected_on_day"] == bad and len(canary["rejected_samples"]) == bad
+    assert {s["reason"] for s in canary["rejected_samples"]} == {"bad_value in value"}
+    assert [s["source"]["value"] for s in canary["rejected_samples"]] == ["#ERR"] * bad
+    assert [s["origin"].split(" of ")[0] for s in canary["rejected_samples"]] == [
+        f"line {i + 1}" for i, line in enumerate(lines) if line.endswith("#ERR")]
+    over = cli(*args[:-2], "--canary", days[0], warehouse=warehouse, check=False)  # the default budget: 0.1 %
+    assert over.returncode == 1 and "validation failed (reject_budget)" in over.stderr
+    assert lake.jobs()[-1].record().phase == "failed_validation"
+    assert [lease.job_id for lease in lake.leases("iot.sensor")] == [waiting.id]  # it took none: it failed before

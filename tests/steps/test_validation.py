@@ -25,7 +25,7 @@ def test_clean_staging_passes_every_check(lake, sensor, readings):
     checks = {c["name"]: c["passed"] for c in lake.runtime.store.get_job(job_id).state["checks"]}
     assert checks == {"row_count_balance": True, "staged_files_match_units": True, "time_bounds": True,
                       "required_not_null": True, "files_sorted": True, "unique_keys_in_staged": True,
-                      "no_overlap_with_main": True, "aggregate_matches_source": True}
+                      "no_overlap_with_main": True, "aggregate_matches_source": True, "reject_budget": True}
 
 
 def test_tampered_file_fails_sorting_uniqueness_and_aggregate(lake, sensor, readings):

@@ -35,17 +35,22 @@ def runtime_for(config: dict[str, Any] | LakeConfig) -> Runtime:
 
 
 def _store(config: LakeConfig) -> JobStore:
-    if config.store.startswith("sqlite:///"):
-        return SqliteJobStore(config.store.removeprefix("sqlite:///"))
-    if config.store.startswith("dynamodb://"):
+    return store_for(config.store)
+
+
+def store_for(uri: str) -> JobStore:
+    """The job store a `LakeConfig.store` URI names."""
+    if uri.startswith("sqlite:///"):
+        return SqliteJobStore(uri.removeprefix("sqlite:///"))
+    if uri.startswith("dynamodb://"):
         from timelake.aws.store import DynamoJobStore
 
-        table, _, query = config.store.removeprefix("dynamodb://").partition("?")
+        table, _, query = uri.removeprefix("dynamodb://").partition("?")
         options = dict(part.split("=", 1) for part in query.split("&") if part)
         if set(options) - {"unit_ttl_days"}:
-            raise ValueError(f"unsupported job store option in '{config.store}': only unit_ttl_days is known")
+            raise ValueError(f"unsupported job store option in '{uri}': only unit_ttl_days is known")
         return DynamoJobStore(table, **{"unit_ttl_days": int(options["unit_ttl_days"])} if options else {})
-    raise ValueError(f"unsupported job store '{config.store}'")
+    raise ValueError(f"unsupported job store '{uri}'")
 
 
 def _bus(config: LakeConfig) -> EventBus:

@@ -16,7 +16,7 @@ from typing import Any
 from timelake.ports.runtime import private_file, private_folder
 from timelake.ports.store import (
     RATE_BURST_SECONDS, Guard, JobRecord, accept, Lease, UnitRecord, job_busy, job_exists, job_not_found, lease_conflict,
-    log_phase, reserved_until, unit_not_found,
+    log_phase, reserve, unit_not_found,
 )
 
 _SCHEMA = """
@@ -28,6 +28,7 @@ CREATE TABLE IF NOT EXISTS units (job_id TEXT NOT NULL, unit_id TEXT NOT NULL, s
 CREATE TABLE IF NOT EXISTS leases (job_id TEXT PRIMARY KEY, tbl TEXT NOT NULL, start_us INTEGER NOT NULL,
     end_us INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS rates (job_id TEXT PRIMARY KEY, empty_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS rate_settings (job_id TEXT PRIMARY KEY, rows_per_second REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS progress (job_id TEXT NOT NULL, item TEXT NOT NULL, counts TEXT NOT NULL,
     PRIMARY KEY (job_id, item));
 """
@@ -164,13 +165,20 @@ class SqliteJobStore:
             sql, args = sql + " WHERE tbl=?", (table,)
         return [Lease(*r) for r in self._con().execute(sql, args)]
 
-    def reserve_rows(self, job_id: str, rows: int, rows_per_second: float) -> float:
+    def reserve_rows(self, job_id: str, rows: int, rows_per_second: float, now: float | None = None) -> float:
         with self._tx() as con:
             row = con.execute("SELECT empty_at FROM rates WHERE job_id=?", (job_id,)).fetchone()
-            now = time.time()
-            empty_at = reserved_until(row[0] if row else None, now, rows, rows_per_second)
+            rate = con.execute("SELECT rows_per_second FROM rate_settings WHERE job_id=?", (job_id,)).fetchone()
+            now = time.time() if now is None else now
+            empty_at = reserve(row[0] if row else None, now, rows, rows_per_second, rate[0] if rate else None)
+            if empty_at is None:
+                return 0.0
             con.execute("INSERT OR REPLACE INTO rates VALUES (?,?)", (job_id, empty_at))
         return empty_at - now - RATE_BURST_SECONDS
+
+    def set_rate(self, job_id: str, rows_per_second: int) -> None:
+        with self._tx() as con:
+            con.execute("INSERT OR REPLACE INTO rate_settings VALUES (?,?)", (job_id, rows_per_second))
 
     def note_progress(self, job_id: str, item: str, counts: dict[str, Any]) -> None:
         with self._tx() as con:

@@ -12,7 +12,8 @@ pk                sk                   attributes
                                        ``expires_at`` (epoch seconds, the table's TTL) once the
                                        job is finished
 ``LEASES``        ``LEASES``           leases (JSON: job_id → [table, start, end]), version
-``JOB#<job_id>``  ``RATE``             empty_at (the source rate budget, see `timelake.throttle`), version
+``JOB#<job_id>``  ``RATE``             empty_at (the source rate budget, see `timelake.throttle`),
+                                       rows_per_second (a rate set on the running job), version
 ``JOB#<job_id>``  ``PROGRESS#<item>``  counts (JSON): how far a scan task or a step has got;
                                        ``expires_at`` once the job is finished
 ================  ===================  ===================================================
@@ -59,7 +60,7 @@ from botocore.config import Config
 
 from timelake.ports.store import (
     RATE_BURST_SECONDS, TERMINAL, Guard, JobRecord, accept, Lease, UnitRecord, job_exists, job_not_found, lease_conflict,
-    log_phase, reserved_until, unit_not_found,
+    log_phase, reserve, unit_not_found,
 )
 
 Item = dict[str, dict[str, Any]]
@@ -272,12 +273,29 @@ class DynamoJobStore:
         held = _held(self._get(_LEASES))
         return [Lease(t, start, end, job_id) for job_id, (t, start, end) in held.items() if not table or t == table]
 
-    def reserve_rows(self, job_id: str, rows: int, rows_per_second: float) -> float:
-        def change(item: Item | None) -> Item:
-            held = float(item["empty_at"]["N"]) if item else None
-            return {"empty_at": {"N": repr(reserved_until(held, time.time(), rows, rows_per_second))}}
+    def reserve_rows(self, job_id: str, rows: int, rows_per_second: float, now: float | None = None) -> float:
+        clock = time.time if now is None else lambda: now
+        unlimited = _Unlimited()
 
-        return float(self._swap(_rate_key(job_id), change)["empty_at"]["N"]) - time.time() - RATE_BURST_SECONDS
+        def change(item: Item | None) -> Item:
+            held = float(item["empty_at"]["N"]) if item and "empty_at" in item else None
+            rate = float(item["rows_per_second"]["N"]) if item and "rows_per_second" in item else None
+            empty_at = reserve(held, clock(), rows, rows_per_second, rate)
+            if empty_at is None:
+                raise unlimited
+            return _kept_rate(item) | {"empty_at": {"N": repr(empty_at)}}
+
+        try:
+            return float(self._swap(_rate_key(job_id), change)["empty_at"]["N"]) - clock() - RATE_BURST_SECONDS
+        except _Unlimited:
+            return 0.0
+
+    def set_rate(self, job_id: str, rows_per_second: int) -> None:
+        def change(item: Item | None) -> Item:
+            held = {"empty_at": item["empty_at"]} if item and "empty_at" in item else {}
+            return held | {"rows_per_second": {"N": str(rows_per_second)}}
+
+        self._swap(_rate_key(job_id), change)
 
     def note_progress(self, job_id: str, item: str, counts: dict[str, Any]) -> None:
         self._client.put_item(TableName=self.table_name, Item=_progress_key(job_id, item) | {
@@ -326,6 +344,14 @@ class DynamoJobStore:
             self._client.put_item(TableName=self.table_name, Item=item, ConditionExpression="attribute_not_exists(pk)")
         except self._conditional_failed:
             pass
+
+
+class _Unlimited(Exception):
+    """A reservation under no rate limit: nothing to write."""
+
+
+def _kept_rate(item: Item | None) -> Item:
+    return {"rows_per_second": item["rows_per_second"]} if item and "rows_per_second" in item else {}
 
 
 def _backoff(attempt: int) -> None:

@@ -3,7 +3,7 @@
 A dashboard or any Iceberg reader (DuckDB, Spark, Trino) cannot call our CLI, yet must know whether
 the history it aggregates is whole. So after every publish (and live commits that ask for it) the
 coverage of the affected partitions is written to ``<namespace>.<table>__coverage``: one row per
-partition with its rows, expected rows, status (complete|partial|backfilling|gap), last writer and
+partition with its rows, expected rows, status (complete|partial|has_data|backfilling|gap), last writer and
 update time. The affected partitions are replaced in one commit, so a reader never sees a
 half-updated picture. It is derived data: ``refresh`` rebuilds it whole from the table's metadata.
 """

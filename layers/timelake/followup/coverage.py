@@ -1,7 +1,8 @@
 """Coverage: which history a table holds, bucket by bucket, how complete it is, and who wrote it.
 
 A reader's query can succeed and still be silently incomplete; this module tells which buckets are
-``complete``, ``partial``, under an unpublished backfill (``backfilling``) or empty (``gap``).
+``complete``, ``partial``, under an unpublished backfill (``backfilling``) or empty (``gap``), and,
+where the table does not say how many rows a bucket should hold, only that it ``has_data``.
 
 Everything comes from Iceberg METADATA: each manifest entry already holds its file's partition,
 record count and time-column bounds, and the id of the snapshot that added it (whose summary names
@@ -16,8 +17,8 @@ Expected rows need a declared cadence: table property ``timelake.expected-interv
 ISO-8601 duration such as ``PT1M``) times the series count. The series count is the property
 ``timelake.expected-series`` when set, because only the contract knows series that have never
 reported; otherwise, with ``series=True``, the distinct series seen in the range (read from the
-series-key column alone). Without a cadence a bucket with rows is ``complete`` and ``expected`` is
-None.
+series-key column alone). Without a cadence or a series count a bucket with rows ``has_data`` and
+``expected`` is None: a day 30 % short looks like any other, so calling it complete would be a guess.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from timelake.ports.runtime import Runtime
 
 EXPECTED_INTERVAL = "timelake.expected-interval"
 EXPECTED_SERIES = "timelake.expected-series"
-STATUSES = ("complete", "partial", "backfilling", "gap")
+STATUSES = ("complete", "partial", "has_data", "backfilling", "gap")
 GRAINS = ("hour", "day", "month")
 MAX_BUCKETS = 100_000
 LIVE = "live"
@@ -448,9 +449,9 @@ def _status(b: Bucket) -> str:
         return "backfilling"
     if b.rows == 0:
         return "gap"
-    if b.expected is not None and b.rows < b.expected:
-        return "partial"
-    return "complete"
+    if b.expected is None:
+        return "has_data"
+    return "partial" if b.rows < b.expected else "complete"
 
 
 def _empty(name: str, by: str, table: IcebergTable) -> CoverageMap:

@@ -18,7 +18,7 @@ from timelake.followup.coverage import Bucket, CoverageMap
 
 SHADES = "░▒▓█"
 SERIES_SHOWN = 20
-COLOURS = {"complete": "green", "partial": "yellow", "backfilling": "blue", "gap": "red"}
+COLOURS = {"complete": "green", "partial": "yellow", "has_data": "cyan", "backfilling": "blue", "gap": "red"}
 _LAYOUT = {  # grain → (row label format, columns, column of a bucket start)
     "day": ("%Y-%m", 31, lambda d: d.day - 1),
     "hour": ("%Y-%m-%d", 24, lambda d: d.hour),
@@ -68,7 +68,7 @@ def terminal(cmap: CoverageMap) -> Text:
     scale = "of the expected rows" if cmap.expected_interval and cmap.expected_series else f"of {busiest:,} rows"
     text.append(f"  legend: one cell per {cmap.by}; shade {SHADES} = up to ¼ ½ ¾ all {scale}\n  ")
     for status, colour in COLOURS.items():
-        text.append("·" if status == "gap" else SHADES[-1], style=colour).append(f" {status} {counts[status]}  ")
+        text.append("·" if status == "gap" else SHADES[-1], style=colour).append(f" {status.replace('_', ' ')} {counts[status]}  ")
     text.append("\n")
     for status in ("gap", "backfilling", "partial"):
         spans = _spans([b for b in cmap.buckets if b.status == status])
@@ -137,6 +137,7 @@ h1 { font-size: 18px; }
 .gap { background: #fff; border: 1px solid #d33; }
 .complete { background: #2a9d3a; }
 .partial { background: #e3a21a; }
+.has_data { background: #2a8c9d; }
 .backfilling { background: #3166d6; background-image: repeating-linear-gradient(45deg, transparent 0 3px, rgba(255,255,255,.45) 3px 5px); }
 .cell.l1 { opacity: .4; } .cell.l2 { opacity: .6; } .cell.l3 { opacity: .8; } .cell.l4 { opacity: 1; }
 .label, .total { font-variant-numeric: tabular-nums; color: #555; }
@@ -154,15 +155,15 @@ const data = JSON.parse(document.getElementById("coverage-data").textContent);
 const el = (tag, cls, text) => { const e = document.createElement(tag); if (cls) e.className = cls; if (text !== undefined) e.textContent = text; return e; };
 const s = data.statuses;
 document.getElementById("summary").textContent = data.buckets.length
-  ? `${data.start} … ${data.end}: ${data.rows.toLocaleString("en")} rows; ${s.complete} complete, ${s.partial} partial, ${s.backfilling} backfilling, ${s.gap} gap`
+  ? `${data.start} … ${data.end}: ${data.rows.toLocaleString("en")} rows; ${s.complete} complete, ${s.partial} partial, ${s.has_data} with data (no expected count), ${s.backfilling} backfilling, ${s.gap} gap`
     + (data.expected_interval ? (data.expected_series != null
         ? ` (expected: one row every ${data.expected_interval} for each of ${data.expected_series} series)`
         : ` (cadence ${data.expected_interval}; series count unknown: set timelake.expected-series or use --series)`) : "")
   : "no data files";
 const legend = document.getElementById("legend");
-for (const status of ["complete", "partial", "backfilling", "gap"]) {
+for (const status of ["complete", "partial", "has_data", "backfilling", "gap"]) {
   const item = el("span");
-  item.append(el("i", `swatch ${status}`), `${status} (${s[status]})`);
+  item.append(el("i", `swatch ${status}`), `${status.replace("_", " ")} (${s[status]})`);
   legend.append(item);
 }
 legend.append(el("span", "", "shade: rows in the bucket"));

@@ -25,8 +25,8 @@ from timelake.errors import BackfillError
 from timelake.interfaces.console import (
     ChunkDisplay, console, drive, fail, one_line, out, print_table, safe, status_line,
 )
-from timelake.interfaces.lake import Lake, connect
-from timelake.model.report import INTERRUPTED, progress_of
+from timelake.interfaces.lake import Lake, connect, job_catalog
+from timelake.model.report import INTERRUPTED, progress_of, report_of
 from timelake.model.spec import JobSpec, external_job, parse_document
 from timelake.model.timeutil import iso_seconds
 from timelake.runner import TERMINAL, WAITING
@@ -89,8 +89,16 @@ table_app = typer.Typer(no_args_is_help=True, help="A table's contract: show it,
 app.add_typer(table_app, name="table")
 
 
-def _lake(warehouse: Path | None) -> Lake:
-    return connect(warehouse=warehouse)
+def _lake(warehouse: Path | None, catalog: str | None) -> Lake:
+    return connect(warehouse=warehouse, catalog=catalog)
+
+
+def _job_lake(warehouse: Path | None, catalog: str | None, job_id: str) -> Lake:
+    """The lake of a recorded job: the catalog it was started on unless ``--catalog`` names one, which
+    must then be the same (the job's table, branch and files are there)."""
+    lake = _lake(warehouse, catalog or job_catalog(job_id, warehouse))
+    lake.job(job_id)
+    return lake
 
 
 def _one_query(query: str | None, from_sql: str | None) -> str | None:
@@ -134,6 +142,11 @@ def field_help(name: str) -> str:
     return escape(JobSpec.model_fields[name].description or "")
 
 
+CatalogName = Annotated[Optional[str], typer.Option(
+    "--catalog", envvar="TIMELAKE_CATALOG", metavar="NAME",
+    help=field_help("catalog"))]
+
+
 def field_of(param: str) -> str | None:
     """The job field a run-command parameter sets, or None for the command's own options (--job, --json, …)."""
     name = PARAM_FIELDS.get(param, param)
@@ -146,7 +159,7 @@ def run(
     source: Annotated[Optional[str], typer.Option("--from", help=field_help("source"))] = None,
     job_file: Annotated[Optional[Path], typer.Option("--job", help="A job JSON file (the job schema); flags given "
                                                      "on the command line override its fields")] = None,
-    map_: Annotated[Optional[str], typer.Option("--map", metavar="TABLE_COL=SOURCE_COL,…", help=field_help("map"))] = None,
+    map_: Annotated[Optional[str], typer.Option("--map", metavar="COL=SRC,…", help=field_help("map"))] = None,
     tz: Annotated[Optional[str], typer.Option("--tz", help=field_help("tz"))] = None,
     mode: Annotated[str, typer.Option("--mode", help=field_help("mode"))] = "merge",
     start: Annotated[Optional[str], typer.Option("--start", help=field_help("start"))] = None,
@@ -154,6 +167,8 @@ def run(
     dry_run: Annotated[bool, typer.Option("--dry-run", help=field_help("dry_run"))] = False,
     publish_by: Annotated[Optional[str], typer.Option("--publish-by", help=field_help("publish_by"))] = None,
     max_concurrency: Annotated[Optional[int], typer.Option("--max-concurrency", help=field_help("max_concurrency"))] = None,
+    run_between: Annotated[Optional[str], typer.Option("--run-between", metavar="HH:MM-HH:MM", help=field_help("run_between"))] = None,
+    run_tz: Annotated[Optional[str], typer.Option("--run-tz", metavar="ZONE", help=field_help("run_tz"))] = None,
     assertions: Annotated[Optional[list[str]], typer.Option("--assert", help=field_help("assertions"))] = None,
     assertion_timeout: Annotated[Optional[int], typer.Option(
         "--assertion-timeout", metavar="SECONDS", help=field_help("assertion_timeout"))] = None,
@@ -178,14 +193,24 @@ def run(
     precision: Annotated[Optional[str], typer.Option("--precision", help=field_help("precision"))] = None,
     null_values: Annotated[Optional[list[str]], typer.Option("--null-values", help=field_help("null_values"))] = None,
     on_bad_value: Annotated[Optional[str], typer.Option("--on-bad-value", help=field_help("on_bad_value"))] = None,
+    max_rejected: Annotated[Optional[str], typer.Option(
+        "--max-rejected", metavar="ROWS|PCT%", help=field_help("max_rejected"))] = None,
+    states_column: Annotated[Optional[str], typer.Option("--states-column", help=field_help("states_column"))] = None,
     delimiter: Annotated[Optional[str], typer.Option("--delimiter", help=field_help("delimiter"))] = None,
     decimal: Annotated[Optional[str], typer.Option("--decimal", help=field_help("decimal"))] = None,
+    thousands: Annotated[Optional[str], typer.Option("--thousands", help=field_help("thousands"))] = None,
+    wide: Annotated[bool, typer.Option("--wide", "--unpivot", help=field_help("wide"))] = False,
+    id_columns: Annotated[Optional[str], typer.Option("--id-columns", metavar="COL,…", help=field_help("id_columns"))] = None,
+    key_separator: Annotated[Optional[str], typer.Option("--key-separator", help=field_help("key_separator"))] = None,
     timestamp_format: Annotated[Optional[str], typer.Option(
         "--timestamp-format", help=field_help("timestamp_format"))] = None,
     skip_rows: Annotated[Optional[int], typer.Option("--skip-rows", help=field_help("skip_rows"))] = None,
+    skip_after_header: Annotated[Optional[int], typer.Option(
+        "--skip-after-header", help=field_help("skip_after_header"))] = None,
     encoding: Annotated[Optional[str], typer.Option("--encoding", help=field_help("encoding"))] = None,
     as_json: JsonFlag = False,
     warehouse: Warehouse = None,
+    catalog: CatalogName = None,
     on: On = "local",
 ) -> None:
     """Run a backfill job."""
@@ -198,8 +223,11 @@ def run(
         "query": _one_query(query, from_sql), "source_max_connections": source_max_connections,
         "source_rows_per_second": source_rows_per_second, "measurement": measurement, "precision": precision,
         "null_values": null_values, "on_bad_value": on_bad_value, "delimiter": delimiter, "decimal": decimal,
-        "timestamp_format": timestamp_format, "skip_rows": skip_rows, "encoding": encoding, "reason": reason,
-        "diff": diff,
+        "timestamp_format": timestamp_format, "skip_rows": skip_rows, "encoding": encoding,
+        "max_rejected": max_rejected, "states_column": states_column, "thousands": thousands,
+        "id_columns": [c.strip() for c in id_columns.split(",") if c.strip()] if id_columns else None,
+        "key_separator": key_separator, "skip_after_header": skip_after_header,
+        "run_between": run_between, "run_tz": run_tz, "reason": reason, "diff": diff,
     }
     fields.update({k: v for k, v in given.items() if v is not None})
     fields["table"] = table
@@ -211,13 +239,16 @@ def run(
     fields["dry_run"] = dry_run or fields.get("dry_run", False)
     fields["override_retention"] = override_retention or fields.get("override_retention", False)
     fields["evaluate_rules"] = evaluate_rules or fields.get("evaluate_rules", False)
+    fields["wide"] = wide or fields.get("wide", False)
+    if catalog:
+        fields["catalog"] = catalog
     if not fields.get("source"):
         fail("--from SRC (or a --job file with a source) is required")
     spec = external_job(fields)
     if _on_aws(on):
         _print_json_or(_aws().submit(spec), as_json, "started")
         return
-    lake = _lake(warehouse)
+    lake = _lake(warehouse, spec.catalog)
     lake.create_job(spec)
     if not as_json:
         console.print(f"job [bold]{spec.job_id}[/] on {safe(spec.table)} ({'dry run, ' if spec.dry_run else ''}mode {spec.mode})")
@@ -225,12 +256,12 @@ def run(
 
 
 @backfill_app.command("resume")
-def resume(job_id: str, as_json: JsonFlag = False, warehouse: Warehouse = None, on: On = "local") -> None:
+def resume(job_id: str, as_json: JsonFlag = False, warehouse: Warehouse = None, catalog: CatalogName = None, on: On = "local") -> None:
     """Continue a job from its first unfinished step (done units are skipped)."""
     if _on_aws(on):
         _print_json_or(_aws().resume(job_id), as_json, "resumed")
         return
-    lake = _lake(warehouse)
+    lake = _job_lake(warehouse, catalog, job_id)
     phase = lake.job(job_id).record().phase
     if lake.runtime.store.running(job_id):
         fail(f"job {job_id} is running in another process; follow it with: timelake backfill status {job_id} --watch")
@@ -241,13 +272,36 @@ def resume(job_id: str, as_json: JsonFlag = False, warehouse: Warehouse = None, 
     drive(lake, job_id, as_json)
 
 
+@backfill_app.command("set")
+def set_settings(
+    job_id: str,
+    max_concurrency: Annotated[Optional[int], typer.Option("--max-concurrency", help=field_help("max_concurrency"))] = None,
+    source_rows_per_second: Annotated[Optional[int], typer.Option(
+        "--source-rows-per-second", help=field_help("source_rows_per_second"))] = None,
+    as_json: JsonFlag = False, warehouse: Warehouse = None, catalog: CatalogName = None, on: On = "local",
+) -> None:
+    """Change a job's settings while it runs: writers and scan tasks at once (from the next unit), source
+    rows per second (from the next rows read). A finished job is refused; an interrupted one resumes with them."""
+    if max_concurrency is None and source_rows_per_second is None:
+        fail("nothing to set: give --max-concurrency and/or --source-rows-per-second")
+    wanted = {"max_concurrency": max_concurrency, "source_rows_per_second": source_rows_per_second}
+    result = _aws().set_settings(job_id, **wanted) if _on_aws(on) else _job_lake(warehouse, catalog, job_id).job(job_id).set(**wanted)
+    if as_json:
+        out.print_json(json.dumps(result))
+        return
+    rate = result["settings"]["source_rows_per_second"]
+    out.print(f"job {job_id}: max concurrency {result['settings']['max_concurrency'] or 'default (CPU count)'}, "
+              f"source rows/s {'default' if rate is None else 'no limit' if rate == 0 else f'{rate:,}'}"
+              + (f"; running map(s) updated: {', '.join(result['map_runs_updated'])}" if result.get("map_runs_updated") else ""))
+
+
 @backfill_app.command("continue")
-def continue_job(job_id: str, as_json: JsonFlag = False, warehouse: Warehouse = None, on: On = "local") -> None:
+def continue_job(job_id: str, as_json: JsonFlag = False, warehouse: Warehouse = None, catalog: CatalogName = None, on: On = "local") -> None:
     """Approve a canary: write the rest of the job, validate all of it and publish."""
     if _on_aws(on):
         _print_json_or(_aws().approve(job_id), as_json, "approved")
         return
-    lake = _lake(warehouse)
+    lake = _job_lake(warehouse, catalog, job_id)
     approve_canary(lake.runtime, job_id, in_time=True)
     drive(lake, job_id, as_json)
 
@@ -255,14 +309,14 @@ def continue_job(job_id: str, as_json: JsonFlag = False, warehouse: Warehouse = 
 @backfill_app.command("status")
 def status(
     job_id: str, watch: Annotated[bool, typer.Option("--watch", help="Refresh until the job ends")] = False,
-    as_json: JsonFlag = False, warehouse: Warehouse = None, on: On = "local",
+    as_json: JsonFlag = False, warehouse: Warehouse = None, catalog: CatalogName = None, on: On = "local",
 ) -> None:
     """Phase, units done/total, rows, throughput and ETA."""
     if _on_aws(on):
         orchestrator = _aws()
         current = lambda: orchestrator.status(job_id)  # noqa: E731
     else:
-        store = _lake(warehouse).runtime.store
+        store = _lake(warehouse, catalog).runtime.store
         current = lambda: progress_of(store, job_id)  # noqa: E731
     while True:
         info = current()
@@ -277,30 +331,39 @@ def status(
 
 @backfill_app.command("list")
 def list_jobs(
-    table: Annotated[Optional[str], typer.Argument()] = None, as_json: JsonFlag = False, warehouse: Warehouse = None
+    table: Annotated[Optional[str], typer.Argument()] = None,
+    dry_runs: Annotated[bool, typer.Option("--dry-runs", help="Also list dry runs (which change nothing)")] = False,
+    as_json: JsonFlag = False, warehouse: Warehouse = None, catalog: CatalogName = None,
 ) -> None:
-    """Jobs, oldest first."""
-    lake = _lake(warehouse)
+    """Jobs, oldest first: phase, units, rows read from the source and rows written to the table."""
+    lake = _lake(warehouse, catalog)
     store = lake.runtime.store
-    rows = [progress_of(store, j.job_id) | {
-        "mode": j.spec.get("mode"), "dry_run": j.spec.get("dry_run"), "started": iso_seconds(j.created_at),
-        "ended": iso_seconds(j.updated_at) if j.phase in TERMINAL else None} for j in store.list_jobs(table)]
+    rows = []
+    for j in store.list_jobs(table):
+        if j.spec.get("dry_run") and not dry_runs:
+            continue
+        report = report_of(store, j.job_id)
+        rows.append(report["progress"] | {
+            "catalog": j.spec.get("catalog"), "mode": j.spec.get("mode"), "dry_run": j.spec.get("dry_run"),
+            "started": iso_seconds(j.created_at), "ended": iso_seconds(j.updated_at) if j.phase in TERMINAL else None,
+            "rows_in_source": report["rows_in_source"], "rows_written": report["rows_written"]})
     if as_json:
         out.print_json(json.dumps(rows))
         return
-    print_table(["job", "table", "mode", "phase", "started", "ended", "units", "rows"], [
+    print_table(["job", "table", "mode", "phase", "started", "ended", "units", "read", "written"], [
         [r["job_id"], r["table"], ("dry run " if r["dry_run"] else "") + str(r["mode"]), r["phase"], r["started"],
-         r["ended"] or "", f"{r['units_done']}/{r['units_total']}", f"{r['rows_processed']:,}"] for r in rows],
-        f"no jobs{' on ' + table if table else ''}")
+         r["ended"] or "", f"{r['units_done']}/{r['units_total']}", f"{r['rows_in_source'] or 0:,}",
+         "—" if r["dry_run"] else f"{r['rows_written']:,}"] for r in rows],
+        f"no jobs{' on ' + table if table else ''}{'' if dry_runs else ' (dry runs: --dry-runs)'}")
 
 
 @backfill_app.command("abort")
-def abort_job(job_id: str, as_json: JsonFlag = False, warehouse: Warehouse = None, on: On = "local") -> None:
+def abort_job(job_id: str, as_json: JsonFlag = False, warehouse: Warehouse = None, catalog: CatalogName = None, on: On = "local") -> None:
     """Stop a job; remove its branch, its unpublished files and its lease. Main is untouched."""
     if _on_aws(on):
         result = _aws().abort(job_id)
     else:
-        job = _lake(warehouse).job(job_id)
+        job = _job_lake(warehouse, catalog, job_id).job(job_id)
         result = job.abort()
     if as_json:
         out.print_json(json.dumps(result))
@@ -311,11 +374,11 @@ def abort_job(job_id: str, as_json: JsonFlag = False, warehouse: Warehouse = Non
 
 
 @backfill_app.command("leases")
-def leases(table: str, as_json: JsonFlag = False, warehouse: Warehouse = None) -> None:
+def leases(table: str, as_json: JsonFlag = False, warehouse: Warehouse = None, catalog: CatalogName = None) -> None:
     """Ranges of TABLE held by unpublished backfills (a compactor skips them)."""
     from timelake.model.timeutil import iso
 
-    lake = _lake(warehouse)
+    lake = _lake(warehouse, catalog)
     lake.table(table)
     held = [{"job_id": lease.job_id, "table": lease.table, "start": iso(lease.start), "end": iso(lease.end)}
             for lease in lake.leases(table)]
@@ -327,11 +390,11 @@ def leases(table: str, as_json: JsonFlag = False, warehouse: Warehouse = None) -
 
 
 @backfill_app.command("history")
-def history(table: str, as_json: JsonFlag = False, warehouse: Warehouse = None) -> None:
+def history(table: str, as_json: JsonFlag = False, warehouse: Warehouse = None, catalog: CatalogName = None) -> None:
     """Published backfills of TABLE: when, range, mode, source, rows, snapshots (from timelake.backfills)."""
     from timelake.followup.provenance import history as read_history
 
-    lake = _lake(warehouse)
+    lake = _lake(warehouse, catalog)
     lake.table(table)
     rows = read_history(lake.runtime, table).to_pylist()
     if as_json:
@@ -348,14 +411,14 @@ def history(table: str, as_json: JsonFlag = False, warehouse: Warehouse = None) 
 def diff_job(
     job_id: str,
     html_file: Annotated[Optional[Path], typer.Option("--html", help="Also write a standalone HTML page")] = None,
-    as_json: JsonFlag = False, warehouse: Warehouse = None, on: On = "local",
+    as_json: JsonFlag = False, warehouse: Warehouse = None, catalog: CatalogName = None, on: On = "local",
 ) -> None:
     """What JOB changes in its range (replace, merge): rows only before, only after, in both, values
     changed, and each column's sum and count before and after, per day and series, with sample rows side
     by side; a dry run's prediction, or a waiting canary's day."""
     from timelake.followup.diffview import diff_text, page
 
-    lake = _deployed_lake() if _on_aws(on) else _lake(warehouse)
+    lake = _deployed_lake() if _on_aws(on) else _job_lake(warehouse, catalog, job_id)
     found = lake.job(job_id).diff()
     cells = found.pop("cells")
     if html_file:
@@ -389,12 +452,12 @@ def coverage_show(
     by: Annotated[str, typer.Option("--by", help="hour | day | month")] = "day",
     series: Annotated[bool, typer.Option("--series", help="Rows per series too (reads the series-key column only)")] = False,
     html_file: Annotated[Optional[Path], typer.Option("--html", help="Also write a standalone HTML page")] = None,
-    as_json: JsonFlag = False, warehouse: Warehouse = None,
+    as_json: JsonFlag = False, warehouse: Warehouse = None, catalog: CatalogName = None,
 ) -> None:
     """Rows, files, completeness and writer per bucket, from Iceberg metadata: a calendar heatmap."""
     from timelake.followup.heatmap import page, terminal
 
-    cmap = _lake(warehouse).table(table).coverage_map(start, end, by=by, series=series)
+    cmap = _lake(warehouse, catalog).table(table).coverage_map(start, end, by=by, series=series)
     if html_file:
         html_file.write_text(page(cmap))
     if as_json:
@@ -406,11 +469,11 @@ def coverage_show(
 
 
 @coverage_app.command("refresh")
-def coverage_refresh(table: str, as_json: JsonFlag = False, warehouse: Warehouse = None) -> None:
+def coverage_refresh(table: str, as_json: JsonFlag = False, warehouse: Warehouse = None, catalog: CatalogName = None) -> None:
     """Rebuild TABLE's companion coverage table (`<table>__coverage`) from its metadata."""
     from timelake.followup.completion import companion_name, update
 
-    written = update(_lake(warehouse).runtime, table)
+    written = update(_lake(warehouse, catalog).runtime, table)
     result = {"table": table, "coverage_table": companion_name(table), "partitions": written}
     if as_json:
         out.print_json(json.dumps(result))
@@ -478,8 +541,9 @@ def create_table(
     retention: Annotated[Optional[str], typer.Option("--retention", help="How far back rows are kept, e.g. P3Y")] = None,
     target_file_size: Annotated[str, typer.Option("--target-file-size", help="Size of the files the backfill writes")] = "128MB",
     expected_interval: Annotated[Optional[str], typer.Option("--expected-interval", help="One row per series every …, e.g. PT1M: what coverage measures against")] = None,
+    expected_series: Annotated[Optional[int], typer.Option("--expected-series", help="How many series the table should hold (with --expected-interval, a day is complete or partial, not only 'has data')")] = None,
     as_json: JsonFlag = False,
-    warehouse: Warehouse = None,
+    warehouse: Warehouse = None, catalog: CatalogName = None,
     on: Annotated[str, typer.Option("--on", help="local (embedded lake) or aws (the deployed stack's Glue catalog and bucket)")] = "local",
 ) -> None:
     """Create TABLE with its contract: columns from --schema or a sample file (--like), time column, series key."""
@@ -492,9 +556,12 @@ def create_table(
             fail(f"name the time column with --time (timestamp columns: {', '.join(times) or 'none'})")
         time = times[0]
     keys = [k.strip() for k in (series or "").split(",") if k.strip()]
-    lake = _deployed_lake() if _on_aws(on) else _lake(warehouse)
+    lake = _deployed_lake() if _on_aws(on) else _lake(warehouse, catalog)
+    if _on_aws(on):
+        lake.runtime.check_catalog(catalog)
     handle = lake.create_table(table, columns, time_column=time, series_key=keys, partition_by=_partition_by(partition_by),
-                               retention=retention, target_file_size=target_file_size, expected_interval=expected_interval)
+                               retention=retention, target_file_size=target_file_size, expected_interval=expected_interval,
+                               expected_series=expected_series)
     info = {"table": table, "columns": columns.names, "time_column": time, "series_key": keys,
             "partition_tiers": [{"max_age": t.max_age, "transform": t.transform} for t in handle.contract.tiers]}
     if as_json:
@@ -508,24 +575,28 @@ def set_table(
     table: str,
     expected_interval: Annotated[Optional[str], typer.Option("--expected-interval", help="One row per series every …, e.g. PT1M")] = None,
     expected_series: Annotated[Optional[int], typer.Option("--expected-series", help="How many series the table should hold")] = None,
-    warehouse: Warehouse = None,
+    warehouse: Warehouse = None, catalog: CatalogName = None,
 ) -> None:
-    """Declare TABLE's cadence, which coverage measures days against (complete, partial, gap)."""
+    """Declare TABLE's cadence, which coverage measures days against (complete, partial, gap; without it
+    a day with rows only 'has data')."""
     if expected_interval is None and expected_series is None:
         fail("nothing to set: give --expected-interval and/or --expected-series")
-    _lake(warehouse).table(table).set_expected(expected_interval, expected_series)
+    _lake(warehouse, catalog).table(table).set_expected(expected_interval, expected_series)
     out.print(f"{table}: expected interval {expected_interval or 'unchanged'}, expected series {expected_series or 'unchanged'}")
 
 
 @table_app.command("show")
-def show_table(table: str, as_json: JsonFlag = False, warehouse: Warehouse = None) -> None:
-    """The contract of TABLE: time column, series and dedup key, retention, partition tiers, rollups, rules."""
+def show_table(table: str, as_json: JsonFlag = False, warehouse: Warehouse = None, catalog: CatalogName = None) -> None:
+    """The contract of TABLE: time column, series and dedup key, cadence, retention, partition tiers, rollups, rules."""
+    from timelake.followup.coverage import EXPECTED_INTERVAL, EXPECTED_SERIES
     from timelake.followup.rollup import rollups_of
     from timelake.followup.rules import rules_of
 
-    handle = _lake(warehouse).table(table)
+    handle = _lake(warehouse, catalog).table(table)
     ct = handle.contract
+    props = handle.iceberg.properties
     info = {"table": table, "time_column": ct.time_column, "series_key": list(ct.series_key), "dedup_key": list(ct.dedup_key),
+            "expected_interval": props.get(EXPECTED_INTERVAL), "expected_series": _int_or_none(props.get(EXPECTED_SERIES)),
             "retention": ct.retention, "partition_tiers": [{"max_age": t.max_age, "transform": t.transform} for t in ct.tiers],
             "target_file_size": ct.target_file_size,
             "rollups": [{"interval": r.interval, "columns": list(r.columns), "table": r.table_name(table)} for r in rollups_of(handle.iceberg)],
@@ -534,7 +605,13 @@ def show_table(table: str, as_json: JsonFlag = False, warehouse: Warehouse = Non
         out.print_json(json.dumps(info))
         return
     for key, value in info.items():
-        out.print(f"[bold]{key}[/]: {value}")
+        if key.startswith("expected_") and value is None:
+            value = "not declared (coverage shows days with rows as 'has data'; set it with timelake table set)"
+        out.print(f"[bold]{key}[/]: {escape(str(value))}")
+
+
+def _int_or_none(text: str | None) -> int | str | None:
+    return int(text) if text is not None and text.isdigit() else text
 
 
 @table_app.command("declare")
@@ -542,7 +619,7 @@ def declare(
     table: str,
     rollup: Annotated[Optional[list[str]], typer.Option("--rollup", help="INTERVAL:COLUMN[,COLUMN…], e.g. 1h:value")] = None,
     rule: Annotated[Optional[list[str]], typer.Option("--rule", help=escape("'NAME: COLUMN OP THRESHOLD [for PT10M] [severity S]'"))] = None,
-    warehouse: Warehouse = None,
+    warehouse: Warehouse = None, catalog: CatalogName = None,
 ) -> None:
     """Add rollups (built from the whole table at once) and rules to TABLE's contract."""
     rollups = []
@@ -552,17 +629,17 @@ def declare(
             raise typer.BadParameter(f"'{item}' is not INTERVAL:COLUMN[,COLUMN…]", param_hint="--rollup")
         rollups.append({"interval": interval.strip(), "columns": [c.strip() for c in columns.split(",") if c.strip()]})
     with ChunkDisplay() as progress:
-        _lake(warehouse).table(table).declare(rollups=rollups or None, rules=rule or None, progress=progress)
+        _lake(warehouse, catalog).table(table).declare(rollups=rollups or None, rules=rule or None, progress=progress)
     out.print(f"{table}: declared {len(rollups)} rollup(s) and {len(rule or [])} rule(s)")
 
 
 @table_app.command("events")
 def table_events(
     table: str, source: Annotated[Optional[str], typer.Option("--source", help="live | backfill")] = None,
-    as_json: JsonFlag = False, warehouse: Warehouse = None,
+    as_json: JsonFlag = False, warehouse: Warehouse = None, catalog: CatalogName = None,
 ) -> None:
     """Rule events of TABLE (the events table), oldest first."""
-    rows = [r for r in _lake(warehouse).table(table).events().to_pylist() if source is None or r["source"] == source]
+    rows = [r for r in _lake(warehouse, catalog).table(table).events().to_pylist() if source is None or r["source"] == source]
     if as_json:
         out.print_json(json.dumps(rows, default=str))
         return
@@ -622,9 +699,16 @@ def _command() -> Callable[[], Any]:
 
 
 def main() -> None:
-    """Entry point: every failure prints one line and exits 1 instead of a traceback (TIMELAKE_DEBUG=1
-    re-raises an unexpected one, with its traceback)."""
-    os.umask(0o077)  # every file the command creates (data, staging, job records) is its owner's only
+    """The console script: the `timelake` process makes every file it creates (data, staging, job records)
+    its owner's only, then runs the command. The umask is the process's, so only the command's own
+    process sets it: code that calls `run` in a process of its own keeps its umask."""
+    os.umask(0o077)
+    run_cli()
+
+
+def run_cli() -> None:
+    """The command in ``sys.argv``: every failure prints one line and exits 1 instead of a traceback
+    (TIMELAKE_DEBUG=1 re-raises an unexpected one, with its traceback)."""
     try:
         _command()()
     except SystemExit:

@@ -85,6 +85,7 @@ class StepDisplay:
                             console=console, disable=not self.live)
         self.tasks: dict[str, TaskID] = {}
         self.printed: set[str] = set()
+        self.paused: str | None = None
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._poll, name=f"timelake-display-{job_id}", daemon=True)
 
@@ -120,6 +121,11 @@ class StepDisplay:
         store = self.store
         running = store.running(self.job_id) if final else True
         info = progress(store.get_job(self.job_id), store.units(self.job_id), store.progress_notes(self.job_id), running)
+        paused = info.get("paused_until")
+        if paused and paused != self.paused:
+            console.print(safe(f"paused until {paused} (quiet hours {info['quiet_hours']}); Ctrl-C stops, resume continues"),
+                          soft_wrap=True)
+        self.paused = paused
         for step in info["steps"]:
             name = step["name"]
             if self.live:
@@ -223,6 +229,8 @@ def status_line(info: dict[str, Any]) -> str:
     tail = f" — resume with: {info['resume']}" if info.get("resume") else ""
     if info["phase"] == AWAITING:
         tail = f" — approve with: timelake backfill continue {info['job_id']}"
+    if info.get("paused_until"):
+        tail += f" — paused until {info['paused_until']} (quiet hours {info['quiet_hours']})"
     if info.get("error"):
         tail += f" — {one_line(info['error'])}"
     if "execution" in info:
@@ -245,10 +253,18 @@ def print_report(r: dict[str, Any]) -> None:
         ("duplicates in source", r["rows_duplicate_in_source"]), ("conflicting existing", r["rows_conflicting_existing"]),
         ("overlap with existing", r["overlap_existing_rows"]), ("outside retention", r["rows_outside_retention"]),
         ("outside range", r["rows_outside_range"]), ("rejected", json.dumps(r["rows_rejected"]["reasons"])),
+        *_issue_rows("rejected", r["rows_rejected"].get("by_column", {})),
+        ("values nulled", f"{r['values_nulled']['total']:,}" if r.get("values_nulled", {}).get("total") else None),
+        *_issue_rows("nulled", r.get("values_nulled", {}).get("by_column", {})),
+        (f"states in {(r.get('states') or {}).get('column')}", _states(r.get("states"))),
+        ("reject budget", _budget(r.get("reject_budget"))),
         ("units / files", f"{r['units']} / {r['files']}"),
         ("source gaps", ", ".join(f"{g['start']}…{g['end']}" for g in r["source_gaps"][:5]) or "none"),
         ("estimated cost", _cost(r["estimated_cost"])),
         ("source limits", _source_limits(r["source_limits"])),
+        ("quiet hours", _quiet(r.get("quiet_hours"))),
+        ("settings changed", "; ".join(", ".join(f"{k} {v:,}" for k, v in change.items() if k != "at")
+                                       for change in r.get("settings_changes", [])) or None),
         ("diff" + (" (predicted)" if r["dry_run"] else ""), diff_line(r["diff"]) if r.get("diff") else None),
         ("published snapshots", ", ".join(map(str, r["published_snapshot_ids"])) or "none"),
         ("elapsed", duration(r["elapsed_seconds"])),
@@ -264,17 +280,64 @@ def print_report(r: dict[str, Any]) -> None:
     out.print(grid)
 
 
+def _quiet(quiet: dict[str, Any] | None) -> str | None:
+    if not quiet:
+        return None
+    paused = f", paused until {quiet['paused_until']}" if quiet["paused_until"] else ""
+    return f"{quiet['window']}{paused}; {quiet['pauses']} pause(s), {duration(quiet['paused_seconds'])} in all"
+
+
+def _issue_rows(action: str, by_column: dict[str, dict[str, dict[str, Any]]]) -> list[tuple[str, str]]:
+    """One report row per column: its kinds of rejected or nulled values, the most first, with an example
+    and the option that reads them."""
+    rows = []
+    for column, kinds in by_column.items():
+        parts = []
+        for kind, entry in kinds.items():
+            example = f" e.g. {entry['examples'][0]}" if entry["examples"] else ""
+            fix = f" ({entry['fix']})" if entry.get("fix") else ""
+            parts.append(f"{entry['rows']:,} {kind.replace('_', ' ')}{example}{fix}")
+        rows.append((f"  {action} in {column}", "; ".join(parts)))
+    return rows
+
+
+def _states(states: dict[str, Any] | None) -> str | None:
+    if not states:
+        return None
+    counts = sorted(states["counts"].items(), key=lambda item: -item[1])
+    return f"{states['rows']:,}: " + ", ".join(f"{name} {rows:,}" for name, rows in counts[:10]) + (
+        " …" if len(counts) > 10 else "") if counts else "none"
+
+
+def _budget(budget: dict[str, Any] | None) -> str | None:
+    if not budget:
+        return None
+    limit = f"{budget['limit']} = {budget['allowed']:,} rows" if isinstance(budget["limit"], str) else f"{budget['allowed']:,} rows"
+    verdict = "within" if budget["passed"] else "OVER"
+    return f"{budget['counted']:,} rejected or nulled, {verdict} the budget of {limit}"
+
+
 def print_canary(c: dict[str, Any], job_id: str, deadline: str | None) -> None:
-    """The canary day as a person judges it: counts, rows through the mapping, columns, projections."""
+    """The canary day as a person judges it: its rejects first, then counts, rows through the mapping,
+    columns, projections. Tables fold long values onto more lines rather than cut them."""
+    budget = c.get("reject_budget")
+    whole = f"; whole job: {_budget(budget)}" if budget else ""
+    out.print(f"[bold]canary {c['day']}[/]: {c.get('rows_rejected_on_day', 0):,} rows of the day rejected or nulled{whole}")
+    if c.get("rejected_samples"):
+        rejected = _grid("where", "source row", "why", title="rejected rows of the day")
+        for s in c["rejected_samples"]:
+            rejected.add_row(safe(s["origin"]), safe(_row_text(s["source"])), safe(s["reason"]))
+        out.print(rejected)
     out.print(f"[bold]canary {c['day']}[/] ({c['range']['start']} … {c['range']['end']}): {c['rows_in_source']:,} rows in, "
               f"{c['rows_written']:,} staged, {c['rows_duplicate_in_source']:,} duplicates, "
               f"{c['rows_conflicting_existing']:,} conflicting existing; {c['units']} unit(s), {c['files']} file(s)")
-    samples = RichTable("where", "source row", "mapped row (UTC)", "existing row on main", "outcome", title="sample rows")
+    samples = _grid("where", "source row", "mapped row (UTC)", "existing row on main", "outcome", title="sample rows")
     for s in c["samples"]:
-        samples.add_row(s["origin"], _row_text(s["source"]), _row_text(s["mapped"]), _row_text(s["existing"]), s["outcome"])
+        samples.add_row(safe(s["origin"]), safe(_row_text(s["source"])), safe(_row_text(s["mapped"])),
+                        safe(_row_text(s["existing"])), s["outcome"])
     out.print(samples)
-    columns = RichTable("column", "source min", "source max", "source nulls", "staged min", "staged max", "staged nulls",
-                        title="columns, source rows of the day vs staged")
+    columns = _grid("column", "source min", "source max", "source nulls", "staged min", "staged max", "staged nulls",
+                    title="columns, source rows of the day vs staged")
     for col in c["columns"]:
         src, staged = col["source"], col["staged"]
         columns.add_row(col["column"], *(str(x) for x in (src["min"], src["max"], src["nulls"], staged["min"], staged["max"], staged["nulls"])))
@@ -289,6 +352,10 @@ def print_canary(c: dict[str, Any], job_id: str, deadline: str | None) -> None:
     out.print(f"approve with: timelake backfill continue {job_id}    drop it with: timelake backfill abort {job_id}")
     if deadline:
         out.print(f"approve before {deadline}: after that the job is aborted")
+
+
+def _grid(*headers: str, title: str) -> RichTable:
+    return RichTable(*(Column(h, overflow="fold") for h in headers), title=title)
 
 
 def _row_text(row: dict[str, Any] | None) -> str:

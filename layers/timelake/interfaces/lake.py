@@ -19,7 +19,7 @@ from pyiceberg.table.sorting import SortField, SortOrder
 from pyiceberg.transforms import IdentityTransform
 
 from timelake.adapters import compose
-from timelake.errors import BackfillError
+from timelake.errors import BackfillError, CatalogUnsupported
 from timelake.followup import completion
 from timelake.followup.coverage import EXPECTED_INTERVAL, EXPECTED_SERIES, CoverageMap, fixed_interval
 from timelake.followup.coverage import compute as compute_coverage
@@ -35,16 +35,17 @@ from timelake.model import contract as c
 from timelake.model.commit import with_retry
 from timelake.model.layout import read_range, time_bounds
 from timelake.model.report import progress_of, report_of
-from timelake.model.spec import JobSpec
+from timelake.model.spec import SETTINGS, JobSpec, current_setting
 from timelake.model.timeutil import iso, parse_duration, parse_instant, parse_size, subtract_duration, to_micros
 from timelake.ports.alarms import AlarmSink
 from timelake.ports.events import EventBus
-from timelake.ports.runtime import DEFAULT_WAREHOUSE, LakeConfig, Runtime
+from timelake.ports.runtime import DEFAULT_WAREHOUSE, LakeConfig, Runtime, local_state
 from timelake.ports.store import JobRecord, Lease
 from timelake.runner import run_job
 from timelake.steps.abort import abort, request_abort
 from timelake.steps.canary import approve as approve_canary
 from timelake.steps.diff import find as find_diff
+from timelake.steps.schedule import change_settings
 
 
 def expected_properties(interval: str | None, series: int | None) -> dict[str, str]:
@@ -62,25 +63,41 @@ def expected_properties(interval: str | None, series: int | None) -> dict[str, s
 
 def connect(
     warehouse: str | os.PathLike[str] | None = None, catalog: str | None = None, *, bus: EventBus | None = None,
-    store: str | None = None, staging: str | None = None, alarms: AlarmSink | None = None, **catalog_props: str,
+    store: str | None = None, staging: str | None = None, alarms: AlarmSink | None = None,
+    properties: dict[str, str] | None = None, **catalog_props: str,
 ) -> "Lake":
-    """The embedded lake in ``warehouse`` (default ``./.timelake`` or $TIMELAKE_WAREHOUSE), or a named
-    pyiceberg catalog configured by ``catalog_props`` (job state then goes to ``store``). ``alarms``
+    """The embedded lake in ``warehouse`` (default ``./.timelake`` or $TIMELAKE_WAREHOUSE), or the tables of
+    the pyiceberg catalog named ``catalog`` (default $TIMELAKE_CATALOG), found as pyiceberg's own
+    ``load_catalog(catalog)`` finds it: ``.pyiceberg.yaml`` and ``PYICEBERG_CATALOG__<NAME>__*``
+    variables, overridden by ``properties`` and ``catalog_props`` (``properties`` holds those that
+    clash with this function's own names, such as the catalog's ``warehouse``). With a named catalog only the catalog changes: job
+    records (``store``) and scratch files (``staging``) stay in the warehouse folder. ``alarms``
     receives the live path's real-time alarms (default: kept in process)."""
+    folder = warehouse or os.environ.get("TIMELAKE_WAREHOUSE", DEFAULT_WAREHOUSE)
+    catalog = catalog or os.environ.get("TIMELAKE_CATALOG") or None
     if catalog is None:
-        config = LakeConfig.embedded(warehouse or os.environ.get("TIMELAKE_WAREHOUSE", DEFAULT_WAREHOUSE))
+        config = LakeConfig.embedded(folder)
     else:
-        root = os.path.abspath(warehouse or os.environ.get("TIMELAKE_WAREHOUSE", DEFAULT_WAREHOUSE))
-        config = LakeConfig(
-            catalog_name=catalog, catalog_props=catalog_props,
-            store=store or f"sqlite:///{root}/jobs.db", staging=staging or f"file://{root}/_backfill",
-        )
-    return Lake(compose(config, bus, alarms))
+        config = LakeConfig.named(catalog, folder, store=store, staging=staging,
+                                  props={**(properties or {}), **catalog_props})
+    return Lake(compose(config, bus, alarms), named=catalog is not None)
+
+
+def job_catalog(job_id: str, warehouse: str | os.PathLike[str] | None = None) -> str | None:
+    """The catalog a job recorded in the warehouse folder's job store was started on, by name (None:
+    the embedded lake's own); read from the store alone, no catalog is opened."""
+    from timelake.adapters import store_for
+
+    store, _ = local_state(warehouse or os.environ.get("TIMELAKE_WAREHOUSE", DEFAULT_WAREHOUSE))
+    return store_for(store).get_job(job_id).spec.get("catalog")
 
 
 class Lake:
-    def __init__(self, runtime: Runtime) -> None:
+    def __init__(self, runtime: Runtime, named: bool = False) -> None:
+        """``named``: the catalog was chosen by name (`connect(catalog=...)`), so the jobs made here record
+        it; a lake built on a runtime directly (the AWS stack's, tests) leaves that to the runtime."""
         self.runtime = runtime
+        self.catalog_name = runtime.config.catalog_name if named else None
 
     @property
     def catalog(self) -> Any:
@@ -154,15 +171,29 @@ class Lake:
         return Table(self, self.runtime.load_table(name))
 
     def job(self, job_id: str) -> "Job":
-        self.runtime.store.get_job(job_id)
+        """A handle on a recorded job; one started on another catalog is refused (its table, branch and
+        files are there, not here)."""
+        recorded = self.runtime.store.get_job(job_id).spec.get("catalog")
+        mine = self.runtime.config.catalog_name
+        if (recorded is not None and recorded != mine) or (recorded is None and self.catalog_name is not None):
+            here = "the embedded lake" if mine == "timelake" and self.catalog_name is None else f"catalog '{mine}'"
+            raise CatalogUnsupported(f"job {job_id} was started on {f'catalog {recorded!r}' if recorded else 'the embedded lake'}, "
+                                     f"not on {here}: "
+                                     + (f"use --catalog {recorded} (TIMELAKE_CATALOG, timelake.connect(catalog=...))"
+                                        if recorded else "leave out --catalog (and TIMELAKE_CATALOG)"))
         return Job(self, job_id)
 
     def jobs(self, table: str | None = None) -> list["Job"]:
         return [Job(self, j.job_id) for j in self.runtime.store.list_jobs(table)]
 
     def create_job(self, spec: JobSpec) -> "Job":
-        """Record a job (phase ``created``) without running it."""
+        """Record a job (phase ``created``) without running it. The record names the catalog (when one
+        was chosen by name), so a resume, a status or an abort finds the job's table again."""
+        self.runtime.check_catalog(spec.catalog)
+        if not spec.dry_run:
+            self.runtime.require_commits()
         self.runtime.load_table(spec.table)
+        spec = spec.model_copy(update={"catalog": self.catalog_name})
         self.runtime.store.create_job(JobRecord(spec.job_id, spec.table, "created", spec.to_json()))
         return Job(self, spec.job_id)
 
@@ -267,7 +298,8 @@ class Table:
 
     def set_expected(self, interval: str | None = None, series: int | None = None) -> "Table":
         """Declare the cadence coverage measures against: one row per series every ``interval`` (e.g.
-        ``PT1M``), for ``series`` series. Without it a bucket with any rows counts as complete."""
+        ``PT1M``), for ``series`` series. Without them coverage cannot tell a complete bucket from a short
+        one: a bucket with rows only "has data"."""
         props = expected_properties(interval, series)
         if props:
             with self.iceberg.transaction() as tx:
@@ -387,6 +419,14 @@ class Job:
         return abort(self.lake.runtime, self.id) if self.record().phase != "aborted" else {
             "job_id": self.id, "phase": "aborted", "files_deleted": self.record().state.get("files_deleted", 0)}
 
+    def set(self, max_concurrency: int | None = None, source_rows_per_second: int | None = None) -> dict[str, Any]:
+        """Change how fast the job works while it runs: writers and scan tasks at once (from the next unit
+        to start) and the source's rows per second (from the next rows read; 0: no limit). A finished job
+        is refused; a failed or interrupted one keeps them for its resume. Returns the job's settings."""
+        job = change_settings(self.lake.runtime, self.id, max_concurrency=max_concurrency,
+                              source_rows_per_second=source_rows_per_second)
+        return {"job_id": self.id, "settings": {name: current_setting(job, name) for name in SETTINGS}}
+
     def approve(self, wait: bool = False) -> "Job":
         """Accept the canary day: write the other units (the canary's files stay as they are), stage,
         validate the whole job and publish. Returns at once unless ``wait``; ``wait()`` joins."""
@@ -410,8 +450,7 @@ def _iceberg_schema(schema: pa.Schema | Schema, time_column: str, required: list
     """An Iceberg schema from Arrow with fresh field ids; the time column becomes timestamptz (UTC µs)."""
     if isinstance(schema, Schema):
         return schema
-    from pyiceberg.io.pyarrow import _ConvertToIcebergWithoutIDs, visit_pyarrow
-    from pyiceberg.schema import assign_fresh_schema_ids
+    from timelake.model.iceberg_private import fresh_schema
 
     if time_column not in schema.names:
         raise ValueError(f"time column '{time_column}' is not in the schema ({schema.names})")
@@ -422,4 +461,4 @@ def _iceberg_schema(schema: pa.Schema | Schema, time_column: str, required: list
         elif f.name in required:
             f = f.with_nullable(False)
         fields.append(f)
-    return assign_fresh_schema_ids(visit_pyarrow(pa.schema(fields), _ConvertToIcebergWithoutIDs()))
+    return fresh_schema(pa.schema(fields))

@@ -12,13 +12,14 @@ from typing import TYPE_CHECKING, Any
 import boto3
 from botocore.exceptions import ClientError
 
-from timelake.interfaces.service import ensure_job
+from timelake.interfaces.service import ensure_job, map_concurrency
 from timelake.model.report import progress_of, report_of
-from timelake.model.spec import JobSpec
+from timelake.model.spec import SETTINGS, JobSpec, current_setting
 from timelake.ports.runtime import Runtime
 from timelake.ports.store import JobRecord
 from timelake.steps.abort import abort
 from timelake.steps.canary import AWAITING
+from timelake.steps.schedule import change_settings
 
 if TYPE_CHECKING:
     from timelake.ports.runtime import LakeConfig
@@ -54,6 +55,8 @@ class StepFunctionsOrchestrator:
             described = self.sfn.describe_execution(executionArn=arn)
             info["execution"] = {"arn": arn, "status": described["status"],
                                  "error": described.get("error"), "cause": described.get("cause")}
+            if described["status"] != "RUNNING" and info.get("paused_until"):
+                info["paused_until"] = None  # the execution that waited has stopped: nothing waits any more
         return info
 
     def report(self, job_id: str) -> dict[str, Any]:
@@ -86,6 +89,35 @@ class StepFunctionsOrchestrator:
         )["executionArn"]
         self.rt.store.update_job(job_id, execution_arn=new_arn, executions=[*executions, new_arn])
         return {"job_id": job_id, "execution_arn": new_arn, "how": "new execution"}
+
+    def set_settings(self, job_id: str, max_concurrency: int | None = None,
+                     source_rows_per_second: int | None = None) -> dict[str, Any]:
+        """Change a job's settings (`timelake.steps.schedule.change_settings`): the rate applies to the
+        next rows any scan Lambda reserves; a concurrency applies to each Map the workflow starts from
+        now on and, through UpdateMapRun, to the scan, write or check Map running now."""
+        job = change_settings(self.rt, job_id, max_concurrency=max_concurrency, source_rows_per_second=source_rows_per_second)
+        updated = self._update_running_maps(job) if max_concurrency is not None else []
+        return {"job_id": job_id, "settings": {name: current_setting(job, name) for name in SETTINGS},
+                "map_runs_updated": updated}
+
+    def _update_running_maps(self, job: JobRecord) -> list[str]:
+        """UpdateMapRun's MaxConcurrency on each Map run of the job's execution that has not ended."""
+        arn = self._latest_execution(job)
+        if arn is None:
+            return []
+        updated = []
+        for page in self.sfn.get_paginator("list_map_runs").paginate(executionArn=arn):
+            for run in page["mapRuns"]:
+                step = MAP_STEPS.get(map_label(run["mapRunArn"]))
+                if step is None or "stopDate" in run:
+                    continue
+                value = map_concurrency(job, step)
+                try:
+                    self.sfn.update_map_run(mapRunArn=run["mapRunArn"], maxConcurrency=value)
+                except ClientError:  # it ended meanwhile: the next Map starts with the new value anyway
+                    continue
+                updated.append(f"{map_label(run['mapRunArn'])} {value}")
+        return updated
 
     def approve(self, job_id: str) -> dict[str, Any]:
         """Send the waiting execution the approval of its canary; it then writes and publishes the rest."""
@@ -152,6 +184,15 @@ class StepFunctionsOrchestrator:
         except ClientError:  # not redrivable: older than 14 days, a Map run over its limit, ...
             return False
         return True
+
+
+#: the workflow's Distributed Maps by their Label (statemachine/backfill.asl.json) and the step each runs
+MAP_STEPS = {"ScanSource": "scan", "WriteUnits": "write", "CheckFiles": "check"}
+
+
+def map_label(map_run_arn: str) -> str:
+    """``arn:…:mapRun:<state machine>/<Label>:<id>`` → ``<Label>``."""
+    return map_run_arn.rsplit(":mapRun:", 1)[-1].split("/", 1)[-1].rsplit(":", 1)[0]
 
 
 def from_environment(stack_name: str | None = None) -> StepFunctionsOrchestrator:

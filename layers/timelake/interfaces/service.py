@@ -6,6 +6,7 @@ These functions are what the thin handlers call: JSON-able input, JSON-able outp
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from typing import TYPE_CHECKING, Any, Literal
@@ -17,13 +18,16 @@ from timelake.errors import JobNotFound, ValidationFailed
 from timelake.followup.refresh import PublishedEvent, on_published, pieces
 from timelake.model.limits import limits
 from timelake.model.report import report_of
-from timelake.model.spec import JobSpec
+from timelake.model.spec import JobSpec, current_setting, current_spec
+from timelake.model.window import window_of
+from timelake.ports.clock import wait_timestamp
 from timelake.ports.runtime import LakeConfig, Runtime
 from timelake.ports.store import JobRecord
 from timelake.runner import TERMINAL, record_failure, reopen
 from timelake.steps import canary
 from timelake.steps.diff import finish_dry_run, pending_main_tasks
 from timelake.steps.plan import cut, pending_pieces, plan, write_json
+from timelake.steps.schedule import closed_until
 from timelake.steps.validate import plan_checks
 
 if TYPE_CHECKING:
@@ -120,7 +124,9 @@ def lambda_runtime() -> Runtime:
 
 
 def ensure_job(rt: Runtime, spec: JobSpec) -> JobRecord:
-    """The job record for ``spec``, created if new (a job id is the execution name: starting twice is safe)."""
+    """The job record for ``spec``, created if new (a job id is the execution name: starting twice is safe).
+    A job that names a catalog other than the stack's is refused before anything is recorded."""
+    rt.check_catalog(spec.catalog)
     try:
         return rt.store.get_job(spec.job_id)
     except JobNotFound:
@@ -147,7 +153,31 @@ def begin(rt: Runtime, spec: JobSpec) -> dict[str, Any]:
     manifest = write_json(rt, spec.job_id, f"scan/pending-{time.time_ns()}.json",
                           [{"job_id": spec.job_id, "piece": i} for i in pieces])
     return {"job_id": spec.job_id, "pieces_pending": len(pieces), "manifest": manifest,
-            "max_concurrency": limits(spec).scan_workers(spec.max_concurrency or DEFAULT_MAP_CONCURRENCY)}
+            "max_concurrency": map_concurrency(rt.store.get_job(spec.job_id), "scan")}
+
+
+def map_concurrency(job: JobRecord, step: str) -> int:
+    """The MaxConcurrency of the job's scan, write or check Map, from its settings as they are now (a
+    scan reads the source through at most its connections)."""
+    wanted = current_setting(job, "max_concurrency") or DEFAULT_MAP_CONCURRENCY
+    return limits(current_spec(job.spec, job.state)).scan_workers(wanted) if step == "scan" else wanted
+
+
+def wait_for_window(rt: Runtime, job_id: str) -> str | None:
+    """For a Lambda about to start a unit (a scan task, a unit write, a file check, a publish commit):
+    None to go on, else when its quiet hours open again, as the timestamp the workflow's Wait state
+    waits until (the job notes the pause, so status shows it)."""
+    if not _has_window(rt, job_id):
+        return None
+    until = closed_until(rt, rt.store.get_job(job_id))
+    return None if until is None else wait_timestamp(rt.clock.workflow_instant(until))
+
+
+@functools.lru_cache(maxsize=1024)
+def _has_window(rt: Runtime, job_id: str) -> bool:
+    """Whether the job has quiet hours, which it keeps from its submission on: a warm Lambda asks the
+    job store once per job, so the units of a job without them cost no read for it."""
+    return window_of(rt.store.get_job(job_id).spec) is not None
 
 
 def cut_units(rt: Runtime, job_id: str) -> dict[str, Any]:
@@ -180,7 +210,7 @@ def cut_units(rt: Runtime, job_id: str) -> dict[str, Any]:
     items = [{"job_id": job_id, "main_task": t} for t in tasks] or [{"job_id": job_id, "unit_id": u} for u in pending]
     manifest = write_json(rt, job_id, f"pending-units-{time.time_ns()}.json", items)
     return {"job_id": job_id, "dry_run": False, "finished": False, "report": None, "units_pending": len(items),
-            "manifest": manifest, "max_concurrency": spec.max_concurrency or DEFAULT_MAP_CONCURRENCY,
+            "manifest": manifest, "max_concurrency": map_concurrency(job, "write"),
             "canary": only is not None and not tasks, "more": bool(tasks) or spec.dry_run,
             "approval_timeout_seconds": spec.approval_timeout_seconds}
 
@@ -188,9 +218,8 @@ def cut_units(rt: Runtime, job_id: str) -> dict[str, Any]:
 def list_checks(rt: Runtime, job_id: str) -> dict[str, Any]:
     """First part of the workflow's validation: the staged files as check items in S3, where the
     Distributed Map reads them, so the state holds their location and count, never the list."""
-    spec = JobSpec.model_validate(rt.store.get_job(job_id).spec)
     listed = plan_checks(rt, job_id)
-    return {**listed, "max_concurrency": max(1, min(spec.max_concurrency or DEFAULT_MAP_CONCURRENCY, listed["files"]))}
+    return {**listed, "max_concurrency": max(1, min(map_concurrency(rt.store.get_job(job_id), "check"), listed["files"]))}
 
 
 def after_publish(rt: Runtime, detail: dict[str, Any], queue: WorkQueue | None) -> dict[str, Any]:

@@ -36,7 +36,8 @@ FROM (SELECT timelake_backfill_json(tbl, q, json_object({fields})::VARCHAR)::JSO
 
 
 def register(con: duckdb.DuckDBPyConnection, lake: Lake | None = None) -> None:
-    """Define ``timelake_backfill`` on ``con``; jobs go to ``lake`` (default: ``timelake.connect()``).
+    """Define ``timelake_backfill`` on ``con``; jobs go to ``lake`` (default: ``timelake.connect()``, or
+    ``timelake.connect(catalog=NAME)`` for a call with ``catalog := 'NAME'``).
 
     DuckDB has no Python table functions, so a side-effecting scalar function does the work and a
     table macro turns its JSON report into a row; the report is the job's, failures raise.
@@ -45,8 +46,8 @@ def register(con: duckdb.DuckDBPyConnection, lake: Lake | None = None) -> None:
     def backfill(table: str, query: str, options: str) -> str:
         from timelake.interfaces.lake import connect
 
-        target = lake or connect()
         fields = {name: value for name, value in json.loads(options).items() if value is not None}
+        target = lake or connect(catalog=fields.get("catalog"))
         spec = JobSpec(table=table, source=f"<duckdb query {' '.join(query.split())[:200]}>", query=query, **fields)
         with con.cursor() as cursor:
             rows = cursor.sql(query).to_arrow_table()  # every step re-opens the source: a reader reads once

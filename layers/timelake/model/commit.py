@@ -2,9 +2,8 @@
 
 Writers never commit; stage and publish each make exactly one snapshot from the files the units
 recorded. pyiceberg writes every added file into one manifest of the table's current spec, which is
-wrong for files of an older (coarser) partition spec, so `_MultiSpecAppend` writes one manifest per
-spec. It subclasses a private pyiceberg class: pyiceberg is pinned and
-tests/model/test_commit.py fails if that class changes shape.
+wrong for files of an older (coarser) partition spec, so the snapshot producers of
+`timelake.model.iceberg_private` write one manifest per spec.
 """
 
 from __future__ import annotations
@@ -20,7 +19,6 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
@@ -29,10 +27,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyiceberg.exceptions import CommitFailedException, ValidationException
 from pyiceberg.expressions import AlwaysTrue
-from pyiceberg.expressions.visitors import _StrictMetricsEvaluator, bind
 from pyiceberg.io.pyarrow import (
     ArrowScan,
-    _expression_to_complementary_pyarrow,
     bin_pack_arrow_table,
     compute_statistics_plan,
     data_file_statistics_from_parquet_metadata,
@@ -43,14 +39,11 @@ from pyiceberg.io.pyarrow import (
 from pyiceberg.manifest import (
     DATA_FILE_TYPE,
     DEFAULT_READ_VERSION,
-    UNASSIGNED_SEQ,
     DataFile,
     DataFileContent,
     FileFormat,
     ManifestContent,
-    ManifestEntry,
     ManifestEntryStatus,
-    ManifestFile,
 )
 from pyiceberg.partitioning import (
     PartitionField,
@@ -65,15 +58,13 @@ from pyiceberg.table.refs import MAIN_BRANCH
 from pyiceberg.table.snapshots import (
     Operation,
     Snapshot,
-    SnapshotSummaryCollector,
-    Summary,
-    UpdateMetrics,
-    update_snapshot_summaries,
 )
-from pyiceberg.table.update.snapshot import _FastAppendFiles, _OverwriteFiles
 from pyiceberg.typedef import Record
 from pyiceberg.utils.properties import property_as_int
 
+from timelake.model.iceberg_private import (
+    ManifestCopy, MultiSpecAppend, MultiSpecOverwrite, all_rows_match, complement, with_metadata,
+)
 from timelake.model.layout import micros, split_by_code
 from timelake.model.timeutil import TRANSFORMS, transform_values
 from timelake.ports.files import filesystem
@@ -87,9 +78,7 @@ JOB_PROPERTY = "timelake.job-id"
 STEP_PROPERTY = "timelake.step"
 CHUNK_PROPERTY = "timelake.chunk"
 INHERITED_IDS = "timelake.inherited-ids"  # summary: the entries this snapshot added name no snapshot or sequence number
-NAN_COUNTS = b"timelake.nan-value-counts"
-PARTITION_SUMMARY_LIMIT = "write.summary.partition-limit"  # Iceberg's property; pyiceberg's default, 0, writes none
-MANIFEST_BLOCK = 1000  # manifest entries per Avro block  # Parquet footer key: NaNs per float column, by name (Parquet has no such statistic)
+NAN_COUNTS = b"timelake.nan-value-counts"  # Parquet footer key: NaNs per float column, by name (Parquet has no such statistic)
 
 
 def data_file(table: IcebergTable, path: str, spec_id: int, partition_value: int | Record) -> DataFile:
@@ -190,19 +179,6 @@ def data_files(table: IcebergTable, results: Iterable[dict[str, Any]]) -> list[D
     return [read[id(r)] if id(r) in read else data_file_from_result(table, r, order) for r in results]
 
 
-@dataclass
-class ManifestCopy:
-    """Manifests another snapshot added, to be listed again by a new one: together they hold exactly
-    ``files``, one manifest per spec, and their entries inherit snapshot id and sequence numbers from
-    the manifest list (`staged_manifests` checks both). Publish lists copies of the staging
-    snapshot's manifests instead of encoding the same 10,000 entries a second time (most of a commit's
-    cost). A byte copy, not the same path: pyiceberg caches a manifest list's entries by manifest path
-    process-wide, so one path under two snapshots would read as the first snapshot's under both."""
-
-    manifests: list[ManifestFile]
-    files: list[DataFile]
-
-
 def append_files(
     tx: Transaction, table: IcebergTable, files: list[DataFile], branch: str | None, properties: dict[str, str],
     inherit: bool = False, written: dict[str, list[DataFile]] | None = None,
@@ -213,7 +189,7 @@ def append_files(
     so a later commit can list copies of these manifests (`ManifestCopy`). ``written`` receives
     path -> files of every manifest the commit added."""
     inherit = inherit and tx.table_metadata.format_version == 2
-    producer = _MultiSpecAppend(operation=Operation.APPEND, transaction=tx, io=table.io, branch=branch,
+    producer = MultiSpecAppend(operation=Operation.APPEND, transaction=tx, io=table.io, branch=branch,
                                 snapshot_properties={**properties, **({INHERITED_IDS: "true"} if inherit else {})})
     producer.prepare(inherit=inherit, written=written)
     for f in files:
@@ -230,7 +206,7 @@ def overwrite_files(
     ``tx``; returns its id. Each file keeps its own spec: a reader time-travelling to the snapshot
     before sees the old files, the snapshot itself the new ones, nothing in between. ``copy``: more
     added files, as copies of manifests written before; ``written`` as in `append_files`."""
-    producer = _MultiSpecOverwrite(
+    producer = MultiSpecOverwrite(
         operation=Operation.OVERWRITE, transaction=tx, io=table.io, branch=branch, snapshot_properties=properties
     )
     producer.prepare(copy=copy, written=written)
@@ -259,137 +235,6 @@ def staged_manifests(table: IcebergTable, snapshot_id: int, files: list[DataFile
     if {m.partition_spec_id: m.added_files_count for m in manifests} != per_spec or len(manifests) != len(per_spec):
         return None
     return ManifestCopy(manifests, files)
-
-
-class _PerSpec:
-    """Added files go to one manifest per partition spec (pyiceberg writes them all with the current
-    spec), and the summary counts each file with its own spec. Manifests of a `ManifestCopy` are
-    listed as copies; ``written`` learns what every added manifest holds."""
-
-    _inherit = False
-    _copy: ManifestCopy | None = None
-    _written: dict[str, list[DataFile]] | None = None
-
-    def prepare(self: Any, inherit: bool = False, copy: ManifestCopy | None = None,
-                written: dict[str, list[DataFile]] | None = None) -> None:
-        self._inherit, self._copy, self._written = inherit, copy, written
-
-    def _added_manifests(self: Any) -> list[ManifestFile]:
-        by_spec: dict[int, list[DataFile]] = defaultdict(list)
-        for f in self._added_data_files:
-            by_spec[f.spec_id].append(f)
-        added = []
-        snapshot_id = None if self._inherit else self._snapshot_id
-        for spec_id, files in sorted(by_spec.items()):
-            with self.new_manifest_writer(spec=self.spec(spec_id)) as writer:
-                _add_all(writer, [ManifestEntry.from_args(
-                    status=ManifestEntryStatus.ADDED, snapshot_id=snapshot_id,
-                    sequence_number=None, file_sequence_number=None, data_file=f,
-                ) for f in files])
-            added.append(self._record(writer.to_manifest_file(), files))
-        if self._copy is not None:
-            copied: dict[int, list[DataFile]] = defaultdict(list)
-            for f in self._copy.files:
-                copied[f.spec_id].append(f)
-            added += [self._record(self._copied(m), copied[m.partition_spec_id]) for m in self._copy.manifests]
-        return added
-
-    def _record(self: Any, manifest: ManifestFile, files: list[DataFile]) -> ManifestFile:
-        if self._written is not None:
-            self._written[manifest.manifest_path] = files
-        return manifest
-
-    def _copied(self: Any, source: ManifestFile) -> ManifestFile:
-        """A byte copy of ``source`` at a path of this commit (a failed attempt deletes it, as it
-        deletes the manifests it wrote), listed as added by this snapshot: its entries inherit
-        this snapshot's id and sequence number."""
-        output = self.new_manifest_output()
-        with self._io.new_input(source.manifest_path).open() as handle:
-            data = handle.read()
-        with output.create(overwrite=True) as out:
-            out.write(data)
-        return ManifestFile.from_args(
-            manifest_path=output.location, manifest_length=len(data), partition_spec_id=source.partition_spec_id,
-            content=source.content, sequence_number=UNASSIGNED_SEQ, min_sequence_number=UNASSIGNED_SEQ,
-            added_snapshot_id=self._snapshot_id, added_files_count=source.added_files_count, existing_files_count=0,
-            deleted_files_count=0, added_rows_count=source.added_rows_count, existing_rows_count=0,
-            deleted_rows_count=0, partitions=source.partitions, key_metadata=source.key_metadata,
-        )
-
-    def _summary(self: Any, snapshot_properties: dict[str, str] = {}) -> Summary:  # noqa: B006 (pyiceberg's signature)
-        metadata = self._transaction.table_metadata
-        limit = int(metadata.properties.get(PARTITION_SUMMARY_LIMIT, 0))
-        collector = SnapshotSummaryCollector(limit) if limit > 0 else _PartitionCounter()
-        specs, schema = metadata.specs(), metadata.schema()
-        added = itertools.chain(self._added_data_files, self._copy.files if self._copy is not None else ())
-        if isinstance(collector, _PartitionCounter):
-            collector.add_files(added, specs, schema)
-        else:
-            for f in added:
-                collector.add_file(data_file=f, partition_spec=specs[f.spec_id], schema=schema)
-        for f in self._deleted_data_files:
-            collector.remove_file(data_file=f, partition_spec=specs[f.spec_id], schema=schema)
-        previous = metadata.snapshot_by_id(self._parent_snapshot_id) if self._parent_snapshot_id is not None else None
-        return update_snapshot_summaries(
-            summary=Summary(operation=self._operation, **collector.build(), **snapshot_properties),
-            previous_summary=previous.summary if previous is not None else None,
-        )
-
-
-def _add_all(writer: Any, entries: list[ManifestEntry]) -> None:
-    """``ManifestWriter.add_entry`` for ADDED entries, many at a time: its bookkeeping, then one Avro
-    block per MANIFEST_BLOCK entries. pyiceberg writes a block (and compresses it) per entry, which
-    was a third of writing a 10,000-file manifest here."""
-    writer._added_files += len(entries)
-    writer._added_rows += sum(e.data_file.record_count for e in entries)
-    writer._partitions.extend(e.data_file.partition for e in entries)
-    for start in range(0, len(entries), MANIFEST_BLOCK):
-        writer._writer.write_block([writer.prepare_entry(e) for e in entries[start:start + MANIFEST_BLOCK]])
-
-
-class _PartitionCounter(SnapshotSummaryCollector):
-    """The summary pyiceberg writes when the table asks for no per-partition summaries (the default):
-    only their count is kept, so partitions are counted by value instead of each file's partition being
-    formatted as a path (a fifth of a 10,000-file commit here)."""
-
-    def update_partition_metrics(self, partition_spec: Any, file: DataFile, is_add_file: bool, schema: Any) -> None:
-        key = (partition_spec.spec_id, *file.partition)
-        if key not in self.partition_metrics:
-            self.partition_metrics[key] = UpdateMetrics()
-
-    def add_files(self, files: Iterable[DataFile], specs: dict[int, PartitionSpec], schema: Schema) -> None:
-        """``add_file`` of many files, data files counted inline: 10,000 calls through pyiceberg's
-        collector were a tenth of a publish."""
-        metrics, partitions = self.metrics, self.partition_metrics
-        for f in files:
-            if f.content != DataFileContent.DATA:
-                self.add_file(data_file=f, partition_spec=specs[f.spec_id], schema=schema)
-                continue
-            metrics.added_file_size += f.file_size_in_bytes
-            metrics.added_data_files += 1
-            metrics.added_records += f.record_count
-            if len(f.partition) > 0 and (key := (f.spec_id, *f.partition)) not in partitions:
-                partitions[key] = UpdateMetrics()
-
-
-class _MultiSpecAppend(_PerSpec, _FastAppendFiles):
-    """A fast append whose added files go to one manifest per partition spec."""
-
-    def _manifests(self) -> list[ManifestFile]:
-        return self._added_manifests() + self._existing_manifests()
-
-
-class _MultiSpecOverwrite(_PerSpec, _OverwriteFiles):
-    """An overwrite whose added files go to one manifest per partition spec; pyiceberg writes the
-    deleted entries and rewrites the existing manifests, each in its own spec already."""
-
-    def _manifests(self) -> list[ManifestFile]:
-        added, self._added_data_files = self._added_data_files, []
-        try:
-            rest = super()._manifests()
-        finally:
-            self._added_data_files = added
-        return self._added_manifests() + rest
 
 
 def added_files(table: IcebergTable, snapshot_id: int) -> list[DataFile]:
@@ -462,6 +307,7 @@ def retire(table: IcebergTable, job_id: str, branch: str | None) -> list[int]:
     marker = published_property(job_id)
 
     def attempt(current: IcebergTable) -> list[int]:
+        current = current.refresh()
         has_branch = branch is not None and branch in current.metadata.refs
         heads = {ref.snapshot_id for name, ref in current.metadata.refs.items() if name != branch}
         needed = ancestors(current) | heads
@@ -481,10 +327,10 @@ def retire(table: IcebergTable, job_id: str, branch: str | None) -> list[int]:
         except ValueError as exc:  # the catalog applies the removal to ITS latest metadata: a racing
             if "does not exist" not in str(exc):  # abort of the same job removed a snapshot first
                 raise
-            return attempt(current.refresh())
+            return attempt(current)
         return ids
 
-    return with_retry(table.refresh(), attempt, f"retire job {job_id} from the table metadata")
+    return with_retry(table, attempt, f"retire job {job_id} from the table metadata")
 
 
 _pauses = 0
@@ -532,20 +378,19 @@ def without_blind_retries(table: IcebergTable) -> IcebergTable:
     Only this in-memory handle changes: no property is written to the table.
     """
     properties = {**table.metadata.properties, "commit.retry.num-retries": "0"}
-    return IcebergTable(table._identifier, table.metadata.model_copy(update={"properties": properties}),
-                        table.metadata_location, table.io, table.catalog)
+    return with_metadata(table, properties=properties)
 
 
 def with_retry(table: IcebergTable, attempt: Callable[[IcebergTable], T], what: str, attempts: int = COMMIT_ATTEMPTS) -> T:
-    """Run ``attempt`` on fresh table metadata until it commits, with jittered backoff on conflicts."""
+    """Run ``attempt`` on fresh table metadata until it commits, with jittered backoff on conflicts. The
+    refresh is part of an attempt: a catalog another engine holds locked may refuse the read too."""
     for n in range(attempts):
         try:
-            return attempt(table)
+            return attempt(table.refresh() if n else table)
         except Exception as exc:
             if not is_conflict(exc) or n == attempts - 1:
                 raise
             time.sleep(min(1.0, 0.02 * 2**n) * (0.5 + random.random()))
-            table = table.refresh()
     raise AssertionError("unreachable")
 
 
@@ -586,8 +431,8 @@ def swap(
 def _matching_files(table: IcebergTable, row_filter: "BooleanExpression") -> tuple[list[DataFile], list["pa.Table"]]:
     """The files of main holding rows that match ``row_filter``, and the rows of theirs that do not."""
     schema = table.schema()
-    all_match = _StrictMetricsEvaluator(schema, row_filter).eval
-    keep = _expression_to_complementary_pyarrow(bind(schema, row_filter, case_sensitive=True), schema)
+    all_match = all_rows_match(schema, row_filter)
+    keep = complement(schema, row_filter)
     removed, kept = [], []
     for task in table.scan(row_filter=row_filter).plan_files():
         if all_match(task.file) and not task.delete_files:

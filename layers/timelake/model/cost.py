@@ -18,7 +18,7 @@ ASSUMPTIONS: dict[str, float] = {
     "lambda_usd_per_million_requests": 0.20,
     "lambda_invocations_per_unit": 2,  # its write and the check of its file
     "stepfunctions_usd_per_1000_transitions": 0.025,
-    "stepfunctions_transitions_per_unit": 8,  # about 4 for each of its two Map items (write, check)
+    "stepfunctions_transitions_per_unit": 12,  # about 6 for each of its two Map items (write, check): with the Task, the quiet-hours Choice and the item's end state
     "stepfunctions_transitions_per_job": 20,
     "s3_usd_per_1000_put": 0.005,
     "s3_usd_per_1000_get": 0.0004,

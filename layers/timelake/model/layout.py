@@ -326,10 +326,9 @@ def file_bounds(file: Any, field: Any) -> tuple[int | None, int | None]:
 
 def fresh_schema(schema: pa.Schema) -> "Schema":
     """An Iceberg schema for an Arrow schema of our own making (rollups, events), with fresh field ids."""
-    from pyiceberg.io.pyarrow import _ConvertToIcebergWithoutIDs, visit_pyarrow
-    from pyiceberg.schema import assign_fresh_schema_ids
+    from timelake.model.iceberg_private import fresh_schema as converted
 
-    return assign_fresh_schema_ids(visit_pyarrow(schema, _ConvertToIcebergWithoutIDs()))
+    return converted(schema)
 
 
 def time_bounds(table: "IcebergTable", column: str) -> tuple[int, int] | None:

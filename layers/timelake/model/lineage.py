@@ -28,6 +28,8 @@ from pyiceberg.manifest import DataFileContent, ManifestEntry, ManifestEntryStat
 from pyiceberg.table import ManifestGroupPlanner
 from pyiceberg.table.snapshots import Operation
 
+from timelake.model.iceberg_private import with_metadata
+
 if TYPE_CHECKING:
     from pyiceberg.table import FileScanTask
     from pyiceberg.table import Table as IcebergTable
@@ -177,8 +179,6 @@ def planned_view(table: "IcebergTable", state: dict[str, Any]) -> "IcebergTable"
     partitions, so they are written, described and checked in its terms; Iceberg readers project
     them onto the current schema by field id, and each data file keeps its own spec. Only this
     in-memory handle differs: commits made through it send their own changes, never these fields."""
-    from pyiceberg.table import Table as IcebergTable
-
     schema_id, spec_id = state.get("schema_id"), state.get("spec_id")
     metadata = table.metadata
     update: dict[str, Any] = {}
@@ -188,4 +188,4 @@ def planned_view(table: "IcebergTable", state: dict[str, Any]) -> "IcebergTable"
         update["default_spec_id"] = spec_id
     if not update:
         return table
-    return IcebergTable(table._identifier, metadata.model_copy(update=update), table.metadata_location, table.io, table.catalog)
+    return with_metadata(table, **update)

@@ -6,9 +6,11 @@ import os
 import time
 from typing import Any
 
+from timelake.model.issues import Issues
 from timelake.model.limits import limits
-from timelake.model.spec import JobSpec
+from timelake.model.spec import SETTINGS, JobSpec, current_setting, current_spec
 from timelake.model.timeutil import iso, iso_seconds
+from timelake.model.window import PAUSED_UNTIL, PAUSES, iso_local, paused_seconds, window_of
 from timelake.ports.store import JobRecord, JobStore, UnitRecord
 
 AWAITING = "awaiting-approval"  # the phase of a job whose canary waits for a decision
@@ -79,6 +81,12 @@ def progress(job: JobRecord, units: list[UnitRecord], notes: dict[str, dict[str,
     if stopped:
         info["stopped_in"] = job.phase
         info["resume"] = f"timelake backfill resume {job.job_id}"
+    window = window_of(job.spec)
+    if window is not None:
+        info["quiet_hours"] = str(window)
+        until = job.state.get(PAUSED_UNTIL)
+        waiting = until is not None and job.phase in NEXT_STEP and not stopped
+        info["paused_until"] = iso_local(until, window.tz) if waiting else None
     return info
 
 
@@ -106,7 +114,7 @@ def step_seconds(job: JobRecord, now: float, live: bool = True) -> dict[str, flo
     """Seconds each step has run, from the phases the store logged: the time a job spends in a phase
     is its next step's. A job run here also keeps its runs (``state["runs"]``: [start, last heartbeat]
     of each process that ran it); time outside them (after a crash, before the resume) counts for no
-    step. Waiting for approval, failed or finished time is no step's either."""
+    step. Waiting for approval or for quiet hours, failed or finished time is no step's either."""
     runs = job.state.get("runs")
     if runs and live:
         runs = [*runs[:-1], [runs[-1][0], now]]
@@ -118,7 +126,7 @@ def step_seconds(job: JobRecord, now: float, live: bool = True) -> dict[str, flo
             continue
         end = log[i + 1][1] if i + 1 < len(log) else now
         spent = sum(max(0.0, min(end, hi) - max(start, lo)) for lo, hi in runs) if runs else max(0.0, end - start)
-        seconds[step] = seconds.get(step, 0.0) + spent
+        seconds[step] = seconds.get(step, 0.0) + max(0.0, spent - paused_seconds(job.state, start, end))
     return seconds
 
 
@@ -200,6 +208,7 @@ def build_report(job: JobRecord, units: list[UnitRecord], notes: dict[str, dict[
     written = sum(u.result.get("rows_written", 0) for u in units) - late["rows"]
     conflicts = sum(u.result.get("rows_conflicting_existing", 0) for u in units) + late["rows"]
     rejected = dict(s.get("rows_rejected", {}))
+    issues = Issues.from_json(s.get("value_issues", []))
     report = {
         "job_id": job.job_id,
         "table": job.table,
@@ -217,7 +226,12 @@ def build_report(job: JobRecord, units: list[UnitRecord], notes: dict[str, dict[
         "rows_conflicting_at_publish": late["rows"],
         "rows_outside_retention": s.get("rows_outside_retention", 0),
         "rows_outside_range": s.get("rows_outside_range", 0),
-        "rows_rejected": {"total": sum(rejected.values()), "reasons": rejected, "examples": s.get("rejected_examples", {})},
+        "rows_rejected": {"total": sum(rejected.values()), "reasons": rejected, "examples": s.get("rejected_examples", {}),
+                          "by_column": issues.by_column("rejected")},
+        "values_nulled": {"total": issues.rows("nulled"), "by_column": issues.by_column("nulled")},
+        "states": {"column": job.spec.get("states_column"), "rows": sum(s.get("states", {}).values()),
+                   "counts": s.get("states", {})} if job.spec.get("states_column") else None,
+        "reject_budget": s.get("reject_budget"),
         "time_range": s.get("time_range"),
         "job_range": {"start": _iso(s.get("range_start")), "end": _iso(s.get("range_end"))},
         "units": len(units) or s.get("units_total", 0),
@@ -241,6 +255,9 @@ def build_report(job: JobRecord, units: list[UnitRecord], notes: dict[str, dict[
         "canary": s.get("canary_report"),
         "approval_deadline": _deadline(job),
         "source_limits": source_limits(job),
+        "quiet_hours": quiet_hours(job),
+        "settings": {name: current_setting(job, name) for name in SETTINGS},
+        "settings_changes": s.get("settings_log", []),
         "progress": progress(job, units, notes, running),
     }
     report["elapsed_seconds"] = report["progress"]["elapsed_seconds"]
@@ -250,8 +267,20 @@ def build_report(job: JobRecord, units: list[UnitRecord], notes: dict[str, dict[
 
 def source_limits(job: JobRecord) -> dict[str, Any]:
     """The job's source connection and rate limits, with how long reading the source takes under them."""
-    spec = JobSpec.model_validate(dict(job.spec))  # a copy: validation normalizes start/end in place
+    spec = current_spec(job.spec, job.state)
     return limits(spec).to_json(job.state.get("rows_in_source"), spec.max_concurrency or os.cpu_count() or 1)
+
+
+def quiet_hours(job: JobRecord) -> dict[str, Any] | None:
+    """The job's window, the pause it is in (if any) and how long it paused in all; None without one."""
+    window = window_of(job.spec)
+    if window is None:
+        return None
+    pauses = job.state.get(PAUSES, [])
+    until = job.state.get(PAUSED_UNTIL)
+    return {"window": str(window), "paused_until": iso_local(until, window.tz) if until is not None else None,
+            "pauses": len(pauses),
+            "paused_seconds": round(sum(b - a for a, b in pauses if b is not None), 3)}
 
 
 def _deadline(job: JobRecord) -> str | None:

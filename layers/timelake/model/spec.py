@@ -9,12 +9,17 @@ import json
 import re
 import secrets
 from datetime import date, datetime, timezone
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 from urllib.parse import parse_qsl
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, create_model, field_validator, model_validator
 
+from timelake.errors import DocumentError
 from timelake.model.timeutil import parse_instant
+from timelake.model.window import Window, window_of
+
+if TYPE_CHECKING:
+    from timelake.ports.store import JobRecord
 
 Mode = Literal["merge", "replace", "append"]
 PublishBy = Literal["day", "week", "month"]
@@ -29,6 +34,7 @@ MAX_ASSERTIONS, MAX_ASSERTION_CHARS = 100, 64 * 1024
 MAX_DOCUMENT_BYTES, MAX_NESTING = 1024 * 1024, 32
 MAX_REASON_CHARS = 2000
 FIRST_YEAR, LAST_YEAR = 1, 9998
+MAX_CONCURRENCY = 10_000
 #: UTC microseconds of 9999-01-01: the first instant past the last year a job may cover
 LAST_MICROS = 253_370_764_800_000_000
 
@@ -48,10 +54,16 @@ class JobSpec(BaseModel):
         description="The job's id: letters, digits, _ and -, up to 80 (default: bf-<UTC date>-<UTC time>-<6 hex "
         "digits>); on AWS it is the execution name")
     table: str = Field(pattern=r"^[^.\s]+(\.[^.\s]+)+$", max_length=255, description="Target table, namespace.name")
+    catalog: str | None = Field(
+        default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,99}$",
+        description="The pyiceberg catalog holding the table, by its name in .pyiceberg.yaml or "
+        "PYICEBERG_CATALOG__<NAME>__* variables (default: the embedded lake; on AWS, the stack's catalog)")
     source: str = Field(min_length=1, description="Path, glob or URI of the source (files, postgresql://, influxdb://, iceberg://, "
                         "duckdb:); '<memory ...>' for in-process data")
-    format: Literal["parquet", "csv", "json", "influx"] | None = Field(
-        default=None, description="Source file format; influx is InfluxDB line protocol (default: from the extension)")
+    format: Literal["parquet", "csv", "json", "influx", "influx2", "influx-csv"] | None = Field(
+        default=None, description="Source file format; influx is InfluxDB 1.x line protocol (influx_inspect export), "
+        "influx2 InfluxDB 2.x line protocol (influxd inspect export-lp), influx-csv the annotated CSV of "
+        "influx query --raw (default: from the extension)")
     map: dict[str, str] = Field(default_factory=dict, description="Table column -> source column, for columns "
                                 "whose names differ")
     tz: str | None = Field(default=None, description="IANA zone of naive source timestamps (and of naive start/end)")
@@ -66,14 +78,37 @@ class JobSpec(BaseModel):
         description="Text cells that mean no value (default: empty, NA, N/A, n/a, null, NULL, NaN, #N/A)")
     on_bad_value: BadValue = Field(
         default="fail", description="A value that cannot be converted: fail the job naming it, store null instead, "
-        "or reject the row (counted as bad_value with up to 5 examples)")
+        "or reject the row; nulled values and rejected rows are counted per column and kind, with examples")
+    max_rejected: StrictInt | Annotated[str, Field(pattern=r"^\d+(\.\d+)?%$")] | None = Field(
+        default=None, description="Rows the job may reject or null (bad values, rows without a time or series "
+        "key) before it fails validation, unpublished: a count or a percentage of the source rows, e.g. 100 or "
+        "'0.5%' (default: 0.1% with --on-bad-value null or reject, else 0)")
+    states_column: str | None = Field(
+        default=None, min_length=1, max_length=255, description="A text column of the table that keeps the text "
+        "of values of a numeric column that are no numbers (digital states such as 'I/O Timeout'; the value is "
+        "then null), counted per state")
     delimiter: str = Field(default=",", min_length=1, max_length=1, description="CSV field delimiter (e.g. ';')")
     decimal: Literal[".", ","] = Field(default=".", description="Decimal mark of numbers in CSV/text sources "
                                       "(',' for a decimal comma)")
+    thousands: Literal[",", ".", " ", "'", "_"] | None = Field(
+        default=None, description="Thousands separator of numbers in CSV/text sources, e.g. ',' for 1,234.5 "
+        "(only numbers grouped in threes by it are read so)")
+    wide: StrictBool = Field(
+        default=False, description="The source is wide, one column per series (Ignition, WideHistory, Excel): "
+        "every column but the time and the id columns becomes rows, its name the series key and its cells the "
+        "value; blank cells are skipped")
+    id_columns: list[Annotated[str, Field(min_length=1, max_length=255)]] = Field(
+        default_factory=list, max_length=100, description="Wide source: columns that are not series but kept on "
+        "every row (e.g. a batch or quality column), mapped like any other")
+    key_separator: str | None = Field(
+        default=None, min_length=1, max_length=10, description="Wide source: split each column name at this "
+        "text into the table's series key columns, e.g. '/' turns 'Plant1/TI-101' into two keys")
     timestamp_format: str | None = Field(
         default=None, max_length=200, description="strptime format of text timestamps, e.g. '%d.%m.%Y %H:%M:%S' "
         "(default: ISO 8601, or DD.MM.YYYY HH:MM[:SS])")
     skip_rows: StrictInt = Field(default=0, ge=0, le=1_000_000, description="CSV lines to skip before the header")
+    skip_after_header: StrictInt = Field(default=0, ge=0, le=1_000_000,
+                                         description="CSV lines to skip after the header (a units line)")
     encoding: str = Field(default="utf-8", min_length=1, max_length=40,
                           description="Text encoding of CSV files (e.g. latin-1, cp1252)")
     mode: Mode = Field(default="merge", description="How the job meets rows already on main: merge (existing rows "
@@ -84,8 +119,14 @@ class JobSpec(BaseModel):
     publish_by: PublishBy | None = Field(default=None, description="One publish commit per day, week or month "
                                          "instead of one for the whole job")
     max_concurrency: StrictInt | None = Field(
-        default=None, ge=1, le=10_000,
-        description="Parallel scan tasks and writers (default: the CPU count; on AWS the Map's MaxConcurrency)")
+        default=None, ge=1, le=MAX_CONCURRENCY,
+        description="Parallel scan tasks and writers (default: the CPU count; on AWS the Map's MaxConcurrency); "
+        "`timelake backfill set` changes it on a running job")
+    run_between: str | None = Field(
+        default=None, max_length=20, description="Quiet hours: the job works only between these local times each "
+        "day, e.g. '22:00-06:00' (an end before the start spans midnight). When the window closes, running units "
+        "finish and no new one starts until it opens again; publish waits for it too. Planning runs at once")
+    run_tz: str | None = Field(default=None, description="IANA zone of run_between (default: tz, else UTC)")
     assertions: list[Annotated[str, Field(max_length=MAX_ASSERTION_CHARS)]] = Field(
         default_factory=list, max_length=MAX_ASSERTIONS,
         description="SQL over the view staged returning the failing rows; any row fails the job (at most 100, of "
@@ -110,7 +151,8 @@ class JobSpec(BaseModel):
         default=None, ge=1, le=10_000, description="Scan tasks reading the source at once (database default: 2)")
     source_rows_per_second: StrictInt | None = Field(
         default=None, ge=0,
-        description="Rows per second read from the source by all workers together; 0: no limit (database default: 250000)")
+        description="Rows per second read from the source by all workers together; 0: no limit (database default: "
+        "250000); `timelake backfill set` changes it on a running job")
     measurement: str | None = Field(default=None, description="InfluxDB measurement to read (default: the table's name)")
     reason: str | None = Field(
         default=None, max_length=MAX_REASON_CHARS,
@@ -129,6 +171,31 @@ class JobSpec(BaseModel):
             if not known_zone(tz):
                 raise ValueError(f"unknown time zone '{printable(tz)[:100]}' (use an IANA name such as Europe/Berlin)")
         return tz
+
+    @field_validator("run_between")
+    @classmethod
+    def _window(cls, text: str | None) -> str | None:
+        if text is not None:
+            Window.parse(printable(text))
+        return text
+
+    @field_validator("run_tz")
+    @classmethod
+    def _run_zone(cls, tz: str | None) -> str | None:
+        if tz is not None and not known_zone(tz):
+            raise ValueError(f"unknown time zone '{printable(tz)[:100]}' (use an IANA name such as Europe/Berlin)")
+        return tz
+
+    @field_validator("max_rejected", mode="before")
+    @classmethod
+    def _budget(cls, value: Any) -> Any:
+        """A count or a percentage; the command line gives both as text."""
+        if isinstance(value, str) and re.fullmatch(r"\s*\d+\s*", value):
+            value = int(value)
+        if isinstance(value, bool) or not (value is None or isinstance(value, int) and value >= 0
+                                           or isinstance(value, str) and re.fullmatch(r"\d+(\.\d+)?%", value.strip())):
+            raise ValueError("max_rejected is a row count (e.g. 100) or a percentage of the source rows (e.g. '0.5%')")
+        return value.strip() if isinstance(value, str) else value
 
     @field_validator("encoding")
     @classmethod
@@ -200,6 +267,14 @@ class JobSpec(BaseModel):
         return data
 
     @model_validator(mode="after")
+    def _separators(self) -> "JobSpec":
+        if self.thousands is not None and self.thousands == self.decimal:
+            raise ValueError(f"thousands and decimal are both '{self.thousands}'; they must differ")
+        if (self.id_columns or self.key_separator) and not self.wide:
+            raise ValueError("id_columns and key_separator describe a wide source; add wide (--wide)")
+        return self
+
+    @model_validator(mode="after")
     def _ordered(self) -> "JobSpec":
         if self.start and self.end and self.start >= self.end:
             raise ValueError(f"start {self.start.isoformat()} must be before end {self.end.isoformat()}")
@@ -208,8 +283,35 @@ class JobSpec(BaseModel):
             raise ValueError("query applies to a PostgreSQL source (postgresql://...) or a DuckDB one (--from-sql) only")
         return self
 
+    @model_validator(mode="after")
+    def _zone_of_window(self) -> "JobSpec":
+        if self.run_tz is not None and self.run_between is None:
+            raise ValueError("run_tz is the zone of run_between; give run_between (e.g. --run-between 22:00-06:00)")
+        return self
+
+    def window(self) -> Window | None:
+        """The job's quiet hours (`window_of`)."""
+        return window_of({"run_between": self.run_between, "run_tz": self.run_tz, "tz": self.tz})
+
     def to_json(self) -> dict:
         return json.loads(self.model_dump_json())
+
+
+#: the fields `timelake backfill set` changes on a job that has not finished; kept in its state as ``settings``
+SETTINGS = ("max_concurrency", "source_rows_per_second")
+#: a settings change, checked as the job model checks those fields (the same bounds and descriptions)
+Settings = create_model("Settings", __config__=ConfigDict(extra="forbid"),
+                        **{name: (JobSpec.model_fields[name].annotation, JobSpec.model_fields[name]) for name in SETTINGS})
+
+
+def current_spec(spec: dict[str, Any], state: dict[str, Any]) -> JobSpec:
+    """A job's spec with the settings changed since it was submitted: what its steps go by."""
+    return JobSpec.model_validate({**spec, **state.get("settings", {})})
+
+
+def current_setting(job: JobRecord, name: str) -> Any:
+    """One of `SETTINGS` as the job has it now, without validating the whole spec (read as units finish)."""
+    return job.state.get("settings", {}).get(name, job.spec.get(name))
 
 
 def known_zone(tz: str) -> bool:
@@ -261,14 +363,6 @@ def external_job(data: Any) -> JobSpec:
     if spec.source.startswith("<"):
         raise ValueError("source '<...>' names in-process data; give a path, glob or URI")
     return spec
-
-
-class DocumentError(ValueError):
-    """A job document that is not one before any field is read; ``status`` is the HTTP answer for it."""
-
-    def __init__(self, message: str, status: int = 400) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 def parse_document(text: str | bytes) -> Any:

@@ -94,7 +94,7 @@ class SharedFileIO(PyArrowFileIO):
     def __init__(self, properties: Properties = EMPTY_DICT) -> None:
         super().__init__(properties)
         key = (tuple(sorted(self.properties.items())), os.environ.get("AWS_ACCESS_KEY_ID"), os.environ.get("AWS_SESSION_TOKEN"))
-        self.fs_by_scheme = functools.partial(_shared_fs, key, self._initialize_fs)
+        self.fs_by_scheme = functools.partial(_shared_fs, key, self.fs_by_scheme)
 
     def new_input(self, location: str) -> InputFile:
         if not location.endswith(".metadata.json"):

@@ -109,7 +109,14 @@ class JobStore(Protocol):
     def acquire_lease(self, lease: Lease) -> None: ...
     def release_lease(self, job_id: str) -> None: ...
     def leases(self, table: str | None = None) -> list[Lease]: ...
-    def reserve_rows(self, job_id: str, rows: int, rows_per_second: float) -> float: ...
+    def reserve_rows(self, job_id: str, rows: int, rows_per_second: float, now: float | None = None) -> float:
+        """Take ``rows`` from the job's source rate budget at ``rows_per_second``, or at the rate
+        `set_rate` gave the job since; returns the seconds to wait before reading on (at ``now``,
+        default the system's time)."""
+        ...
+    def set_rate(self, job_id: str, rows_per_second: int) -> None:
+        """The rate every later reservation of the job goes by, whatever its reader started with (0: no limit)."""
+        ...
     def note_progress(self, job_id: str, item: str, counts: dict[str, Any]) -> None:
         """Replace the progress counts of one piece of a running step (a scan task, the checks,
         the publish): one record per item, so parallel workers never contend for the job record."""
@@ -128,6 +135,13 @@ class JobStore(Protocol):
 RATE_BURST_SECONDS = 1.0
 # Phases a job never leaves: its units are history from then on (a store may let them expire).
 TERMINAL = frozenset({"published", "dry_run_complete", "failed_validation", "aborted"})
+
+
+def reserve(empty_at: float | None, now: float, rows: int, rows_per_second: float, set_rate: float | None) -> float | None:
+    """The budget's new end after a reservation at the rate in force (``set_rate`` if the job's rate was
+    set since its readers started, else theirs); None when that rate is no limit."""
+    rate = rows_per_second if set_rate is None else set_rate
+    return reserved_until(empty_at, now, rows, rate) if rate else None
 
 
 def reserved_until(empty_at: float | None, now: float, rows: int, rows_per_second: float) -> float:

@@ -1,10 +1,15 @@
 /* Line protocol cut into columns in one pass over a chunk of whole lines, without the GIL.
  *
  * Only lines of the plain shape are read here: `series fieldset timestamp`, no backslash, carriage
- * return or masked separator, quotes only around a string field's value, every value spelled in
- * the strict form its kind casts from. Any other line is set aside by number, and the Python
- * module reads it with its general split, which skips it, reads it or names what is wrong with
- * it. So this code never has to report an error: it only has to be right about what it accepts.
+ * return or control byte up to 3, nothing before the series, quotes only around a string field's
+ * value (closed before the next comma or space), each field once, none named `time`, every value
+ * spelled in a form influxd reads to the same value (a double that overflows is not one). Any other
+ * line is set aside by number and start, and the Python module reads it as influxd would
+ * (`lp_grammar`), which skips it, reads it or names what is wrong with it. So this code never has
+ * to report an error: it only has to be right about what it accepts. Such a line also ends at its
+ * newline for influxd (no quote or escape can carry it on), so the lines set aside are the only ones
+ * whose end the Python side must look for. The series (up to the first space) are checked there too,
+ * once per distinct text.
  *
  * Series (measurement and tags, up to the first space) are numbered by a hash table; the Python
  * side splits each distinct series once. Field values are typed by their spelling and parsed
@@ -27,6 +32,7 @@
 #include <Python.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <math.h>
 #include <string.h>
 #ifdef __SSE2__
 #include <emmintrin.h>
@@ -35,7 +41,8 @@
 #include <malloc.h>
 #endif
 
-#define MAX_KEYS 64 /* field keys per chunk: a line's keys are a bit mask, to find a key given twice */
+#define JOIN_KEYS 64 /* field keys a line may have to join a row: those of a block are a bit mask */
+#define MAX_KEY 65535 /* influxd's longest series key, and series key with a field name (plus 4) */
 
 enum { KIND_FLOAT = 0, KIND_STRING = 1, KIND_INTEGER = 2, KIND_UNSIGNED = 3, KIND_BOOLEAN = 4 };
 
@@ -226,7 +233,7 @@ static const double POW10[] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,  1
 
 static int is_digit(char c) { return c >= '0' && c <= '9'; }
 
-/* A float spelled -?digits(.digits)?([eE][+-]?digits)?; 0 when spelled otherwise. Exact when the
+/* A float spelled -?digits(.digits)?([eE][+-]?digits)?, within the doubles; 0 otherwise. Exact when the
  * digits fit 2^53 and the power of ten is at most 22 (both exact doubles, one rounding); else strtod,
  * which rounds correctly as well. */
 static int parse_float(const char *p, const char *e, double *out) {
@@ -238,7 +245,7 @@ static int parse_float(const char *p, const char *e, double *out) {
     int digits = 0, scale = 0;
     for (; p < e && is_digit(*p); p++) {
         if (digits < 19) mantissa = mantissa * 10 + (uint64_t)(*p - '0'), digits += mantissa > 0;
-        else scale++;
+        else if (scale < 1000) scale++; /* past 80 characters strtod is not asked anyway */
     }
     if (p < e && *p == '.') {
         p++;
@@ -273,7 +280,7 @@ static int parse_float(const char *p, const char *e, double *out) {
     text[n] = 0;
     char *end;
     *out = strtod(text, &end);
-    return end == text + n;
+    return end == text + n && isfinite(*out); /* influxd refuses a value beyond the largest double */
 }
 
 /* Whether 8 bytes are all ASCII digits, and their value: the SWAR forms of the fast_float library. */
@@ -351,21 +358,30 @@ static int utf8_valid(const unsigned char *p, const unsigned char *e) {
     return 1;
 }
 
+/* A field key of the chunk: where it is first spelled, the last line that had it (a key given twice
+ * in a line sets the line aside), its cells, the kinds it is spelled in and the line of each first. */
 typedef struct {
-    Buf odd, rows, codes, stamps, cell_row, cell_key, cell_kind, cell_value;
+    int64_t start, cells, first[5];
+    int64_t line;
+    uint64_t hash;
+    int32_t len;
+    uint8_t kinds;
+} Key;
+
+typedef struct {
+    Buf odd, odd_start, rows, codes, stamps, cell_row, cell_key, cell_kind, cell_value;
     Buf by_row, by_kind, by_value; /* the cells again, grouped by key (in file order within a key) */
     Buf strings;
     Buf ends; /* the offset of each newline of the chunk */
     Buf block_start; /* a byte per row: 1 where a block (join_row) begins */
-    int64_t key_cells[MAX_KEYS];
-    uint8_t key_kinds[MAX_KEYS]; /* a bit per kind the key is spelled in */
-    size_t cell_room;            /* cells the cell buffers have room for */
+    size_t cell_room; /* cells the cell buffers have room for */
     Table series;
-    int64_t key_start[MAX_KEYS];
-    int32_t key_len[MAX_KEYS];
-    int keys;
+    Key *key;
+    int32_t *key_slots; /* a hash table of key numbers, -1 empty */
+    size_t key_mask;
+    int32_t keys, key_room;
+    int dialect; /* 1: InfluxDB 1.x, where `1u` is no value; 2: 2.x */
     int64_t lines;
-    int64_t key_first[MAX_KEYS][5]; /* the chunk line where each key is first spelled in each kind, -1 never */
     int join;                       /* whether lines may join an earlier row (join_row) */
     int64_t joined;                 /* lines that did */
     /* The block: rows [block_row, block_end) are its first run (block_end grows while first_run), of
@@ -386,7 +402,7 @@ typedef struct {
 static int cells_grow(Out *o) {
     size_t cells = o->cell_room ? o->cell_room * 2 : 4096;
     Buf *bufs[] = {&o->cell_row, &o->cell_key, &o->cell_kind, &o->cell_value};
-    size_t widths[] = {4, 1, 1, 8};
+    size_t widths[] = {4, 4, 1, 8};
     for (size_t i = 0; i < 4; i++) {
         if (buf_reserve(bufs[i], cells * widths[i] - bufs[i]->len)) return -1;
     }
@@ -407,15 +423,54 @@ static inline int same(const char *a, const char *b, int32_t n) {
     return 1;
 }
 
-/* The key's number in this chunk, a new one when first seen; -1 when the chunk has MAX_KEYS already. */
-static int key_id(Out *o, const char *base, const char *p, int32_t n, int guess) {
-    if (guess < o->keys && o->key_len[guess] == n && same(base + o->key_start[guess], p, n)) return guess;
-    for (int k = 0; k < o->keys; k++) {
-        if (o->key_len[k] == n && same(base + o->key_start[k], p, n)) return k;
+static uint64_t key_hash(const char *p, int32_t n) {
+    uint64_t h = 0x9E3779B97F4A7C15ull ^ (uint64_t)n;
+    int32_t i = 0;
+    for (uint64_t w; i + 8 <= n; i += 8) memcpy(&w, p + i, 8), h = mix(h, w);
+    uint64_t w = 0;
+    for (int k = 0; i < n; i++, k++) w |= (uint64_t)(unsigned char)p[i] << (8 * k);
+    return mix(h, w);
+}
+
+/* Room for twice the keys, and their hash table rebuilt; -1 when out of memory. */
+static int keys_grow(Out *o) {
+    int32_t room = o->key_room ? o->key_room * 2 : 64;
+    Key *grown = realloc(o->key, (size_t)room * sizeof(Key));
+    if (!grown) return -1;
+    o->key = grown, o->key_room = room;
+    size_t size = (size_t)room * 2;
+    int32_t *slots = malloc(size * sizeof(int32_t));
+    if (!slots) return -1;
+    for (size_t i = 0; i < size; i++) slots[i] = -1;
+    for (int32_t k = 0; k < o->keys; k++) {
+        size_t j = o->key[k].hash & (size - 1);
+        while (slots[j] >= 0) j = (j + 1) & (size - 1);
+        slots[j] = k;
     }
-    if (o->keys == MAX_KEYS) return -1;
-    o->key_start[o->keys] = p - base;
-    o->key_len[o->keys] = n;
+    free(o->key_slots);
+    o->key_slots = slots, o->key_mask = size - 1;
+    return 0;
+}
+
+/* The key's number in this chunk, a new one when first seen; -1 when out of memory. A line's fields
+ * usually come in the order of the chunk's first line: the `guess`-th key is tried before the table. */
+static int32_t key_id(Out *o, const char *base, const char *p, int32_t n, int32_t guess) {
+    if (guess < o->keys && o->key[guess].len == n && same(base + o->key[guess].start, p, n)) return guess;
+    uint64_t h = key_hash(p, n);
+    if (o->keys) {
+        for (size_t j = h & o->key_mask; o->key_slots[j] >= 0; j = (j + 1) & o->key_mask) {
+            Key *k = &o->key[o->key_slots[j]];
+            if (k->hash == h && k->len == n && same(base + k->start, p, n)) return o->key_slots[j];
+        }
+    }
+    if (o->keys == o->key_room && keys_grow(o)) return -1;
+    Key *k = &o->key[o->keys];
+    memset(k, 0, sizeof *k);
+    memset(k->first, 0xFF, sizeof k->first);
+    k->start = p - base, k->len = n, k->hash = h, k->line = -1;
+    size_t j = h & o->key_mask;
+    while (o->key_slots[j] >= 0) j = (j + 1) & o->key_mask;
+    o->key_slots[j] = o->keys;
     return o->keys++;
 }
 
@@ -491,21 +546,32 @@ static int read_line(Out *o, const char *base, const char *p, const char *e, int
     if (n && e - p > n && p[n] == ' ' && same(p, base + o->last_start, n)) {
         space = p + n, code = o->last_code;
     } else {
+        /* influxd skips spaces, tabs and NULs before a line, and reads nothing of a comment */
+        if (*p == ' ' || *p == '\t' || *p == 0 || *p == '#') return 0;
         space = series_end(p, e, quotes, &hash);
-        if (!space || space == p || *p == '#') return 0;
+        if (!space || space - p > MAX_KEY) return 0;
     }
-    size_t cells = o->cell_key.len;
+    size_t cells = o->cell_kind.len;
     const char *q = space + 1;
-    uint64_t seen = 0;
-    int index = 0;
-    int64_t row = (int64_t)(o->rows.len / sizeof(int32_t));
+    if (q < e && (*q == '\t' || *q == 0)) return 0; /* skipped before the fields, as a second space is */
+    uint64_t seen = 0; /* the line's keys below JOIN_KEYS (the others are marked with the line in Key) */
+    int joinable = 1;
+    int32_t index = 0;
+    int64_t row = (int64_t)(o->rows.len / sizeof(int32_t)), series_len = space - p;
     for (;;) {
         const char *k = q;
         while (q < e && *q != '=' && *q != ',' && *q != ' ' && *q != '"') q++;
         if (q == k || q == e || *q != '=') goto aside;
-        int key = key_id(o, base, k, (int32_t)(q - k), index++);
-        if (key < 0 || (seen >> key & 1)) goto aside;
-        seen |= 1ull << key;
+        if (series_len + 4 + (q - k) > MAX_KEY || (q - k == 4 && memcmp(k, "time", 4) == 0)) goto aside;
+        int32_t key = key_id(o, base, k, (int32_t)(q - k), index++);
+        if (key < 0) return -1;
+        if (key < JOIN_KEYS) { /* given twice: the line's last value counts, or a conflict of two types */
+            if (seen >> key & 1) goto aside;
+            seen |= 1ull << key;
+        } else {
+            if (o->key[key].line == o->lines) goto aside;
+            o->key[key].line = o->lines, joinable = 0;
+        }
         const char *v = ++q;
         uint64_t value;
         int kind;
@@ -526,7 +592,7 @@ static int read_line(Out *o, const char *base, const char *p, const char *e, int
                 if (!parse_integer(v, q - 1, 1, &value)) goto aside;
                 kind = KIND_INTEGER;
             } else if (last == 'u') {
-                if (!parse_integer(v, q - 1, 0, &value)) goto aside;
+                if (o->dialect < 2 || !parse_integer(v, q - 1, 0, &value)) goto aside;
                 kind = KIND_UNSIGNED;
             } else if ((*v == 't' || *v == 'T' || *v == 'f' || *v == 'F') && boolean(v, (size_t)(q - v), &truth)) {
                 kind = KIND_BOOLEAN;
@@ -538,9 +604,9 @@ static int read_line(Out *o, const char *base, const char *p, const char *e, int
                 goto aside;
             }
         }
-        if (o->cell_key.len == o->cell_room && cells_grow(o)) return -1;
+        if (o->cell_kind.len == o->cell_room && cells_grow(o)) return -1;
         PUSH(o->cell_row, int32_t, row);
-        PUSH(o->cell_key, uint8_t, key);
+        PUSH(o->cell_key, int32_t, key);
         PUSH(o->cell_kind, uint8_t, kind);
         PUSH(o->cell_value, uint64_t, value);
         if (*q++ == ' ') break;
@@ -552,12 +618,12 @@ static int read_line(Out *o, const char *base, const char *p, const char *e, int
         if (code < 0) return -1;
         o->last_start = p - base, o->last_len = (int32_t)(space - p), o->last_code = code;
     }
-    size_t last = o->cell_key.len;
+    size_t last = o->cell_kind.len;
     for (size_t c = cells; c < last; c++) {
-        int64_t *first = &o->key_first[((uint8_t *)o->cell_key.data)[c]][((uint8_t *)o->cell_kind.data)[c]];
+        int64_t *first = &o->key[((int32_t *)o->cell_key.data)[c]].first[((uint8_t *)o->cell_kind.data)[c]];
         if (*first < 0) *first = o->lines;
     }
-    int64_t joins = join_row(o, code, seen, (int64_t)stamp);
+    int64_t joins = joinable ? join_row(o, code, seen, (int64_t)stamp) : (o->block_code = -1, -2);
     if (joins >= 0) {
         for (size_t c = cells; c < last; c++) ((int32_t *)o->cell_row.data)[c] = (int32_t)joins;
         o->joined++;
@@ -571,7 +637,7 @@ static int read_line(Out *o, const char *base, const char *p, const char *e, int
     return 1;
 aside:
     o->cell_row.len = cells * sizeof(int32_t);
-    o->cell_key.len = cells;
+    o->cell_key.len = cells * sizeof(int32_t);
     o->cell_kind.len = cells;
     o->cell_value.len = cells * sizeof(uint64_t);
     return 0;
@@ -583,8 +649,8 @@ static int read_chunk(Out *o, const char *base, size_t size, int64_t most_odd) {
     if (line_ends(&o->ends, base, size, &quotes, &careful)) return -1;
     const int32_t *ends = (const int32_t *)o->ends.data;
     size_t found = o->ends.len / sizeof(int32_t), next = 0;
-    Buf *per_line[] = {&o->odd, &o->rows, &o->codes, &o->stamps, &o->block_start};
-    for (size_t i = 0; i < 5; i++) {
+    Buf *per_line[] = {&o->odd, &o->odd_start, &o->rows, &o->codes, &o->stamps, &o->block_start};
+    for (size_t i = 0; i < 6; i++) {
         if (buf_reserve(per_line[i], (found + 1) * 8)) return -1;
     }
     for (const char *p = base; p < end; o->lines++) {
@@ -594,6 +660,7 @@ static int read_chunk(Out *o, const char *base, size_t size, int64_t most_odd) {
         if (!got) {
             o->block_code = -1; /* a line read elsewhere: no row may stand for lines on both sides of it */
             PUSH(o->odd, int32_t, o->lines);
+            PUSH(o->odd_start, int32_t, p - base);
             if ((int64_t)(o->odd.len / sizeof(int32_t)) > most_odd) return 1;
         }
         p = e + 1;
@@ -604,20 +671,23 @@ static int read_chunk(Out *o, const char *base, size_t size, int64_t most_odd) {
 /* The cells grouped by key with a counting sort, so each key's values are one slice for the caller,
  * and the string values copied in that order into `strings`, their offsets now into it. */
 static int group_cells(Out *o, const char *base) {
-    size_t cells = o->cell_key.len;
-    const uint8_t *key = (const uint8_t *)o->cell_key.data, *kind = (const uint8_t *)o->cell_kind.data;
-    int64_t at[MAX_KEYS];
+    size_t cells = o->cell_kind.len;
+    const int32_t *key = (const int32_t *)o->cell_key.data;
+    const uint8_t *kind = (const uint8_t *)o->cell_kind.data;
     const uint64_t *cell_value = (const uint64_t *)o->cell_value.data;
     size_t text = 0;
     for (size_t i = 0; i < cells; i++) {
-        o->key_cells[key[i]]++, o->key_kinds[key[i]] |= (uint8_t)(1u << kind[i]);
+        o->key[key[i]].cells++, o->key[key[i]].kinds |= (uint8_t)(1u << kind[i]);
         if (kind[i] == KIND_STRING) text += cell_value[i] >> 32;
     }
-    int64_t total = 0;
-    for (int k = 0; k < o->keys; k++) at[k] = total, total += o->key_cells[k];
+    int64_t *at = malloc(((size_t)o->keys + 1) * sizeof(int64_t)), total = 0;
+    if (!at) return -1;
+    for (int32_t k = 0; k < o->keys; k++) at[k] = total, total += o->key[k].cells;
     if (buf_reserve(&o->by_row, cells * 4) || buf_reserve(&o->by_kind, cells) || buf_reserve(&o->by_value, cells * 8) ||
-        buf_reserve(&o->strings, text))
+        buf_reserve(&o->strings, text)) {
+        free(at);
         return -1;
+    }
     int32_t *row = (int32_t *)o->by_row.data;
     uint8_t *by_kind = (uint8_t *)o->by_kind.data;
     uint64_t *value = (uint64_t *)o->by_value.data;
@@ -626,11 +696,12 @@ static int group_cells(Out *o, const char *base) {
         int64_t j = at[key[i]]++;
         row[j] = cell_row[i], by_kind[j] = kind[i], value[j] = cell_value[i];
     }
+    free(at);
     o->by_row.len = cells * 4, o->by_kind.len = cells, o->by_value.len = cells * 8;
     for (size_t j = 0; j < cells; j++) { /* in grouped order: a key's strings end to end, as Arrow keeps them */
         if (by_kind[j] != KIND_STRING) continue;
         size_t start = value[j] & 0xFFFFFFFFu, length = value[j] >> 32;
-        memcpy(o->strings.data + o->strings.len, base + start, length);
+        if (length) memcpy(o->strings.data + o->strings.len, base + start, length); /* no buffer yet when all are "" */
         value[j] = (uint64_t)o->strings.len | (uint64_t)length << 32;
         o->strings.len += length;
     }
@@ -638,7 +709,7 @@ static int group_cells(Out *o, const char *base) {
 }
 
 /* Each thread keeps its buffers for its next chunk: fresh ones cost a page fault every 4 KiB. */
-#define BUFS 14
+#define BUFS 15
 #define KEPT_BYTES (64u << 20)
 static __thread Buf kept[BUFS];
 
@@ -706,19 +777,18 @@ static PyObject *as_block(Buf *b) {
 static PyObject *split(PyObject *Py_UNUSED(self), PyObject *args) {
     Py_buffer chunk;
     long long most_odd;
-    int join = 1;
-    if (!PyArg_ParseTuple(args, "y*L|p", &chunk, &most_odd, &join)) return NULL;
+    int join = 1, dialect = 1;
+    if (!PyArg_ParseTuple(args, "y*L|pi", &chunk, &most_odd, &join, &dialect)) return NULL;
     if (chunk.len >= INT32_MAX) { /* offsets are 32-bit, as in Arrow's strings */
         PyBuffer_Release(&chunk);
         return Py_NewRef(Py_None);
     }
     Out o;
     memset(&o, 0, sizeof o);
-    memset(o.key_first, 0xFF, sizeof o.key_first);
-    o.join = join, o.block_code = -1, o.gen = 1;
+    o.join = join, o.block_code = -1, o.gen = 1, o.dialect = dialect;
     Buf *bufs[] = {&o.odd, &o.rows, &o.codes, &o.stamps, &o.cell_row, &o.cell_key, &o.cell_kind, &o.cell_value,
-                   &o.by_row, &o.by_kind, &o.by_value, &o.strings, &o.ends, &o.block_start};
-    static const int handed[BUFS] = {1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0, 1}; /* Blocks; the others stay with the thread */
+                   &o.by_row, &o.by_kind, &o.by_value, &o.strings, &o.ends, &o.block_start, &o.odd_start};
+    static const int handed[BUFS] = {1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0, 1, 1}; /* Blocks; the others stay with the thread */
     for (size_t i = 0; i < BUFS; i++) *bufs[i] = handed[i] ? pool_take() : kept[i], bufs[i]->len = 0;
     int status;
     Py_BEGIN_ALLOW_THREADS
@@ -760,9 +830,15 @@ static PyObject *split(PyObject *Py_UNUSED(self), PyObject *args) {
             free(lengths);
             free(where);
         }
+        Buf counts = {0}, kinds = {0}, firsts = {0};
+        ok = ok && !buf_reserve(&counts, (size_t)o.keys * 8 + 1) && !buf_reserve(&kinds, (size_t)o.keys + 1) &&
+             !buf_reserve(&firsts, (size_t)o.keys * 40 + 1);
         PyObject *names = ok ? PyList_New(o.keys) : NULL;
-        for (int k = 0; names && k < o.keys; k++) {
-            PyObject *name = PyUnicode_DecodeUTF8((const char *)chunk.buf + o.key_start[k], o.key_len[k], "strict");
+        for (int32_t k = 0; names && k < o.keys; k++) {
+            PUSH(counts, int64_t, o.key[k].cells);
+            PUSH(kinds, uint8_t, o.key[k].kinds);
+            memcpy(firsts.data + firsts.len, o.key[k].first, 40), firsts.len += 40;
+            PyObject *name = PyUnicode_DecodeUTF8((const char *)chunk.buf + o.key[k].start, o.key[k].len, "strict");
             if (!name) Py_CLEAR(names);
             else PyList_SET_ITEM(names, k, name);
         }
@@ -770,14 +846,13 @@ static PyObject *split(PyObject *Py_UNUSED(self), PyObject *args) {
             Py_XDECREF(names);
             PyErr_NoMemory();
         } else if (names) {
-            Buf counts = {(char *)o.key_cells, (size_t)o.keys * 8, 0}, kinds = {(char *)o.key_kinds, (size_t)o.keys, 0};
-            Buf firsts = {(char *)o.key_first, (size_t)o.keys * sizeof o.key_first[0], 0};
-            result = Py_BuildValue("(LNNNNNNNNNNNNNNLN)", (long long)o.lines, as_block(&o.odd), as_block(&o.rows),
+            result = Py_BuildValue("(LNNNNNNNNNNNNNNLNN)", (long long)o.lines, as_block(&o.odd), as_block(&o.rows),
                                    as_block(&o.codes), as_block(&o.stamps), as_bytes(&offsets), as_bytes(&series), names,
                                    as_bytes(&counts), as_bytes(&kinds), as_block(&o.by_row), as_block(&o.by_kind),
                                    as_block(&o.by_value), as_block(&o.strings), as_bytes(&firsts), (long long)o.joined,
-                                   as_block(&o.block_start));
+                                   as_block(&o.block_start), as_block(&o.odd_start));
         }
+        free(counts.data), free(kinds.data), free(firsts.data);
         free(series.data);
         free(offsets.data);
     }
@@ -791,6 +866,8 @@ static PyObject *split(PyObject *Py_UNUSED(self), PyObject *args) {
     }
     free(o.series.slots);
     free(o.extras);
+    free(o.key);
+    free(o.key_slots);
     PyBuffer_Release(&chunk);
     return result;
 }
@@ -855,9 +932,10 @@ static PyMethodDef methods[] = {
      "series_tail(chunk, end) -> where the lines of the last line's series begin, if in the second half; else end"},
     {"newlines", newlines, METH_O, "newlines(chunk) -> how many newline bytes the chunk holds"},
     {"split", split, METH_VARARGS,
-     "split(chunk, most_odd, join=True) -> None when more than most_odd lines are set aside, else (lines, odd, rows, "
-     "codes, stamps, series_offsets, series_data, keys, key_cells, key_kinds, cell_row, cell_kind, cell_value, strings, "
-     "key_first, joined, block_start); with join, a line of a field that the point's row lacks joins that row"},
+     "split(chunk, most_odd, join=True, dialect=1) -> None when more than most_odd lines are set aside, else (lines, "
+     "odd, rows, codes, stamps, series_offsets, series_data, keys, key_cells, key_kinds, cell_row, cell_kind, "
+     "cell_value, strings, key_first, joined, block_start, odd_start); with join, a line of a field that the point's "
+     "row lacks joins that row; dialect 2 (InfluxDB 2.x) reads unsigned integers"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_lineproto", NULL, -1, methods, NULL, NULL, NULL, NULL};

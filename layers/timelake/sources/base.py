@@ -27,6 +27,8 @@ import pyarrow.fs as pafs
 import pyarrow.json as pjson
 import pyarrow.parquet as pq
 
+from timelake.errors import SourceError
+
 if TYPE_CHECKING:
     import pandas
 
@@ -54,19 +56,35 @@ class CsvOptions:
     skip_rows: int = 0
     encoding: str = "utf-8"
     null_values: tuple[str, ...] = ("", "NULL", "null")
+    skip_after_header: int = 0  # lines between the header and the data (a units line, as Excel exports add)
 
-
-class SourceError(ValueError):
-    """A source cannot be found or read; the message names the file or glob and the problem."""
+    @property
+    def first_line(self) -> int:
+        """The file line of the first data row: the skipped lines, the header and the lines after it come first."""
+        return self.skip_rows + 1 + self.skip_after_header + 1
 
 
 @dataclass(frozen=True)
 class SourceBatch:
-    """Raw rows plus where they came from, so that later errors can say "row N of file"."""
+    """Raw rows plus where they came from, so that later errors can say "line N of file" (text files, whose
+    readers know the line of the batch's first row), or "row N of file" counted from 1. ``locate`` names a
+    row's place where a reader reshaped the rows (a wide export's cell: its line and column)."""
 
     data: pa.RecordBatch
     origin: str
     row_offset: int
+    rejected: int = 0  # lines of the origin left out as unreadable (a line-protocol file read with reject)
+    examples: tuple[str, ...] = ()  # some of them, each naming its line and why
+    line: int | None = None
+    locate: Callable[[int], str] | None = None
+
+    def where(self, index: int) -> str:
+        """Where row ``index`` of the batch is in its source, as a person finds it in an editor."""
+        if self.locate is not None:
+            return self.locate(index)
+        if self.line is not None:
+            return f"line {self.line + index} of {self.origin}"
+        return f"row {self.row_offset + index + 1} of {self.origin}"
 
 
 class Source(ABC):
@@ -188,10 +206,11 @@ class FileSource(Source):
     def _read(self, piece: str) -> Iterator[SourceBatch]:
         path, fmt = self._paths[piece], self._formats[piece]
         reader = getattr(self, f"_{fmt}")  # a subclass adds a format with a method of its name
+        first_line = self._csv_options.first_line if fmt == "csv" else 1 if fmt == "json" else None
         offset = 0
         with self._readable(piece):
             for batch in _rebatch(reader(path), self._batch_rows):
-                yield SourceBatch(batch, piece, offset)
+                yield SourceBatch(batch, piece, offset, line=None if first_line is None else first_line + offset)
                 offset += batch.num_rows
 
     @contextmanager
@@ -235,17 +254,21 @@ class FileSource(Source):
 
     def _csv_reading(self) -> dict:
         o = self._csv_options
-        return {"read_options": pcsv.ReadOptions(skip_rows=o.skip_rows, encoding=o.encoding),
+        return {"read_options": pcsv.ReadOptions(skip_rows=o.skip_rows, encoding=o.encoding,
+                                                 skip_rows_after_names=o.skip_after_header),
                 "parse_options": pcsv.ParseOptions(delimiter=o.delimiter)}
 
     def _csv(self, path: str) -> Iterator[pa.RecordBatch]:
-        """Every column is read as text: inferring per block lets blocks disagree, and the mapping casts anyway."""
+        """Every column is read as text: inferring per block lets blocks disagree, and the mapping casts anyway.
+        The columns the caller wants coded (`read_dictionaries`: series keys, repeated on every row) come
+        as dictionaries, which the reader builds as it parses, cheaper than a string a row."""
         names = self._csv_names(path)
         if not names:
             return
+        coded = pa.dictionary(pa.int32(), pa.string())
         convert = pcsv.ConvertOptions(
-            column_types=dict.fromkeys(names, pa.string()), strings_can_be_null=True,
-            null_values=list(self._csv_options.null_values),
+            column_types={name: coded if name in self._dictionaries else pa.string() for name in names},
+            strings_can_be_null=True, null_values=list(self._csv_options.null_values),
         )
         with self._open(path) as f:
             yield from pcsv.open_csv(f, convert_options=convert, **self._csv_reading())

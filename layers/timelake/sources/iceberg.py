@@ -23,9 +23,9 @@ from pyiceberg.expressions import AlwaysTrue, And, BooleanExpression, GreaterTha
 from pyiceberg.table import DataScan
 from pyiceberg.transforms import IdentityTransform
 from pyiceberg.types import TimestampType, TimestamptzType
-from pyiceberg.utils.config import Config
-
+from timelake.errors import CatalogUnsupported
 from timelake.model.timeutil import TRANSFORMS, iso, to_micros, transform_range
+from timelake.ports.runtime import catalog_properties
 from timelake.sources.base import Source, SourceBatch, SourceError, _rebatch
 
 SCHEME = "iceberg://"
@@ -45,11 +45,10 @@ class IcebergSource(Source):
         identifier, _, snapshot = rest.partition("@")
         if not catalog_name or identifier.count(".") < 1:
             raise SourceError(f"'{uri}' must be iceberg://CATALOG/namespace.table[@snapshot_id]")
-        # Read the configuration now, not at pyiceberg's import, so that a catalog set up later is found.
-        props = Config().get_catalog_config(catalog_name)
-        if props is None:
-            raise SourceError(f"catalog '{catalog_name}' of source '{uri}' is not configured: define it in "
-                              f".pyiceberg.yaml or PYICEBERG_CATALOG__{catalog_name.upper()}__TYPE=... variables")
+        try:
+            props = catalog_properties(catalog_name, of=f" of source '{uri}'")
+        except CatalogUnsupported as e:
+            raise SourceError(str(e)) from None
         try:
             self.table = load_catalog(catalog_name, **props).load_table(identifier)
         except (NoSuchTableError, NoSuchNamespaceError) as e:

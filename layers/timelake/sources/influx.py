@@ -2,9 +2,9 @@
 
 One job fills one table, so one measurement is read (``measurement``, else the table's name);
 tags become string columns (the series key) and fields typed columns, next to a UTC ``time``
-column. Export files are streamed through ``line_protocol``, one file per piece. A server is read
-one day of data per piece with chunked queries, so pieces re-open in any worker from the URI alone
-and no response is held whole.
+column. Export files are streamed through ``line_protocol`` (InfluxDB 1.x or 2.x line protocol),
+one file per piece. A server is read one day of data per piece with chunked queries, so pieces
+re-open in any worker from the URI alone and no response is held whole.
 """
 
 from __future__ import annotations
@@ -27,8 +27,13 @@ import pyarrow.fs as pafs
 
 from timelake.model.limits import INFLUX_SCHEME
 from timelake.model.timeutil import US_PER_DAY
+from timelake.sources.annotated_csv import AnnotatedCsv
 from timelake.sources.base import FileSource, Source, SourceBatch, SourceError, _list_files, _rebatch
 from timelake.sources.line_protocol import ARROW_TYPES, TIME, TIME_TYPE, InfluxError, LineProtocol, points
+
+DIALECTS = {"influx": 1, "influx2": 2}  # the line-protocol formats: InfluxDB 1.x (influx_inspect export), 2.x (export-lp)
+ANNOTATED = "influx-csv"  # Flux annotated CSV, as influx query --raw prints it
+_ANNOTATIONS = (b"#group,", b"#datatype,", b"#default,")
 
 _QUERY_CHUNK_ROWS = 50_000
 _COMPRESSED = (".bz2", ".gz", ".lz4", ".zst")  # what Arrow decompresses by name
@@ -43,14 +48,19 @@ def is_line_protocol(uri: str) -> bool:
     return uri.lower().removesuffix(".gz").endswith((".lp", ".line"))
 
 class InfluxFileSource(FileSource):
-    """Export files; each file is one piece, read in one stream (a gzip stream cannot be split)."""
+    """Export files; each file is one piece, read in one stream (a gzip stream cannot be split).
+
+    ``kind`` is the format (a key of DIALECTS); with ``reject`` the lines InfluxDB would refuse are left
+    out and counted (``bad_line``, with examples) on the last batch of their file.
+    """
 
     def __init__(self, uri: str, fs: pafs.FileSystem, paths: dict[str, str], measurement: str, precision: str,
-                 batch_rows: int) -> None:
+                 batch_rows: int, kind: str = "influx", reject: bool = False) -> None:
         super().__init__(uri, fs, paths, dict.fromkeys(paths, "influx"), batch_rows)
         self.measurement = measurement
         self.precision = precision
-        self._pieces_by_path = {path: piece for piece, path in paths.items()}
+        self.kind = kind
+        self.reject = reject
 
     def schema(self) -> pa.Schema:
         """Every tag and field of the first file: an export lists each field of a series in its own
@@ -66,13 +76,21 @@ class InfluxFileSource(FileSource):
                               "choose one with --measurement")
         return schema
 
-    def _parser(self, piece: str) -> LineProtocol:
-        return LineProtocol(self.measurement, self.precision, piece)
+    def _parser(self, piece: str) -> LineProtocol | AnnotatedCsv:
+        if self.kind == ANNOTATED:
+            return AnnotatedCsv(self.measurement, piece, self.reject)
+        return LineProtocol(self.measurement, self.precision, piece, DIALECTS[self.kind], self.reject)
 
-    def _influx(self, path: str) -> Iterator[pa.RecordBatch]:
-        parser = self._parser(self._pieces_by_path[path])
-        with self._lines(path) as stream:
-            yield from points(parser, parser.batches(stream), self._batch_rows)
+    def _read(self, piece: str) -> Iterator[SourceBatch]:
+        parser = self._parser(piece)
+        offset = 0
+        with self._readable(piece), self._lines(self._paths[piece]) as stream:
+            for batch in _rebatch(points(parser, parser.batches(stream), self._batch_rows), self._batch_rows):
+                yield SourceBatch(batch, piece, offset)
+                offset += batch.num_rows
+        if parser.rejected:
+            yield SourceBatch(pa.RecordBatch.from_pylist([], parser.schema()), piece, offset, rejected=parser.rejected,
+                              examples=tuple(parser.examples))
 
     @contextmanager
     def _lines(self, path: str) -> Iterator[pa.NativeFile | mmap.mmap]:
@@ -94,12 +112,28 @@ class InfluxFileSource(FileSource):
             yield stream
 
 
-def open_influx_files(uri: str, measurement: str, precision: str | None, batch_rows: int) -> InfluxFileSource:
+def is_annotated_csv(uri: str) -> bool:
+    """Whether a CSV file (the first the URI names) begins with a Flux annotation row, as the output of
+    ``influx query --raw`` does: then it is read as InfluxDB points, not as a plain CSV."""
+    if not uri.lower().removesuffix(".gz").endswith(".csv"):
+        return False
+    try:
+        fs, _, paths = _list_files(uri, known_only=False)
+        if not paths:
+            return False
+        with fs.open_input_stream(sorted(paths)[0], compression="detect") as stream:
+            return stream.read(16).startswith(_ANNOTATIONS)
+    except (OSError, pa.ArrowException, SourceError):
+        return False
+
+
+def open_influx_files(uri: str, measurement: str, precision: str | None, batch_rows: int, kind: str = "influx",
+                      reject: bool = False) -> InfluxFileSource:
     fs, prefix, paths = _list_files(uri, known_only=False)
     if not paths:
         raise SourceError(f"no source files match '{uri}'")
     pieces = {prefix + path: path for path in sorted(paths)}
-    return InfluxFileSource(uri, fs, pieces, measurement, precision or "ns", batch_rows)
+    return InfluxFileSource(uri, fs, pieces, measurement, precision or "ns", batch_rows, kind, reject)
 
 
 class InfluxServerSource(Source):

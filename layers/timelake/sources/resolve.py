@@ -12,7 +12,8 @@ from timelake.model.spec import JobSpec
 from timelake.sources.base import Source
 from timelake.sources.duckdb import DuckDBSource, is_duckdb_uri
 from timelake.sources.iceberg import IcebergSource, is_iceberg_uri
-from timelake.sources.influx import InfluxServerSource, is_influx_uri, is_line_protocol, open_influx_files
+from timelake.sources.influx import (ANNOTATED, DIALECTS, InfluxServerSource, is_annotated_csv, is_influx_uri,
+                                     is_line_protocol, open_influx_files)
 from timelake.sources.postgres import is_postgres, open_for_job
 
 
@@ -28,8 +29,9 @@ def open_spec_source(spec: JobSpec, table: Any = None, planned: dict | None = No
     measurement = spec.measurement or spec.table.rsplit(".", 1)[-1]
     if is_influx_uri(uri):
         return InfluxServerSource(uri, measurement, batch_rows)
-    if spec.format == "influx" or (spec.format is None and is_line_protocol(uri)):
-        return open_influx_files(uri, measurement, spec.precision, batch_rows)
+    kind = spec.format or ("influx" if is_line_protocol(uri) else ANNOTATED if is_annotated_csv(uri) else None)
+    if kind in DIALECTS or kind == ANNOTATED:
+        return open_influx_files(uri, measurement, spec.precision, batch_rows, kind, reject=spec.on_bad_value == "reject")
     if is_iceberg_uri(uri):
         return IcebergSource(uri, batch_rows)
     if is_duckdb_uri(uri):

@@ -6,21 +6,24 @@ the backfill must not starve it. The connection bound caps the scan fan-out (rea
 processes here, the scan map's MaxConcurrency on AWS). The rate is one budget per job shared by
 every worker, wherever it runs, so it lives in the job store: each worker reserves the rows it has just read and
 sleeps until the reservation ends (a token bucket without burst, kept as the time at which the
-bucket is empty again, so one conditional write per batch is all it costs).
+bucket is empty again, so one conditional write per batch is all it costs). A rate set on the running
+job (`timelake backfill set`) is kept beside the bucket, so the next reservation of every worker goes by
+it; a job that started without a limit has no budget to reserve from, and takes a new one from its next
+scan task.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from typing import Any, Protocol, runtime_checkable
 
 from timelake.model.limits import limits
+from timelake.ports.clock import Clock
 from timelake.sources.base import Source, SourceBatch
 
 
 class RateStore(Protocol):
-    def reserve_rows(self, job_id: str, rows: int, rows_per_second: float) -> float: ...
+    def reserve_rows(self, job_id: str, rows: int, rows_per_second: float, now: float | None = None) -> float: ...
 
 
 @runtime_checkable
@@ -33,18 +36,18 @@ class Paced(Protocol):
 class RowBudget:
     """The job's shared rate: ``take(n)`` returns once ``n`` more rows fit into it."""
 
-    def __init__(self, store: RateStore, job_id: str, rows_per_second: int) -> None:
-        self.store, self.job_id, self.rows_per_second = store, job_id, rows_per_second
+    def __init__(self, store: RateStore, job_id: str, rows_per_second: int, clock: Clock) -> None:
+        self.store, self.job_id, self.rows_per_second, self.clock = store, job_id, rows_per_second, clock
 
     def take(self, rows: int) -> None:
-        wait = self.store.reserve_rows(self.job_id, rows, self.rows_per_second)
+        wait = self.store.reserve_rows(self.job_id, rows, self.rows_per_second, self.clock.now())
         if wait > 0:
-            time.sleep(wait)
+            self.clock.sleep(wait)
 
 
-def budget(store: RateStore, spec: Any, job_id: str) -> RowBudget | None:
+def budget(store: RateStore, spec: Any, job_id: str, clock: Clock) -> RowBudget | None:
     rate = limits(spec).rows_per_second
-    return RowBudget(store, job_id, rate) if rate else None
+    return RowBudget(store, job_id, rate, clock) if rate else None
 
 
 def read(src: Source, pieces: list[str], row_budget: RowBudget | None) -> Iterator[SourceBatch]:

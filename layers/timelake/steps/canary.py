@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 
 from timelake.errors import Aborted, BackfillError, InvalidJob
 from timelake.model.diff import plain
-from timelake.model.layout import micros, read_range
+from timelake.model.layout import read_range
 from timelake.model.report import AWAITING, approval_deadline
 from timelake.model.spec import JobSpec
 from timelake.model.timeutil import US_PER_DAY, iso, iso_seconds, to_micros
@@ -44,7 +44,6 @@ STEP = "stage-canary"
 SAMPLES = 5
 SAMPLES_WITH_EXISTING = 2
 CANDIDATE_ROWS = 200  # mapped rows of the day looked at to pick the samples
-ROW_BY_ROW_LIMIT = 500  # a batch with rejected rows is re-mapped row by row (to pair source and mapped rows) up to here
 
 
 def wanted(job: JobRecord) -> bool:
@@ -155,6 +154,7 @@ def build(rt: Runtime, job: JobRecord, units: list[UnitRecord], snapshot_id: int
     rows_in = sum(r.get("rows_in", 0) for r in results)
     written = sum(r.get("rows_written", 0) for r in results)
     seconds = sum(r.get("seconds", 0.0) for r in results)
+    samples = _samples(rt, job, spec, table, source)
     return {
         "day": chosen["day"],
         "range": {"start": iso(chosen["start"]), "end": iso(chosen["end"])},
@@ -167,10 +167,20 @@ def build(rt: Runtime, job: JobRecord, units: list[UnitRecord], snapshot_id: int
         "bytes_written": sum(r.get("bytes", 0) for r in results),
         "staged_snapshot_id": snapshot_id,
         "checks": [{k: c[k] for k in ("name", "passed", "detail", "blocking")} for c in state.get("checks", [])],
-        "samples": _samples(rt, job, spec, table, source),
+        **_rejects(state, chosen, samples["rejected"]),
+        "samples": samples["rows"],
         "columns": _column_stats(table, units),
         "projected": _projected(state, rows_in, written, seconds, len(rt.store.units(job.job_id))),
     }
+
+
+def _rejects(state: dict[str, Any], chosen: dict[str, Any], samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """The day's rows left out or nulled (those whose time could be read; the scan counted them per UTC
+    day), with examples, beside the whole job's count against its budget: shown first, a day that looks
+    right while rows are missing is the case a canary exists for."""
+    day = str(_day_number(chosen["day"]))
+    return {"rows_rejected_on_day": state.get("issue_days", {}).get(day, 0), "rejected_samples": samples,
+            "reject_budget": state.get("reject_budget")}
 
 
 def _source_days(rt: Runtime, job: JobRecord) -> dict[int, int]:
@@ -208,18 +218,28 @@ def _day_state(state: dict[str, Any], units: list[UnitRecord], snapshot_id: int 
     }
 
 
-def _samples(rt: Runtime, job: JobRecord, spec: JobSpec, table: Any, source: Any) -> list[dict[str, Any]]:
+def _samples(rt: Runtime, job: JobRecord, spec: JobSpec, table: Any, source: Any) -> dict[str, list[dict[str, Any]]]:
     """A few rows of the day as the source had them, as mapped (UTC), and the row main already holds
-    for the same key; rows that meet an existing row are shown first, they are the interesting ones."""
+    for the same key; rows that meet an existing row are shown first, they are the interesting ones.
+    Under ``rejected``, rows of the day the job leaves out, with why: looked for until some are found
+    when the scan counted any on the day."""
     chosen = job.state["canary"]
+    found: dict[str, list[dict[str, Any]]] = {"rows": [], "rejected": []}
     try:
         src = open_job_source(spec, source, table, job.state.get("source_plan"))
     except InvalidJob:
-        return []  # in-memory data of another process: nothing left to show
+        return found  # in-memory data of another process: nothing left to show
     ctx = context(spec, table, job.state["planned_at_us"])
     contract = ctx.contract
     mapper = mapper_for(ctx, src)
     candidates: list[tuple[dict[str, Any], dict[str, Any], str]] = []
+    rejected: list[dict[str, Any]] = []
+    days = range(chosen["start"] // US_PER_DAY, -(-chosen["end"] // US_PER_DAY))
+    wants_rejected = any(job.state.get("issue_days", {}).get(str(d)) for d in days)
+
+    def enough() -> bool:
+        return len(candidates) >= CANDIDATE_ROWS and (len(rejected) >= SAMPLES or not wants_rejected)
+
     names = src.pieces()
     for piece, (first, last) in enumerate(job.state["scan_tasks"]):
         result = read_result(rt, job.job_id, piece)
@@ -227,46 +247,50 @@ def _samples(rt: Runtime, job: JobRecord, spec: JobSpec, table: Any, source: Any
             continue
         for name in names[first:last]:
             for batch in src.batches(name):
-                candidates += _pairs(mapper, batch, contract.time_column, chosen["start"], chosen["end"])
-                if len(candidates) >= CANDIDATE_ROWS:
+                kept, left_out = _pairs(mapper, batch, contract.time_column, chosen["start"], chosen["end"])
+                candidates += kept[:max(CANDIDATE_ROWS - len(candidates), 0)]
+                rejected += left_out[:max(SAMPLES - len(rejected), 0)]
+                if enough():
                     break
-            if len(candidates) >= CANDIDATE_ROWS:
+            if enough():
                 break
-        if len(candidates) >= CANDIDATE_ROWS:
+        if enough():
             break
+    found["rejected"] = rejected
     if not candidates:
-        return []
+        return found
     mapped = pa.Table.from_pylist([m for _, m, _ in candidates], schema=table.schema().as_arrow())
     existing = read_range(table, contract.time_column, chosen["start"], chosen["end"])  # main as it is now
     hits = existing_mask(mapped, existing, contract) if existing.num_rows else [False] * len(candidates)
     order = [i for i, hit in enumerate(hits) if hit][:SAMPLES_WITH_EXISTING]
     order += [i for i in range(len(candidates)) if i not in order][: SAMPLES - len(order)]
     by_key = {tuple(plain(r[k]) for k in contract.dedup_key): r for r in existing.to_pylist()} if any(hits) else {}
-    samples = []
     for i in order:
         raw, row, origin = candidates[i]
         match = by_key.get(tuple(plain(row[k]) for k in contract.dedup_key))
-        samples.append({"origin": origin, "source": _jsonable(raw), "mapped": _jsonable(row),
-                        "existing": _jsonable(match) if match else None, "outcome": _outcome(spec.mode, match is not None)})
-    return samples
+        found["rows"].append({"origin": origin, "source": _jsonable(raw), "mapped": _jsonable(row),
+                              "existing": _jsonable(match) if match else None,
+                              "outcome": _outcome(spec.mode, match is not None)})
+    return found
 
 
-def _pairs(mapper: Any, batch: SourceBatch, time_column: str, start: int, end: int) -> list[tuple[dict, dict, str]]:
-    """(source row, mapped row, where) for the batch's rows inside [start, end). The mapper drops
-    rejected rows, so a batch with rejections is mapped row by row to keep each pair together."""
+def _pairs(mapper: Any, batch: SourceBatch, time_column: str, start: int,
+           end: int) -> tuple[list[tuple[dict, dict, str]], list[dict[str, Any]]]:
+    """(source row, mapped row, where) for the batch's rows inside [start, end), and the rows there the
+    mapper left out (where, source row, why). The mapped rows are the source rows it kept, in order."""
     mapped = mapper.apply(batch)
-    if mapped.rejected:
-        if batch.data.num_rows == 1:
-            return []  # the row itself was rejected
-        singles = (SourceBatch(batch.data.slice(i, 1), batch.origin, batch.row_offset + i)
-                   for i in range(min(batch.data.num_rows, ROW_BY_ROW_LIMIT)))
-        return [pair for one in singles for pair in _pairs(mapper, one, time_column, start, end)]
-    if mapped.table.num_rows == 0:
-        return []
-    ts = micros(mapped.table, time_column)
-    inside = pa.array(np.flatnonzero((ts >= start) & (ts < end))[:CANDIDATE_ROWS])
-    rows = zip(batch.data.take(inside).to_pylist(), mapped.table.take(inside).to_pylist(), inside.to_pylist())
-    return [(raw, row, f"{batch.origin} row {batch.row_offset + i + 1}") for raw, row, i in rows]
+    times = pc.cast(mapped.times, pa.int64())
+    inside = pc.fill_null(pc.and_(pc.greater_equal(times, start), pc.less(times, end)), False).to_numpy(zero_copy_only=False)
+    kept = np.ones(batch.data.num_rows, dtype=bool) if mapped.dropped is None else ~mapped.dropped.to_numpy(zero_copy_only=False)
+    left_out = []
+    for i in np.flatnonzero(inside & ~kept)[:SAMPLES].tolist():
+        left_out.append({"origin": batch.where(i), "source": _jsonable(batch.data.slice(i, 1).to_pylist()[0]),
+                         "reason": mapped.reasons[i].as_py()})
+    source_rows = np.flatnonzero(kept)
+    chosen = np.flatnonzero(inside[source_rows])[:CANDIDATE_ROWS]
+    at = source_rows[chosen]
+    rows = zip(batch.data.take(pa.array(at)).to_pylist(), mapped.table.take(pa.array(chosen)).to_pylist(), at.tolist())
+    return [(raw, row, batch.where(i)) for raw, row, i in rows], left_out
 
 
 def _outcome(mode: str, has_existing: bool) -> str:

@@ -19,21 +19,21 @@ import pyarrow.fs as pafs
 from datetime import datetime, timezone
 from typing import Any
 
-from timelake.errors import InvalidJob
+from timelake.errors import InvalidJob, ValidationFailed
 from timelake.model.commit import collector_paused, with_retry
 from timelake.model.contract import Contract, writable_spec
 from timelake.model.cost import estimate_cost
 from timelake.model.diff import compares
 from timelake.model.layout import PartitionKey, file_bounds, partition_codes, time_filter
 from timelake.model.lineage import PlanMark, main_tasks, planned_view
-from timelake.model.spec import FIRST_YEAR, LAST_MICROS, LAST_YEAR, JobSpec
+from timelake.model.spec import FIRST_YEAR, LAST_MICROS, LAST_YEAR, JobSpec, current_spec
 from timelake.model.timeutil import (US_PER_DAY, floor_to, from_micros, iso, next_boundary, partition_starts,
                                      subtract_duration, to_micros)
 from timelake.ports.files import filesystem, make_parent
 from timelake.ports.runtime import Runtime
 from timelake.ports.store import JobRecord, Lease, UnitRecord
 from timelake.sources.base import Source
-from timelake.steps import failures
+from timelake.steps import failures, rejects
 from timelake.steps.scan import (
     DIRECT_MAX_ROWS, ScanContext, ScanResult, direct_name, dst_failure, mapper_for, open_job_source, read_result,
     refuse_dst, scan_task,
@@ -178,7 +178,7 @@ def scan(rt: Runtime, job_id: str, piece: int, source: Any = None, opened: Sourc
     source, already open (one process scanning task after task keeps its connection and read-ahead);
     ``shares_cores``: other scans run beside this one, a worker per core (`Source.share_cores`)."""
     job = rt.store.get_job(job_id)
-    spec = JobSpec.model_validate(job.spec)
+    spec = current_spec(job.spec, job.state)  # the source rate as the job's settings have it now
     table = job_table(rt, job)
     ctx = context(spec, table, job.state["planned_at_us"])
     src = opened or open_job_source(spec, source, table, job.state.get("source_plan"))
@@ -246,12 +246,17 @@ def cut(rt: Runtime, job_id: str) -> dict[str, Any]:
         "estimated_cost": estimate_cost(total.rows_in_scope, len(units), spec.max_concurrency),
         "partition_sums": {p.key.name: p.check_sum for p in total.partitions.values()},
         "check_column": contract.check_column,
+        "value_issues": total.issues.to_json(),
+        "states": dict(total.states),
+        "issue_days": {str(day): rows for day, rows in sorted(total.issue_days.items())},
+        rejects.CHECK: rejects.budget(spec, total.rows_in_source, total.issues),
     }
+    over_budget = rejects.failure(state[rejects.CHECK], total.issues)
     predicts = compares(spec.mode, spec.diff)
     if spec.dry_run:
         state.update(overlap_existing_rows=total.overlap_existing_rows,
                      rows_duplicate_in_source=total.duplicates_in_source,
-                     would_fail=dst_failure(total, spec.dst_policy))
+                     would_fail=dst_failure(total, spec.dst_policy) or over_budget)
         if not predicts:
             clear_staging(rt, job_id)
             rt.store.update_job(job_id, "dry_run_complete", **state)
@@ -263,6 +268,11 @@ def cut(rt: Runtime, job_id: str) -> dict[str, Any]:
         rt.store.update_job(job_id, "planned", **state)
         return {"job_id": job_id, "dry_run": True, "units": len(units)}
     refuse_dst(total, spec.dst_policy)
+    if over_budget:  # before the lease and the branch: nothing to write, nothing to undo
+        rt.store.update_job(job_id, "failed_validation", **state, checks=[rejects.check(state)],
+                            error=f"{rejects.CHECK}: {over_budget}")
+        raise ValidationFailed(f"job {job_id}: validation failed ({rejects.CHECK}): {over_budget}; nothing was "
+                               "written or published, main is untouched")
     rt.store.acquire_lease(Lease(spec.table, range_start, range_end, job_id))
     branch = f"backfill/{job_id}"
     mark = PlanMark.at(table)

@@ -12,6 +12,7 @@ them although it deletes the rest of the range.
 from __future__ import annotations
 
 import operator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,14 +55,16 @@ class Chunk:
     files: list[DataFile]
 
 
-def publish(rt: Runtime, job_id: str, max_chunks: int | None = None) -> dict[str, Any]:
+def publish(rt: Runtime, job_id: str, max_chunks: int | None = None,
+            between: Callable[[], None] | None = None) -> dict[str, Any]:
     """Publish step. Input: job id (and at most how many chunks to commit in this call, so an
-    orchestrator can loop chunk by chunk within Lambda's time limit). Output: ``done`` and snapshot ids."""
+    orchestrator can loop chunk by chunk within Lambda's time limit). Output: ``done`` and snapshot ids.
+    ``between`` runs before each chunk still to commit: it may wait (quiet hours) or raise (an abort)."""
     with collector_paused():
-        return _publish(rt, job_id, max_chunks)
+        return _publish(rt, job_id, max_chunks, between)
 
 
-def _publish(rt: Runtime, job_id: str, max_chunks: int | None) -> dict[str, Any]:
+def _publish(rt: Runtime, job_id: str, max_chunks: int | None, between: Callable[[], None] | None) -> dict[str, Any]:
     job = rt.store.get_job(job_id)
     spec = JobSpec.model_validate(job.spec)
     state = job.state
@@ -94,6 +97,8 @@ def _publish(rt: Runtime, job_id: str, max_chunks: int | None) -> dict[str, Any]
             continue
         if max_chunks is not None and committed >= max_chunks:
             return {"job_id": job_id, "done": False, "chunks_published": len(published)}
+        if between is not None:
+            between()
         committed += 1
         table = table.refresh()
         marker = landed(table, job_id, chunk.key, keys)

@@ -26,6 +26,7 @@ from timelake.errors import DstRefused, InvalidJob
 from timelake.model.contract import Contract
 from timelake.model.diff import compared_columns, compares, facts_uri, write_facts
 from timelake.model.faults import checkpoint
+from timelake.model.issues import Issues
 from timelake.model.layout import (
     RUN_ROWS, MainReader, PartitionKey, code_runs, dense_unique, micros, partition_codes, read_range, series_hash,
 )
@@ -39,6 +40,7 @@ from timelake.sources import throttle
 from timelake.sources.base import CsvOptions, Source, open_source
 from timelake.sources.mapping import Mapper, merge_examples
 from timelake.sources.resolve import open_spec_source
+from timelake.sources.wide import WideSource
 from timelake.steps import spill
 from timelake.steps.write import Compare, sorted_order, write_rows
 
@@ -53,6 +55,8 @@ COALESCE_ROWS = 1 << 18  # the rows of a source batch
 # partition (the plan checks) and in all (the task spills the largest held partition beyond it).
 DIRECT_MAX_ROWS = 1 << 23
 SERIES_BUCKETS = 256  # rows per partition are counted per bucket of the series hash, so cut can balance slices
+MAX_STATES = 200  # distinct states counted by name; more (a text column mapped as numbers) count as one
+OTHER_STATES = "(other states)"
 
 
 @dataclass
@@ -97,6 +101,9 @@ class ScanResult:
     overlap_existing_rows: int = 0
     dst_undetermined: list[str] = field(default_factory=list)
     duplicates_in_source: int = 0
+    issues: Issues = field(default_factory=Issues)
+    states: Counter = field(default_factory=Counter)
+    issue_days: Counter = field(default_factory=Counter)
 
     @property
     def rows_in_scope(self) -> int:
@@ -127,6 +134,14 @@ class ScanResult:
         self.overlap_existing_rows += other.overlap_existing_rows
         self.dst_undetermined.extend(other.dst_undetermined)
         self.duplicates_in_source += other.duplicates_in_source
+        self.add_mapped(other.issues, other.states, other.issue_days)
+
+    def add_mapped(self, issues: Issues, states: Counter, issue_days: Counter) -> None:
+        """A mapped batch's (or another result's) tallies: issues per column, states, issue rows per day."""
+        self.issues.merge(issues)
+        self.issue_days.update(issue_days)
+        for state, rows in states.items():
+            self.states[state if state in self.states or len(self.states) < MAX_STATES else OTHER_STATES] += rows
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -140,7 +155,8 @@ class ScanResult:
                            for p in self.partitions.values()],
             "sample_rows": self.sample_rows, "sample_bytes": self.sample_bytes,
             "overlap_existing_rows": self.overlap_existing_rows, "dst_undetermined": self.dst_undetermined,
-            "duplicates_in_source": self.duplicates_in_source,
+            "duplicates_in_source": self.duplicates_in_source, "issues": self.issues.to_json(),
+            "states": dict(self.states), "issue_days": {str(k): v for k, v in self.issue_days.items()},
         }
 
     @classmethod
@@ -151,7 +167,9 @@ class ScanResult:
             min_us=data["min_us"], max_us=data["max_us"], days=Counter({int(k): v for k, v in data["days"].items()}),
             sample_rows=data["sample_rows"], sample_bytes=data["sample_bytes"],
             overlap_existing_rows=data["overlap_existing_rows"], dst_undetermined=data.get("dst_undetermined", []),
-            duplicates_in_source=data.get("duplicates_in_source", 0),
+            duplicates_in_source=data.get("duplicates_in_source", 0), issues=Issues.from_json(data.get("issues", [])),
+            states=Counter(data.get("states", {})),
+            issue_days=Counter({int(k): v for k, v in data.get("issue_days", {}).items()}),
         )
         for p in data["partitions"]:
             key = PartitionKey(p["spec_id"], p["transform"], p["value"])
@@ -303,19 +321,40 @@ def open_job_source(spec: JobSpec, source: Any = None, table: Any = None, planne
     """``table`` tells a database source its time column; ``planned`` is the source's plan_state()."""
     if source is None and spec.source.startswith("<"):
         raise InvalidJob(f"job {spec.job_id}: the source was in-memory data ({spec.source}) and is gone; start a new job")
-    if source is None and (named := open_spec_source(spec, table, planned)) is not None:
-        return named
-    csv = CsvOptions(delimiter=spec.delimiter, skip_rows=spec.skip_rows, encoding=spec.encoding,
-                     null_values=tuple(spec.null_values))
-    return open_source(source if source is not None else spec.source, format=spec.format, csv=csv)
+    opened = open_spec_source(spec, table, planned) if source is None else None
+    if opened is None:
+        csv = CsvOptions(delimiter=spec.delimiter, skip_rows=spec.skip_rows, encoding=spec.encoding,
+                         null_values=tuple(spec.null_values), skip_after_header=spec.skip_after_header)
+        opened = open_source(source if source is not None else spec.source, format=spec.format, csv=csv)
+    return wide_source(spec, opened, table) if spec.wide else opened
+
+
+def wide_source(spec: JobSpec, inner: Source, table: Any) -> Source:
+    """A wide export read as long rows: the table's series key from the column names, its value column
+    (the contract's check column, else its first numeric column left) from the cells."""
+    contract = Contract.from_table(table)
+    schema = table.schema().as_arrow()
+    made = [*contract.series_key]
+    taken = {contract.time_column, *made, *(spec.map.get(i, i) for i in spec.id_columns), spec.states_column}
+    numeric = [f.name for f in schema if f.name not in taken and (pa.types.is_floating(f.type) or pa.types.is_integer(f.type))]
+    if not numeric:
+        raise InvalidJob(f"wide source: table {spec.table} has no numeric column left to hold the values")
+    value = contract.check_column if contract.check_column in numeric else numeric[0]
+    mapped = [name for name in spec.map if name in (*made, value)]
+    if mapped:
+        raise InvalidJob(f"wide source: the series key and the value come from the column names and cells; "
+                         f"drop {', '.join(mapped)} from the column map")
+    time = spec.map.get(contract.time_column, contract.time_column)
+    return WideSource(inner, time, list(spec.id_columns), made, value, spec.key_separator)
 
 
 def mapper_for(ctx: ScanContext, src: Source, keep_dictionary: tuple[str, ...] = ()) -> Mapper:
     return Mapper(
         ctx.target, src.schema(), time_column=ctx.contract.time_column, series_key=list(ctx.contract.series_key),
         column_map=ctx.spec.map, tz=ctx.spec.tz, time_unit=ctx.spec.time_unit, dst_policy=ctx.spec.dst_policy,
-        on_bad_value=ctx.spec.on_bad_value, decimal=ctx.spec.decimal, timestamp_format=ctx.spec.timestamp_format,
-        keep_dictionary=keep_dictionary,
+        on_bad_value=ctx.spec.on_bad_value, decimal=ctx.spec.decimal, thousands=ctx.spec.thousands,
+        timestamp_format=ctx.spec.timestamp_format, states_column=ctx.spec.states_column, keep_dictionary=keep_dictionary,
+        fold_by=[] if ctx.spec.wide else None,
     )
 
 
@@ -366,7 +405,7 @@ def scan_task(rt: Runtime, ctx: ScanContext, job_id: str, task: int, pieces: ran
                            spill.join_bytes(ctx.contract.target_file_size))
     overlap = _OverlapCounter(ctx.contract) if ctx.spec.dry_run and not predicts else None
     index = {names[p]: p for p in pieces}
-    batches = throttle.read(src, [names[p] for p in pieces], throttle.budget(rt.store, ctx.spec, job_id))
+    batches = throttle.read(src, [names[p] for p in pieces], throttle.budget(rt.store, ctx.spec, job_id, rt.clock))
     tally = Tally(rt.store, job_id, f"scan/{task}")  # what status shows while the task runs
     origins: set[str] = set()
     mapped_rows = _Coalesced(lambda rows: _scan_batch(result, rows, ctx, spiller, overlap))
@@ -376,11 +415,15 @@ def scan_task(rt: Runtime, ctx: ScanContext, job_id: str, task: int, pieces: ran
                 mapped_rows.flush()
                 spiller.advance(index[batch.origin])
             mapped = mapper.apply(batch)
-            result.rows_in_source += batch.data.num_rows
+            result.rows_in_source += batch.data.num_rows + batch.rejected
             origins.add(batch.origin)
             tally.set(rows=result.rows_in_source, pieces=len(origins) - 1)
             result.rejected.update(mapped.rejected)
             merge_examples(result.examples, mapped.examples)
+            result.add_mapped(mapped.issues, mapped.states, mapped.issue_days)
+            if batch.rejected:
+                result.rejected["bad_line"] += batch.rejected
+                merge_examples(result.examples, {"bad_line": " | ".join(batch.examples)})
             if not ctx.spec.dry_run:
                 refuse_dst(result, ctx.spec.dst_policy)
             mapped_rows.add(mapped.table)

@@ -38,6 +38,7 @@ from timelake.model.spec import JobSpec
 from timelake.model.timeutil import iso
 from timelake.ports.files import filesystem, make_parent
 from timelake.ports.runtime import Runtime
+from timelake.steps import rejects
 from timelake.steps.plan import job_table, read_json, write_json
 from timelake.steps.redo import require_branch
 from timelake.steps.spill import is_text
@@ -158,6 +159,8 @@ def run_checks(rt: Runtime, job_spec: dict[str, Any], units: list[Any], state: d
     checks += [_sorted(facts), _unique_keys(facts, contract)]
     checks += _overlap_with_main(facts, table, spec.mode, state)
     checks.append(_aggregate(units, facts, state))
+    if (budget := rejects.check(state)) is not None:
+        checks.append(Check(**budget))
     if spec.assertions:
         con = _staged_connection(staged)
         try:
