@@ -13,7 +13,7 @@ from tests.aws_fixtures import aws, dynamo_table, moto_server  # noqa: F401
 from timelake.adapters.sqlite import SqliteJobStore
 from timelake.aws.store import DynamoJobStore
 from timelake.errors import JobNotFound, LeaseConflict
-from timelake.ports.store import JobRecord, Lease, UnitRecord
+from timelake.ports.store import RATE_BURST_SECONDS, JobRecord, Lease, UnitRecord
 
 
 @pytest.fixture(params=["sqlite", "dynamodb"])
@@ -144,19 +144,20 @@ def test_a_lease_cannot_be_taken_twice_by_racing_processes(store):
 
 def test_row_reservations_queue_up_per_job(store):
     """A new budget starts empty (no opening burst); each reservation waits behind the ones before
-    it, also when earlier ones were not waited for. ``due`` is when a reservation may proceed,
-    relative to the first call: late by at most the store's own latency, never early."""
-    began = time.time()
+    it, also when earlier ones were not waited for. The store is given the time (``now``), so what it
+    answers is exact: how long the caller waits from that instant."""
+    began = 1_800_000_000.0
 
-    def due(job: str, rows: int) -> float:
-        return store.reserve_rows(job, rows, 1000.0) + (time.time() - began)
+    def wait(job: str, rows: int, after: float = 0.0) -> float:
+        return store.reserve_rows(job, rows, 1000.0, now=began + after)
 
-    assert 0.5 <= due("j", 500) < 0.75
-    assert 1.0 <= due("j", 500) < 1.25
-    other = time.time()
-    assert 0.1 <= store.reserve_rows("other", 100, 1000.0) + (time.time() - other) < 0.35  # a budget per job
-    time.sleep(0.3)
-    assert 1.5 <= due("j", 500) < 1.75
+    assert wait("j", 500) == pytest.approx(0.5)
+    assert wait("j", 500) == pytest.approx(1.0)
+    assert wait("other", 100) == pytest.approx(0.1)  # a budget per job
+    assert wait("j", 500, after=0.3) == pytest.approx(1.2)  # behind the first two: due at 1.5
+    # The budget ran out meanwhile: a worker that paused may catch up by RATE_BURST_SECONDS' worth of rows.
+    assert wait("j", 500, after=5.0) == pytest.approx(0.5 - RATE_BURST_SECONDS)
+    assert wait("j", 1000, after=5.0) == pytest.approx(1.5 - RATE_BURST_SECONDS)
 
 
 #: 1,000 rows at one row per 1,000 s: each reservation moves the budget by 10^6 s, so however slow the

@@ -24,7 +24,7 @@ import io
 import json
 import re
 from concurrent.futures import ThreadPoolExecutor
-from datetime import date, timedelta
+from datetime import timedelta
 from typing import Any
 
 import boto3
@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tests.cloud.conftest import BUCKET, ROOT, Cloud
-from tests.conftest import make_readings, sort_rows
+from tests.conftest import TODAY, make_readings, sort_rows
 
 PAYLOAD_LIMIT = 64 * 1024  # bytes: a quarter of Step Functions' 256 KiB per state
 DAYS, DEVICES = 4, 2000  # one row per device and day; 256 series buckets a day, all of them used
@@ -115,7 +115,7 @@ def test_the_events_per_job_are_derived_from_the_workflow_and_documented() -> No
 
 def test_history_events_and_payloads_do_not_depend_on_the_number_of_units(cloud_workers: Cloud) -> None:
     cloud = cloud_workers
-    first = (date.today().replace(day=1) - timedelta(days=1)).replace(day=1)  # last month: one publish chunk
+    first = (TODAY.date().replace(day=1) - timedelta(days=1)).replace(day=1)  # last month: one publish chunk
     source = make_readings(first.isoformat(), days=DAYS, devices=DEVICES, step_minutes=24 * 60)
     buffer = io.BytesIO()
     pq.write_table(source, buffer)

@@ -496,7 +496,7 @@ class LineProtocol:
         and the last such tail is read when the file ends.
         """
         if _lineproto is not None:
-            _lineproto.hold_heap()
+            _lineproto.warm_heap()
         mapped = stream if isinstance(stream, mmap.mmap) and _lineproto is not None else None
         chunks: Iterator[tuple[int, bytes | bytearray | memoryview]]
         if mapped is not None:
