@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from tests.conftest import cli_in_process, make_readings, recent
+from tests.conftest import cli_in_process, cli_main, make_readings, recent
 from timelake.model.layout import read_range
 from timelake.steps import diff as diff_step
 from timelake.model.timeutil import parse_instant, to_micros
@@ -110,28 +110,10 @@ def _range_rows(table, start: str, end: str, snapshot_id: int) -> pa.Table:
 
 
 def cli(*args: str, warehouse: Path) -> str:
-    """``timelake ARGS`` through its entry point in this process (a subprocess pays seconds of imports
-    each time); its standard output, after checking that it succeeded."""
-    import contextlib
-    import io
-    import os
-    import sys
-
-    from timelake.interfaces.cli import main
-
-    out, err, argv, mask = io.StringIO(), io.StringIO(), sys.argv, os.umask(0o077)
-    sys.argv = ["timelake", *args, "--warehouse", str(warehouse)]
-    code = 0
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            main()
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    finally:
-        sys.argv = argv
-        os.umask(mask)
-    assert code == 0, err.getvalue()
-    return out.getvalue()
+    """``timelake ARGS`` in this process; its standard output, after checking that it succeeded."""
+    code, out, err = cli_main(*args, "--warehouse", str(warehouse))
+    assert code == 0, err
+    return out
 
 
 class _Cells(HTMLParser):
@@ -307,8 +289,11 @@ def test_no_series_key_append_and_no_diff(lake, readings, tmp_path, warehouse):
     assert job.diff()["totals"]["only_before"] == 8 and job.diff()["by_series"][0]["series"] == ""
 
     appended = flat.backfill(source=make_readings(recent(9), days=1, devices=1).select(["ts", "value"]), mode="append").wait()
-    quiet = flat.backfill(source=later, mode="replace", start=recent(5), end=recent(3), diff=False).wait()
-    assert quiet.report()["diff"] is None
+    pq.write_table(later, tmp_path / "later.parquet")
+    cli("backfill", "iot.flat", "--from", str(tmp_path / "later.parquet"), "--mode", "replace", "--start", recent(5),
+        "--end", recent(3), "--no-diff", "--json", warehouse=warehouse)
+    quiet = lake.jobs()[-1]
+    assert quiet.record().spec["diff"] is False and quiet.report()["phase"] == "published" and quiet.report()["diff"] is None
     for job_id, why in ((appended.id, "(mode append): it has no diff"), (quiet.id, "ran without a diff (diff: false)")):
         code, stderr = cli_in_process("backfill", "diff", job_id, "--warehouse", str(warehouse))
         assert code == 1 and stderr.startswith(f"error: job {job_id} ") and why in stderr and len(stderr.splitlines()) == 1

@@ -133,7 +133,7 @@ def _parse_map(text: str | None) -> dict[str, str]:
 
 
 #: run-command parameters named differently from the job field they set (the others share its name)
-PARAM_FIELDS = {"map_": "map", "fmt": "format", "approval_timeout": "approval_timeout_seconds"}
+PARAM_FIELDS = {"map_": "map", "fmt": "format", "approval_timeout": "approval_timeout_seconds", "no_diff": "diff"}
 
 
 def field_help(name: str) -> str:
@@ -189,7 +189,7 @@ def run(
                                                     "'duckdb:' and the query field)")] = None,
     measurement: Annotated[Optional[str], typer.Option("--measurement", help=field_help("measurement"))] = None,
     reason: Annotated[Optional[str], typer.Option("--reason", metavar="TEXT", help=field_help("reason"))] = None,
-    diff: Annotated[Optional[bool], typer.Option("--diff/--no-diff", help=field_help("diff"))] = None,
+    no_diff: Annotated[bool, typer.Option("--no-diff", help=field_help("diff"))] = False,
     precision: Annotated[Optional[str], typer.Option("--precision", help=field_help("precision"))] = None,
     null_values: Annotated[Optional[list[str]], typer.Option("--null-values", help=field_help("null_values"))] = None,
     on_bad_value: Annotated[Optional[str], typer.Option("--on-bad-value", help=field_help("on_bad_value"))] = None,
@@ -227,7 +227,7 @@ def run(
         "max_rejected": max_rejected, "states_column": states_column, "thousands": thousands,
         "id_columns": [c.strip() for c in id_columns.split(",") if c.strip()] if id_columns else None,
         "key_separator": key_separator, "skip_after_header": skip_after_header,
-        "run_between": run_between, "run_tz": run_tz, "reason": reason, "diff": diff,
+        "run_between": run_between, "run_tz": run_tz, "reason": reason, "diff": False if no_diff else None,
     }
     fields.update({k: v for k, v in given.items() if v is not None})
     fields["table"] = table

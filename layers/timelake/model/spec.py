@@ -159,9 +159,9 @@ class JobSpec(BaseModel):
         description="Why the job runs, e.g. the definition it loads under ('calibration v2: offset fixed'); kept in "
         "timelake.backfills and in the publish snapshots' summary")
     diff: StrictBool = Field(
-        default=True, description="Replace and merge jobs: report what the job changes in its range, per day and series "
-        "(rows only before, only after, in both, values changed, sum and count deltas); reads main's rows of the range "
-        "once more (`timelake backfill diff JOB`)")
+        default=True, description="Replace and merge jobs report what they change in their range, per day and series "
+        "(rows only before, only after, in both, values changed, sum and count deltas: `timelake backfill diff JOB`); "
+        "false (`--no-diff`) leaves it out and spares reading main's rows of the range once more")
     precision: TimeUnit | None = Field(default=None, description="Timestamp unit of line-protocol files (default ns)")
 
     @field_validator("tz")
