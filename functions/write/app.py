@@ -19,19 +19,16 @@ logger, tracer, metrics = Logger(), Tracer(), Metrics()
 @tracer.capture_lambda_handler
 @metrics.log_metrics
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+    rt = lambda_runtime()
     if "main_task" in event:  # the write Map runs a diff's main tasks before the units (they read main's range)
         task = MainTaskEvent.model_validate(event)
         logger.append_keys(job_id=task.job_id, main_task=task.main_task)
-        rt = lambda_runtime()
         resume_at = wait_for_window(rt, task.job_id)
-        if resume_at is not None:
-            return {"main_task": task.main_task, "rows": 0, "resume_at": resume_at}
-        read = read_main(rt, task.job_id, task.main_task)
-        metrics.add_metric(name="MainRowsRead", unit=MetricUnit.Count, value=read.get("rows", 0))
-        return {"main_task": task.main_task, "rows": read.get("rows", 0), "resume_at": None}
+        rows = 0 if resume_at is not None else read_main(rt, task.job_id, task.main_task).get("rows", 0)
+        metrics.add_metric(name="MainRowsRead", unit=MetricUnit.Count, value=rows)
+        return {"main_task": task.main_task, "rows": rows, "resume_at": resume_at}
     unit = UnitEvent.model_validate(event)
     logger.append_keys(job_id=unit.job_id, unit_id=unit.unit_id)
-    rt = lambda_runtime()
     resume_at = wait_for_window(rt, unit.job_id)
     if resume_at is not None:
         return {"unit_id": unit.unit_id, "rows_written": 0, "resume_at": resume_at}
