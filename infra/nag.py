@@ -10,7 +10,7 @@ from __future__ import annotations
 from aws_cdk import Acknowledgment, Stack, Validations
 from constructs import IConstruct
 
-from .stack import FACTS, FUNCTIONS, RECORD_DATA, STAGING_PREFIX, TABLE_DATA, TABLE_METADATA, BackfillStack
+from .stack import DIFF, FACTS, FUNCTIONS, RECORD_DATA, STAGING_PREFIX, TABLE_DATA, TABLE_METADATA, BackfillStack
 
 RUNTIME = ("the engine layer is built from CPython 3.12 (cp312) aarch64 wheels and handlers must run on the interpreter "
            "the layer was built for; moving up is the runtime constant plus a layer rebuild, done together")
@@ -24,6 +24,9 @@ LAKE_PREFIX = {
                           "id at run time; only steps that write or clear scratch get it",
     FACTS: f"validation's own files under {STAGING_PREFIX}<job>/validate/ (the check items, one staged file's facts), named "
            "by the job id and the file at run time; only the validate functions get it, and no other staging file",
+    DIFF: f"the diff's own files under {STAGING_PREFIX}<job>/diff/ (the job's diff, combined from its tasks' and units' "
+          "cells), named by the job id at run time; only the stage function, which combines it, gets it, and no other "
+          "staging file",
     TABLE_DATA: "new data files under a table's data/ folder (warehouse/<db>.db/<table>/data/...), named per unit at run "
                 "time; never the metadata/ folder; only the writers (write, rollup) put and only abort and rollup delete",
     TABLE_METADATA: "Iceberg metadata files of a commit (warehouse/<db>.db/<table>/metadata/...); only the steps that "

@@ -63,6 +63,7 @@ STAGING_EXPIRY = Duration.days(14)  # Step Functions redrives within 14 days: st
 TABLE_DATA = f"{WAREHOUSE_PREFIX}/*/data/*"  # <db>.db/<table>/data/...: data files, never metadata
 TABLE_METADATA = f"{WAREHOUSE_PREFIX}/*/metadata/*"
 FACTS = f"{STAGING_PREFIX}*/validate/*"  # <job>/validate/...: the check items and each staged file's facts
+DIFF = f"{STAGING_PREFIX}*/diff/*"  # <job>/diff/...: the diff's main tasks, spills, cells and result
 # The record tables a publish appends to: provenance (timelake.backfills) and each table's coverage companion.
 RECORD_DATA = (f"{WAREHOUSE_PREFIX}/{DATABASE}.db/backfills/data/*", f"{WAREHOUSE_PREFIX}/*__coverage/data/*")
 
@@ -147,6 +148,7 @@ class FunctionSpec:
     put_events: bool = False
     scratch: bool = False  # writes the job's scratch files under staging (manifests, spills, failure notes)
     writes_facts: bool = False  # writes only validation's files under staging (`FACTS`: check items, per-file facts)
+    writes_diff: bool = False  # writes only the diff's files under staging (`DIFF`: the job's diff, once combined)
     clears_scratch: bool = False  # deletes the job's scratch files (re-plan, end of publish, abort)
     writes_data: bool = False  # puts new data files under a table's data/ folder
     deletes_data: bool = False  # deletes data files of a table (abort: unpublished files; rollup: replaced chunks)
@@ -163,7 +165,7 @@ FUNCTIONS: dict[str, FunctionSpec] = {
     "scan": FunctionSpec(3008, Duration.minutes(15), engine=True, reads_sources=True, scratch=True),
     "cut": FunctionSpec(3008, Duration.minutes(15), engine=True, commits=True, scratch=True, duckdb=False),  # forks the job's branch
     "write": FunctionSpec(3008, Duration.minutes(15), engine=True, scratch=True, writes_data=True, duckdb=False),  # reads the scan spills
-    "stage": FunctionSpec(2048, Duration.minutes(15), engine=True, commits=True, duckdb=False),
+    "stage": FunctionSpec(2048, Duration.minutes(15), engine=True, commits=True, writes_diff=True, duckdb=False),  # and combines the diff
     "validate": FunctionSpec(2048, Duration.minutes(15), engine=True, writes_facts=True),  # lists the check items, combines the facts
     # one staged file's checks, a batch at a time, on one thread: 1,769 MB is one full vCPU, and less
     # memory would only slow it down at the same GB-seconds
@@ -387,7 +389,8 @@ class BackfillStack(Stack):
         role.add_to_policy(iam.PolicyStatement(actions=["s3:ListBucket", "s3:GetBucketLocation"], resources=[self.bucket.bucket_arn]))
         in_bucket = self.settings.catalog != "s3tables"  # S3 Tables keeps table files in its own storage
         # pyarrow's delete_dir re-creates the parent folder's marker object: clearing scratch puts too.
-        put = ([f"{STAGING_PREFIX}*"] if spec.scratch or spec.clears_scratch else [FACTS] if spec.writes_facts else []) + \
+        put = ([f"{STAGING_PREFIX}*"] if spec.scratch or spec.clears_scratch else
+               [FACTS] if spec.writes_facts else [DIFF] if spec.writes_diff else []) + \
             ([TABLE_DATA] if spec.writes_data and in_bucket else []) + ([TABLE_METADATA] if spec.commits and in_bucket else []) + \
             (list(RECORD_DATA) if spec.writes_records and not spec.writes_data and in_bucket else [])
         if put:

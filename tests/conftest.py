@@ -92,6 +92,7 @@ def duplicate_keys(table: pa.Table) -> int:
 def stage_job(lake: timelake.Lake, source: pa.Table, table: str = "iot.sensor") -> str:
     """Drive a job's steps one by one up to a staged branch (no validation, no publish); its id."""
     from timelake.model.spec import JobSpec
+    from timelake.steps.diff import pending_main_tasks, read_main
     from timelake.steps.plan import cut, pending_pieces, plan, scan
     from timelake.steps.stage import stage
     from timelake.steps.write import write_unit
@@ -102,6 +103,8 @@ def stage_job(lake: timelake.Lake, source: pa.Table, table: str = "iot.sensor") 
     for task in pending_pieces(rt, job.id):
         scan(rt, job.id, task, source)
     cut(rt, job.id)
+    for task in pending_main_tasks(rt, job.id):  # the job's diff reads main's range before the units write
+        read_main(rt, job.id, task)
     for unit in rt.store.units(job.id):
         write_unit(rt, job.id, unit.unit_id)
     stage(rt, job.id)

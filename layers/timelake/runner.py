@@ -21,19 +21,22 @@ from timelake.errors import Aborted, BackfillError, FilesLost, Interrupted
 from timelake.followup import refresh as followup
 from timelake.model.contract import Contract
 from timelake.model.faults import checkpoint
+from timelake.model.diff import MainAtPlan
 from timelake.model.layout import MainReader
+from timelake.model.lineage import planned_view
 from timelake.model.limits import limits
 from timelake.model.report import NEXT_STEP
 from timelake.model.spec import MAX_CONCURRENCY, JobSpec, current_setting, current_spec
 from timelake.ports.runtime import Runtime
 from timelake.ports.store import TERMINAL, JobRecord, Lease
 from timelake.sources.postgres import is_postgres
-from timelake.steps import canary
+from timelake.steps import canary, diff
 from timelake.steps.abort import abort
 from timelake.steps.plan import cut, pending_pieces, plan, scan
 from timelake.steps.publish import publish
 from timelake.steps.schedule import closed_until
 from timelake.steps.scan import open_job_source
+from timelake.steps.spill import coded_columns
 from timelake.steps.stage import stage
 from timelake.steps.validate import CheckContext, check_file, check_items, plan_checks, validate
 from timelake.steps.write import write_unit
@@ -98,10 +101,16 @@ def _run(rt: Runtime, job_id: str, source: Any, cancel: threading.Event | None) 
                 cut(rt, job_id)
                 checkpoint("plan.done")
             elif step == "write" and canary.wanted(job):
-                _write_all(rt, job_id, cancel, only=canary.select(rt, job_id))
+                only = canary.select(rt, job_id)
+                chosen = rt.store.get_job(job_id).state["canary"]
+                _main_all(rt, job_id, cancel, span=(chosen["start"], chosen["end"]))
+                _write_all(rt, job_id, cancel, only=only)
                 canary.check(rt, job_id, source)
             elif step == "write":
+                _main_all(rt, job_id, cancel)
                 _write_all(rt, job_id, cancel)
+                if job.spec.get("dry_run"):
+                    diff.finish_dry_run(rt, job_id)
             elif step == "stage":
                 try:
                     stage(rt, job_id)
@@ -195,16 +204,29 @@ def _write_all(rt: Runtime, job_id: str, cancel: threading.Event | None, only: l
     spec = JobSpec.model_validate(job.spec)
     units = rt.store.units(job_id)
     pending = [u.unit_id for u in units if u.status != "done" and (only is None or u.unit_id in only)]
-    main = None
+    main: MainReader | MainAtPlan | None = None
     if spec.mode == "merge" and pending:
         contract = Contract.from_table(rt.load_table(spec.table))
         main = MainReader(contract.time_column, job.state["range_start"], job.state["range_end"], contract.dedup_key)
+    elif spec.mode == "replace" and job.state.get("diff") and pending:  # units that read main's rows of their partition
+        table = planned_view(rt.load_table(spec.table), job.state)
+        contract = Contract.from_table(table)
+        main = MainAtPlan(table, contract, job.state, job_id, coded_columns(table.schema().as_arrow(), contract.series_key))
     if pending:  # one writer too is a thread of the fan-out: a concurrency set meanwhile then adds writers
         workers = min(_workers(job), len(pending))
         threads = workers <= setting(THREAD_WRITERS) or job.state.get("rows_in_scope", 0) < setting(IN_PROCESS_ROWS)
         _fan_out(rt, job_id, "write", pending, _workers, lambda: None, cancel, threads=threads, shared=main)
-    if only is None:
+    if only is None and not spec.dry_run:
         rt.store.update_job(job_id, "written")
+
+
+def _main_all(rt: Runtime, job_id: str, cancel: threading.Event | None, span: tuple[int, int] | None = None) -> None:
+    """Read main's range for the job's diff (`timelake.steps.diff`): the main tasks not done yet (only
+    those a canary's ``span`` needs), on threads (Arrow reads and spills outside the GIL), as many at
+    once and in the same quiet hours as the units."""
+    pending = diff.pending_main_tasks(rt, job_id, span)
+    if pending:
+        _fan_out(rt, job_id, "main", pending, _workers, lambda: None, cancel, threads=True)
 
 
 def _check_all(rt: Runtime, job_id: str, cancel: threading.Event | None) -> None:
@@ -253,9 +275,9 @@ def _in_window(rt: Runtime, job_id: str, cancel: threading.Event | None, doing: 
 
 def _fan_out(
     rt: Runtime, job_id: str, step: str, items: list[Any], workers: Callable[[JobRecord], int], tick: Callable[[], None],
-    cancel: threading.Event | None, threads: bool = False, shared: MainReader | CheckContext | None = None,
+    cancel: threading.Event | None, threads: bool = False, shared: MainReader | MainAtPlan | CheckContext | None = None,
 ) -> None:
-    """Run ``step`` (scan, write or check) over ``items`` on a pool of processes, or of ``threads`` (which
+    """Run ``step`` (scan, main, write or check) over ``items`` on a pool of processes, or of ``threads`` (which
     share ``shared``: merge mode's reader of main for writes, the job's check context for checks),
     recording progress as items finish.
 
@@ -264,7 +286,7 @@ def _fan_out(
     the fan-out waits for the window. Pools start their threads and processes as items need them, so
     the pool's bound is the largest concurrency a job may have."""
     config = rt.config.model_dump()
-    doing = {"scan": "while scanning", "write": "while writing"}.get(step, "while validating")
+    doing = {"scan": "while scanning", "write": "while writing", "main": "while reading main's range"}.get(step, "while validating")
     if threads:
         pool: Executor = ThreadPoolExecutor(max_workers=MAX_CONCURRENCY, thread_name_prefix=f"timelake-{step}")
     else:
@@ -309,11 +331,13 @@ def _in_worker(config: dict[str, Any], step: str, job_id: str, item: Any) -> dic
 
 
 def _run_item(rt: Runtime, step: str, job_id: str, item: Any,
-              shared: MainReader | CheckContext | None = None) -> dict[str, Any]:
+              shared: MainReader | MainAtPlan | CheckContext | None = None) -> dict[str, Any]:
     if step == "scan":  # a worker of a fan-out, beside the others
         return scan(rt, job_id, item, shares_cores=True)
     if step == "write":
-        return write_unit(rt, job_id, item, shared if isinstance(shared, MainReader) else None)
+        return write_unit(rt, job_id, item, shared if isinstance(shared, MainReader | MainAtPlan) else None)
+    if step == "main":
+        return diff.read_main(rt, job_id, item)
     return check_file(rt, job_id, item["file"], item["spec_id"], item["partition"],
                       shared if isinstance(shared, CheckContext) else None)
 

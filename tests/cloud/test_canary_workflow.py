@@ -70,13 +70,16 @@ def test_approve_resumes_the_paused_workflow_to_the_full_result(cloud: Cloud, st
     assert code == 200 and canary_report["day"] == recent(7) and canary_report["rows_written"] == 48
     assert all(c["passed"] for c in canary_report["checks"]) and canary_report["samples"]
     assert canary_report["samples"][0]["origin"] == f"row 1 of s3://{BUCKET}/src/a.parquet"
+    assert canary_report["diff"]["totals"] == {**canary_report["diff"]["totals"], "rows_before": 0, "only_after": 48}
 
     code, approved = api("POST", "/backfills/bf-canary-ok/approve")
     assert code == 202 and approved["how"].startswith("approved"), approved
     result = cloud.wait(arn)
     assert result["status"] == "SUCCEEDED", result
     assert sort_rows(table.refresh().to_arrow()).equals(reference_merge(existing, source))
-    assert cloud.invocations.count("timelake-write") == 3  # the canary unit was not written again
+    # the canary unit was not written again; the diff's main task (main's day -6) ran after the approval
+    assert cloud.invocations.count("timelake-write") == 4
+    assert job.report()["diff"]["totals"]["in_both"] == existing.num_rows
     assert job.record().phase == "published" and cloud.lake.leases() == []
     code, again = api("POST", "/backfills/bf-canary-ok/approve")
     assert code == 409 and "not waiting for a canary decision" in again["message"]

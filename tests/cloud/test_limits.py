@@ -47,7 +47,9 @@ EXECUTION_EVENTS = 2  # started, succeeded
 def success_path(definition: dict[str, Any]) -> tuple[list[str], list[str]]:
     """The states a successful job without canary passes (the first path from ``StartAt`` to the
     Succeed state, never following a Catch), and the part of it that repeats once per publish
-    invocation (from the state a Choice on the path loops back to, to that Choice)."""
+    invocation (from the state the Choice after Publish loops back to, to that Choice). The other
+    loop on the path (back to the cut after a diff's main tasks) is not taken by a job whose diff reads
+    no file of main outside its units, as here."""
     states = definition["States"]
 
     def walk(name: str, path: list[str]) -> list[str] | None:
@@ -62,11 +64,12 @@ def success_path(definition: dict[str, Any]) -> tuple[list[str], list[str]]:
 
     path = walk(definition["StartAt"], [])
     assert path, "no path from StartAt to a Succeed state"
+    loops = []
     for i, name in enumerate(path):
         back = [c["Next"] for c in states[name].get("Choices", []) if c["Next"] in path[:i]]
         if back:
-            return path, path[path.index(back[0]):i + 1]
-    return path, []
+            loops.append(path[path.index(back[0]):i + 1])
+    return path, next((loop for loop in loops if "Publish" in loop), [])
 
 
 def expected_events(publishes: int) -> tuple[int, int]:

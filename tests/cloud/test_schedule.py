@@ -116,6 +116,39 @@ def test_quiet_hours_pause_the_write_map_and_publish_and_the_history_stays_bound
     assert EVENTS_PER_STATE["Task"] + EVENTS_PER_STATE["Choice"] == per_publish
 
 
+def test_a_diffs_main_tasks_wait_for_quiet_hours_like_the_units(cloud: Cloud, clock: TestClock):
+    """A merge job into days main holds: the write Map runs its diff's main tasks (main's rows of the
+    range) before the units. The window closes before the first main task, whose item waits in its own
+    Wait state like a unit's; nothing reads main or writes until the window opens, and the diff counts
+    main's rows once."""
+    sensor_table(cloud.lake)
+    existing = make_readings(recent(8), days=2, devices=3)
+    cloud.lake.table("iot.sensor").append(existing)
+    source = make_readings(recent(8), days=3, devices=3, seed=1)  # main's two days again (other values), and a new one
+    _upload(source, "src/a.parquet")
+    calls: list[tuple[str, float]] = []
+
+    def before_write(event: dict) -> None:
+        if not calls:
+            clock.advance_to(at("2030-01-07T06:00:30"))
+        calls.append(("main" if "main_task" in event else "unit", clock.now()))
+
+    cloud.before["timelake-write"] = before_write
+    job = {"table": "iot.sensor", "source": f"s3://{BUCKET}/src/a.parquet", "run_between": "22:00-06:00",
+           "run_tz": BERLIN, "max_concurrency": 1}
+    result = cloud.run(job, "bf-quiet-diff", timeout=120)
+    assert result["status"] == "SUCCEEDED", result
+
+    mains = [when for kind, when in calls if kind == "main"]
+    units = [when for kind, when in calls if kind == "unit"]
+    assert calls[0][0] == "main" and mains == [at("2030-01-07T06:00:30")] + [at("2030-01-07T22:00")] * (len(mains) - 1)
+    assert len(mains) >= 2 and len(units) == 3 and set(units) == {at("2030-01-07T22:00")}
+    found = cloud.lake.job("bf-quiet-diff").diff()
+    assert found["totals"]["rows_before"] == found["totals"]["in_both"] == existing.num_rows
+    assert found["totals"]["only_after"] == source.num_rows - existing.num_rows
+    assert sort_rows(cloud.lake.table("iot.sensor").to_arrow()).equals(sort_rows(reference_merge(existing, source)))
+
+
 def test_settings_set_during_the_scan_map_update_it_and_start_the_write_map_with_them(cloud: Cloud, api):  # noqa: F811
     sensor_table(cloud.lake)
     source = make_readings(recent(10), days=6, devices=3)  # six day units

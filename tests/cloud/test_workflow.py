@@ -32,7 +32,11 @@ def test_dry_run_succeeds_with_the_report_and_changes_nothing(cloud: Cloud, read
     report = json.loads(result["output"])
     assert report["phase"] == "dry_run_complete" and report["rows_in_source"] == 96 and report["units"] == 2
     assert table.refresh().iceberg.current_snapshot() is None
-    assert cloud.invocations == ["timelake-plan", "timelake-scan", "timelake-cut"]
+    # the units predict the job's diff, writing nothing; the cut step then ends the dry run
+    assert cloud.invocations == ["timelake-plan", "timelake-scan", "timelake-cut", "timelake-write", "timelake-write",
+                                 "timelake-cut"]
+    predicted = cloud.lake.job("bf-dry").diff()
+    assert predicted["predicted"] and predicted["totals"]["only_after"] == 96 and predicted["totals"]["rows_before"] == 0
 
 
 def test_full_backfill_equals_the_embedded_runner(cloud: Cloud, readings, tmp_path):
@@ -63,7 +67,8 @@ def test_full_backfill_equals_the_embedded_runner(cloud: Cloud, readings, tmp_pa
     report = cloud.lake.job("bf-cloud-1").report()
     assert report["phase"] == "published" and len(report["published_chunks"]) == 3
     assert len(report["published_snapshot_ids"]) == 2  # the first day held only existing keys: nothing to commit
-    assert cloud.invocations.count("timelake-write") == report["units"] == 3
+    assert cloud.invocations.count("timelake-write") == report["units"] + 1 == 4  # and the diff's main task, first
+    assert report["diff"]["totals"]["rows_before"] == 72 and report["diff"]["totals"]["only_after"] == report["rows_written"]
     assert cloud.invocations.count("timelake-publish") == 1  # chunk by chunk inside one call, while time is left
 
     # Validation fanned out: the Map gave each staged file its own item invocation, each stored its facts in

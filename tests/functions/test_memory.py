@@ -7,7 +7,9 @@ one source file): the scan reads it as one piece, the cut makes it one unit at t
 validate_item checks that one file, validate combines its facts and runs a SQL assertion over it,
 publish commits it and the rollup handler refreshes that day. Then merge mode at its heaviest: the
 same day again, every key already on main, so the writer holds the whole unit and reads all of
-main's day against it. Each handler must finish with a peak RSS of at most 80 % of its limit.
+main's day against it; and replace mode's diff: the main task reads and spills main's day, the writer
+compares the day's unit with it key by key, the stage step combines the cells. Each handler must
+finish with a peak RSS of at most 80 % of its limit.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ from tests.conftest import SCHEMA
 from timelake.interfaces.service import begin, list_checks
 from timelake.model.spec import JobSpec
 from timelake.model.timeutil import iso
+from timelake.steps.abort import abort
+from timelake.steps.diff import pending_main_tasks
 from timelake.steps.plan import cut, scan
 from timelake.steps.stage import stage
 from timelake.steps.validate import check_items
@@ -190,5 +194,22 @@ def test_every_handler_fits_its_memory_with_the_largest_input(tmp_path, limits):
     runs[-1].fits()
     written = rt.store.unit(again.job_id, unit.unit_id).result
     assert (written["rows_written"], written["rows_conflicting_existing"]) == (0, rows)  # main already holds every key
+
+    # replace mode's diff at its heaviest: main's whole day read by its main task and spilled, then compared
+    # key by key with the day's unit, which holds its rows and reads main's against them; stage combines
+    abort(rt, again.job_id)  # its lease would refuse the next job on the day
+    fixed = JobSpec(table="iot.sensor", source=str(source), mode="replace")
+    begin(rt, fixed)
+    scan(rt, fixed.job_id, 0)
+    cut(rt, fixed.job_id)
+    for task in pending_main_tasks(rt, fixed.job_id):
+        runs.append(run_handler("write", {"job_id": fixed.job_id, "main_task": task}, limits["write"], env, "main task"))
+        runs[-1].fits()
+    (unit,) = rt.store.units(fixed.job_id)
+    runs.append(run_handler("write", {"job_id": fixed.job_id, "unit_id": unit.unit_id}, limits["write"], env, "write (replace)"))
+    runs[-1].fits()
+    runs.append(run_handler("stage", {"job_id": fixed.job_id}, limits["stage"], env, "stage (diff)"))
+    runs[-1].fits()
+    assert rt.store.get_job(fixed.job_id).state["diff_job"]["totals"]["in_both"] == rows  # every key on both sides
     print("\n".join(f"{r.name:<14} {r.peak_mb:7.0f} MB of {r.limit_mb} MB ({r.peak_mb / r.limit_mb:.0%}) in {r.seconds:.1f} s"
                     for r in runs))

@@ -24,6 +24,8 @@ from timelake.interfaces.console import status_line
 from timelake.model import faults
 from timelake.model.report import progress_of
 from timelake.model.spec import JobSpec
+from timelake.steps import diff as diff_step
+from timelake.steps import plan as plan_step
 
 BERLIN = "Europe/Berlin"
 WINDOW = "22:00-06:00"
@@ -96,6 +98,40 @@ def test_the_window_closing_lets_running_units_finish_and_the_rest_wait_for_its_
     assert len(started) == 8 and clock.waits == [(close, reopen)]
     assert job.report()["quiet_hours"]["paused_seconds"] == reopen - close
     assert sort_rows(sensor.refresh().to_arrow()).equals(expected(source))
+
+
+def test_the_diffs_main_tasks_run_in_the_window_and_the_units_after_them_wait_for_it(lake, sensor, clock, monkeypatch):
+    """A merge job into days main holds reads main's range for its diff (main tasks: one a day here) before
+    its units: the window closes while the first main task runs; it finishes, and the next main task and
+    the units start only when the window opens."""
+    monkeypatch.setattr(plan_step, "MAIN_TASK_BYTES", 1)
+    monkeypatch.setattr(plan_step, "MIN_TASK_BYTES", 1)
+    existing = make_readings(recent(8), days=2, devices=3)
+    sensor.append(existing)
+    source = make_readings(recent(8), days=3, devices=3, seed=1)
+    close, reopen = at("2030-01-07T06:00:30"), at("2030-01-07T22:00")
+    started: list[tuple[str, float]] = []
+    read_main, write = diff_step.read_main, runner.write_unit
+
+    def main_task(*args, **kwargs):
+        started.append(("main", clock.now()))
+        if len(started) == 1:
+            clock.advance_to(close)
+        return read_main(*args, **kwargs)
+
+    def unit(*args, **kwargs):
+        started.append(("unit", clock.now()))
+        return write(*args, **kwargs)
+
+    monkeypatch.setattr(diff_step, "read_main", main_task)
+    monkeypatch.setattr(runner, "write_unit", unit)
+    job = sensor.backfill(source=source, run_between=WINDOW, tz=BERLIN, max_concurrency=1).wait()
+
+    assert started == [("main", at("2030-01-07T05:50")), ("main", reopen)] + [("unit", reopen)] * 3
+    assert clock.waits == [(close, reopen)]
+    totals = job.diff()["totals"]
+    assert totals["rows_before"] == totals["in_both"] == existing.num_rows
+    assert sort_rows(sensor.refresh().to_arrow()).equals(sort_rows(reference_merge(existing, source)))
 
 
 def test_publish_waits_for_the_window_between_its_commits(lake, sensor, clock):

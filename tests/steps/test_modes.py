@@ -101,7 +101,8 @@ def test_dry_run_reports_and_changes_nothing(sensor, readings, lake):
     assert report["units"] == 5 and report["files"] == 0
     assert report["estimated_cost"]["aws_usd"] > 0 and "assumptions" in report["estimated_cost"]
     assert lake.runtime.store.leases() == []
-    assert not Path(lake.runtime.config.staging.removeprefix("file://"), job.id).exists()
+    scratch = Path(lake.runtime.config.staging.removeprefix("file://"), job.id)  # all that is left: the predicted diff
+    assert sorted(str(p.relative_to(scratch)) for p in scratch.rglob("*")) == ["diff", "diff/job.json", "diff/job.parquet"]
 
 
 def test_publish_by_day_commits_one_chunk_per_day(sensor, readings):

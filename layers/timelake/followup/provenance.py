@@ -45,7 +45,17 @@ SCHEMA = pa.schema([
     pa.field("rows_outside_range", pa.int64()),
     pa.field("chunks", pa.int32()),
     pa.field("snapshot_ids", pa.list_(pa.int64())),
+    pa.field("reason", pa.string()),
+    pa.field("diff_rows_before", pa.int64()),
+    pa.field("diff_rows_after", pa.int64()),
+    pa.field("diff_only_before", pa.int64()),
+    pa.field("diff_only_after", pa.int64()),
+    pa.field("diff_in_both", pa.int64()),
+    pa.field("diff_changed", pa.int64()),
+    pa.field("diff", pa.string()),
 ])
+DIFF_TOTALS = ("rows_before", "rows_after", "only_before", "only_after", "in_both", "changed")
+SAMPLES_KEPT = 20  # sample rows of each kind the row keeps
 
 
 def job_hash(spec: dict[str, Any]) -> str:
@@ -61,18 +71,28 @@ def engine_version() -> str:
 
 
 def summary_properties(job: JobRecord) -> dict[str, str]:
-    """Facts every publish commit carries in its snapshot summary."""
-    return {
+    """Facts every publish commit carries in its snapshot summary: how the job ran, why (its reason),
+    and what it changed in its range (its diff's totals)."""
+    properties = {
         "timelake.mode": job.spec["mode"],
         "timelake.source": job.state.get("source_uri") or job.spec["source"],
         "timelake.source-fingerprint": job.state.get("source_fingerprint") or "",
         "timelake.job-hash": job_hash(job.spec),
         "timelake.engine-version": engine_version(),
     }
+    if job.spec.get("reason"):
+        properties["timelake.reason"] = job.spec["reason"]
+    totals = (job.state.get("diff_job") or {}).get("totals")
+    if totals:
+        properties.update({f"timelake.diff.{name.replace('_', '-')}": str(totals[name]) for name in DIFF_TOTALS})
+    return properties
 
 
-def record(rt: Runtime, job: JobRecord, units: list[UnitRecord]) -> None:
-    """Add the job's row to ``timelake.backfills`` once (a resume finds it and adds nothing)."""
+def record(rt: Runtime, job: JobRecord, units: list[UnitRecord], diff: dict[str, Any] | None = None) -> None:
+    """Add the job's row to ``timelake.backfills`` once (a resume finds it and adds nothing), with its
+    reason and, for a job with a diff, its totals and its summary (per column, per day, the most changed
+    series and sample rows side by side) as JSON, so the explanation stays with the table whatever
+    becomes of the job's scratch files."""
     from timelake.model.report import build_report
 
     table = _table(rt)
@@ -90,7 +110,9 @@ def record(rt: Runtime, job: JobRecord, units: list[UnitRecord]) -> None:
         "rows_conflicting_existing": report["rows_conflicting_existing"],
         "rows_rejected": report["rows_rejected"]["total"], "rows_outside_retention": report["rows_outside_retention"],
         "rows_outside_range": report["rows_outside_range"], "chunks": len(report["published_chunks"]),
-        "snapshot_ids": report["published_snapshot_ids"],
+        "snapshot_ids": report["published_snapshot_ids"], "reason": job.spec.get("reason"),
+        "diff": json.dumps(_kept(diff)) if diff else None,
+        **{f"diff_{name}": (diff or {}).get("totals", {}).get(name) for name in DIFF_TOTALS},
     }
     rows = pa.Table.from_pylist([row], schema=SCHEMA).cast(table.schema().as_arrow())
     with_retry(table, lambda current: current.append(rows), "provenance")
@@ -108,7 +130,7 @@ def history(rt: Runtime, table_name: str | None = None) -> pa.Table:
 
 def _table(rt: Runtime) -> Any:
     try:
-        return rt.catalog.load_table(TABLE)
+        return _current(rt.catalog.load_table(TABLE))
     except NoSuchTableError:
         pass
     try:
@@ -120,3 +142,27 @@ def _table(rt: Runtime) -> Any:
         return rt.catalog.create_table(TABLE, schema=SCHEMA, properties={"comment": "one row per published backfill"})
     except TableAlreadyExistsError:
         return rt.catalog.load_table(TABLE)
+
+
+def _kept(diff: dict[str, Any]) -> dict[str, Any]:
+    """The diff as a row keeps it: every day and column, the most changed series, and the first
+    `SAMPLES_KEPT` sample rows of each kind (the job's own summary keeps a few a day)."""
+    return {**{k: v for k, v in diff.items() if k != "cells"},
+            "samples": {kind: rows[:SAMPLES_KEPT] for kind, rows in diff.get("samples", {}).items()}}
+
+
+def _current(table: Any) -> Any:
+    """The provenance table with every column this version records: a table an earlier version created
+    gains the new ones (optional, so its older rows read them as null)."""
+    missing = [f for f in SCHEMA if f.name not in table.schema().column_names]
+    if not missing:
+        return table
+
+    def evolve(current: Any) -> Any:
+        if all(f.name in current.schema().column_names for f in missing):
+            return current
+        with current.update_schema() as update:
+            update.union_by_name(pa.schema([f.with_nullable(True) for f in missing]))
+        return current.refresh()
+
+    return with_retry(table, evolve, "provenance schema")

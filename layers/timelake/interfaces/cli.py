@@ -133,7 +133,7 @@ def _parse_map(text: str | None) -> dict[str, str]:
 
 
 #: run-command parameters named differently from the job field they set (the others share its name)
-PARAM_FIELDS = {"map_": "map", "fmt": "format", "approval_timeout": "approval_timeout_seconds"}
+PARAM_FIELDS = {"map_": "map", "fmt": "format", "approval_timeout": "approval_timeout_seconds", "no_diff": "diff"}
 
 
 def field_help(name: str) -> str:
@@ -188,6 +188,8 @@ def run(
     from_sql: Annotated[str | None, typer.Option("--from-sql", help="A DuckDB query as the source (sets source "
                                                     "'duckdb:' and the query field)")] = None,
     measurement: Annotated[str | None, typer.Option("--measurement", help=field_help("measurement"))] = None,
+    reason: Annotated[str | None, typer.Option("--reason", metavar="TEXT", help=field_help("reason"))] = None,
+    no_diff: Annotated[bool, typer.Option("--no-diff", help=field_help("diff"))] = False,
     precision: Annotated[str | None, typer.Option("--precision", help=field_help("precision"))] = None,
     null_values: Annotated[list[str] | None, typer.Option("--null-values", help=field_help("null_values"))] = None,
     on_bad_value: Annotated[str | None, typer.Option("--on-bad-value", help=field_help("on_bad_value"))] = None,
@@ -225,7 +227,7 @@ def run(
         "max_rejected": max_rejected, "states_column": states_column, "thousands": thousands,
         "id_columns": [c.strip() for c in id_columns.split(",") if c.strip()] if id_columns else None,
         "key_separator": key_separator, "skip_after_header": skip_after_header,
-        "run_between": run_between, "run_tz": run_tz,
+        "run_between": run_between, "run_tz": run_tz, "reason": reason, "diff": False if no_diff else None,
     }
     fields.update({k: v for k, v in given.items() if v is not None})
     fields["table"] = table
@@ -403,6 +405,37 @@ def history(table: str, as_json: JsonFlag = False, warehouse: Warehouse = None, 
          r["source_uri"], f"{r['rows_written']:,}",
          f"{r['rows_duplicate_in_source'] + r['rows_conflicting_existing'] + r['rows_rejected']:,}",
          ", ".join(map(str, r["snapshot_ids"]))] for r in rows], f"no published backfills on {table}")
+
+
+@backfill_app.command("diff")
+def diff_job(
+    job_id: str,
+    html_file: Annotated[Path | None, typer.Option("--html", help="Also write a standalone HTML page")] = None,
+    as_json: JsonFlag = False, warehouse: Warehouse = None, catalog: CatalogName = None, on: On = "local",
+) -> None:
+    """What JOB changes in its range (replace, merge): rows only before, only after, in both, values
+    changed, and each column's sum and count before and after, per day and series, with sample rows side
+    by side; a dry run's prediction, or a waiting canary's day."""
+    from timelake.followup.diffview import diff_text, page
+
+    lake = _deployed_lake() if _on_aws(on) else _job_lake(warehouse, catalog, job_id)
+    found = lake.job(job_id).diff()
+    cells = found.pop("cells")
+    if html_file:
+        html_file.write_text(page(found, cells))
+    if as_json:
+        out.print_json(json.dumps({**found, "cells": cells.to_pylist() if cells is not None else None}, default=str))
+        return
+    scope = "the canary day of " if found["scope"] == "canary" else ""
+    out.print(safe(f"diff of {scope}job {job_id} on {found['table']} ({found['mode']}), {found['range']['start']} … "
+                   f"{found['range']['end']}" + (": predicted by the dry run" if found["predicted"] else "")), soft_wrap=True)
+    if found.get("reason"):
+        out.print(safe(f"  reason: {found['reason']}"), soft_wrap=True)
+    out.print(diff_text(found), end="", soft_wrap=True)
+    if cells is None:
+        out.print("  (the summary kept in timelake.backfills: the job's scratch files, with every cell, are gone)")
+    if html_file:
+        out.print(f"  page: {html_file}", soft_wrap=True)
 
 
 @backfill_app.command("schema")

@@ -19,6 +19,7 @@ from rich.table import Column
 from rich.table import Table as RichTable
 
 from timelake.errors import BackfillError, Interrupted
+from timelake.followup.diffview import diff_line, diff_text
 from timelake.interfaces.lake import Lake
 from timelake.model.report import INTERRUPTED, progress, report_of
 from timelake.model.spec import printable
@@ -244,7 +245,7 @@ def print_report(r: dict[str, Any]) -> None:
     grid.add_column()
     span = r["time_range"] or {}
     rows = [
-        ("mode", r["mode"]), ("source", r["source"]),
+        ("mode", r["mode"]), ("reason", r.get("reason")), ("source", r["source"]),
         ("time range", f"{span['min']} … {span['max']}" if span.get("min") else None),
         ("rows in source", r["rows_in_source"]), ("rows written", r["rows_written"]),
         ("rows replaced", r["rows_replaced"] if r["mode"] == "replace" else None),
@@ -263,6 +264,7 @@ def print_report(r: dict[str, Any]) -> None:
         ("quiet hours", _quiet(r.get("quiet_hours"))),
         ("settings changed", "; ".join(", ".join(f"{k} {v:,}" for k, v in change.items() if k != "at")
                                        for change in r.get("settings_changes", [])) or None),
+        ("diff" + (" (predicted)" if r["dry_run"] else ""), diff_line(r["diff"]) if r.get("diff") else None),
         ("published snapshots", ", ".join(map(str, r["published_snapshot_ids"])) or "none"),
         ("elapsed", duration(r["elapsed_seconds"])),
     ]
@@ -339,6 +341,9 @@ def print_canary(c: dict[str, Any], job_id: str, deadline: str | None) -> None:
         src, staged = col["source"], col["staged"]
         columns.add_row(col["column"], *(str(x) for x in (src["min"], src["max"], src["nulls"], staged["min"], staged["max"], staged["nulls"])))
     out.print(columns)
+    if c.get("diff"):
+        out.print(f"what the day changes on main: {diff_line(c['diff'])}", soft_wrap=True)
+        out.print(diff_text(c["diff"], days=True), end="", soft_wrap=True)
     p = c["projected"]
     speed = f"; {p['canary_rows_per_second']:,} rows/s in the canary" if p["canary_rows_per_second"] else ""
     out.print(f"whole job: {p['rows_in_scope']:,} rows in scope, ~{p['rows_written']:,} to write, {p['units']} unit(s) / "

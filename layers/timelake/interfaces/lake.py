@@ -44,6 +44,7 @@ from timelake.ports.store import JobRecord, Lease
 from timelake.runner import run_job
 from timelake.steps.abort import abort, request_abort
 from timelake.steps.canary import approve as approve_canary
+from timelake.steps.diff import find as find_diff
 from timelake.steps.schedule import change_settings
 
 
@@ -404,6 +405,14 @@ class Job:
     def report(self) -> dict[str, Any]:
         store = self.lake.runtime.store
         return report_of(store, self.id)
+
+    def diff(self) -> dict[str, Any]:
+        """What the job changes in its range (replace and merge; a dry run's prediction, a waiting
+        canary's day): totals, per column, per day, the most changed series and sample rows side by side,
+        with every (day, series) cell as an Arrow table under ``cells`` (None when only the summary in
+        ``timelake.backfills`` is left)."""
+        summary, cells = find_diff(self.lake.runtime, self.id)
+        return {**summary, "cells": cells}
 
     def abort(self) -> dict[str, Any]:
         """Stop the job and remove every trace of it that is not on main (branch, files, lease)."""

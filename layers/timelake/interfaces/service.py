@@ -26,6 +26,7 @@ from timelake.ports.runtime import LakeConfig, Runtime
 from timelake.ports.store import JobRecord
 from timelake.runner import TERMINAL, record_failure, reopen
 from timelake.steps import canary
+from timelake.steps.diff import finish_dry_run, pending_main_tasks
 from timelake.steps.plan import cut, pending_pieces, plan, write_json
 from timelake.steps.schedule import closed_until
 from timelake.steps.validate import plan_checks
@@ -64,6 +65,12 @@ class UnitEvent(JobEvent):
 
 class PieceEvent(JobEvent):
     piece: int
+
+
+class MainTaskEvent(JobEvent):
+    """One item of a job's main tasks (`timelake.steps.diff`), which the write Lambda runs before the units."""
+
+    main_task: int
 
 
 class PublishEvent(JobEvent):
@@ -173,28 +180,38 @@ def _has_window(rt: Runtime, job_id: str) -> bool:
 
 
 def cut_units(rt: Runtime, job_id: str) -> dict[str, Any]:
-    """Cut step of the workflow: merge the scans into work units (once), then list the units still to
-    write; a dry run, or a job that already ended, has nothing to write and returns its report."""
+    """Cut step of the workflow: merge the scans into work units (once), then list what the write Map
+    runs next: the main tasks of the job's diff not done yet (``more``: the workflow comes back here
+    after them), else the units still to write (a dry run's too, which comes back to be finished). A
+    dry run that is over, or a job that already ended, has nothing to write and returns its report."""
     job = rt.store.get_job(job_id)
     spec = JobSpec.model_validate(job.spec)
     if job.phase in ("scanning", "scanned"):
         cut(rt, job_id)
+        job = rt.store.get_job(job_id)
+    only = canary.select(rt, job_id) if job.phase not in TERMINAL and canary.wanted(job) else None  # a canary's day first
+    chosen = rt.store.get_job(job_id).state.get("canary") if only is not None else None
+    span = (chosen["start"], chosen["end"]) if chosen else None
+    tasks = pending_main_tasks(rt, job_id, span) if job.phase not in TERMINAL else []
+    pending = [u.unit_id for u in rt.store.units(job_id) if u.status != "done" and (only is None or u.unit_id in only)] \
+        if job.phase not in TERMINAL and not tasks else []
+    if spec.dry_run and job.phase not in TERMINAL and not tasks and not pending:
+        finish_dry_run(rt, job_id)
         job = rt.store.get_job(job_id)
     if job.phase in TERMINAL:
         if job.phase == "failed_validation":
             raise ValidationFailed(f"job {job_id} failed validation; nothing was published. Start a new job")
         return {"job_id": job_id, "dry_run": job.phase == "dry_run_complete", "finished": True,
                 "report": summary(rt, job_id), "manifest": None, "units_pending": 0, "max_concurrency": 1,
-                "canary": False, "approval_timeout_seconds": spec.approval_timeout_seconds}
-    only = canary.select(rt, job_id) if canary.wanted(job) else None  # a canary writes its day's units first
-    pending = [u.unit_id for u in rt.store.units(job_id) if u.status != "done" and (only is None or u.unit_id in only)]
+                "canary": False, "more": False, "approval_timeout_seconds": spec.approval_timeout_seconds}
     if job.phase == "planned":
         rt.store.update_job(job_id, "writing")
-    manifest = write_json(rt, job_id, f"pending-units-{time.time_ns()}.json",
-                          [{"job_id": job_id, "unit_id": u} for u in pending])
-    return {"job_id": job_id, "dry_run": False, "finished": False, "report": None, "units_pending": len(pending),
+    items = [{"job_id": job_id, "main_task": t} for t in tasks] or [{"job_id": job_id, "unit_id": u} for u in pending]
+    manifest = write_json(rt, job_id, f"pending-units-{time.time_ns()}.json", items)
+    return {"job_id": job_id, "dry_run": False, "finished": False, "report": None, "units_pending": len(items),
             "manifest": manifest, "max_concurrency": map_concurrency(job, "write"),
-            "canary": only is not None, "approval_timeout_seconds": spec.approval_timeout_seconds}
+            "canary": only is not None and not tasks, "more": bool(tasks) or spec.dry_run,
+            "approval_timeout_seconds": spec.approval_timeout_seconds}
 
 
 def list_checks(rt: Runtime, job_id: str) -> dict[str, Any]:

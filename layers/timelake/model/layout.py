@@ -190,12 +190,17 @@ def stream_range(table: IcebergTable, column: str, start_us: int | None, end_us:
     return _stream_tasks(scan, scan.plan_files(), column, start_us, end_us)
 
 
-def _stream_tasks(scan: Any, tasks: Any, column: str, start_us: int | None, end_us: int | None) -> pa.RecordBatchReader:
-    """The rows of ``scan``'s planned ``tasks`` in [start, end), a row group at a time where the file allows."""
+def _stream_tasks(scan: Any, tasks: Any, column: str, start_us: int | None, end_us: int | None,
+                  dictionaries: tuple[str, ...] = ()) -> pa.RecordBatchReader:
+    """The rows of ``scan``'s planned ``tasks`` in [start, end), a row group at a time where the file allows;
+    the text columns named in ``dictionaries`` dictionary-encoded (read so from Parquet: a few thousand
+    series, not a string a row)."""
     from pyiceberg.io.pyarrow import ArrowScan
 
     projection = scan.projection()
-    schema = projection.as_arrow()
+    plain = projection.as_arrow()
+    schema = pa.schema([f.with_type(pa.dictionary(pa.int32(), f.type)) if f.name in dictionaries else f for f in plain],
+                       metadata=plain.metadata)
     ids = {f.field_id: f.name for f in projection.fields}
     row_filter = time_filter(column, start_us, end_us)
 
@@ -207,9 +212,13 @@ def _stream_tasks(scan: Any, tasks: Any, column: str, start_us: int | None, end_
                 by_id = {int(f.metadata[b"PARQUET:field_id"]): f.name for f in parquet.schema_arrow
                          if f.metadata and b"PARQUET:field_id" in f.metadata}
                 if task.delete_files or not set(ids) <= set(by_id):
-                    yield from ArrowScan(scan.table_metadata, scan.io, projection, row_filter,
-                                         scan.case_sensitive).to_record_batches([task])
+                    for batch in ArrowScan(scan.table_metadata, scan.io, projection, row_filter,
+                                           scan.case_sensitive).to_record_batches([task]):
+                        yield from _encoded(pa.Table.from_batches([batch]), schema, dictionaries).to_batches()
                     continue
+                stored = [by_id[i] for i, name in ids.items() if name in dictionaries]
+                if stored:
+                    parquet = pq.ParquetFile(handle, read_dictionary=stored)
                 for batch in parquet.iter_batches(batch_size=1 << 20, columns=[by_id[i] for i in ids]):
                     rows = pa.Table.from_batches([batch]).rename_columns(list(ids.values()))
                     ts = micros(rows, column)
@@ -218,9 +227,23 @@ def _stream_tasks(scan: Any, tasks: Any, column: str, start_us: int | None, end_
                         keep &= ts >= start_us
                     if end_us is not None:
                         keep &= ts < end_us
-                    yield from (rows if keep.all() else rows.filter(pa.array(keep))).cast(schema).to_batches()
+                    yield from _encoded(rows if keep.all() else rows.filter(pa.array(keep)), schema, dictionaries).to_batches()
 
     return pa.RecordBatchReader.from_batches(schema, batches())
+
+
+def _encoded(rows: pa.Table, schema: pa.Schema, dictionaries: tuple[str, ...]) -> pa.Table:
+    """``rows`` in ``schema``: the columns named in ``dictionaries`` dictionary-encoded (as they are when
+    read so), the others cast."""
+    if not dictionaries:
+        return rows.cast(schema)
+    columns = []
+    for f in schema:
+        column = rows.column(f.name)
+        if f.name in dictionaries and not pa.types.is_dictionary(column.type):
+            column = pc.dictionary_encode(column.cast(f.type.value_type))
+        columns.append(column.cast(f.type))
+    return pa.Table.from_arrays(columns, schema=schema)
 
 
 def _range_scan(table: IcebergTable, column: str, start_us: int | None, end_us: int | None,
@@ -262,10 +285,11 @@ class SnapshotRange:
         tasks = self._scan.plan_files() if keep is None else main_tasks(table, self._scan.row_filter, keep, snapshot_id)
         self._tasks = [(*file_bounds(task.file, field), task) for task in tasks]
 
-    def batches(self, start_us: int, end_us: int) -> pa.RecordBatchReader:
-        """The snapshot's rows in [start, end), which must lie inside the planned range."""
+    def batches(self, start_us: int, end_us: int, dictionaries: tuple[str, ...] = ()) -> pa.RecordBatchReader:
+        """The snapshot's rows in [start, end), which must lie inside the planned range (``dictionaries``:
+        text columns to read dictionary-encoded)."""
         tasks = [task for lo, hi, task in self._tasks if lo is None or hi is None or (lo < end_us and hi >= start_us)]
-        return _stream_tasks(self._scan, tasks, self._column, start_us, end_us)
+        return _stream_tasks(self._scan, tasks, self._column, start_us, end_us, dictionaries)
 
 
 class MainReader:

@@ -238,6 +238,8 @@ def build_report(job: JobRecord, units: list[UnitRecord], notes: dict[str, dict[
         "files": sum(1 for u in units if u.result.get("path")),
         "bytes_written": sum(u.result.get("bytes", 0) for u in units),
         "overlap_existing_rows": s.get("overlap_existing_rows", conflicts),
+        "reason": job.spec.get("reason"),
+        "diff": s.get("diff_job"),  # replace and merge: what the job changes in its range (totals, per column)
         "rows_replaced": s.get("rows_replaced", 0),  # replace mode: rows of main's range the job took over
         "rows_existing_in_range": s.get("rows_existing_in_range"),
         "estimated_cost": s.get("estimated_cost"),

@@ -32,6 +32,7 @@ _PASSWORD_PARAMS = {"password", "passwd", "pwd", "pass", "sslpassword"}
 PASSWORD_WAYS = "pass it through PGPASSWORD, password_env=VAR or secret=ARN"
 MAX_ASSERTIONS, MAX_ASSERTION_CHARS = 100, 64 * 1024
 MAX_DOCUMENT_BYTES, MAX_NESTING = 1024 * 1024, 32
+MAX_REASON_CHARS = 2000
 FIRST_YEAR, LAST_YEAR = 1, 9998
 MAX_CONCURRENCY = 10_000
 #: UTC microseconds of 9999-01-01: the first instant past the last year a job may cover
@@ -153,6 +154,14 @@ class JobSpec(BaseModel):
         description="Rows per second read from the source by all workers together; 0: no limit (database default: "
         "250000); `timelake backfill set` changes it on a running job")
     measurement: str | None = Field(default=None, description="InfluxDB measurement to read (default: the table's name)")
+    reason: str | None = Field(
+        default=None, max_length=MAX_REASON_CHARS,
+        description="Why the job runs, e.g. the definition it loads under ('calibration v2: offset fixed'); kept in "
+        "timelake.backfills and in the publish snapshots' summary")
+    diff: StrictBool = Field(
+        default=True, description="Replace and merge jobs report what they change in their range, per day and series "
+        "(rows only before, only after, in both, values changed, sum and count deltas: `timelake backfill diff JOB`); "
+        "false (`--no-diff`) leaves it out and spares reading main's rows of the range once more")
     precision: TimeUnit | None = Field(default=None, description="Timestamp unit of line-protocol files (default ns)")
 
     @field_validator("tz")
@@ -215,6 +224,17 @@ class JobSpec(BaseModel):
         if len(parts) < 2 or not all(p.strip() == p and p and p.isprintable() for p in parts) or len(table) > 255:
             raise ValueError(f"table '{printable(table)[:100]}' must be namespace.name, e.g. iot.sensor")
         return table
+
+    @field_validator("reason")
+    @classmethod
+    def _reason_text(cls, reason: str | None) -> str | None:
+        """One line of text: it lands in a snapshot summary and in a table row that any engine shows."""
+        if reason is not None:
+            if not reason.strip():
+                raise ValueError("reason is empty; say why the job runs, or leave it out")
+            if not reason.isprintable():
+                raise ValueError("reason holds control characters (a newline, a tab); give one line of text")
+        return reason
 
     @field_validator("assertions")
     @classmethod

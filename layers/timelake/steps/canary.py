@@ -4,7 +4,8 @@
 is planned and leased, but only the units whose partition holds the canary day are written and
 staged on the branch; the checks run over that day alone, and the job stops in phase
 ``awaiting-approval`` with a report a person can judge (counts and checks, sample rows through the
-mapping, column statistics, projections for the whole job). ``approve`` lets the job go on: the
+mapping, column statistics, what the day changes on main (its diff, `timelake.steps.diff`),
+projections for the whole job). ``approve`` lets the job go on: the
 canary's snapshot stays at the branch head, where it keeps its files safe from other engines' cleanup
 while the other units are written, and the stage step commits the rest on top of it (the canary's
 files are never rewritten); ``abort`` is the ordinary abort.
@@ -22,6 +23,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from timelake.errors import Aborted, BackfillError, InvalidJob
+from timelake.model.diff import plain
 from timelake.model.layout import read_range
 from timelake.model.report import AWAITING, approval_deadline
 from timelake.model.spec import JobSpec
@@ -30,7 +32,7 @@ from timelake.ports.files import filesystem
 from timelake.ports.runtime import Runtime
 from timelake.ports.store import JobRecord, UnitRecord
 from timelake.sources.base import SourceBatch
-from timelake.steps import spill
+from timelake.steps import diff, spill
 from timelake.steps.abort import abort
 from timelake.steps.plan import context, job_table
 from timelake.steps.scan import mapper_for, open_job_source, read_result
@@ -45,8 +47,9 @@ CANDIDATE_ROWS = 200  # mapped rows of the day looked at to pick the samples
 
 
 def wanted(job: JobRecord) -> bool:
-    """Whether the job asked for a canary that has not been approved yet."""
-    return bool(job.spec.get("canary")) and not job.state.get("canary_approved")
+    """Whether the job asked for a canary that has not been approved yet (a dry run writes no day first:
+    it predicts all of them)."""
+    return bool(job.spec.get("canary")) and not job.state.get("canary_approved") and not job.spec.get("dry_run")
 
 
 def select(rt: Runtime, job_id: str) -> list[str]:
@@ -90,8 +93,11 @@ def check(rt: Runtime, job_id: str, source: Any = None) -> dict[str, Any]:
     scoped = _day_state(job.state, units, snapshot_id)
     checks = run_checks(rt, job.spec, units, scoped)
     conclude(rt, job_id, checks, "writing", job.state["branch"])
+    changed = diff.conclude(rt, job_id, "canary", units, (chosen["start"], chosen["end"]))
     job = rt.store.get_job(job_id)
     report = build(rt, job, units, snapshot_id, source)
+    if changed is not None:  # what the day changes on main, before anyone approves it
+        report["diff"] = changed
     rt.store.update_job(job_id, AWAITING, canary_report=report, canary_snapshot_id=snapshot_id,
                         awaiting_since=time.time())
     return {"job_id": job_id, "phase": AWAITING, "day": chosen["day"], "passed": True}
@@ -260,10 +266,10 @@ def _samples(rt: Runtime, job: JobRecord, spec: JobSpec, table: Any, source: Any
     hits = existing_mask(mapped, existing, contract) if existing.num_rows else [False] * len(candidates)
     order = [i for i, hit in enumerate(hits) if hit][:SAMPLES_WITH_EXISTING]
     order += [i for i in range(len(candidates)) if i not in order][: SAMPLES - len(order)]
-    by_key = {tuple(_plain(r[k]) for k in contract.dedup_key): r for r in existing.to_pylist()} if any(hits) else {}
+    by_key = {tuple(plain(r[k]) for k in contract.dedup_key): r for r in existing.to_pylist()} if any(hits) else {}
     for i in order:
         raw, row, origin = candidates[i]
-        match = by_key.get(tuple(_plain(row[k]) for k in contract.dedup_key))
+        match = by_key.get(tuple(plain(row[k]) for k in contract.dedup_key))
         found["rows"].append({"origin": origin, "source": _jsonable(raw), "mapped": _jsonable(row),
                               "existing": _jsonable(match) if match else None,
                               "outcome": _outcome(spec.mode, match is not None)})
@@ -349,7 +355,7 @@ class _Stats:
         self.max = hi if self.max is None or hi > self.max else self.max
 
     def to_json(self) -> dict[str, Any]:
-        return {"rows": self.rows, "nulls": self.nulls, "min": _plain(self.min), "max": _plain(self.max)}
+        return {"rows": self.rows, "nulls": self.nulls, "min": plain(self.min), "max": plain(self.max)}
 
 
 def _projected(state: dict[str, Any], rows_in: int, written: int, seconds: float, units: int) -> dict[str, Any]:
@@ -367,15 +373,5 @@ def _projected(state: dict[str, Any], rows_in: int, written: int, seconds: float
     }
 
 
-def _plain(value: Any) -> Any:
-    if isinstance(value, datetime):
-        return value.isoformat()
-    if isinstance(value, date):
-        return value.isoformat()
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
-    return value
-
-
 def _jsonable(row: dict[str, Any] | None) -> dict[str, Any] | None:
-    return None if row is None else {k: _plain(v) for k, v in row.items()}
+    return None if row is None else {k: plain(v) for k, v in row.items()}

@@ -8,12 +8,15 @@ and, unless it is a dry run, takes the lease and creates the branch. A dry run c
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import json
 import math
 import os
+from collections import Counter
 
 import numpy as np
+import pyarrow.fs as pafs
 from datetime import UTC, datetime
 from typing import Any
 
@@ -21,8 +24,9 @@ from timelake.errors import InvalidJob, ValidationFailed
 from timelake.model.commit import collector_paused, with_retry
 from timelake.model.contract import Contract, writable_spec
 from timelake.model.cost import estimate_cost
-from timelake.model.layout import PartitionKey, partition_codes
-from timelake.model.lineage import PlanMark, planned_view
+from timelake.model.diff import compares
+from timelake.model.layout import PartitionKey, file_bounds, partition_codes, time_filter
+from timelake.model.lineage import PlanMark, main_tasks, planned_view
 from timelake.model.spec import FIRST_YEAR, LAST_MICROS, LAST_YEAR, JobSpec, current_spec
 from timelake.model.timeutil import (US_PER_DAY, floor_to, from_micros, iso, next_boundary, partition_starts,
                                      subtract_duration, to_micros)
@@ -106,7 +110,7 @@ def plan_direct(rt: Runtime, job_id: str, spec: JobSpec, ctx: ScanContext, src: 
     exactly as the write step would, and the spill's round trip is saved. Not for a dry run, which writes
     nothing, nor a canary, which writes one day before the person approves the rest, nor where the scan
     may not put data files (``scan_writes``: the AWS stack's scan role reads only)."""
-    if spec.dry_run or spec.canary or not rt.config.scan_writes:
+    if spec.dry_run or spec.canary or not rt.config.scan_writes or (spec.mode == "replace" and spec.diff):
         return 0
     pieces = src.pieces()
     bounds = src.column_bounds(mapper.source_of[ctx.contract.time_column]) if len(pieces) <= DIRECT_MAX_PIECES else None
@@ -250,12 +254,20 @@ def cut(rt: Runtime, job_id: str) -> dict[str, Any]:
         rejects.CHECK: rejects.budget(spec, total.rows_in_source, total.issues),
     }
     over_budget = rejects.failure(state[rejects.CHECK], total.issues)
+    predicts = compares(spec.mode, spec.diff)
     if spec.dry_run:
         state.update(overlap_existing_rows=total.overlap_existing_rows,
                      rows_duplicate_in_source=total.duplicates_in_source,
                      would_fail=dst_failure(total, spec.dst_policy) or over_budget)
-        clear_staging(rt, job_id)
-        rt.store.update_job(job_id, "dry_run_complete", **state)
+        if not predicts:
+            clear_staging(rt, job_id)
+            rt.store.update_job(job_id, "dry_run_complete", **state)
+            return {"job_id": job_id, "dry_run": True, "units": len(units)}
+        # the diff is predicted as the run counts it: units sort their rows and compare, writing nothing
+        state["diff"] = plan_main_tasks(rt, job_id, table, contract, spec.mode, range_start, range_end, units,
+                                        PlanMark.at(table), spec.max_concurrency or os.cpu_count() or 1)
+        rt.store.put_units(job_id, units)
+        rt.store.update_job(job_id, "planned", **state)
         return {"job_id": job_id, "dry_run": True, "units": len(units)}
     refuse_dst(total, spec.dst_policy)
     if over_budget:  # before the lease and the branch: nothing to write, nothing to undo
@@ -269,6 +281,9 @@ def cut(rt: Runtime, job_id: str) -> dict[str, Any]:
     if mark.snapshot_id is not None:  # on an empty table, stage creates the branch at its own snapshot: main gets no commit
         fork_branch(table, branch, mark.snapshot_id)
     state.update(branch=branch, **mark.state())
+    if predicts:
+        state["diff"] = plan_main_tasks(rt, job_id, table, contract, spec.mode, range_start, range_end, units, mark,
+                                        spec.max_concurrency or os.cpu_count() or 1)
     rt.store.put_units(job_id, units)
     write_json(rt, job_id, "units.json", [{"job_id": job_id, "unit_id": u.unit_id} for u in units])
     rt.store.update_job(job_id, "planned", **state)
@@ -344,6 +359,109 @@ def _cut_units(total: ScanResult, contract: Contract) -> list[UnitRecord]:
     return units
 
 
+MAIN_TASKS = "diff/main-tasks.json"  # the main tasks of a job with a diff: what each reads of main's range
+LOCAL = "diff/local.json"  # replace mode: the partitions whose one unit reads main's rows itself, and the others
+MAIN_TASK_BYTES = 256 << 20  # main's data file bytes a main task reads, at most (save one larger file)
+
+
+def plan_main_tasks(rt: Runtime, job_id: str, table: Any, contract: Contract, mode: str, start: int, end: int,
+                    units: list[UnitRecord], mark: PlanMark, parallelism: int) -> dict[str, Any]:
+    """Who reads main's rows of the job's range for its diff (`timelake.steps.diff`), each file once.
+
+    In replace mode a partition of one unit has its unit read main's rows there itself (``main_local``):
+    it compares with them as they come, and nothing is spilled. The main tasks read the rest: main's
+    data files at ``mark`` (the plan) in the other partitions, cut into about four tasks a worker, of at
+    most `MAIN_TASK_BYTES` each; in replace mode they spill what they read for the units of partitions
+    cut into several, and every unit learns the spills of the tasks whose span meets its partition.
+
+    A task is a time span and the files it reads there: files whose time bounds overlap form clusters,
+    consecutive clusters share a task up to the byte budget, and a cluster above it is shared by several
+    tasks of the same span, each with its own files (``files``; None: every file of the span). A
+    task's span, not only its files, is what lets it find the rows again should another engine expire
+    the plan's snapshot and compact the files before the task runs."""
+    parts = Counter(u.info["partition"] for u in units)
+    local = {name for name, count in parts.items() if count == 1} if mode == "replace" else set()
+    covered = _merged_spans([(max(u.info["start"], start), min(u.info["end"], end)) for u in units
+                             if u.info["partition"] in local])
+    spans: list[tuple[int, int, str, int]] = []
+    if mark.snapshot_id is not None:
+        field = table.schema().find_field(contract.time_column)
+        planned = main_tasks(table, time_filter(contract.time_column, start, end), lambda entry: True, mark.snapshot_id)
+        for task in planned:
+            lo, hi = file_bounds(task.file, field)
+            lo, hi = start if lo is None else max(lo, start), end if hi is None else min(hi + 1, end)
+            size = task.file.file_size_in_bytes + sum(d.file_size_in_bytes for d in task.delete_files)
+            if lo < hi and not _inside(covered, lo, hi):
+                spans.append((lo, hi, task.file.file_path, size))
+    total = sum(size for *_, size in spans)
+    budget = min(MAIN_TASK_BYTES, max(MIN_TASK_BYTES, total // (4 * max(parallelism, 1)) + 1))
+    tasks = _main_task_spans(sorted(spans), budget)
+    write_json(rt, job_id, MAIN_TASKS, tasks)
+    write_json(rt, job_id, LOCAL, {"local": sorted(local), "spilled": sorted(n for n, c in parts.items() if c > 1)
+                                   if mode == "replace" else []})
+    if mode == "replace":
+        for unit in units:
+            lo, hi = unit.info["start"], unit.info["end"]
+            unit.info["main_local"] = unit.info["partition"] in local
+            unit.info["main_spill"] = [] if unit.info["main_local"] else [
+                main_spill_uri(rt, job_id, i) for i, t in enumerate(tasks) if t["start"] < hi and t["end"] > lo]
+    return {"tasks": len(tasks), **mark.state()}
+
+
+def _merged_spans(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """[lo, hi) spans joined where they overlap or touch, sorted."""
+    merged: list[tuple[int, int]] = []
+    for lo, hi in sorted(spans):
+        if merged and lo <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], hi))
+        else:
+            merged.append((lo, hi))
+    return merged
+
+
+def _inside(spans: list[tuple[int, int]], lo: int, hi: int) -> bool:
+    """Whether [lo, hi) lies within one of the joined ``spans``."""
+    at = bisect.bisect_right(spans, (lo, float("inf"))) - 1
+    return at >= 0 and spans[at][0] <= lo and hi <= spans[at][1]
+
+
+def _main_task_spans(spans: list[tuple[int, int, str, int]], budget: int) -> list[dict[str, Any]]:
+    clusters: list[list[tuple[int, int, str, int]]] = []
+    for span in spans:
+        if clusters and span[0] < max(hi for _, hi, _, _ in clusters[-1]):
+            clusters[-1].append(span)
+        else:
+            clusters.append([span])
+    tasks: list[dict[str, Any]] = []
+    joined = 0  # bytes of the last task, while it takes whole clusters
+    for cluster in clusters:
+        lo, hi = cluster[0][0], max(h for _, h, _, _ in cluster)
+        size = sum(s for *_, s in cluster)
+        if size > budget:
+            part: list[str] = []
+            taken = 0
+            for _, _, path, bytes_ in cluster:
+                if part and taken + bytes_ > budget:
+                    tasks.append({"start": lo, "end": hi, "files": part, "rewrites": not any(t["start"] == lo for t in tasks)})
+                    part, taken = [], 0
+                part.append(path)
+                taken += bytes_
+            tasks.append({"start": lo, "end": hi, "files": part, "rewrites": not any(t["start"] == lo for t in tasks)})
+            joined = budget
+        elif tasks and tasks[-1]["files"] is None and joined + size <= budget:
+            tasks[-1]["end"] = hi
+            joined += size
+        else:
+            tasks.append({"start": lo, "end": hi, "files": None, "rewrites": True})
+            joined = size
+    return tasks
+
+
+def main_spill_uri(rt: Runtime, job_id: str, task: int) -> str:
+    """Where main task ``task`` spills main's rows (replace mode), by partition and series bucket."""
+    return rt.staging_path(job_id, "diff", "main", f"t{task:05d}.arrow")
+
+
 def _balance(buckets: dict[int, int], slices: int) -> list[list[int]]:
     """Series buckets cut into ``slices`` contiguous runs of nearly equal rows: a run of buckets is a run
     of batches in every spill file (see `timelake.steps.spill`), so a unit reads few, long byte ranges."""
@@ -360,10 +478,20 @@ def _balance(buckets: dict[int, int], slices: int) -> list[list[int]]:
     return groups
 
 
-def clear_staging(rt: Runtime, job_id: str) -> None:
+def clear_staging(rt: Runtime, job_id: str, keep: str | None = None) -> None:
+    """Delete the job's scratch files, all of them or all but the folder ``keep`` (a dry run's diff)."""
     fs, root = filesystem(rt.staging_path(job_id))
     with contextlib.suppress(FileNotFoundError):
-        fs.delete_dir(root)
+        if keep is None:
+            fs.delete_dir(root)
+            return
+        for entry in fs.get_file_info(pafs.FileSelector(root)):
+            if entry.base_name == keep:
+                continue
+            if entry.type == pafs.FileType.Directory:
+                fs.delete_dir(entry.path)
+            else:
+                fs.delete_file(entry.path)
 
 
 CHUNKS = "publish/chunks.json"  # the publish chunks, [start, end) each, as the first publish attempt cut them

@@ -40,6 +40,7 @@ from timelake.model.timeutil import floor_to, iso, next_boundary
 from timelake.ports.events import BACKFILL_PUBLISHED
 from timelake.ports.files import filesystem
 from timelake.ports.runtime import Runtime
+from timelake.steps import diff
 from timelake.steps.abort import ALL_COMMITTED, IN_FLIGHT, claim_commit, claim_publish, start_publish
 from timelake.steps.plan import CHUNKS, read_json, write_json
 from timelake.steps.redo import missing_files, refuse_drift, require_files
@@ -125,7 +126,8 @@ def _publish(rt: Runtime, job_id: str, max_chunks: int | None, between: Callable
     claim_publish(rt, job_id)
     retire(table, job_id, state["branch"])
     job = rt.store.update_job(job_id, published_chunks=published, publish_conflicts=late)
-    provenance.record(rt, job, units)
+    found = diff.load(rt, job_id, "job")
+    provenance.record(rt, job, units, found[0] if found else None)
     rt.store.release_lease(job_id)
     completion.update(rt, spec.table, state["range_start"], state["range_end"], known=written)  # the readers' completion signal
     _drop_spill(rt, job_id)
@@ -389,7 +391,9 @@ def _drop_late_conflicts(
 
 
 def _drop_spill(rt: Runtime, job_id: str) -> None:
+    """The scratch files no later step reads: the spill, and the diff's (its result stays)."""
     fs, path = filesystem(rt.staging_path(job_id, "spill"))
     with contextlib.suppress(FileNotFoundError):
         fs.delete_dir(path)
+    diff.drop_scratch(rt, job_id)
 

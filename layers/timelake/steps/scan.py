@@ -24,6 +24,7 @@ import pyarrow.parquet as pq
 
 from timelake.errors import DstRefused, InvalidJob
 from timelake.model.contract import Contract
+from timelake.model.diff import compared_columns, compares, facts_uri, write_facts
 from timelake.model.faults import checkpoint
 from timelake.model.issues import Issues
 from timelake.model.layout import (
@@ -41,7 +42,7 @@ from timelake.sources.mapping import Mapper, merge_examples
 from timelake.sources.resolve import open_spec_source
 from timelake.sources.wide import WideSource
 from timelake.steps import spill
-from timelake.steps.write import sorted_order, write_rows
+from timelake.steps.write import Compare, sorted_order, write_rows
 
 HELD_BYTES = 32 << 20  # rows a scan holds before spilling them all (coded: about 20 bytes a row of three columns)
 SAMPLE_ROWS = 1 << 15  # rows written to measure Parquet bytes per row: enough for the ratio, a few ms per task
@@ -393,13 +394,14 @@ def scan_task(rt: Runtime, ctx: ScanContext, job_id: str, task: int, pieces: ran
     src.read_dictionaries({mapper.source_of[name] for name in coded})
     result = ScanResult()
     spiller: _Spiller | None = None
-    if not ctx.spec.dry_run:
+    predicts = compares(ctx.spec.mode, ctx.spec.diff)  # a dry run of a job with a diff spills as the run would
+    if not ctx.spec.dry_run or predicts:
         direct = direct_plan(rt, job_id, task)
         main = _direct_main(ctx, direct)
         spiller = _Spiller(rt, job_id, task, ctx.target, ctx.contract.series_key, direct,
-                           lambda held, part, rows: _write_whole(table, ctx, job_id, result, held, part, rows, main),
+                           lambda held, part, rows: _write_whole(rt, table, ctx, job_id, result, held, part, rows, main),
                            spill.join_bytes(ctx.contract.target_file_size))
-    overlap = _OverlapCounter(ctx.contract) if ctx.spec.dry_run else None
+    overlap = _OverlapCounter(ctx.contract) if ctx.spec.dry_run and not predicts else None
     index = {names[p]: p for p in pieces}
     batches = throttle.read(src, [names[p] for p in pieces], throttle.budget(rt.store, ctx.spec, job_id, rt.clock))
     tally = Tally(rt.store, job_id, f"scan/{task}")  # what status shows while the task runs
@@ -477,11 +479,13 @@ def _direct_main(ctx: ScanContext, direct: dict[str, dict[str, Any]]) -> MainRea
     return MainReader(ctx.contract.time_column, min(lo for lo, _ in spans), max(hi for _, hi in spans), ctx.contract.dedup_key)
 
 
-def _write_whole(table: Any, ctx: ScanContext, job_id: str, result: ScanResult, spiller: _Spiller,
+def _write_whole(rt: Runtime, table: Any, ctx: ScanContext, job_id: str, result: ScanResult, spiller: _Spiller,
                  part: PartitionStats, rows: pa.Table, main: MainReader | None) -> bool:
     """Write a partition the task holds whole as its one unit's file, as the write step would have
-    (`write.write_rows`); False, leaving it to the spill, when the file would pass the target size
-    (measured by this task's sample) and so the partition needs several units."""
+    (`write.write_rows`, with its part of a merge job's diff); False, leaving it to the spill, when the
+    file would pass the target size (measured by this task's sample) and so the partition needs several
+    units. (A replace job with a diff writes no partition here: its units compare with main's rows,
+    which are read after the scan.)"""
     started = time.monotonic()
     per_row = result.sample_bytes / result.sample_rows if result.sample_rows else 1.0
     if rows.num_rows * per_row > ctx.contract.target_file_size:
@@ -490,8 +494,11 @@ def _write_whole(table: Any, ctx: ScanContext, job_id: str, result: ScanResult, 
     unit = UnitRecord(unit_id=f"{part.key.name}-0of1",
                       info={"spec_id": part.key.spec_id, "value": part.key.value, "start": lo, "end": hi})
     rows = spill.decoded(rows, spiller.dictionaries.values)
-    part.direct = {**write_rows(table, ctx.contract, ctx.spec.mode, job_id, unit, rows, main), "spill_bytes_read": 0,
-                   "seconds": round(time.monotonic() - started, 3)}
+    compare = Compare(compared_columns(ctx.target, ctx.contract)) if compares(ctx.spec.mode, ctx.spec.diff) else None
+    written, facts = write_rows(table, ctx.contract, ctx.spec.mode, job_id, unit, rows, main, compare)
+    if facts is not None:
+        write_facts(facts_uri(rt, job_id, "units", unit.unit_id), *facts)
+    part.direct = {**written, "spill_bytes_read": 0, "seconds": round(time.monotonic() - started, 3)}
     checkpoint("scan.direct")
     return True
 

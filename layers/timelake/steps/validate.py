@@ -32,6 +32,7 @@ from pyiceberg.manifest import DataFile
 from timelake.errors import ValidationFailed
 from timelake.model.commit import staged_files
 from timelake.model.contract import Contract
+from timelake.model.diff import decoded_columns, series_labels
 from timelake.model.layout import PartitionKey, SnapshotRange
 from timelake.model.lineage import Lineage, Origin, PlanMark, planned_view
 from timelake.model.spec import JobSpec
@@ -394,8 +395,11 @@ def _file_facts(contract: Contract, state: dict[str, Any], mains: dict[str, Snap
         parquet = pq.ParquetFile(handle, metadata=stored, read_dictionary=text or None)  # codes, not a string a row
         series = packed_series(contract)
         # the series are needed before the pass only to pack keys against main; else the pass collects them
+        # (a key of several columns as their values joined: the files of a partition share no series, not
+        # no value of its first column)
         first_series = contract.series_key[0] if contract.series_key else None
-        early = first_series is not None and (bool(mains and series) or first_series not in columns)
+        several = len(contract.series_key) > 1 and set(contract.series_key) <= set(columns)
+        early = first_series is not None and not several and (bool(mains and series) or first_series not in columns)
         if early and first_series is not None:
             facts.series = _distinct(parquet, first_series)
         seen: list[pa.Array] = []
@@ -404,7 +408,9 @@ def _file_facts(contract: Contract, state: dict[str, Any], mains: dict[str, Snap
         nears = {name: _Near(main.batches(lo, hi).read_all(), contract) for name, main in mains.items()} if packer is None else {}
         for batch in parquet.iter_batches(batch_size=BATCH_ROWS, columns=columns, use_threads=False):
             rows = pa.Table.from_batches([batch])
-            if first_series is not None and not early:
+            if several:
+                seen.append(series_labels(rows, contract.series_key)[1])
+            elif first_series is not None and not early:
                 seen.append(_unique(rows.column(first_series)))
             codes = sort_key_codes(rows, contract)
             unsorted_at, dup_mask = _order(codes.columns)
@@ -434,7 +440,9 @@ def _file_facts(contract: Contract, state: dict[str, Any], mains: dict[str, Snap
             last = {k: rows.column(k)[rows.num_rows - 1].as_py() for k in keys}
             offset += rows.num_rows
         time_type = parquet.schema_arrow.field(contract.time_column).type
-        if first_series is not None and not early:
+        if several:
+            facts.series = _sorted_distinct(seen, pa.string())
+        elif first_series is not None and not early:
             facts.series = _sorted_distinct(seen, parquet.schema_arrow.field(first_series).type)
     if packer is not None and packed is not None:
         for name, main in mains.items():
@@ -467,12 +475,6 @@ def _unique(column: pa.Array | pa.ChunkedArray) -> pa.Array:
     return pc.unique(values)
 
 
-def _plain(rows: pa.Table) -> pa.Table:
-    """``rows`` with dictionary-encoded columns decoded."""
-    return pa.table({name: pc.cast(column, column.type.value_type) if pa.types.is_dictionary(column.type) else column
-                     for name, column in zip(rows.column_names, rows.columns, strict=True)})
-
-
 class _Near:
     """Main's keys in one staged file's partition, sorted by series, so each batch of the (sorted) file is
     matched against the slice of them that holds its series only."""
@@ -492,7 +494,7 @@ class _Near:
     def hits(self, rows: pa.Table, codes: Any) -> pa.Table:
         """The keys of ``rows`` (a batch of a staged file) that main holds."""
         keys = list(self.contract.dedup_key)
-        rows = _plain(rows)
+        rows = decoded_columns(rows)
         near = self.rows
         if self.distinct is not None and self.ranks is not None and near.num_rows:
             mine_values = _unique(rows.column(self.series))

@@ -22,9 +22,14 @@ from pyiceberg.typedef import Record
 
 from timelake.model.commit import NAN_COUNTS, file_statistics
 from timelake.model.contract import Contract
+from timelake.model.diff import (
+    KINDS, SAMPLES, MainAtPlan, before_cells, cell_schema, cells_of, chunk_runs, combine, compared_columns, compares,
+    decoded_columns, differs, facts_uri, kept_runs, runs, sample, series_labels, weights_of, write_facts,
+)
 from timelake.model.layout import MainReader, stable_argsort, stream_range
 from timelake.model.lineage import planned_view
 from timelake.model.spec import JobSpec
+from timelake.model.timeutil import US_PER_DAY
 from timelake.ports.files import filesystem, make_parent
 from timelake.ports.runtime import Runtime
 from timelake.ports.store import UnitRecord
@@ -40,9 +45,10 @@ COMPACT_ROWS = 1 << 20
 RELEASE_BYTES = 64 << 20
 
 
-def write_unit(rt: Runtime, job_id: str, unit_id: str, main: MainReader | None = None) -> dict[str, Any]:
+def write_unit(rt: Runtime, job_id: str, unit_id: str, main: MainReader | MainAtPlan | None = None) -> dict[str, Any]:
     """Write step. Input: job id and unit id. Output: the unit's counts (also recorded in the store).
-    ``main`` is shared by the writers of one process so that merge mode plans main once."""
+    ``main`` is shared by the writers of one process so that main is planned once: merge mode's reader
+    of main now, or replace mode's of main at the plan, for the units that compare with it themselves."""
     try:
         return _write_unit(rt, job_id, unit_id, main)
     except Exception as exc:
@@ -50,7 +56,7 @@ def write_unit(rt: Runtime, job_id: str, unit_id: str, main: MainReader | None =
         raise
 
 
-def _write_unit(rt: Runtime, job_id: str, unit_id: str, main: MainReader | None) -> dict[str, Any]:
+def _write_unit(rt: Runtime, job_id: str, unit_id: str, main: MainReader | MainAtPlan | None) -> dict[str, Any]:
     job, unit = rt.store.job_and_unit(job_id, unit_id)
     if unit.status == "done":
         return unit.result
@@ -59,20 +65,56 @@ def _write_unit(rt: Runtime, job_id: str, unit_id: str, main: MainReader | None)
     table = planned_view(rt.load_table(spec.table), job.state)
     contract = Contract.from_table(table)
     read = spill.SpillRead()
-    rows = _read_slice(unit, table.schema().as_arrow(), contract, read)
-    result = write_rows(table, contract, spec.mode, job_id, unit, rows, main)
+    target = table.schema().as_arrow()
+    rows = _read_slice(unit, target, contract, read)
+    compare = None
+    wanted = compares(spec.mode, spec.diff) and bool(job.state.get("diff"))  # its main tasks were planned at the cut
+    if wanted and spec.mode == "replace" and unit.info.get("main_local"):
+        at_plan = main if isinstance(main, MainAtPlan) else MainAtPlan(
+            table, contract, job.state, job_id, spill.coded_columns(target, contract.series_key))
+        compare = Compare(compared_columns(target, contract), at_plan.batches(unit.info["start"], unit.info["end"]), True)
+    elif wanted:
+        compare = Compare(compared_columns(target, contract), _main_rows(unit, read) if spec.mode == "replace" else None)
+    merging = main if isinstance(main, MainReader) else None
+    result, facts = write_rows(table, contract, spec.mode, job_id, unit, rows, merging, compare, predict=spec.dry_run)
+    if facts is not None:
+        write_facts(facts_uri(rt, job_id, "units", unit_id), *facts)
     result["spill_bytes_read"] = read.bytes_read
     result["seconds"] = round(time.monotonic() - started, 3)
     rt.store.complete_unit(job_id, unit_id, result)
     return result
 
 
+@dataclass
+class Compare:
+    """What a unit compares its rows with for the job's diff (`timelake.model.diff`): the compared
+    columns and, in replace mode, main's rows of the unit's partition and series buckets as the plan
+    found them, a read at a time (None in merge mode, where main's rows stay as they are): read by
+    the unit itself when its partition is its own, else from the main tasks' spill."""
+
+    columns: list[str]
+    old: Iterable[pa.Table] | None = None
+    counts_before: bool = False  # the old rows are the partition's all (a unit of its own): count them too
+
+
+def _main_rows(unit: UnitRecord, counter: spill.SpillRead) -> Iterable[pa.Table]:
+    """Main's rows of the unit's partition and buckets, from the spills of the main tasks whose time span
+    meets the partition (`timelake.steps.diff`): the bytes of this unit's buckets only."""
+    return spill.read(unit.info.get("main_spill", []), (unit.info["spec_id"], unit.info["value"]), unit.info["buckets"], counter)
+
+
+Facts = tuple[pa.Table, dict[str, list[dict[str, Any]]]]
+
+
 def write_rows(table: Any, contract: Contract, mode: str, job_id: str, unit: UnitRecord, rows: pa.Table,
-               main: MainReader | None = None) -> dict[str, Any]:
+               main: MainReader | None = None, compare: Compare | None = None,
+               predict: bool = False) -> tuple[dict[str, Any], Facts | None]:
     """A unit's rows as its file: sorted, the last source row of each key kept, in merge mode the keys
-    main holds in the unit's partition dropped; returns what the unit records (counts, file, statistics).
-    The write step calls it on rows read from the spill; a scan on a partition it holds whole."""
+    main holds in the unit's partition dropped; returns what the unit records (counts, file, statistics)
+    and, with ``compare``, its part of the job's diff (cells and sample rows). ``predict`` (a dry run)
+    writes no file. The write step calls it on rows read from the spill; a scan on a partition it holds whole."""
     order, dup_sum, duplicates, codes = sorted_order(rows, contract)
+    starts = runs(codes.columns, len(contract.series_key)) if compare is not None else None
     conflicts, conflict_sum = 0, 0.0
     if mode == "merge" and len(order) and table.current_snapshot() is not None:
         existing = (main.batches(table, unit.info["start"], unit.info["end"]) if main is not None else
@@ -83,15 +125,187 @@ def write_rows(table: Any, contract: Contract, mode: str, job_id: str, unit: Uni
         del keyed
         if mask.any():
             order, conflicts, conflict_sum = _drop_marked(rows, order, mask, contract)
+            starts = kept_runs(starts, mask) if starts is not None else None
+    # replace mode packs the unit's keys in place of its sort codes, to match main's rows against them
+    pairs = _Pairs(rows, order, codes, contract) if compare is not None and compare.old is not None else None
     del codes  # the file is written from the rows and their order alone
+    facts = _compare(rows, order, starts, contract, compare, pairs) if compare is not None and starts is not None else None
+    del pairs
     result: dict[str, Any] = {
         "rows_in": rows.num_rows, "rows_written": len(order), "rows_duplicate_in_source": duplicates,
         "rows_conflicting_existing": conflicts, "duplicate_sum": dup_sum, "conflict_sum": conflict_sum,
         "path": None, "bytes": 0, "spec_id": unit.info["spec_id"], "value": unit.info["value"],
     }
-    if len(order):
+    if len(order) and not predict:
         result.update(write_file(table, rows, unit_path(table, job_id, unit), order))
-    return result
+    return result, facts
+
+
+def _compare(rows: pa.Table, order: np.ndarray, starts: np.ndarray, contract: Contract, compare: Compare,
+             pairs: "_Pairs | None") -> Facts:
+    """The unit's cells of the job's diff: its rows per day and series (the runs at ``starts`` in ``order``,
+    `diff.runs`), and in replace mode how they meet main's rows of the unit's slice (``pairs``): keys in
+    both, values that changed, rows only one side holds, with a few of each side by side. Main's rows
+    come a read at a time and the unit's values a chunk at a time, so the comparison adds a flag a row
+    (replace mode) to what the writer holds."""
+    columns = compare.columns
+    counted = _count_after(rows, order, starts, columns)
+    samples: dict[str, list[dict[str, Any]]] = {kind: [] for kind in KINDS}
+    firsts_at = rows.select(contract.sort_columns).take(pa.array(order[starts]))
+    codes_of, labels = series_labels(firsts_at, contract.series_key)
+    label = labels.take(pa.array(codes_of))
+    matched, before = None, []
+    if pairs is not None and compare.old is not None:
+        matched, before = _meet(rows, order, starts, contract, compare, pairs, counted, label, samples)
+    else:
+        counted["only_after"] = counted["rows_after"]
+    alone = _first_unmatched(matched, len(order), SAMPLES)
+    _sample_side(samples, "only_after", rows.take(pa.array(order[alone])), list(contract.dedup_key), columns, contract)
+    time_codes = firsts_at.column(contract.time_column).cast(pa.int64()).to_numpy(zero_copy_only=False)
+    after = cells_of(cell_schema(columns), time_codes // US_PER_DAY, label, counted)
+    return (combine([after, *before], columns) if before else after), samples
+
+
+def _count_after(rows: pa.Table, order: np.ndarray, starts: np.ndarray, columns: list[str]) -> dict[str, np.ndarray]:
+    """Per run (a cell), the rows written and each column's sum and non-null count: a sequential sum a
+    run, a chunk of the unit's values taken at a time."""
+    counted = {"rows_after": np.zeros(len(starts))}
+    for column in columns:
+        counted[f"{column}.count_after"] = np.zeros(len(starts))
+        counted[f"{column}.sum_after"] = np.zeros(len(starts))
+    for i in range(0, len(order), COMPACT_ROWS):
+        j = min(len(order), i + COMPACT_ROWS)
+        firsts, cells = chunk_runs(starts, i, j)
+        lengths = np.diff(np.append(firsts, j - i))
+        at = pa.array(order[i:j])
+        counted["rows_after"][cells] += lengths
+        for column in columns:
+            values, valid = weights_of(rows.column(column).take(at))
+            counted[f"{column}.count_after"][cells] += lengths if valid is None else np.add.reduceat(valid, firsts)
+            if values is not None:
+                counted[f"{column}.sum_after"][cells] += np.add.reduceat(values, firsts)
+    return counted
+
+
+def _meet(rows: pa.Table, order: np.ndarray, starts: np.ndarray, contract: Contract, compare: Compare, pairs: "_Pairs",
+          counted: dict[str, np.ndarray], label: pa.Array,
+          samples: dict[str, list[dict[str, Any]]]) -> tuple[np.ndarray, list[pa.Table]]:
+    """Replace mode: main's rows of the unit's slice, a read at a time, against the unit's: per cell the
+    keys in both, the rows and each column's values that changed, the rows only after (into
+    ``counted``), samples of each kind; which of the unit's rows main holds, and main's rows counted per
+    cell when the unit reads its partition's all (``compare.counts_before``)."""
+    columns, keys, size = compare.columns, list(contract.dedup_key), len(starts)
+    matched = np.zeros(len(order), dtype=bool)
+    before: list[pa.Table] = []
+    for name in ("in_both", "changed", *(f"{c}.changed" for c in columns)):
+        counted[name] = np.zeros(size)
+    for old in compare.old or ():
+        if compare.counts_before:
+            before.append(before_cells(old, columns, contract))
+        pos, at = pairs.of(old)
+        matched[pos] = True
+        cell = np.searchsorted(starts, pos, side="right") - 1
+        counted["in_both"] += np.bincount(cell, minlength=size)
+        any_changed = np.zeros(len(pos), dtype=bool)
+        if len(pos):
+            for column in columns:
+                changed = differs(old.column(column).take(pa.array(at)), rows.column(column).take(pa.array(order[pos])))
+                counted[f"{column}.changed"] += np.bincount(cell[changed], minlength=size)
+                any_changed |= changed
+        counted["changed"] += np.bincount(cell[any_changed], minlength=size)
+        _sample_pairs(samples, rows, order, old, pos[any_changed], at[any_changed],
+                      label.take(pa.array(cell[any_changed])), keys, columns, contract)
+        if len(samples["only_before"]) < SAMPLES:
+            alone = np.ones(old.num_rows, dtype=bool)
+            alone[at] = False
+            _sample_side(samples, "only_before", old.take(pa.array(np.flatnonzero(alone)[:SAMPLES])), keys, columns, contract)
+    counted["only_after"] = counted["rows_after"].copy()
+    for i in range(0, len(order), COMPACT_ROWS):
+        j = min(len(order), i + COMPACT_ROWS)
+        firsts, cells = chunk_runs(starts, i, j)
+        counted["only_after"][cells] -= np.add.reduceat(matched[i:j].astype(np.int32), firsts)
+    return matched, before
+
+
+def _first_unmatched(matched: np.ndarray | None, rows: int, count: int) -> np.ndarray:
+    """The first ``count`` positions not ``matched`` (all positions when nothing was matched against)."""
+    if matched is None:
+        return np.arange(min(rows, count))
+    found: list[np.ndarray] = []
+    for i in range(0, rows, COMPACT_ROWS):
+        found.append(np.flatnonzero(~matched[i:i + COMPACT_ROWS])[:count] + i)
+        if sum(len(f) for f in found) >= count:
+            break
+    return np.concatenate(found)[:count] if found else np.zeros(0, dtype=np.int64)
+
+
+class _Pairs:
+    """Matches main's rows with a unit's, key by key: by binary search among the unit's keys packed into
+    one int64 each (`KeyPacker`, in place of its sort codes) for the usual key, else by Arrow's join."""
+
+    def __init__(self, rows: pa.Table, order: np.ndarray, codes: KeyCodes, contract: Contract) -> None:
+        self.rows, self.order, self.contract = rows, order, contract
+        self.packer: KeyPacker | None = None
+        self.mine = np.empty(0, dtype=np.int64)
+        series = packed_series(contract)
+        if len(order) and codes.packs(contract) and codes.columns:
+            ranks, times = codes.columns[0], codes.columns[1]
+            self.packer = KeyPacker.fit(series, contract.time_column, codes.distinct[series], int(times.min()), int(times.max()))
+            if self.packer is not None:
+                reuse = times.flags.writeable and times.dtype == np.int64
+                self.mine = self.packer.pack(ranks, times, out=times if reuse else None)  # ascending: rows sorted, keys unique
+                codes.columns.clear()
+        self.keyed: pa.Table | None = None
+
+    def of(self, old: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+        """(positions in ``order``, row numbers of ``old``) of the rows whose keys are equal."""
+        if not len(self.order) or not old.num_rows:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        if self.packer is not None:
+            theirs, at = self.packer.pack_rows(old)
+            pos = np.minimum(np.searchsorted(self.mine, theirs), len(self.mine) - 1)
+            hit = self.mine[pos] == theirs
+            return pos[hit].astype(np.int64), at[hit].astype(np.int64)
+        keys = list(self.contract.dedup_key)
+        if self.keyed is None:
+            mine = decoded_columns(self.rows.select(keys).take(pa.array(self.order)))
+            self.keyed = mine.append_column("__mine", pa.array(np.arange(len(self.order))))
+        theirs = decoded_columns(old.select(keys)).cast(self.keyed.select(keys).schema)
+        theirs = theirs.append_column("__theirs", pa.array(np.arange(old.num_rows)))
+        joined = self.keyed.join(theirs, keys=keys, join_type="inner")
+        return (joined.column("__mine").to_numpy().astype(np.int64), joined.column("__theirs").to_numpy().astype(np.int64))
+
+
+def _sample_pairs(samples: dict[str, list[dict[str, Any]]], rows: pa.Table, order: np.ndarray, old: pa.Table,
+                  pos: np.ndarray, at: np.ndarray, labels: pa.Array, keys: list[str], columns: list[str],
+                  contract: Contract) -> None:
+    """Keep the first changed rows (in the table's order), before and after side by side; ``labels``: each
+    pair's series."""
+    room = SAMPLES - len(samples["changed"])
+    if room <= 0 or not len(pos):
+        return
+    first = np.argsort(pos, kind="stable")[:room]
+    after = rows.select(keys + columns).take(pa.array(order[pos[first]])).to_pylist()
+    before = old.select(columns).take(pa.array(at[first])).to_pylist()
+    for i, new, was in zip(first.tolist(), after, before):
+        key = {k: new[k] for k in keys}
+        samples["changed"].append(sample(key, contract.time_column, was, {c: new[c] for c in columns}, labels[i].as_py()))
+
+
+def _sample_side(samples: dict[str, list[dict[str, Any]]], kind: str, rows: pa.Table, keys: list[str],
+                 columns: list[str], contract: Contract) -> None:
+    """Keep a few rows that only one side holds."""
+    room = SAMPLES - len(samples[kind])
+    if room <= 0 or not rows.num_rows:
+        return
+    picked = rows.slice(0, room)
+    codes, labels = series_labels(picked, contract.series_key)
+    for i, row in enumerate(picked.select(keys + columns).to_pylist()):
+        values = {c: row[c] for c in columns}
+        key = {k: row[k] for k in keys}
+        label = labels[int(codes[i])].as_py()
+        samples[kind].append(sample(key, contract.time_column, values if kind == "only_before" else None,
+                                    values if kind == "only_after" else None, label))
 
 
 def _read_slice(unit: UnitRecord, target: pa.Schema, contract: Contract, counter: spill.SpillRead) -> pa.Table:
@@ -354,9 +568,11 @@ class KeyPacker:
     def pack_rows(self, rows: pa.Table | pa.RecordBatch) -> tuple[np.ndarray, np.ndarray]:
         """The packed keys of the ``rows`` that can match, and which rows those are."""
         column = rows.column(self.series)
-        if pa.types.is_dictionary(column.type):
-            column = pc.cast(column, column.type.value_type)
-        ranks = pc.index_in(column, value_set=self.distinct.cast(column.type))
+        if pa.types.is_dictionary(column.type):  # looked up per distinct value, not per row
+            single = column.unify_dictionaries().combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+            ranks = pc.index_in(single.dictionary, value_set=self.distinct.cast(single.type.value_type)).take(single.indices)
+        else:
+            ranks = pc.index_in(column, value_set=self.distinct.cast(column.type))
         times = _numpy(pc.cast(rows.column(self.time_column), pa.int64()))
         inside = _numpy(ranks.is_valid()) & (times >= self.base) & (times - self.base < 1 << self.time_bits)
         at = np.flatnonzero(inside)
