@@ -142,7 +142,7 @@ def write_rows(table: Any, contract: Contract, mode: str, job_id: str, unit: Uni
 
 
 def _compare(rows: pa.Table, order: np.ndarray, starts: np.ndarray, contract: Contract, compare: Compare,
-             pairs: "_Pairs | None") -> Facts:
+             pairs: _Pairs | None) -> Facts:
     """The unit's cells of the job's diff: its rows per day and series (the runs at ``starts`` in ``order``,
     `diff.runs`), and in replace mode how they meet main's rows of the unit's slice (``pairs``): keys in
     both, values that changed, rows only one side holds, with a few of each side by side. Main's rows
@@ -187,7 +187,7 @@ def _count_after(rows: pa.Table, order: np.ndarray, starts: np.ndarray, columns:
     return counted
 
 
-def _meet(rows: pa.Table, order: np.ndarray, starts: np.ndarray, contract: Contract, compare: Compare, pairs: "_Pairs",
+def _meet(rows: pa.Table, order: np.ndarray, starts: np.ndarray, contract: Contract, compare: Compare, pairs: _Pairs,
           counted: dict[str, np.ndarray], label: pa.Array,
           samples: dict[str, list[dict[str, Any]]]) -> tuple[np.ndarray, list[pa.Table]]:
     """Replace mode: main's rows of the unit's slice, a read at a time, against the unit's: per cell the
