@@ -86,7 +86,7 @@ def _grid(heads: list[str], rows: list[list[str]]) -> str:
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(heads)]
 
     def line(cells: list[str]) -> str:
-        return "    " + "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))) + "\n"
+        return "    " + "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))) + "\n"
 
     return line(heads) + "".join(line(r) for r in rows)
 

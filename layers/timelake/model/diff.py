@@ -366,7 +366,7 @@ def day_text(day: int) -> str:
 def decoded_columns(rows: pa.Table) -> pa.Table:
     """``rows`` with dictionary-encoded columns decoded."""
     return pa.table({name: pc.cast(column, column.type.value_type) if pa.types.is_dictionary(column.type) else column
-                     for name, column in zip(rows.column_names, rows.columns)})
+                     for name, column in zip(rows.column_names, rows.columns, strict=True)})
 
 
 def facts_uri(rt: Runtime, job_id: str, kind: str, name: str) -> str:

@@ -13,8 +13,10 @@ and units without writing any file into the table, so that it predicts the same 
 
 from __future__ import annotations
 
+import contextlib
 import json
 from concurrent.futures import ThreadPoolExecutor
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
@@ -133,7 +135,7 @@ def _first_of_days(rows: pa.Table, days: np.ndarray, series: np.ndarray, labels:
         day = int(present[i])
         at = np.flatnonzero(index == i)[:SAMPLES - per_day.get(day, 0)]
         per_day[day] = per_day.get(day, 0) + len(at)
-        for row_at, row in zip(at.tolist(), rows.select(keys + columns).take(pa.array(at)).to_pylist()):
+        for row_at, row in zip(at.tolist(), rows.select(keys + columns).take(pa.array(at)).to_pylist(), strict=True):
             found.append(sample({k: row[k] for k in keys}, contract.time_column, {c: row[c] for c in columns}, None,
                                 labels[int(series[row_at])].as_py()))
     return found
@@ -148,7 +150,7 @@ def pending_main_tasks(rt: Runtime, job_id: str, span: tuple[int, int] | None = 
     wanted = [i for i, t in enumerate(tasks) if span is None or (t["start"] < span[1] and t["end"] > span[0])]
     with ThreadPoolExecutor(max_workers=FACT_READERS) as pool:
         done = list(pool.map(lambda i: _exists(facts_uri(rt, job_id, "main", main_task_name(i))), wanted))
-    return [i for i, finished in zip(wanted, done) if not finished]
+    return [i for i, finished in zip(wanted, done, strict=True) if not finished]
 
 
 def _exists(uri: str) -> bool:
@@ -194,7 +196,7 @@ def conclude(rt: Runtime, job_id: str, scope: str = "job", units: list[UnitRecor
             writer.write_table(cells)
             days.append(grouped(cells, "day", columns))
             series.append(grouped(cells, "series", columns))
-            after = {plain(d) for d, n in zip(cells.column("day").to_pylist(), cells.column("rows_after").to_pylist()) if n}
+            after = {plain(d) for d, n in zip(cells.column("day").to_pylist(), cells.column("rows_after").to_pylist(), strict=True) if n}
             shown = {plain(d) for d in cells.column("day").to_pylist()}
             removed = [s for _, kept in main for s in kept.get("only_before", []) if s["day"] in shown and s["day"] not in after]
             samples.append(keep_samples([kept for _, kept in found] + [{"only_before": removed}]))
@@ -207,7 +209,8 @@ def conclude(rt: Runtime, job_id: str, scope: str = "job", units: list[UnitRecor
     fs, path = filesystem(rt.staging_path(job_id, "diff", f"{scope}.json"))
     with fs.open_output_stream(path) as out:
         out.write(json.dumps(summary).encode())
-    rt.store.update_job(job_id, **{f"diff_{scope}": _brief(summary)})
+    brief: dict[str, Any] = {f"diff_{scope}": _brief(summary)}
+    rt.store.update_job(job_id, **brief)
     return summary
 
 
@@ -220,7 +223,7 @@ def _stretches(units: list[UnitRecord], lo: int, hi: int) -> list[tuple[int, int
     and between partitions (a partition's units stay together)."""
     ordered = sorted(units, key=lambda u: (u.info["start"], u.unit_id))
     cuts, count = [lo], 0
-    for before, unit in zip([None, *ordered], ordered):
+    for before, unit in zip([None, *ordered[:-1]], ordered, strict=True):  # each unit with the one before it
         edge = max(unit.info["start"], lo)
         if before is not None and count >= GROUP_UNITS and edge % US_PER_DAY == 0 and edge > cuts[-1] \
                 and unit.info["start"] >= before.info["end"]:
@@ -229,7 +232,7 @@ def _stretches(units: list[UnitRecord], lo: int, hi: int) -> list[tuple[int, int
         count += 1
     cuts.append(hi)
     stretches = []
-    for first, last in zip(cuts, cuts[1:]):
+    for first, last in pairwise(cuts):
         group = [u for u in ordered if first <= max(u.info["start"], lo) < last]
         stretches.append((first, last, group))
     return stretches
@@ -239,7 +242,7 @@ def _facts(pool: ThreadPoolExecutor, rt: Runtime, job_id: str, kind: str,
            names: list[str]) -> list[tuple[pa.Table, dict[str, list[dict[str, Any]]]]]:
     """The cells and samples of main tasks or units, read many at once; one missing is an error."""
     found = list(pool.map(lambda name: read_facts(facts_uri(rt, job_id, kind, name)), names))
-    lost = [name for name, facts in zip(names, found) if facts is None]
+    lost = [name for name, facts in zip(names, found, strict=True) if facts is None]
     if lost:
         raise BackfillError(f"job {job_id}: the diff's facts of {len(lost)} {'main task' if kind == 'main' else 'unit'}(s) "
                             f"are missing (first: {lost[0]}); resume the job")
@@ -283,16 +286,12 @@ def drop_scratch(rt: Runtime, job_id: str) -> None:
     each task's and unit's cells."""
     for kind in ("main", "units"):
         fs, path = filesystem(rt.staging_path(job_id, "diff", kind))
-        try:
+        with contextlib.suppress(FileNotFoundError):
             fs.delete_dir(path)
-        except FileNotFoundError:
-            pass
     for name in (MAIN_TASKS, LOCAL):
         fs, path = filesystem(rt.staging_path(job_id, name))
-        try:
+        with contextlib.suppress(FileNotFoundError):
             fs.delete_file(path)
-        except FileNotFoundError:
-            pass
 
 
 def finish_dry_run(rt: Runtime, job_id: str) -> dict[str, Any] | None:

@@ -154,7 +154,8 @@ def _compare(rows: pa.Table, order: np.ndarray, starts: np.ndarray, contract: Co
     firsts_at = rows.select(contract.sort_columns).take(pa.array(order[starts]))
     codes_of, labels = series_labels(firsts_at, contract.series_key)
     label = labels.take(pa.array(codes_of))
-    matched, before = None, []
+    matched: np.ndarray | None = None
+    before: list[pa.Table] = []
     if pairs is not None and compare.old is not None:
         matched, before = _meet(rows, order, starts, contract, compare, pairs, counted, label, samples)
     else:
@@ -248,7 +249,7 @@ class _Pairs:
         self.packer: KeyPacker | None = None
         self.mine = np.empty(0, dtype=np.int64)
         series = packed_series(contract)
-        if len(order) and codes.packs(contract) and codes.columns:
+        if series is not None and len(order) and codes.packs(contract) and codes.columns:
             ranks, times = codes.columns[0], codes.columns[1]
             self.packer = KeyPacker.fit(series, contract.time_column, codes.distinct[series], int(times.min()), int(times.max()))
             if self.packer is not None:
@@ -287,7 +288,7 @@ def _sample_pairs(samples: dict[str, list[dict[str, Any]]], rows: pa.Table, orde
     first = np.argsort(pos, kind="stable")[:room]
     after = rows.select(keys + columns).take(pa.array(order[pos[first]])).to_pylist()
     before = old.select(columns).take(pa.array(at[first])).to_pylist()
-    for i, new, was in zip(first.tolist(), after, before):
+    for i, new, was in zip(first.tolist(), after, before, strict=True):
         key = {k: new[k] for k in keys}
         samples["changed"].append(sample(key, contract.time_column, was, {c: new[c] for c in columns}, labels[i].as_py()))
 
