@@ -101,8 +101,16 @@ def _events_resource(self: Any) -> str:
     return _arn("events", f"event-bus/{entries[0].get('EventBusName', 'default')}")
 
 
-# moto names some requests by their API operation where IAM names the permission differently.
-_IAM_ACTIONS = {"lambda:Invoke": "lambda:InvokeFunction", "s3:HeadBucket": "s3:ListBucket"}
+# moto names some requests by their API operation where IAM names the permission differently; from moto
+# 5.2.6 on every S3 request is named by its operation (HeadObject, ListObjectsV2, UploadPart, ...), which
+# AWS authorizes as the permissions below.
+_IAM_ACTIONS = {"lambda:Invoke": "lambda:InvokeFunction", "s3:HeadBucket": "s3:ListBucket",
+                "s3:HeadObject": "s3:GetObject", "s3:GetObjectAttributes": "s3:GetObject",
+                "s3:ListObjects": "s3:ListBucket", "s3:ListObjectsV2": "s3:ListBucket",
+                "s3:ListObjectVersions": "s3:ListBucketVersions", "s3:DeleteObjects": "s3:DeleteObject",
+                "s3:CreateMultipartUpload": "s3:PutObject", "s3:UploadPart": "s3:PutObject",
+                "s3:CompleteMultipartUpload": "s3:PutObject", "s3:CopyObject": "s3:PutObject",
+                "s3:ListMultipartUploads": "s3:ListBucketMultipartUploads", "s3:ListParts": "s3:ListMultipartUploadParts"}
 
 
 def _iam_action_names(init: Callable[..., None]) -> Callable[..., None]:
