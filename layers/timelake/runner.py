@@ -28,7 +28,7 @@ from timelake.model.limits import limits
 from timelake.model.report import NEXT_STEP
 from timelake.model.spec import MAX_CONCURRENCY, JobSpec, current_setting, current_spec
 from timelake.ports.runtime import Runtime
-from timelake.ports.store import TERMINAL, JobRecord, Lease
+from timelake.ports.store import TERMINAL, JobRecord, Lease, Phase
 from timelake.sources.postgres import is_postgres
 from timelake.steps import canary, diff
 from timelake.steps.abort import abort
@@ -93,7 +93,7 @@ def _run(rt: Runtime, job_id: str, source: Any, cancel: threading.Event | None) 
             _in_window(rt, job_id, cancel, f"before {step}")
         try:
             if step == "plan":
-                rt.store.update_job(job_id, "planning")
+                rt.store.update_job(job_id, Phase.PLANNING)
                 plan(rt, job_id, source)
             elif step == "scan":
                 _scan_all(rt, job_id, source, cancel)
@@ -124,7 +124,7 @@ def _run(rt: Runtime, job_id: str, source: Any, cancel: threading.Event | None) 
             elif step == "publish":
                 publish(rt, job_id, between=lambda: _in_window(rt, job_id, cancel, "between publish commits"))
                 if followup.needed(rt.load_table(job.table), JobSpec.model_validate(job.spec)):
-                    rt.store.update_job(job_id, "refreshing")
+                    rt.store.update_job(job_id, Phase.REFRESHING)
             elif step == "refresh":
                 followup.run(rt, job_id)
         except Aborted:
@@ -158,10 +158,10 @@ def reopen(rt: Runtime, job_id: str) -> JobRecord:
     """A failed job continues from the phase it failed in, taking its lease again (`LeaseConflict` if
     another job took the range meanwhile); any other job is returned as it is."""
     job = rt.store.get_job(job_id)
-    if job.phase == "failed":
+    if job.phase == Phase.FAILED:
         if "range_start" in job.state and not job.spec.get("dry_run"):
             rt.store.acquire_lease(Lease(job.table, job.state["range_start"], job.state["range_end"], job_id))
-        job = rt.store.update_job(job_id, job.state.get("failed_phase", "created"), error=None)
+        job = rt.store.update_job(job_id, Phase(job.state.get("failed_phase", Phase.CREATED)), error=None)
     return job
 
 
@@ -170,10 +170,10 @@ def record_failure(rt: Runtime, job_id: str, error: str) -> JobRecord:
     it is), and release its lease: a failed job holds no range until it is resumed, so the next job
     on that range is not refused because of it."""
     job = rt.store.get_job(job_id)
-    if job.phase in ("failed", "failed_validation", "aborted"):
-        return rt.store.update_job(job_id, error=error) if job.phase == "failed" else job
+    if job.phase in (Phase.FAILED, Phase.FAILED_VALIDATION, Phase.ABORTED):
+        return rt.store.update_job(job_id, error=error) if job.phase == Phase.FAILED else job
     rt.store.release_lease(job_id)
-    return rt.store.update_job(job_id, "failed", failed_phase=job.phase, error=error)
+    return rt.store.update_job(job_id, Phase.FAILED, failed_phase=job.phase, error=error)
 
 
 def _scan_all(rt: Runtime, job_id: str, source: Any, cancel: threading.Event | None) -> None:
@@ -195,12 +195,12 @@ def _scan_all(rt: Runtime, job_id: str, source: Any, cancel: threading.Event | N
     else:
         threads = is_postgres(spec.source) or job.state.get("source_bytes", 0) < setting(IN_PROCESS_SOURCE_BYTES)
         _fan_out(rt, job_id, "scan", pending, lambda job: _workers(job, connections), lambda: None, cancel, threads=threads)
-    rt.store.update_job(job_id, "scanned")
+    rt.store.update_job(job_id, Phase.SCANNED)
 
 
 def _write_all(rt: Runtime, job_id: str, cancel: threading.Event | None, only: list[str] | None = None) -> None:
     """Write every unit not done yet (or only those of ``only``, a canary, which leaves the phase at writing)."""
-    job = rt.store.update_job(job_id, "writing")
+    job = rt.store.update_job(job_id, Phase.WRITING)
     spec = JobSpec.model_validate(job.spec)
     units = rt.store.units(job_id)
     pending = [u.unit_id for u in units if u.status != "done" and (only is None or u.unit_id in only)]
@@ -217,7 +217,7 @@ def _write_all(rt: Runtime, job_id: str, cancel: threading.Event | None, only: l
         threads = workers <= setting(THREAD_WRITERS) or job.state.get("rows_in_scope", 0) < setting(IN_PROCESS_ROWS)
         _fan_out(rt, job_id, "write", pending, _workers, lambda: None, cancel, threads=threads, shared=main)
     if only is None and not spec.dry_run:
-        rt.store.update_job(job_id, "written")
+        rt.store.update_job(job_id, Phase.WRITTEN)
 
 
 def _main_all(rt: Runtime, job_id: str, cancel: threading.Event | None, span: tuple[int, int] | None = None) -> None:

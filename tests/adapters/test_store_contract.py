@@ -13,7 +13,7 @@ from tests.aws_fixtures import aws, dynamo_table, moto_server  # noqa: F401
 from timelake.adapters.sqlite import SqliteJobStore
 from timelake.aws.store import DynamoJobStore
 from timelake.errors import JobNotFound, LeaseConflict
-from timelake.ports.store import RATE_BURST_SECONDS, JobRecord, Lease, UnitRecord
+from timelake.ports.store import RATE_BURST_SECONDS, JobRecord, Lease, Phase, UnitRecord
 
 
 @pytest.fixture(params=["sqlite", "dynamodb"])
@@ -209,17 +209,18 @@ def _claim(kind: type, location: str, who: str, barrier) -> bool:
 def test_a_guarded_update_writes_only_what_its_guard_accepts(store):
     """Abort and publish decide who goes first through ``update_job_if``: a refusing guard writes
     nothing, and of four processes racing for one slot exactly one gets it."""
-    store.create_job(JobRecord("j", "iot.a", "publishing", {}, {"chunk": 1}))
+    store.create_job(JobRecord("j", "iot.a", Phase.VALIDATED, {}, {"chunk": 1}))
     seen = []
-    job = store.update_job_if("j", lambda j: seen.append(dict(j.state)), "aborting", flag=True)
-    assert seen == [{"chunk": 1}] and (job.phase, job.state) == ("aborting", {"chunk": 1, "flag": True})
+    job = store.update_job_if("j", lambda j: seen.append(dict(j.state)), Phase.PUBLISHING, flag=True)
+    assert seen == [{"chunk": 1}] and (job.phase, job.state) == (Phase.PUBLISHING, {"chunk": 1, "flag": True})
 
     def refuse(job: JobRecord) -> None:
         raise _Taken("no")
 
     with pytest.raises(_Taken):
         store.update_job_if("j", refuse, "published", flag=False)
-    assert (store.get_job("j").phase, store.get_job("j").state) == ("aborting", {"chunk": 1, "flag": True})
+    assert (store.get_job("j").phase, store.get_job("j").state) == (Phase.PUBLISHING, {"chunk": 1, "flag": True})
+    assert type(store.get_job("j").phase) is Phase  # read back as the enum, whichever store
     with pytest.raises(JobNotFound):
         store.update_job_if("nope", lambda j: None, flag=True)
     won = _racers(store, _claim, "p")

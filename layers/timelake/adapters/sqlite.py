@@ -15,7 +15,7 @@ from typing import Any
 
 from timelake.ports.runtime import private_file, private_folder
 from timelake.ports.store import (
-    RATE_BURST_SECONDS, Guard, JobRecord, accept, Lease, UnitRecord, job_busy, job_exists, job_not_found, lease_conflict,
+    RATE_BURST_SECONDS, Guard, JobRecord, Phase, accept, Lease, UnitRecord, job_busy, job_exists, job_not_found, lease_conflict,
     log_phase, reserve, unit_not_found,
 )
 
@@ -82,10 +82,10 @@ class SqliteJobStore:
             raise job_not_found(job_id)
         return _job(row)
 
-    def update_job(self, job_id: str, phase: str | None = None, **state: Any) -> JobRecord:
+    def update_job(self, job_id: str, phase: Phase | None = None, **state: Any) -> JobRecord:
         return self.update_job_if(job_id, accept, phase, **state)
 
-    def update_job_if(self, job_id: str, guard: Guard, phase: str | None = None, **state: Any) -> JobRecord:
+    def update_job_if(self, job_id: str, guard: Guard, phase: Phase | None = None, **state: Any) -> JobRecord:
         with self._tx() as con:
             row = con.execute("SELECT * FROM jobs WHERE job_id=?", (job_id,)).fetchone()
             if row is None:
@@ -237,4 +237,4 @@ class _Tx:
 
 
 def _job(row: tuple) -> JobRecord:
-    return JobRecord(row[0], row[1], row[2], json.loads(row[3]), json.loads(row[4]), row[5], row[6], json.loads(row[7]))
+    return JobRecord(row[0], row[1], Phase(row[2]), json.loads(row[3]), json.loads(row[4]), row[5], row[6], json.loads(row[7]))

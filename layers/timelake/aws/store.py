@@ -59,7 +59,7 @@ import boto3
 from botocore.config import Config
 
 from timelake.ports.store import (
-    RATE_BURST_SECONDS, TERMINAL, Guard, JobRecord, accept, Lease, UnitRecord, job_exists, job_not_found, lease_conflict,
+    RATE_BURST_SECONDS, TERMINAL, Guard, JobRecord, Phase, accept, Lease, UnitRecord, job_exists, job_not_found, lease_conflict,
     log_phase, reserve, unit_not_found,
 )
 
@@ -119,10 +119,10 @@ class DynamoJobStore:
             raise job_not_found(job_id)
         return _job(item)
 
-    def update_job(self, job_id: str, phase: str | None = None, **state: Any) -> JobRecord:
+    def update_job(self, job_id: str, phase: Phase | None = None, **state: Any) -> JobRecord:
         return self.update_job_if(job_id, accept, phase, **state)
 
-    def update_job_if(self, job_id: str, guard: Guard, phase: str | None = None, **state: Any) -> JobRecord:
+    def update_job_if(self, job_id: str, guard: Guard, phase: Phase | None = None, **state: Any) -> JobRecord:
         """The guard looks at the item as read; the write is conditional on its version, so a lost race
         re-reads and asks the guard again."""
         finishing: list[bool] = []
@@ -172,7 +172,7 @@ class DynamoJobStore:
             ExpressionAttributeValues={":pk": {"S": f"JOB#{job_id}"}, ":unit": {"S": "UNIT#"}},
         )]
 
-    def _expire_units(self, job_id: str, at: float, phase: str) -> None:
+    def _expire_units(self, job_id: str, at: float, phase: Phase) -> None:
         """Marks every unit (and progress note) of a finished job for DynamoDB's TTL deletion (DynamoDB
         deletes expired items for free). The items are rewritten whole as read, 25 to a BatchWriteItem (a
         10,000-unit job: 400 requests rather than 10,000, the same write units), since nothing else writes
@@ -184,7 +184,7 @@ class DynamoJobStore:
             return self._query(KeyConditionExpression="pk = :pk AND begins_with(sk, :prefix)",
                                ExpressionAttributeValues={":pk": {"S": f"JOB#{job_id}"}, ":prefix": {"S": prefix}}, **more)
 
-        if phase == "aborted":
+        if phase == Phase.ABORTED:
             def expire(key: Item) -> None:
                 self._client.update_item(TableName=self.table_name, Key=key, UpdateExpression="SET #ttl = :at",
                                          ExpressionAttributeNames={"#ttl": TTL_ATTRIBUTE}, ExpressionAttributeValues={":at": expires})
@@ -383,7 +383,7 @@ def _job_item(job: JobRecord) -> Item:
 
 def _job(item: Item) -> JobRecord:
     return JobRecord(
-        item["job_id"]["S"], item["tbl"]["S"], item["phase"]["S"], json.loads(item["spec"]["S"]),
+        item["job_id"]["S"], item["tbl"]["S"], Phase(item["phase"]["S"]), json.loads(item["spec"]["S"]),
         json.loads(item["state"]["S"]), float(item["created_at"]["N"]), float(item["updated_at"]["N"]),
         json.loads(item["phase_log"]["S"]) if "phase_log" in item else [],
     )

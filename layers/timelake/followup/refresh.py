@@ -21,6 +21,7 @@ from timelake.followup.rules import evaluate_published, rules_of
 from timelake.model.spec import JobSpec
 from timelake.model.timeutil import iso, next_boundary, parse_instant, to_micros
 from timelake.ports.runtime import Runtime
+from timelake.ports.store import Phase
 
 
 GRAINS = ("day", "month")  # the rollup chunks, finest first
@@ -84,6 +85,6 @@ def run(rt: Runtime, job_id: str) -> dict[str, Any]:
     event = PublishedEvent(job_id=job_id, table=job.table, start=iso(job.state["range_start"]),
                            end=iso(job.state["range_end"]), evaluate_rules=spec.evaluate_rules)
     done = on_published(rt, event, lambda counts: rt.store.note_progress(job_id, "refresh", counts))
-    rt.store.update_job(job_id, "published", rollups_refreshed=done["rollups"],
+    rt.store.update_job(job_id, Phase.PUBLISHED, rollups_refreshed=done["rollups"],
                         **({"rule_events": done["events"]} if "events" in done else {}))
     return done

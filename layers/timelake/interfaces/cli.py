@@ -29,6 +29,7 @@ from timelake.interfaces.lake import Lake, connect, job_catalog
 from timelake.model.report import INTERRUPTED, progress_of, report_of
 from timelake.model.spec import JobSpec, external_job, parse_document
 from timelake.model.timeutil import iso_seconds
+from timelake.ports.store import Phase
 from timelake.runner import TERMINAL, WAITING
 from timelake.steps.canary import approve as approve_canary
 
@@ -265,9 +266,9 @@ def resume(job_id: str, as_json: JsonFlag = False, warehouse: Warehouse = None, 
     phase = lake.job(job_id).record().phase
     if lake.runtime.store.running(job_id):
         fail(f"job {job_id} is running in another process; follow it with: timelake backfill status {job_id} --watch")
-    if phase == "failed_validation":
+    if phase == Phase.FAILED_VALIDATION:
         fail(f"job {job_id} failed validation; nothing was published. Fix the source and start a new job")
-    if phase == "aborted":
+    if phase == Phase.ABORTED:
         fail(f"job {job_id} was aborted; start a new job")
     drive(lake, job_id, as_json)
 
@@ -324,7 +325,7 @@ def status(
             out.print_json(json.dumps(info))
         else:
             out.print(status_line(info), markup=False, soft_wrap=True)
-        if not watch or info["phase"] in TERMINAL | WAITING | {"failed", INTERRUPTED}:
+        if not watch or info["phase"] in TERMINAL | WAITING | {Phase.FAILED, INTERRUPTED}:
             break
         time.sleep(1.0)
 

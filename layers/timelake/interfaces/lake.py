@@ -40,7 +40,7 @@ from timelake.model.timeutil import iso, parse_duration, parse_instant, parse_si
 from timelake.ports.alarms import AlarmSink
 from timelake.ports.events import EventBus
 from timelake.ports.runtime import DEFAULT_WAREHOUSE, LakeConfig, Runtime, local_state
-from timelake.ports.store import JobRecord, Lease
+from timelake.ports.store import JobRecord, Lease, Phase
 from timelake.runner import run_job
 from timelake.steps.abort import abort, request_abort
 from timelake.steps.canary import approve as approve_canary
@@ -194,7 +194,7 @@ class Lake:
             self.runtime.require_commits()
         self.runtime.load_table(spec.table)
         spec = spec.model_copy(update={"catalog": self.catalog_name})
-        self.runtime.store.create_job(JobRecord(spec.job_id, spec.table, "created", spec.to_json()))
+        self.runtime.store.create_job(JobRecord(spec.job_id, spec.table, Phase.CREATED, spec.to_json()))
         return Job(self, spec.job_id)
 
     def leases(self, table: str | None = None) -> list[Lease]:
@@ -370,7 +370,7 @@ class Job:
         self._error: BaseException | None = None
 
     def __repr__(self) -> str:
-        return f"Job({self.id!r}, phase={self.record().phase!r})"
+        return f"Job({self.id!r}, phase={str(self.record().phase)!r})"
 
     def record(self) -> JobRecord:
         return self.lake.runtime.store.get_job(self.id)
@@ -420,8 +420,8 @@ class Job:
         if self._thread is not None and self._thread.is_alive():
             self._thread.join()
             self._error = None
-        return abort(self.lake.runtime, self.id) if self.record().phase != "aborted" else {
-            "job_id": self.id, "phase": "aborted", "files_deleted": self.record().state.get("files_deleted", 0)}
+        return abort(self.lake.runtime, self.id) if self.record().phase != Phase.ABORTED else {
+            "job_id": self.id, "phase": Phase.ABORTED, "files_deleted": self.record().state.get("files_deleted", 0)}
 
     def set(self, max_concurrency: int | None = None, source_rows_per_second: int | None = None) -> dict[str, Any]:
         """Change how fast the job works while it runs: writers and scan tasks at once (from the next unit
@@ -441,9 +441,9 @@ class Job:
     def resume(self, source: Any = None, wait: bool = False) -> Job:
         """Continue from the first unfinished step; done units are skipped. Safe to call repeatedly."""
         phase = self.record().phase
-        if phase == "aborted":
+        if phase == Phase.ABORTED:
             raise BackfillError(f"job {self.id} was aborted; start a new job")
-        if phase == "failed_validation":
+        if phase == Phase.FAILED_VALIDATION:
             raise BackfillError(f"job {self.id} failed validation; nothing was published. Fix the source and start a new job")
         self._error = None
         self._start(source, background=not wait)

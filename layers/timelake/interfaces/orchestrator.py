@@ -17,7 +17,7 @@ from timelake.interfaces.service import ensure_job, map_concurrency
 from timelake.model.report import progress_of, report_of
 from timelake.model.spec import SETTINGS, JobSpec, current_setting
 from timelake.ports.runtime import Runtime
-from timelake.ports.store import JobRecord
+from timelake.ports.store import JobRecord, Phase
 from timelake.steps.abort import abort
 from timelake.steps.canary import AWAITING
 from timelake.steps.schedule import change_settings
@@ -72,9 +72,9 @@ class StepFunctionsOrchestrator:
         a Fail state, and a redrive reruns only from the state that failed: the Fail state, which does
         nothing. So the execution history decides (`_redrive_reruns_work`), not RedriveExecution's answer."""
         job = self.rt.store.get_job(job_id)
-        if job.phase in ("aborted", "failed_validation"):
+        if job.phase in (Phase.ABORTED, Phase.FAILED_VALIDATION):
             raise ValueError(f"job {job_id} ended {job.phase.replace('_', ' ')}; nothing to resume, start a new job")
-        if job.phase in ("published", "dry_run_complete"):
+        if job.phase in (Phase.PUBLISHED, Phase.DRY_RUN_COMPLETE):
             return {"job_id": job_id, "execution_arn": job.state.get("execution_arn"), "how": f"nothing to do: {job.phase}"}
         arn = self._latest_execution(job)
         if arn:

@@ -23,7 +23,7 @@ from timelake.model.spec import JobSpec, current_setting, current_spec
 from timelake.model.window import window_of
 from timelake.ports.clock import wait_timestamp
 from timelake.ports.runtime import LakeConfig, Runtime
-from timelake.ports.store import JobRecord
+from timelake.ports.store import JobRecord, Phase
 from timelake.runner import TERMINAL, record_failure, reopen
 from timelake.steps import canary
 from timelake.steps.diff import finish_dry_run, pending_main_tasks
@@ -132,7 +132,7 @@ def ensure_job(rt: Runtime, spec: JobSpec) -> JobRecord:
         return rt.store.get_job(spec.job_id)
     except JobNotFound:
         with contextlib.suppress(ValueError):  # created concurrently: same id, same job
-            rt.store.create_job(JobRecord(spec.job_id, spec.table, "created", spec.to_json()))
+            rt.store.create_job(JobRecord(spec.job_id, spec.table, Phase.CREATED, spec.to_json()))
         return rt.store.get_job(spec.job_id)
 
 
@@ -144,11 +144,11 @@ def begin(rt: Runtime, spec: JobSpec) -> dict[str, Any]:
     """
     ensure_job(rt, spec)
     job = reopen(rt, spec.job_id)
-    if job.phase in ("created", "planning"):
-        rt.store.update_job(spec.job_id, "planning")
+    if job.phase in (Phase.CREATED, Phase.PLANNING):
+        rt.store.update_job(spec.job_id, Phase.PLANNING)
         plan(rt, spec.job_id, parallelism=DEFAULT_MAP_CONCURRENCY)
         job = rt.store.get_job(spec.job_id)
-    pieces = pending_pieces(rt, spec.job_id) if job.phase == "scanning" else []
+    pieces = pending_pieces(rt, spec.job_id) if job.phase == Phase.SCANNING else []
     manifest = write_json(rt, spec.job_id, f"scan/pending-{time.time_ns()}.json",
                           [{"job_id": spec.job_id, "piece": i} for i in pieces])
     return {"job_id": spec.job_id, "pieces_pending": len(pieces), "manifest": manifest,
@@ -186,7 +186,7 @@ def cut_units(rt: Runtime, job_id: str) -> dict[str, Any]:
     dry run that is over, or a job that already ended, has nothing to write and returns its report."""
     job = rt.store.get_job(job_id)
     spec = JobSpec.model_validate(job.spec)
-    if job.phase in ("scanning", "scanned"):
+    if job.phase in (Phase.SCANNING, Phase.SCANNED):
         cut(rt, job_id)
         job = rt.store.get_job(job_id)
     only = canary.select(rt, job_id) if job.phase not in TERMINAL and canary.wanted(job) else None  # a canary's day first
@@ -199,13 +199,13 @@ def cut_units(rt: Runtime, job_id: str) -> dict[str, Any]:
         finish_dry_run(rt, job_id)
         job = rt.store.get_job(job_id)
     if job.phase in TERMINAL:
-        if job.phase == "failed_validation":
+        if job.phase == Phase.FAILED_VALIDATION:
             raise ValidationFailed(f"job {job_id} failed validation; nothing was published. Start a new job")
-        return {"job_id": job_id, "dry_run": job.phase == "dry_run_complete", "finished": True,
+        return {"job_id": job_id, "dry_run": job.phase == Phase.DRY_RUN_COMPLETE, "finished": True,
                 "report": summary(rt, job_id), "manifest": None, "units_pending": 0, "max_concurrency": 1,
                 "canary": False, "more": False, "approval_timeout_seconds": spec.approval_timeout_seconds}
-    if job.phase == "planned":
-        rt.store.update_job(job_id, "writing")
+    if job.phase == Phase.PLANNED:
+        rt.store.update_job(job_id, Phase.WRITING)
     items = [{"job_id": job_id, "main_task": t} for t in tasks] or [{"job_id": job_id, "unit_id": u} for u in pending]
     manifest = write_json(rt, job_id, f"pending-units-{time.time_ns()}.json", items)
     return {"job_id": job_id, "dry_run": False, "finished": False, "report": None, "units_pending": len(items),
@@ -244,8 +244,8 @@ def _merged(parts: list[Any]) -> Any:
 
 def finish_writes(rt: Runtime, job_id: str) -> None:
     job = rt.store.get_job(job_id)
-    if job.phase in ("planned", "writing"):
-        rt.store.update_job(job_id, "written")
+    if job.phase in (Phase.PLANNED, Phase.WRITING):
+        rt.store.update_job(job_id, Phase.WRITTEN)
 
 
 def fail(rt: Runtime, job_id: str, error: str, cause: str | None) -> dict[str, str]:

@@ -11,22 +11,22 @@ from timelake.model.limits import limits
 from timelake.model.spec import SETTINGS, JobSpec, current_setting, current_spec
 from timelake.model.timeutil import iso, iso_seconds
 from timelake.model.window import PAUSED_UNTIL, PAUSES, iso_local, paused_seconds, window_of
-from timelake.ports.store import JobRecord, JobStore, UnitRecord
+from timelake.ports.store import JobRecord, JobStore, Phase, UnitRecord
 
-AWAITING = "awaiting-approval"  # the phase of a job whose canary waits for a decision
+AWAITING = Phase.AWAITING_APPROVAL  # the phase of a job whose canary waits for a decision
 
 
 #: The step that runs while a job is in each phase: a phase names the step done last, so this is what
 #: `resume` runs next, and whose clock runs while the job sits in the phase.
 NEXT_STEP = {
-    "created": "plan", "planning": "plan",
-    "scanning": "scan",
-    "scanned": "cut",
-    "planned": "write", "writing": "write",
-    "written": "stage",
-    "staged": "validate",
-    "validated": "publish", "publishing": "publish",
-    "refreshing": "refresh",
+    Phase.CREATED: "plan", Phase.PLANNING: "plan",
+    Phase.SCANNING: "scan",
+    Phase.SCANNED: "cut",
+    Phase.PLANNED: "write", Phase.WRITING: "write",
+    Phase.WRITTEN: "stage",
+    Phase.STAGED: "validate",
+    Phase.VALIDATED: "publish", Phase.PUBLISHING: "publish",
+    Phase.REFRESHING: "refresh",
 }
 STEPS = ("plan", "scan", "cut", "write", "stage", "validate", "publish", "refresh")
 INTERRUPTED = "interrupted"  # what status shows for a job whose runner died or was stopped
@@ -135,10 +135,10 @@ def _steps(job: JobRecord, units: list[UnitRecord], notes: dict[str, dict[str, A
     """Every step that has started, in order: its state (done, running, interrupted, failed), its
     count of what it works through, its rows and rate, and an ETA for the running one."""
     s = job.state
-    phase = {"failed": s.get("failed_phase", job.phase), "failed_validation": "staged"}.get(job.phase, job.phase)
+    phase = {Phase.FAILED: s.get("failed_phase", job.phase), Phase.FAILED_VALIDATION: Phase.STAGED}.get(job.phase, job.phase)
     current = NEXT_STEP.get(phase)
     order = STEPS.index(current) if current else len(STEPS)
-    state = "failed" if job.phase.startswith("failed") else INTERRUPTED if stopped else "running"
+    state = "failed" if job.phase in (Phase.FAILED, Phase.FAILED_VALIDATION) else INTERRUPTED if stopped else "running"
     counts = _counts(job, units, notes)
     steps = []
     for i, name in enumerate(STEPS):

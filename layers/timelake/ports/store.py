@@ -10,16 +10,40 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, Protocol
 
 from timelake.errors import JobBusy, JobNotFound, LeaseConflict
+
+
+class Phase(StrEnum):
+    """Where a job is: each phase names the step done last (`timelake.model.report.NEXT_STEP` says
+    what runs next). Stored as its value, so records written before the enum read back the same."""
+
+    CREATED = "created"
+    PLANNING = "planning"
+    SCANNING = "scanning"
+    SCANNED = "scanned"
+    PLANNED = "planned"
+    WRITING = "writing"
+    WRITTEN = "written"
+    STAGED = "staged"
+    AWAITING_APPROVAL = "awaiting-approval"  # a canary's day waits for a person's decision
+    VALIDATED = "validated"
+    PUBLISHING = "publishing"
+    REFRESHING = "refreshing"
+    PUBLISHED = "published"
+    DRY_RUN_COMPLETE = "dry_run_complete"
+    FAILED_VALIDATION = "failed_validation"
+    FAILED = "failed"
+    ABORTED = "aborted"
 
 
 @dataclass
 class JobRecord:
     job_id: str
     table: str
-    phase: str
+    phase: Phase
     spec: dict[str, Any]
     state: dict[str, Any] = field(default_factory=dict)
     created_at: float = 0.0
@@ -77,7 +101,7 @@ def accept(job: JobRecord) -> None:
 MAX_PHASE_LOG = 500  # a job resumed over and over keeps its latest entries
 
 
-def log_phase(job: JobRecord, phase: str | None, now: float) -> None:
+def log_phase(job: JobRecord, phase: Phase | None, now: float) -> None:
     """Note that ``job`` enters ``phase`` at ``now``. Entering the phase it is in appends too: a step
     resumed after a crash starts a new stretch of its phase."""
     if phase is not None:
@@ -87,8 +111,8 @@ def log_phase(job: JobRecord, phase: str | None, now: float) -> None:
 class JobStore(Protocol):
     def create_job(self, job: JobRecord) -> None: ...
     def get_job(self, job_id: str) -> JobRecord: ...
-    def update_job(self, job_id: str, phase: str | None = None, **state: Any) -> JobRecord: ...
-    def update_job_if(self, job_id: str, guard: Guard, phase: str | None = None, **state: Any) -> JobRecord:
+    def update_job(self, job_id: str, phase: Phase | None = None, **state: Any) -> JobRecord: ...
+    def update_job_if(self, job_id: str, guard: Guard, phase: Phase | None = None, **state: Any) -> JobRecord:
         """``update_job``, atomically only if ``guard`` accepts the job as stored at the moment of the
         write: it raises to refuse, and nothing is written. Abort and publish decide who goes first
         through this (a transaction on SQLite, a conditional write on DynamoDB): no process can
@@ -134,7 +158,7 @@ class JobStore(Protocol):
 
 RATE_BURST_SECONDS = 1.0
 # Phases a job never leaves: its units are history from then on (a store may let them expire).
-TERMINAL = frozenset({"published", "dry_run_complete", "failed_validation", "aborted"})
+TERMINAL = frozenset({Phase.PUBLISHED, Phase.DRY_RUN_COMPLETE, Phase.FAILED_VALIDATION, Phase.ABORTED})
 
 
 def reserve(empty_at: float | None, now: float, rows: int, rows_per_second: float, set_rate: float | None) -> float | None:

@@ -23,12 +23,12 @@ from timelake.model.lineage import referenced_files
 from timelake.model.spec import JobSpec
 from timelake.ports.files import filesystem, location_key
 from timelake.ports.runtime import Runtime
-from timelake.ports.store import JobRecord, UnitRecord
+from timelake.ports.store import JobRecord, Phase, UnitRecord
 from timelake.steps.plan import chunk_keys, clear_staging
 from timelake.steps.scan import direct_plan
 from timelake.steps.write import unit_path
 
-ABORTABLE_AFTER = {"published": "it is published (its rows are on main)", "dry_run_complete": "a dry run leaves nothing to abort"}
+ABORTABLE_AFTER = {Phase.PUBLISHED: "it is published (its rows are on main)", Phase.DRY_RUN_COMPLETE: "a dry run leaves nothing to abort"}
 ABORT_WAIT_SECONDS = 120.0  # a chunk commit takes well under a second, 50 conflicting retries about a minute
 COMMIT_STALE_SECONDS = 900.0  # Lambda's time limit: a commit marked in flight for longer died with its process
 IN_FLIGHT = "committing"  # job state: the chunk commit publish is making now, and since when
@@ -58,7 +58,7 @@ def claim_publish(rt: Runtime, job_id: str, **state: Any) -> JobRecord:
 
 def start_publish(rt: Runtime, job_id: str) -> JobRecord:
     """Publish, on entry: the phase moves to publishing, unless an abort came first."""
-    return rt.store.update_job_if(job_id, _not_aborted, "publishing")
+    return rt.store.update_job_if(job_id, _not_aborted, Phase.PUBLISHING)
 
 
 def abort(rt: Runtime, job_id: str, wait: float = ABORT_WAIT_SECONDS) -> dict[str, Any]:
@@ -86,8 +86,8 @@ def abort(rt: Runtime, job_id: str, wait: float = ABORT_WAIT_SECONDS) -> dict[st
     rt.store.release_lease(job_id)
     if "range_start" in job.state:  # a refresh during the lease may have marked the range backfilling
         completion.update(rt, spec.table, job.state["range_start"], job.state["range_end"], create=False)
-    rt.store.update_job(job_id, "aborted", files_deleted=deleted, chunks_on_main=chunks)
-    return {"job_id": job_id, "phase": "aborted", "files_deleted": deleted, "files_kept_on_main": len(kept)}
+    rt.store.update_job(job_id, Phase.ABORTED, files_deleted=deleted, chunks_on_main=chunks)
+    return {"job_id": job_id, "phase": Phase.ABORTED, "files_deleted": deleted, "files_kept_on_main": len(kept)}
 
 
 def direct_paths(rt: Runtime, job: JobRecord, table: Any) -> list[str]:
@@ -135,7 +135,7 @@ def _abortable(job: JobRecord) -> None:
 
 
 def _not_aborted(job: JobRecord) -> None:
-    if job.state.get("abort_requested") or job.phase == "aborted":
+    if job.state.get("abort_requested") or job.phase == Phase.ABORTED:
         raise Aborted(f"job {job.job_id} was aborted")
 
 

@@ -30,7 +30,7 @@ from timelake.model.spec import JobSpec
 from timelake.model.timeutil import US_PER_DAY, iso, iso_seconds, to_micros
 from timelake.ports.files import filesystem
 from timelake.ports.runtime import Runtime
-from timelake.ports.store import JobRecord, UnitRecord
+from timelake.ports.store import JobRecord, Phase, UnitRecord
 from timelake.sources.base import SourceBatch
 from timelake.steps import diff, spill
 from timelake.steps.abort import abort
@@ -92,7 +92,7 @@ def check(rt: Runtime, job_id: str, source: Any = None) -> dict[str, Any]:
     snapshot_id = stage_files(table, job_id, job.state["branch"], written, STEP)
     scoped = _day_state(job.state, units, snapshot_id)
     checks = run_checks(rt, job.spec, units, scoped)
-    conclude(rt, job_id, checks, "writing", job.state["branch"])
+    conclude(rt, job_id, checks, Phase.WRITING, job.state["branch"])
     changed = diff.conclude(rt, job_id, "canary", units, (chosen["start"], chosen["end"]))
     job = rt.store.get_job(job_id)
     report = build(rt, job, units, snapshot_id, source)
@@ -123,9 +123,9 @@ def approve(rt: Runtime, job_id: str, in_time: bool = False) -> dict[str, Any]:
         raise Aborted(f"job {job_id}: the canary waited since {iso_seconds(job.state['awaiting_since'])} and its "
                       f"approval ran out at {iso_seconds(deadline)} (approval_timeout_seconds="
                       f"{spec.approval_timeout_seconds}); the job was aborted, main is untouched")
-    rt.store.update_job(job_id, "writing", canary_approved=True, approved_at=time.time(),
+    rt.store.update_job(job_id, Phase.WRITING, canary_approved=True, approved_at=time.time(),
                         approval_token=None)
-    return {"job_id": job_id, "phase": "writing", "approved": True}
+    return {"job_id": job_id, "phase": Phase.WRITING, "approved": True}
 
 
 def await_decision(rt: Runtime, job_id: str, token: str) -> dict[str, Any]:

@@ -37,7 +37,7 @@ from timelake.model.spec import JobSpec
 from timelake.model.timeutil import US_PER_DAY, iso
 from timelake.ports.files import filesystem, make_parent
 from timelake.ports.runtime import Runtime
-from timelake.ports.store import UnitRecord
+from timelake.ports.store import Phase, UnitRecord
 from timelake.steps import spill
 from timelake.steps.plan import LOCAL, MAIN_TASKS, clear_staging, context, main_spill_uri, read_json
 from timelake.steps.scan import HELD_BYTES, series_bucket
@@ -304,7 +304,7 @@ def finish_dry_run(rt: Runtime, job_id: str) -> dict[str, Any] | None:
     overlap = summary["totals"]["in_both"] if summary is not None and job.spec["mode"] == "replace" else conflicts
     drop_scratch(rt, job_id)
     clear_staging(rt, job_id, keep="diff")
-    rt.store.update_job(job_id, "dry_run_complete", overlap_existing_rows=overlap,
+    rt.store.update_job(job_id, Phase.DRY_RUN_COMPLETE, overlap_existing_rows=overlap,
                         rows_duplicate_in_source=sum(u.result.get("rows_duplicate_in_source", 0) for u in units))
     return summary
 

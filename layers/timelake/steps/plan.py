@@ -32,7 +32,7 @@ from timelake.model.timeutil import (US_PER_DAY, floor_to, from_micros, iso, nex
                                      subtract_duration, to_micros)
 from timelake.ports.files import filesystem, make_parent
 from timelake.ports.runtime import Runtime
-from timelake.ports.store import JobRecord, Lease, UnitRecord
+from timelake.ports.store import JobRecord, Lease, Phase, UnitRecord
 from timelake.sources.base import Source
 from timelake.steps import failures, rejects
 from timelake.steps.scan import (
@@ -69,7 +69,7 @@ def plan(rt: Runtime, job_id: str, source: Any = None, parallelism: int | None =
     tasks = scan_tasks(sizes, spec.max_concurrency or parallelism or os.cpu_count() or 1)
     manifest = write_json(rt, job_id, "scan/tasks.json", [{"job_id": job_id, "piece": i} for i in range(len(tasks))])
     direct = plan_direct(rt, job_id, spec, ctx, src, mapper, tasks)
-    rt.store.update_job(job_id, "scanning", planned_at_us=to_micros(now), scan_tasks=tasks, source_bytes=sum(sizes),
+    rt.store.update_job(job_id, Phase.SCANNING, planned_at_us=to_micros(now), scan_tasks=tasks, source_bytes=sum(sizes),
                         schema_id=table.schema().schema_id, spec_id=table.spec().spec_id,
                         direct_partitions=direct,
                         source_uri=src.uri, source_fingerprint=src.fingerprint(), source_plan=src.plan_state(),
@@ -261,17 +261,17 @@ def cut(rt: Runtime, job_id: str) -> dict[str, Any]:
                      would_fail=dst_failure(total, spec.dst_policy) or over_budget)
         if not predicts:
             clear_staging(rt, job_id)
-            rt.store.update_job(job_id, "dry_run_complete", **state)
+            rt.store.update_job(job_id, Phase.DRY_RUN_COMPLETE, **state)
             return {"job_id": job_id, "dry_run": True, "units": len(units)}
         # the diff is predicted as the run counts it: units sort their rows and compare, writing nothing
         state["diff"] = plan_main_tasks(rt, job_id, table, contract, spec.mode, range_start, range_end, units,
                                         PlanMark.at(table), spec.max_concurrency or os.cpu_count() or 1)
         rt.store.put_units(job_id, units)
-        rt.store.update_job(job_id, "planned", **state)
+        rt.store.update_job(job_id, Phase.PLANNED, **state)
         return {"job_id": job_id, "dry_run": True, "units": len(units)}
     refuse_dst(total, spec.dst_policy)
     if over_budget:  # before the lease and the branch: nothing to write, nothing to undo
-        rt.store.update_job(job_id, "failed_validation", **state, checks=[rejects.check(state)],
+        rt.store.update_job(job_id, Phase.FAILED_VALIDATION, **state, checks=[rejects.check(state)],
                             error=f"{rejects.CHECK}: {over_budget}")
         raise ValidationFailed(f"job {job_id}: validation failed ({rejects.CHECK}): {over_budget}; nothing was "
                                "written or published, main is untouched")
@@ -286,7 +286,7 @@ def cut(rt: Runtime, job_id: str) -> dict[str, Any]:
                                         spec.max_concurrency or os.cpu_count() or 1)
     rt.store.put_units(job_id, units)
     write_json(rt, job_id, "units.json", [{"job_id": job_id, "unit_id": u.unit_id} for u in units])
-    rt.store.update_job(job_id, "planned", **state)
+    rt.store.update_job(job_id, Phase.PLANNED, **state)
     return {"job_id": job_id, "dry_run": False, "units": len(units)}
 
 

@@ -40,6 +40,7 @@ from timelake.model.timeutil import floor_to, iso, next_boundary
 from timelake.ports.events import BACKFILL_PUBLISHED
 from timelake.ports.files import filesystem
 from timelake.ports.runtime import Runtime
+from timelake.ports.store import Phase
 from timelake.steps import diff
 from timelake.steps.abort import ALL_COMMITTED, IN_FLIGHT, claim_commit, claim_publish, start_publish
 from timelake.steps.plan import CHUNKS, read_json, write_json
@@ -131,7 +132,7 @@ def _publish(rt: Runtime, job_id: str, max_chunks: int | None, between: Callable
     rt.store.release_lease(job_id)
     completion.update(rt, spec.table, state["range_start"], state["range_end"], known=written)  # the readers' completion signal
     _drop_spill(rt, job_id)
-    rt.store.update_job(job_id, "published")
+    rt.store.update_job(job_id, Phase.PUBLISHED)
     return {"job_id": job_id, "done": True, "chunks_published": len(published)}
 
 

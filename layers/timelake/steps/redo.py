@@ -21,7 +21,7 @@ from timelake.errors import BackfillError, FilesLost
 from timelake.model.contract import Contract
 from timelake.ports.files import filesystem
 from timelake.ports.runtime import Runtime
-from timelake.ports.store import UnitRecord
+from timelake.ports.store import Phase, UnitRecord
 from timelake.steps.plan import scan
 from timelake.steps.scan import direct_plan, read_result, result_uri
 
@@ -69,7 +69,7 @@ def rewrite_missing(rt: Runtime, job_id: str, table: Any, units: list[UnitRecord
                 rt.store.complete_unit(job_id, unit_id, direct)
     spilled = [u.unit_id for u in lost if u.unit_id not in by_name]
     if spilled:
-        rt.store.update_job(job_id, "planned")
+        rt.store.update_job(job_id, Phase.PLANNED)
         raise FilesLost(f"job {job_id}: the files of {len(spilled)} written unit(s) (first: {spilled[0]}) were deleted "
                         f"before staging (another engine's orphan-file removal?); they are pending again: "
                         f"timelake backfill resume {job_id} writes them")
@@ -108,7 +108,7 @@ def require_files(rt: Runtime, job_id: str, table: Any, state: dict[str, Any], s
     gone = missing_files([f.file_path for f in staged], table.io)
     if not gone:
         return
-    rt.store.update_job(job_id, "written")  # resume stages again, and stage writes the missing units again first
+    rt.store.update_job(job_id, Phase.WRITTEN)  # resume stages again, and stage writes the missing units again first
     raise BackfillError(
         f"job {job_id}: {len(gone)} staged file(s) (first: {gone[0]}) were deleted after branch {state.get('branch')} "
         f"was removed from the table by someone else; nothing was published: timelake backfill resume {job_id} "
@@ -123,7 +123,7 @@ def require_branch(rt: Runtime, job_id: str, table: Any, state: dict[str, Any]) 
     ref = table.metadata.refs.get(branch)
     if state.get("staged_snapshot_id") is None or (ref is not None and ref.snapshot_id == state["staged_snapshot_id"]):
         return
-    rt.store.update_job(job_id, "written")
+    rt.store.update_job(job_id, Phase.WRITTEN)
     what = "removed from" if ref is None else "moved to another snapshot in"
     raise BackfillError(f"job {job_id}: branch {branch} was {what} table {'.'.join(table.name())} by someone else "
                         f"after staging; nothing was published: timelake backfill resume {job_id} stages the job's files again")

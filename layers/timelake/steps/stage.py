@@ -15,6 +15,7 @@ from timelake.model.commit import (
 )
 from timelake.model.faults import checkpoint
 from timelake.ports.runtime import Runtime
+from timelake.ports.store import Phase
 from timelake.steps import diff, failures
 from timelake.steps.plan import fork_branch, job_table
 from timelake.steps.redo import rewrite_missing
@@ -52,7 +53,7 @@ def _stage(rt: Runtime, job_id: str) -> dict[str, Any]:
         snapshot_id = stage_files(table, job_id, branch, written, "stage")
     files = len(written) + (len(on_branch - {None}) if below is not None else 0)
     diff.conclude(rt, job_id)  # every unit is written: the job's diff is known before anything reaches main
-    rt.store.update_job(job_id, "staged", staged_snapshot_id=snapshot_id, staged_on=below, files=files)
+    rt.store.update_job(job_id, Phase.STAGED, staged_snapshot_id=snapshot_id, staged_on=below, files=files)
     return {"job_id": job_id, "staged_snapshot_id": snapshot_id, "files": files}
 
 

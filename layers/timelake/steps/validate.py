@@ -39,6 +39,7 @@ from timelake.model.spec import JobSpec
 from timelake.model.timeutil import iso
 from timelake.ports.files import filesystem, make_parent
 from timelake.ports.runtime import Runtime
+from timelake.ports.store import Phase
 from timelake.steps import rejects
 from timelake.steps.plan import job_table, read_json, write_json
 from timelake.steps.redo import require_branch
@@ -70,7 +71,7 @@ def validate(rt: Runtime, job_id: str) -> dict[str, Any]:
     job = rt.store.get_job(job_id)
     require_branch(rt, job_id, job_table(rt, job), job.state)
     checks = run_checks(rt, job.spec, rt.store.units(job_id), job.state, job_id)
-    return conclude(rt, job_id, checks, "validated", job.state["branch"])
+    return conclude(rt, job_id, checks, Phase.VALIDATED, job.state["branch"])
 
 
 def plan_checks(rt: Runtime, job_id: str) -> dict[str, Any]:
@@ -171,12 +172,12 @@ def run_checks(rt: Runtime, job_spec: dict[str, Any], units: list[Any], state: d
     return checks
 
 
-def conclude(rt: Runtime, job_id: str, checks: list[Check], passed_phase: str, branch: str) -> dict[str, Any]:
+def conclude(rt: Runtime, job_id: str, checks: list[Check], passed_phase: Phase, branch: str) -> dict[str, Any]:
     """Record the checks; on a blocking failure stop the job (lease released, branch kept for inspection)."""
     report = [asdict(c) for c in checks]
     failed = [c for c in checks if c.blocking and not c.passed]
     if failed:
-        rt.store.update_job(job_id, "failed_validation", checks=report, error="; ".join(f"{c.name}: {c.detail}" for c in failed))
+        rt.store.update_job(job_id, Phase.FAILED_VALIDATION, checks=report, error="; ".join(f"{c.name}: {c.detail}" for c in failed))
         rt.store.release_lease(job_id)
         raise ValidationFailed(
             f"job {job_id}: validation failed ({', '.join(c.name for c in failed)}): {failed[0].detail}; "
