@@ -28,10 +28,14 @@ def test_job_lifecycle(store):
     store.create_job(JobRecord("j1", "iot.a", "created", {"mode": "merge"}))
     with pytest.raises(ValueError, match="already exists"):
         store.create_job(JobRecord("j1", "iot.a", "created", {}))
-    job = store.update_job("j1", "planned", rows=10)
-    assert (job.phase, job.state) == ("planned", {"rows": 10})
-    job = store.update_job("j1", extra=[1, 2])
-    assert store.get_job("j1").state == {"rows": 10, "extra": [1, 2]} and job.phase == "planned"
+    job = store.update_job("j1", "planned", rows_in_source=10)
+    assert (job.phase, job.state) == ("planned", {"rows_in_source": 10})
+    job = store.update_job("j1", columns_filled_with_null=["a", "b"])
+    assert store.get_job("j1").state == {"rows_in_source": 10, "columns_filled_with_null": ["a", "b"]}
+    assert job.phase == "planned"
+    with pytest.raises(TypeError, match="rows_in_sourse"):  # a misspelt key is refused, nothing is written
+        store.update_job("j1", "written", rows_in_sourse=11, units_total=2)
+    assert store.get_job("j1").phase == "planned" and "units_total" not in store.get_job("j1").state
     store.create_job(JobRecord("j2", "iot.b", "created", {}))
     assert [j.job_id for j in store.list_jobs()] == ["j1", "j2"]
     assert [j.job_id for j in store.list_jobs("iot.b")] == ["j2"]
@@ -106,12 +110,14 @@ def test_replanning_many_units_keeps_their_progress(store):
 
 def test_concurrent_state_updates_all_land(store):
     store.create_job(JobRecord("j", "iot.a", "writing", {}))
-    threads = [threading.Thread(target=store.update_job, args=("j",), kwargs={f"k{i}": i}) for i in range(8)]
+    keys = ["rows_in_source", "rows_in_scope", "rows_outside_range", "rows_outside_retention", "units_total", "files",
+            "files_deleted", "rows_replaced"]
+    threads = [threading.Thread(target=store.update_job, args=("j",), kwargs={key: i}) for i, key in enumerate(keys)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert store.get_job("j").state == {f"k{i}": i for i in range(8)}
+    assert store.get_job("j").state == {key: i for i, key in enumerate(keys)}
 
 
 def _race(kind: type, location: str, job: str, barrier) -> bool:
@@ -191,16 +197,16 @@ class _Taken(Exception):
 
 
 def _claim(kind: type, location: str, who: str, barrier) -> bool:
-    """Take the job's ``holder`` slot unless someone holds it: the check and the write are one step."""
+    """Take the job's approval slot unless someone holds it: the check and the write are one step."""
     store = kind(location)
     barrier.wait()
 
     def free(job: JobRecord) -> None:
-        if job.state.get("holder"):
-            raise _Taken(job.state["holder"])
+        if job.state.get("approval_token"):
+            raise _Taken(job.state["approval_token"])
 
     try:
-        store.update_job_if("j", free, holder=who)
+        store.update_job_if("j", free, approval_token=who)
     except _Taken:
         return False
     return True
@@ -209,35 +215,36 @@ def _claim(kind: type, location: str, who: str, barrier) -> bool:
 def test_a_guarded_update_writes_only_what_its_guard_accepts(store):
     """Abort and publish decide who goes first through ``update_job_if``: a refusing guard writes
     nothing, and of four processes racing for one slot exactly one gets it."""
-    store.create_job(JobRecord("j", "iot.a", Phase.VALIDATED, {}, {"chunk": 1}))
+    store.create_job(JobRecord("j", "iot.a", Phase.VALIDATED, {}, {"files": 1}))
     seen = []
-    job = store.update_job_if("j", lambda j: seen.append(dict(j.state)), Phase.PUBLISHING, flag=True)
-    assert seen == [{"chunk": 1}] and (job.phase, job.state) == (Phase.PUBLISHING, {"chunk": 1, "flag": True})
+    job = store.update_job_if("j", lambda j: seen.append(dict(j.state)), Phase.PUBLISHING, publish_committed=True)
+    assert seen == [{"files": 1}]
+    assert (job.phase, job.state) == (Phase.PUBLISHING, {"files": 1, "publish_committed": True})
 
     def refuse(job: JobRecord) -> None:
         raise _Taken("no")
 
     with pytest.raises(_Taken):
-        store.update_job_if("j", refuse, "published", flag=False)
-    assert (store.get_job("j").phase, store.get_job("j").state) == (Phase.PUBLISHING, {"chunk": 1, "flag": True})
+        store.update_job_if("j", refuse, "published", publish_committed=False)
+    assert (store.get_job("j").phase, store.get_job("j").state) == (Phase.PUBLISHING, {"files": 1, "publish_committed": True})
     assert type(store.get_job("j").phase) is Phase  # read back as the enum, whichever store
     with pytest.raises(JobNotFound):
-        store.update_job_if("nope", lambda j: None, flag=True)
+        store.update_job_if("nope", lambda j: None, publish_committed=True)
     won = _racers(store, _claim, "p")
-    assert sum(won) == 1 and store.get_job("j").state["holder"] == f"p{won.index(True)}"
+    assert sum(won) == 1 and store.get_job("j").state["approval_token"] == f"p{won.index(True)}"
 
 
 def test_the_phases_a_job_enters_are_logged_with_their_time(store):
     before = time.time()
     store.create_job(JobRecord("j", "iot.a", "created", {}))
-    store.update_job("j", "scanning", rows=1)
-    store.update_job("j", rows=2)  # no phase: nothing entered
+    store.update_job("j", "scanning", rows_in_source=1)
+    store.update_job("j", rows_in_source=2)  # no phase: nothing entered
     store.update_job("j", "scanning")  # entered again (a resumed step): a new stretch
     job = store.update_job("j", "planned")
     assert [phase for phase, _ in job.phase_log] == ["created", "scanning", "scanning", "planned"]
     times = [at for _, at in store.get_job("j").phase_log]
     assert times == sorted(times) and before - 0.01 <= times[0] and times[-1] <= time.time() + 0.01
-    assert store.get_job("j").state == {"rows": 2}  # the log is the store's, not the job's state
+    assert store.get_job("j").state == {"rows_in_source": 2}  # the log is the store's, not the job's state
 
 
 def test_progress_notes_are_one_record_per_item(store):

@@ -11,12 +11,13 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 from timelake.ports.runtime import private_file, private_folder
 from timelake.ports.store import (
-    RATE_BURST_SECONDS, Guard, JobRecord, Phase, accept, Lease, UnitRecord, job_busy, job_exists, job_not_found, lease_conflict,
-    log_phase, reserve, unit_not_found,
+    RATE_BURST_SECONDS, Guard, JobRecord,
+    JobState, Phase, accept, Lease, UnitRecord, job_busy, job_exists, job_not_found, lease_conflict,
+    apply_update, reserve, unit_not_found,
 )
 
 _SCHEMA = """
@@ -82,20 +83,17 @@ class SqliteJobStore:
             raise job_not_found(job_id)
         return _job(row)
 
-    def update_job(self, job_id: str, phase: Phase | None = None, **state: Any) -> JobRecord:
+    def update_job(self, job_id: str, phase: Phase | None = None, **state: Unpack[JobState]) -> JobRecord:
         return self.update_job_if(job_id, accept, phase, **state)
 
-    def update_job_if(self, job_id: str, guard: Guard, phase: Phase | None = None, **state: Any) -> JobRecord:
+    def update_job_if(self, job_id: str, guard: Guard, phase: Phase | None = None, **state: Unpack[JobState]) -> JobRecord:
         with self._tx() as con:
             row = con.execute("SELECT * FROM jobs WHERE job_id=?", (job_id,)).fetchone()
             if row is None:
                 raise job_not_found(job_id)
             job = _job(row)
             guard(job)
-            job.state.update(state)
-            job.phase = phase or job.phase
-            job.updated_at = time.time()
-            log_phase(job, phase, job.updated_at)
+            apply_update(job, phase, state, time.time())
             con.execute(
                 "UPDATE jobs SET phase=?, state=?, updated_at=?, phase_log=? WHERE job_id=?",
                 (job.phase, json.dumps(job.state), job.updated_at, json.dumps(job.phase_log), job_id),

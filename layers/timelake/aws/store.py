@@ -53,14 +53,15 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, nullcontext, suppress
-from typing import Any
+from typing import Any, Unpack
 
 import boto3
 from botocore.config import Config
 
 from timelake.ports.store import (
-    RATE_BURST_SECONDS, TERMINAL, Guard, JobRecord, Phase, accept, Lease, UnitRecord, job_exists, job_not_found, lease_conflict,
-    log_phase, reserve, unit_not_found,
+    RATE_BURST_SECONDS, TERMINAL, Guard, JobRecord,
+    JobState, Phase, accept, Lease, UnitRecord, job_exists, job_not_found, lease_conflict,
+    apply_update, reserve, unit_not_found,
 )
 
 Item = dict[str, dict[str, Any]]
@@ -119,10 +120,10 @@ class DynamoJobStore:
             raise job_not_found(job_id)
         return _job(item)
 
-    def update_job(self, job_id: str, phase: Phase | None = None, **state: Any) -> JobRecord:
+    def update_job(self, job_id: str, phase: Phase | None = None, **state: Unpack[JobState]) -> JobRecord:
         return self.update_job_if(job_id, accept, phase, **state)
 
-    def update_job_if(self, job_id: str, guard: Guard, phase: Phase | None = None, **state: Any) -> JobRecord:
+    def update_job_if(self, job_id: str, guard: Guard, phase: Phase | None = None, **state: Unpack[JobState]) -> JobRecord:
         """The guard looks at the item as read; the write is conditional on its version, so a lost race
         re-reads and asks the guard again."""
         finishing: list[bool] = []
@@ -133,10 +134,7 @@ class DynamoJobStore:
             job = _job(item)
             guard(job)
             finishing[:] = [job.phase not in TERMINAL and (phase or job.phase) in TERMINAL]
-            job.state.update(state)
-            job.phase = phase or job.phase
-            job.updated_at = time.time()
-            log_phase(job, phase, job.updated_at)
+            apply_update(job, phase, state, time.time())
             return _job_item(job)
 
         job = _job(self._swap(_job_key(job_id), change))

@@ -85,6 +85,8 @@ def run(rt: Runtime, job_id: str) -> dict[str, Any]:
     event = PublishedEvent(job_id=job_id, table=job.table, start=iso(job.state["range_start"]),
                            end=iso(job.state["range_end"]), evaluate_rules=spec.evaluate_rules)
     done = on_published(rt, event, lambda counts: rt.store.note_progress(job_id, "refresh", counts))
-    rt.store.update_job(job_id, Phase.PUBLISHED, rollups_refreshed=done["rollups"],
-                        **({"rule_events": done["events"]} if "events" in done else {}))
+    if "events" in done:
+        rt.store.update_job(job_id, Phase.PUBLISHED, rollups_refreshed=done["rollups"], rule_events=done["events"])
+    else:
+        rt.store.update_job(job_id, Phase.PUBLISHED, rollups_refreshed=done["rollups"])
     return done

@@ -68,6 +68,7 @@ from timelake.model.iceberg_private import (
 from timelake.model.layout import micros, split_by_code
 from timelake.model.timeutil import TRANSFORMS, transform_values
 from timelake.ports.files import filesystem
+from timelake.ports.store import JobState
 
 if TYPE_CHECKING:
     from pyiceberg.expressions import BooleanExpression
@@ -257,7 +258,7 @@ def added_files(table: IcebergTable, snapshot_id: int) -> list[DataFile]:
     return files
 
 
-def staged_files(table: IcebergTable, state: dict[str, Any]) -> list[DataFile]:
+def staged_files(table: IcebergTable, state: JobState) -> list[DataFile]:
     """The files a job staged on its branch: those its staging snapshot added, and those of the approved
     canary's snapshot beneath it (``staged_on``), which stage built on rather than staged again."""
     ids = [state.get("staged_on"), state.get("staged_snapshot_id")]

@@ -38,6 +38,7 @@ from timelake.model.lineage import Lineage, Origin, PlanMark
 from timelake.model.timeutil import US_PER_DAY
 from timelake.ports.files import filesystem, make_parent
 from timelake.ports.runtime import Runtime
+from timelake.ports.store import JobState
 
 KINDS = ("changed", "only_before", "only_after")  # the kinds of sample rows, side by side
 SAMPLES = 5  # sample rows of each kind a task or unit keeps, and the job keeps per day
@@ -396,7 +397,7 @@ def read_facts(uri: str) -> tuple[pa.Table, dict[str, list[dict[str, Any]]]] | N
     return table.replace_schema_metadata(None), samples
 
 
-def mark_of(state: dict[str, Any]) -> PlanMark:
+def mark_of(state: JobState) -> PlanMark:
     """The snapshot of main a job's diff compares with: the plan's (a dry run's cut takes one of its own)."""
     return PlanMark(state["diff"]["base_snapshot_id"], state["diff"]["base_sequence_number"])
 
@@ -429,7 +430,7 @@ class MainAtPlan:
     partition's (`timelake.steps.diff`): planned once over the range (by the writers of one process
     together) and read per unit, a row group at a time, the series dictionary-encoded."""
 
-    def __init__(self, table: Any, contract: Contract, state: dict[str, Any], job_id: str,
+    def __init__(self, table: Any, contract: Contract, state: JobState, job_id: str,
                  dictionaries: tuple[str, ...]) -> None:
         self._args = (table, contract, state, job_id)
         self._dictionaries = dictionaries

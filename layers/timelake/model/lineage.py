@@ -29,6 +29,7 @@ from pyiceberg.table import ManifestGroupPlanner
 from pyiceberg.table.snapshots import Operation
 
 from timelake.model.iceberg_private import with_metadata
+from timelake.ports.store import JobState
 
 if TYPE_CHECKING:
     from pyiceberg.table import FileScanTask
@@ -58,16 +59,16 @@ class PlanMark:
         return cls(snapshot.snapshot_id, snapshot.sequence_number or 0)
 
     @classmethod
-    def of(cls, state: dict[str, Any], table: IcebergTable) -> PlanMark:
+    def of(cls, state: JobState, table: IcebergTable) -> PlanMark:
         """The mark a job's state recorded (a job planned before marks were kept: from its base
         snapshot, while that is still in the metadata)."""
         base = state.get("base_snapshot_id")
         if "base_sequence_number" in state:
-            return cls(base, int(state["base_sequence_number"]))
+            return cls(base, int(state["base_sequence_number"] or 0))
         snapshot = table.snapshot_by_id(base) if base is not None else None
         return cls(base, (snapshot.sequence_number or 0) if snapshot is not None else 0)
 
-    def state(self) -> dict[str, Any]:
+    def state(self) -> JobState:
         return {"base_snapshot_id": self.snapshot_id, "base_sequence_number": self.sequence_number}
 
 
@@ -175,7 +176,7 @@ def referenced_files(table: IcebergTable) -> set[str]:
     return paths
 
 
-def planned_view(table: IcebergTable, state: dict[str, Any]) -> IcebergTable:
+def planned_view(table: IcebergTable, state: JobState) -> IcebergTable:
     """The table as the job's plan saw it: the schema and partition spec of then, whatever another
     engine changed since. The job's rows were mapped onto that schema and cut into that spec's
     partitions, so they are written, described and checked in its terms; Iceberg readers project

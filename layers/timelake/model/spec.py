@@ -19,7 +19,7 @@ from timelake.model.timeutil import parse_instant
 from timelake.model.window import Window, window_of
 
 if TYPE_CHECKING:
-    from timelake.ports.store import JobRecord
+    from timelake.ports.store import JobRecord, JobState
 
 Mode = Literal["merge", "replace", "append"]
 PublishBy = Literal["day", "week", "month"]
@@ -303,7 +303,7 @@ _SETTING_FIELDS: dict[str, Any] = {name: (JobSpec.model_fields[name].annotation,
 Settings = create_model("Settings", __config__=ConfigDict(extra="forbid"), **_SETTING_FIELDS)
 
 
-def current_spec(spec: dict[str, Any], state: dict[str, Any]) -> JobSpec:
+def current_spec(spec: dict[str, Any], state: JobState) -> JobSpec:
     """A job's spec with the settings changed since it was submitted: what its steps go by."""
     return JobSpec.model_validate({**spec, **state.get("settings", {})})
 

@@ -13,11 +13,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from datetime import datetime, time, timedelta
-from typing import Any
+from typing import Any, Final
 from zoneinfo import ZoneInfo
 
-PAUSED_UNTIL = "paused_until"  # job state: the instant (the runtime clock's epoch seconds) the window opens next
-PAUSES = "pauses"  # job state: [start, end] of each pause, end None while it lasts
+from timelake.ports.store import JobState
+
+PAUSED_UNTIL: Final = "paused_until"  # job state: the instant (the runtime clock's epoch seconds) the window opens next
+PAUSES: Final = "pauses"  # job state: [start, end] of each pause, end None while it lasts
 _TEXT = re.compile(r"^\s*(\d{1,2}):(\d{2})\s*-\s*(\d{1,2}):(\d{2})\s*$")
 DEFAULT_TZ = "UTC"
 
@@ -94,6 +96,6 @@ def iso_local(instant: float, tz: str) -> str:
     return datetime.fromtimestamp(instant, ZoneInfo(tz)).isoformat(timespec="seconds")
 
 
-def paused_seconds(state: dict[str, Any], start: float, end: float) -> float:
+def paused_seconds(state: JobState, start: float, end: float) -> float:
     """Seconds of ``[start, end]`` the job spent paused; a pause that lasts runs to ``end``."""
     return sum(max(0.0, min(end, b if b is not None else end) - max(start, a)) for a, b in state.get(PAUSES, []))

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import Any, Protocol, TypedDict, Unpack
 
 from timelake.errors import JobBusy, JobNotFound, LeaseConflict
 
@@ -39,13 +39,98 @@ class Phase(StrEnum):
     ABORTED = "aborted"
 
 
+class JobState(TypedDict, total=False):
+    """What the steps record about a job, one key per fact, each written by the step named beside it
+    and read by the later ones (and by a resume in another process). Stored as JSON, so values are
+    JSON's types; nested records stay plain dicts where only the step that wrote them reads inside.
+    Every key is optional: a job gains them as it goes."""
+
+    # plan: scan
+    planned_at_us: int  # the plan's instant, the "now" of retention and of live-row lineage
+    scan_tasks: list[list[int]]  # [first, last) source pieces per scan task
+    source_bytes: int
+    schema_id: int
+    spec_id: int
+    direct_partitions: int  # partitions a scan task writes as their final file itself
+    source_uri: str
+    source_fingerprint: str
+    source_plan: dict[str, Any] | None  # what a scan in another process needs to list the same pieces
+    columns_filled_with_null: list[str]
+    ignored_source_columns: list[str]
+    # plan: cut
+    rows_in_source: int
+    rows_in_scope: int
+    rows_rejected: dict[str, int]  # per reason
+    rejected_examples: dict[str, Any]
+    rows_outside_range: int
+    rows_outside_retention: int
+    time_range: dict[str, str | None]
+    range_start: int  # epoch microseconds, inclusive
+    range_end: int  # epoch microseconds, exclusive
+    source_gaps: list[Any]
+    units_total: int
+    estimated_cost: dict[str, Any]
+    partition_sums: dict[str, Any]
+    check_column: str | None
+    value_issues: list[dict[str, Any]]  # `model.issues.Issues.to_json`
+    states: dict[str, int]
+    issue_days: dict[str, int]
+    reject_budget: dict[str, Any]
+    overlap_existing_rows: int  # dry run
+    rows_duplicate_in_source: int  # dry run
+    would_fail: str | None  # dry run
+    diff: dict[str, Any]  # the diff's main tasks
+    branch: str
+    base_snapshot_id: int | None  # main at the plan (`model.lineage.PlanMark`)
+    base_sequence_number: int | None
+    # canary
+    canary: dict[str, Any]
+    canary_report: dict[str, Any]
+    canary_snapshot_id: int | None
+    awaiting_since: float
+    canary_approved: bool
+    approved_at: float
+    approval_token: str | None
+    # stage, validate
+    staged_snapshot_id: int | None
+    staged_on: int | None
+    files: int
+    validation_snapshots: dict[str, Any]
+    checks: list[dict[str, Any]]
+    diff_job: dict[str, Any]  # the job's diff, in brief
+    diff_canary: dict[str, Any]  # the canary day's diff, in brief
+    # publish, abort (`steps.abort`: committing and publish_committed guard abort against publish)
+    published_chunks: dict[str, list[int]]  # chunk key -> the snapshot ids that hold it on main
+    publish_conflicts: dict[str, float]  # staged rows live rows won over at publish: rows, sum
+    rows_replaced: int
+    committing: dict[str, Any] | None
+    publish_committed: bool
+    abort_requested: bool
+    files_deleted: int
+    chunks_on_main: list[str]
+    # after publish
+    rollups_refreshed: list[str]
+    rule_events: int
+    # the runner, the orchestrator, settings mid-job
+    runs: list[list[float]]  # [start, last heartbeat] per run of the runner, epoch seconds
+    runner: dict[str, Any]
+    failed_phase: Phase
+    error: str | None
+    execution_arn: str
+    executions: list[str]
+    settings: dict[str, Any]
+    settings_log: list[dict[str, Any]]
+    paused_until: float | None  # quiet hours: when the window opens next (`model.window`)
+    pauses: list[list[Any]]  # [start, end] of each pause in epoch seconds, end None while it lasts
+
+
 @dataclass
 class JobRecord:
     job_id: str
     table: str
     phase: Phase
     spec: dict[str, Any]
-    state: dict[str, Any] = field(default_factory=dict)
+    state: JobState = field(default_factory=lambda: JobState())
     created_at: float = 0.0
     updated_at: float = 0.0
     #: ``[phase, epoch seconds]`` each time the job entered a phase, oldest first; the store appends it
@@ -101,6 +186,22 @@ def accept(job: JobRecord) -> None:
 MAX_PHASE_LOG = 500  # a job resumed over and over keeps its latest entries
 
 
+STATE_KEYS = JobState.__required_keys__ | JobState.__optional_keys__
+
+
+def apply_update(job: JobRecord, phase: Phase | None, state: JobState, now: float) -> None:
+    """What every store does to a job it updates. A key not declared in `JobState` is refused: type
+    checking sees keyword arguments, but not a ``**mapping`` built at run time, and a misspelt key
+    would be written and never read."""
+    unknown = sorted(set(state) - STATE_KEYS)
+    if unknown:
+        raise TypeError(f"job {job.job_id}: state key(s) {', '.join(unknown)} not declared in JobState")
+    job.state.update(state)
+    job.phase = phase or job.phase
+    job.updated_at = now
+    log_phase(job, phase, now)
+
+
 def log_phase(job: JobRecord, phase: Phase | None, now: float) -> None:
     """Note that ``job`` enters ``phase`` at ``now``. Entering the phase it is in appends too: a step
     resumed after a crash starts a new stretch of its phase."""
@@ -111,8 +212,8 @@ def log_phase(job: JobRecord, phase: Phase | None, now: float) -> None:
 class JobStore(Protocol):
     def create_job(self, job: JobRecord) -> None: ...
     def get_job(self, job_id: str) -> JobRecord: ...
-    def update_job(self, job_id: str, phase: Phase | None = None, **state: Any) -> JobRecord: ...
-    def update_job_if(self, job_id: str, guard: Guard, phase: Phase | None = None, **state: Any) -> JobRecord:
+    def update_job(self, job_id: str, phase: Phase | None = None, **state: Unpack[JobState]) -> JobRecord: ...
+    def update_job_if(self, job_id: str, guard: Guard, phase: Phase | None = None, **state: Unpack[JobState]) -> JobRecord:
         """``update_job``, atomically only if ``guard`` accepts the job as stored at the moment of the
         write: it raises to refuse, and nothing is written. Abort and publish decide who goes first
         through this (a transaction on SQLite, a conditional write on DynamoDB): no process can

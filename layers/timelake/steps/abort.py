@@ -31,8 +31,6 @@ from timelake.steps.write import unit_path
 ABORTABLE_AFTER = {Phase.PUBLISHED: "it is published (its rows are on main)", Phase.DRY_RUN_COMPLETE: "a dry run leaves nothing to abort"}
 ABORT_WAIT_SECONDS = 120.0  # a chunk commit takes well under a second, 50 conflicting retries about a minute
 COMMIT_STALE_SECONDS = 900.0  # Lambda's time limit: a commit marked in flight for longer died with its process
-IN_FLIGHT = "committing"  # job state: the chunk commit publish is making now, and since when
-ALL_COMMITTED = "publish_committed"  # job state: every chunk is on main; too late to abort
 
 
 class CommitInFlight(BackfillError):
@@ -46,14 +44,12 @@ def request_abort(rt: Runtime, job_id: str) -> None:
 
 def claim_commit(rt: Runtime, job_id: str, chunk: str) -> None:
     """Publish, before committing ``chunk``: mark the commit in flight, unless an abort came first."""
-    flight: dict[str, Any] = {IN_FLIGHT: {"chunk": chunk, "since": time.time()}}
-    rt.store.update_job_if(job_id, _not_aborted, **flight)
+    rt.store.update_job_if(job_id, _not_aborted, committing={"chunk": chunk, "since": time.time()})
 
 
-def claim_publish(rt: Runtime, job_id: str, **state: Any) -> JobRecord:
+def claim_publish(rt: Runtime, job_id: str) -> JobRecord:
     """Publish, after its last chunk commit: from here the job is published and abort refuses it."""
-    marks: dict[str, Any] = {ALL_COMMITTED: True, IN_FLIGHT: None}
-    return rt.store.update_job_if(job_id, _not_aborted, **marks, **state)
+    return rt.store.update_job_if(job_id, _not_aborted, publish_committed=True, committing=None)
 
 
 def start_publish(rt: Runtime, job_id: str) -> JobRecord:
@@ -108,13 +104,13 @@ def _fence(rt: Runtime, job: JobRecord, table: Any, wait: float) -> JobRecord:
     say so), and as dead after ``COMMIT_STALE_SECONDS``."""
     job_id, deadline = job.job_id, time.monotonic() + wait
     while True:
-        flight = rt.store.get_job(job_id).state.get(IN_FLIGHT)
+        flight = rt.store.get_job(job_id).state.get("committing")
         keys = chunk_keys(rt, job_id, job.spec.get("publish_by")) if flight is not None else []
         done = flight is not None and landed(table.refresh(), job_id, flight["chunk"], keys) is not None
 
         def guard(current: JobRecord) -> None:
             _abortable(current)
-            now = current.state.get(IN_FLIGHT)
+            now = current.state.get("committing")
             if now is not None and not (done and now == flight) and time.time() - now["since"] < COMMIT_STALE_SECONDS:  # noqa: B023 (update_job_if calls guard in this iteration)
                 raise CommitInFlight(f"job {job_id} is committing chunk {now['chunk']} to main; "
                                      f"abort refused after waiting {wait:g} s, run it again")
@@ -130,7 +126,7 @@ def _fence(rt: Runtime, job: JobRecord, table: Any, wait: float) -> JobRecord:
 def _abortable(job: JobRecord) -> None:
     if job.phase in ABORTABLE_AFTER:
         raise BackfillError(f"job {job.job_id} cannot be aborted: {ABORTABLE_AFTER[job.phase]}")
-    if job.state.get(ALL_COMMITTED):
+    if job.state.get("publish_committed"):
         raise BackfillError(f"job {job.job_id} cannot be aborted: every chunk is on main; it is being published")
 
 

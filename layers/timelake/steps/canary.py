@@ -30,7 +30,7 @@ from timelake.model.spec import JobSpec
 from timelake.model.timeutil import US_PER_DAY, iso, iso_seconds, to_micros
 from timelake.ports.files import filesystem
 from timelake.ports.runtime import Runtime
-from timelake.ports.store import JobRecord, Phase, UnitRecord
+from timelake.ports.store import JobRecord, JobState, Phase, UnitRecord
 from timelake.sources.base import SourceBatch
 from timelake.steps import diff, spill
 from timelake.steps.abort import abort
@@ -176,7 +176,7 @@ def build(rt: Runtime, job: JobRecord, units: list[UnitRecord], snapshot_id: int
     }
 
 
-def _rejects(state: dict[str, Any], chosen: dict[str, Any], samples: list[dict[str, Any]]) -> dict[str, Any]:
+def _rejects(state: JobState, chosen: dict[str, Any], samples: list[dict[str, Any]]) -> dict[str, Any]:
     """The day's rows left out or nulled (those whose time could be read; the scan counted them per UTC
     day), with examples, beside the whole job's count against its budget: shown first, a day that looks
     right while rows are missing is the case a canary exists for."""
@@ -205,7 +205,7 @@ def _day_text(day: int) -> str:
     return iso(day * US_PER_DAY)[:10]
 
 
-def _day_state(state: dict[str, Any], units: list[UnitRecord], snapshot_id: int | None) -> dict[str, Any]:
+def _day_state(state: JobState, units: list[UnitRecord], snapshot_id: int | None) -> JobState:
     """The job's state narrowed to the canary's units: the row balance is over the rows those units
     read (rejections and out-of-range rows belong to the whole source, not to one day)."""
     partitions = {u.info["partition"] for u in units}
@@ -358,7 +358,7 @@ class _Stats:
         return {"rows": self.rows, "nulls": self.nulls, "min": plain(self.min), "max": plain(self.max)}
 
 
-def _projected(state: dict[str, Any], rows_in: int, written: int, seconds: float, units: int) -> dict[str, Any]:
+def _projected(state: JobState, rows_in: int, written: int, seconds: float, units: int) -> dict[str, Any]:
     """The whole job, from the plan's counts and the canary's measured keep rate and write speed."""
     total = state.get("rows_in_scope", 0)
     rate = rows_in / seconds if seconds > 0 else None

@@ -209,8 +209,10 @@ def conclude(rt: Runtime, job_id: str, scope: str = "job", units: list[UnitRecor
     fs, path = filesystem(rt.staging_path(job_id, "diff", f"{scope}.json"))
     with fs.open_output_stream(path) as out:
         out.write(json.dumps(summary).encode())
-    brief: dict[str, Any] = {f"diff_{scope}": _brief(summary)}
-    rt.store.update_job(job_id, **brief)
+    if scope == "canary":
+        rt.store.update_job(job_id, diff_canary=_brief(summary))
+    else:
+        rt.store.update_job(job_id, diff_job=_brief(summary))
     return summary
 
 

@@ -32,7 +32,7 @@ from timelake.model.timeutil import (US_PER_DAY, floor_to, from_micros, iso, nex
                                      subtract_duration, to_micros)
 from timelake.ports.files import filesystem, make_parent
 from timelake.ports.runtime import Runtime
-from timelake.ports.store import JobRecord, Lease, Phase, UnitRecord
+from timelake.ports.store import JobRecord, JobState, Lease, Phase, UnitRecord
 from timelake.sources.base import Source
 from timelake.steps import failures, rejects
 from timelake.steps.scan import (
@@ -233,7 +233,7 @@ def cut(rt: Runtime, job_id: str) -> dict[str, Any]:
                          f"jobs cover years {FIRST_YEAR}-{LAST_YEAR}: pass an end to leave those rows out")
     range_start, range_end = _job_range(total, start_us, end_us)
     units = _cut_units(total, contract)
-    state: dict[str, Any] = {
+    state: JobState = {
         "rows_in_source": total.rows_in_source,
         "rows_in_scope": total.rows_in_scope,
         "rows_rejected": dict(total.rejected),
@@ -256,9 +256,9 @@ def cut(rt: Runtime, job_id: str) -> dict[str, Any]:
     over_budget = rejects.failure(state[rejects.CHECK], total.issues)
     predicts = compares(spec.mode, spec.diff)
     if spec.dry_run:
-        state.update(overlap_existing_rows=total.overlap_existing_rows,
-                     rows_duplicate_in_source=total.duplicates_in_source,
-                     would_fail=dst_failure(total, spec.dst_policy) or over_budget)
+        state.update({"overlap_existing_rows": total.overlap_existing_rows,
+                      "rows_duplicate_in_source": total.duplicates_in_source,
+                      "would_fail": dst_failure(total, spec.dst_policy) or over_budget})
         if not predicts:
             clear_staging(rt, job_id)
             rt.store.update_job(job_id, Phase.DRY_RUN_COMPLETE, **state)
@@ -271,8 +271,8 @@ def cut(rt: Runtime, job_id: str) -> dict[str, Any]:
         return {"job_id": job_id, "dry_run": True, "units": len(units)}
     refuse_dst(total, spec.dst_policy)
     if over_budget:  # before the lease and the branch: nothing to write, nothing to undo
-        rt.store.update_job(job_id, Phase.FAILED_VALIDATION, **state, checks=[rejects.check(state)],
-                            error=f"{rejects.CHECK}: {over_budget}")
+        state.update({"checks": [c for c in [rejects.check(state)] if c], "error": f"{rejects.CHECK}: {over_budget}"})
+        rt.store.update_job(job_id, Phase.FAILED_VALIDATION, **state)
         raise ValidationFailed(f"job {job_id}: validation failed ({rejects.CHECK}): {over_budget}; nothing was "
                                "written or published, main is untouched")
     rt.store.acquire_lease(Lease(spec.table, range_start, range_end, job_id))
@@ -280,7 +280,7 @@ def cut(rt: Runtime, job_id: str) -> dict[str, Any]:
     mark = PlanMark.at(table)
     if mark.snapshot_id is not None:  # on an empty table, stage creates the branch at its own snapshot: main gets no commit
         fork_branch(table, branch, mark.snapshot_id)
-    state.update(branch=branch, **mark.state())
+    state.update({"branch": branch, **mark.state()})
     if predicts:
         state["diff"] = plan_main_tasks(rt, job_id, table, contract, spec.mode, range_start, range_end, units, mark,
                                         spec.max_concurrency or os.cpu_count() or 1)

@@ -40,9 +40,9 @@ from timelake.model.timeutil import floor_to, iso, next_boundary
 from timelake.ports.events import BACKFILL_PUBLISHED
 from timelake.ports.files import filesystem
 from timelake.ports.runtime import Runtime
-from timelake.ports.store import Phase
+from timelake.ports.store import JobState, Phase
 from timelake.steps import diff
-from timelake.steps.abort import ALL_COMMITTED, IN_FLIGHT, claim_commit, claim_publish, start_publish
+from timelake.steps.abort import claim_commit, claim_publish, start_publish
 from timelake.steps.plan import CHUNKS, read_json, write_json
 from timelake.steps.redo import missing_files, refuse_drift, require_files
 from timelake.steps.write import drop_existing, existing_mask, write_parquet
@@ -75,13 +75,13 @@ def _publish(rt: Runtime, job_id: str, max_chunks: int | None, between: Callable
     planned = planned_view(table, state)  # the staged files' schema and spec, whatever changed since
     contract = Contract.from_table(planned)
     units = rt.store.units(job_id)
-    done = bool(state.get(ALL_COMMITTED))
+    done = bool(state.get("publish_committed"))
     # the files stage committed to the branch, as the units recorded them (stage built the same DataFiles
     # from the same records, and validation checked that the branch holds exactly those); once every
     # chunk is on main the staging snapshot may be gone from the metadata (forgotten below)
-    staged = data_files(planned, [u.result for u in units if u.result.get("path")]) if state.get(
-        "staged_snapshot_id") and not done else []
-    copy = staged_manifests(table, state["staged_snapshot_id"], staged) if staged else None
+    staged_id = state.get("staged_snapshot_id")
+    staged = data_files(planned, [u.result for u in units if u.result.get("path")]) if staged_id and not done else []
+    copy = staged_manifests(table, staged_id, staged) if staged_id and staged else None
     written: dict[str, list[DataFile]] = {}  # manifests the chunk commits added -> their files, for the coverage update
     published: dict[str, list[int]] = dict(state.get("published_chunks", {}))
     late = dict(state.get("publish_conflicts", {"rows": 0, "sum": 0.0}))
@@ -117,7 +117,7 @@ def _publish(rt: Runtime, job_id: str, max_chunks: int | None, between: Callable
                 checkpoint("publish.committed")
         published[chunk.key] = marker
         rt.store.update_job(job_id, published_chunks=published, publish_conflicts=late, rows_replaced=replaced,
-                            **{IN_FLIGHT: None})
+                            committing=None)
         checkpoint("publish.chunk")
         rt.bus.put(BACKFILL_PUBLISHED, {
             "job_id": job_id, "table": spec.table, "mode": spec.mode, "chunk": chunk.key,
@@ -136,7 +136,7 @@ def _publish(rt: Runtime, job_id: str, max_chunks: int | None, between: Callable
     return {"job_id": job_id, "done": True, "chunks_published": len(published)}
 
 
-def _chunks(rt: Runtime, job_id: str, table: IcebergTable, contract: Contract, spec: JobSpec, state: dict[str, Any],
+def _chunks(rt: Runtime, job_id: str, table: IcebergTable, contract: Contract, spec: JobSpec, state: JobState,
             staged: list[DataFile], mark: PlanMark) -> list[Chunk]:
     """The job's publish chunks, cut once and kept in its staging area: a resume must commit exactly the
     chunks the first attempt cut, whatever main looks like by then (`landed` compares chunk keys)."""
@@ -203,7 +203,7 @@ def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
     return merged
 
 
-def _planned_spans(table: IcebergTable, contract: Contract, state: dict[str, Any], job_id: str,
+def _planned_spans(table: IcebergTable, contract: Contract, state: JobState, job_id: str,
                    mark: PlanMark) -> list[tuple[int, int]]:
     """[lo, hi) time spans of main's files that may hold rows of the job's range from before the plan:
     replace mode removes them chunk by chunk, so their periods need chunks of their own."""

@@ -21,7 +21,7 @@ from timelake.errors import BackfillError, FilesLost
 from timelake.model.contract import Contract
 from timelake.ports.files import filesystem
 from timelake.ports.runtime import Runtime
-from timelake.ports.store import Phase, UnitRecord
+from timelake.ports.store import JobState, Phase, UnitRecord
 from timelake.steps.plan import scan
 from timelake.steps.scan import direct_plan, read_result, result_uri
 
@@ -97,7 +97,7 @@ def _direct_units(rt: Runtime, job_id: str, unit_ids: list[str]) -> dict[str, tu
     return found
 
 
-def require_files(rt: Runtime, job_id: str, table: Any, state: dict[str, Any], staged: list[Any]) -> None:
+def require_files(rt: Runtime, job_id: str, table: Any, state: JobState, staged: list[Any]) -> None:
     """Publish, before its first commit: every staged file exists. While the job's branch holds its
     staging snapshot no engine deletes them; without it (someone removed the branch) they are orphans,
     and a publish of a missing file would leave main unreadable. Missing files are written again and
@@ -115,7 +115,7 @@ def require_files(rt: Runtime, job_id: str, table: Any, state: dict[str, Any], s
         f"writes, stages and validates them again")
 
 
-def require_branch(rt: Runtime, job_id: str, table: Any, state: dict[str, Any]) -> None:
+def require_branch(rt: Runtime, job_id: str, table: Any, state: JobState) -> None:
     """Validation, first: the job's branch still holds its staging snapshot. If someone removed the branch
     (or moved it), the staged files are unprotected and the snapshot may be gone: the job goes back to
     stage, which commits the units' files again (writing any that cleanup took)."""

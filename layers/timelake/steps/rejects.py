@@ -12,15 +12,16 @@ that would read them. Rows a DST policy drops or folds were asked for, and do no
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Final
 
 from timelake.model.spec import JobSpec
 from timelake.model.issues import Issues
+from timelake.ports.store import JobState
 
 DEFAULT_PERCENT = "0.1%"
 NOT_COUNTED = {"dst_nonexistent", "dst_ambiguous", "dst_collapsed"}  # a DST policy's own choice
 TOP_KINDS = 3  # kinds named per column in a message
-CHECK = "reject_budget"
+CHECK: Final = "reject_budget"
 
 
 def counted(kind: str) -> bool:
@@ -38,10 +39,10 @@ def budget(spec: JobSpec, rows_in_source: int, issues: Issues) -> dict[str, Any]
             "rows_in_source": rows_in_source, "passed": used <= allowed}
 
 
-def failure(state: dict[str, Any], issues: Issues) -> str | None:
+def failure(budget: dict[str, Any], issues: Issues) -> str | None:
     """Why the job fails its budget (None: it does not): counts, the budget, and per column the largest
     kinds with examples and the option that reads them."""
-    b = state
+    b = budget
     if b["passed"]:
         return None
     share = f"{100 * b['counted'] / b['rows_in_source']:.3g} %" if b["rows_in_source"] else "all"
@@ -64,7 +65,7 @@ def describe(issues: Issues) -> str:
     return "; ".join(parts)
 
 
-def check(state: dict[str, Any]) -> dict[str, Any] | None:
+def check(state: JobState) -> dict[str, Any] | None:
     """The budget as a validation check (the fields of `validate.Check`), from a job's state; None for a
     job planned before the budget existed."""
     b = state.get(CHECK)

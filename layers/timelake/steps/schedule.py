@@ -20,7 +20,7 @@ from timelake.errors import BackfillError
 from timelake.model.spec import Settings, current_spec
 from timelake.model.window import PAUSED_UNTIL, PAUSES, window_of
 from timelake.ports.runtime import Runtime
-from timelake.ports.store import TERMINAL, JobRecord
+from timelake.ports.store import TERMINAL, JobRecord, JobState
 
 MAX_PAUSES = 500  # a job that runs for years of nights keeps its latest pauses
 ATTEMPTS = 20
@@ -61,12 +61,12 @@ def _note(rt: Runtime, job_id: str, until: float | None, now: float) -> None:
         elif not pauses or pauses[-1][1] is not None:
             pauses = [*pauses, [now, None]][-MAX_PAUSES:]
 
-        def unchanged(job: JobRecord, seen: dict[str, Any] = seen) -> None:
+        def unchanged(job: JobRecord, seen: JobState = seen) -> None:
             if job.state.get(PAUSED_UNTIL) != seen.get(PAUSED_UNTIL) or job.state.get(PAUSES) != seen.get(PAUSES):
                 raise _Changed
 
         try:
-            state: dict[str, Any] = {PAUSED_UNTIL: until, PAUSES: pauses}
+            state: JobState = {PAUSED_UNTIL: until, PAUSES: pauses}
             rt.store.update_job_if(job_id, unchanged, **state)
             return
         except _Changed:
@@ -89,7 +89,7 @@ def change_settings(rt: Runtime, job_id: str, **given: Any) -> JobRecord:
             rt.store.set_rate(job_id, wanted["source_rows_per_second"])
         log = [*job.state.get("settings_log", []), {"at": rt.clock.now(), **wanted}][-MAX_PAUSES:]
 
-        def unchanged(current: JobRecord, seen: dict[str, Any] = job.state) -> None:
+        def unchanged(current: JobRecord, seen: JobState = job.state) -> None:
             _unfinished(current)
             if current.state.get("settings_log") != seen.get("settings_log"):
                 raise _Changed

@@ -39,7 +39,7 @@ from timelake.model.spec import JobSpec
 from timelake.model.timeutil import iso
 from timelake.ports.files import filesystem, make_parent
 from timelake.ports.runtime import Runtime
-from timelake.ports.store import Phase
+from timelake.ports.store import JobState, Phase
 from timelake.steps import rejects
 from timelake.steps.plan import job_table, read_json, write_json
 from timelake.steps.redo import require_branch
@@ -101,7 +101,7 @@ class CheckContext:
     once per snapshot over the job's range (``shared``), as the writers share `layout.MainReader`. A
     check on its own (a Lambda) plans main over its file's partition only."""
 
-    state: dict[str, Any]
+    state: JobState
     table: Any
     contract: Contract
     plans: dict[str, SnapshotRange] | None = None
@@ -140,7 +140,7 @@ def check_file(rt: Runtime, job_id: str, file: str, spec_id: int, partition: int
     return {"file": file, "passed": facts.unsorted_at is None and not facts.duplicate_count and not facts.overlap.get("base")}
 
 
-def run_checks(rt: Runtime, job_spec: dict[str, Any], units: list[Any], state: dict[str, Any],
+def run_checks(rt: Runtime, job_spec: dict[str, Any], units: list[Any], state: JobState,
                job_id: str | None = None) -> list[Check]:
     """Every check over the files ``state["staged_snapshot_id"]`` added, against ``units`` and the
     counts in ``state``: the whole job, or (with a narrowed state) one canary day of it. With ``job_id``,
@@ -195,7 +195,7 @@ def _unit_totals(units: list[Any]) -> dict[str, float]:
     return totals
 
 
-def _row_balance(state: dict[str, Any], totals: dict[str, float], staged: list[DataFile]) -> Check:
+def _row_balance(state: JobState, totals: dict[str, float], staged: list[DataFile]) -> Check:
     source = state["rows_in_source"]
     rejected = sum(state["rows_rejected"].values())
     staged_rows = sum(f.record_count for f in staged)
@@ -303,7 +303,7 @@ class _FileFacts:
                       "series": pa.array(data["series"], pa.string())})
 
 
-def _main_views(table: Any, mode: str, state: dict[str, Any], any_staged: bool) -> dict[str, dict[str, Any]]:
+def _main_views(table: Any, mode: str, state: JobState, any_staged: bool) -> dict[str, dict[str, Any]]:
     """The parts of main a staged key must not be on, each as main's current snapshot and the origins of
     its files (`lineage`): rows that were there at the plan ("base"; a key there is a failed check in
     merge mode) and, in merge mode, rows other writers added since ("live": reported, they win at
@@ -319,7 +319,7 @@ def _main_views(table: Any, mode: str, state: dict[str, Any], any_staged: bool) 
     return views
 
 
-def _planned_views(table: Any, contract: Contract, state: dict[str, Any], job_id: str | None,
+def _planned_views(table: Any, contract: Contract, state: JobState, job_id: str | None,
                    views: dict[str, dict[str, Any]], lo: int, hi: int) -> dict[str, SnapshotRange]:
     lineage = Lineage(table, PlanMark.of(state, table), job_id or "")
     return {name: SnapshotRange(table, contract.time_column, lo, hi, contract.dedup_key, snapshot_id=view["snapshot_id"],
@@ -356,7 +356,7 @@ def _stored_facts(rt: Runtime, job_id: str, snapshots: dict[str, Any], path: str
 
 
 def _scan_files(rt: Runtime, job_id: str | None, table: Any, contract: Contract, staged: list[DataFile], mode: str,
-                state: dict[str, Any]) -> list[_FileFacts]:
+                state: JobState) -> list[_FileFacts]:
     """The facts of every staged file: those `check_file` stored (against the same snapshots of main),
     the others computed here, a few files at a time, main planned once over the job's range."""
     planned = state.get("validation_snapshots") if job_id else None
@@ -374,7 +374,7 @@ def _scan_files(rt: Runtime, job_id: str | None, table: Any, contract: Contract,
     return [found.get(f.file_path) or computed[f.file_path] for f in staged]
 
 
-def _file_facts(contract: Contract, state: dict[str, Any], mains: dict[str, SnapshotRange], file: str, spec_id: int,
+def _file_facts(contract: Contract, state: JobState, mains: dict[str, SnapshotRange], file: str, spec_id: int,
                 partition: int) -> _FileFacts:
     """One pass over a staged file's key and value columns, one batch at a time. With the usual key
     (series, time), the file's keys are packed as it goes (8 bytes a row) and main's rows in the partition
@@ -555,7 +555,7 @@ def _unique_keys(facts: list[_FileFacts], contract: Contract) -> Check:
     return Check("unique_keys_in_staged", passed, detail, samples=samples + shared[:SAMPLES] + overlapping[:SAMPLES])
 
 
-def _overlap_with_main(facts: list[_FileFacts], table: Any, mode: str, state: dict[str, Any]) -> list[Check]:
+def _overlap_with_main(facts: list[_FileFacts], table: Any, mode: str, state: JobState) -> list[Check]:
     """Merge mode: no staged key may exist on main as the plan saw it (units drop those). Keys that live
     writers committed since are reported; publish re-checks them and the live rows win."""
     if mode == "replace":
@@ -580,7 +580,7 @@ def _overlap_with_main(facts: list[_FileFacts], table: Any, mode: str, state: di
     return checks
 
 
-def _aggregate(units: list[Any], facts: list[_FileFacts], state: dict[str, Any]) -> Check:
+def _aggregate(units: list[Any], facts: list[_FileFacts], state: JobState) -> Check:
     column = state.get("check_column")
     if not column:
         return Check("aggregate_matches_source", True, "the table has no numeric value column to sum")
