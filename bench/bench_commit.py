@@ -86,7 +86,7 @@ def write_files(count: int) -> tuple[Path, list[dict[str, Any]]]:
         results.append({"rows_in": 12, "rows_written": 12, "rows_duplicate_in_source": 0,
                         "rows_conflicting_existing": 0, "duplicate_sum": 0.0, "conflict_sum": 0.0,
                         "spec_id": 0, "value": day, "spill_bytes_read": 0, "seconds": 0.0,
-                        **write_file(table, rows, path)})
+                        **write_file(table, rows, path, objects=lake.runtime.objects)})
     shutil.rmtree(root / "schema")
     marker.write_text(json.dumps(results))
     return root, results
@@ -220,8 +220,9 @@ def main() -> None:
     root, results = write_files(args.files)
     print(f"{args.files:,} staged files (one a day from {START:%Y-%m-%d} to "
           f"{START + timedelta(days=args.files - 1):%Y-%m-%d}) ready in {time.perf_counter() - made:.1f} s")
-    reference = _create(_lake(root / "reference")).iceberg
-    files = [data_file_from_result(reference, r) for r in results]
+    reference_lake = _lake(root / "reference")
+    reference = _create(reference_lake).iceberg
+    files = [data_file_from_result(reference, r, objects=reference_lake.runtime.objects) for r in results]
     shutil.rmtree(root / "reference")
     rounds = []
     for i in range(args.repeat):

@@ -5,7 +5,7 @@ endpoint URL) in a test. The server runs in a thread of the test process (under 
 per worker) and is shared: a module importing these fixtures gets its own fixture definition, so
 the server is kept per process, not per definition. Clients find it through the standard
 ``AWS_ENDPOINT_URL``, which child processes inherit; pyarrow's S3 file system ignores that variable
-and reads ``TIMELAKE_S3_ENDPOINT`` instead (see `timelake.ports.files.filesystem`).
+and reads ``TIMELAKE_S3_ENDPOINT`` instead (see `timelake.adapters.objects.filesystem`).
 """
 
 from __future__ import annotations

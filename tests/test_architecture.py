@@ -3,7 +3,9 @@
 interfaces → runner → steps → (sources, followup) → model → ports → errors. The adapters
 (`timelake.adapters`, `timelake.aws`) implement the ports and are picked in one composition root;
 only the runner and the interfaces may import them. Every import counts, also one inside a function
-or under ``TYPE_CHECKING``: a lazy import is how a circle usually hides.
+or under ``TYPE_CHECKING``: a lazy import is how a circle usually hides. The ports hold interfaces,
+configuration and pure helpers, never an implementation: that would be an adapter the composition
+root does not pick.
 """
 
 from __future__ import annotations
@@ -137,6 +139,119 @@ def test_the_direction_check_refuses_upward_and_adapter_imports() -> None:
     assert not allowed("timelake.aws.store", "timelake.steps.plan")
     assert allowed("timelake.runner", "timelake.adapters")
     assert allowed("timelake.steps.publish", "timelake.followup.completion")
+
+
+# What a class in a port module may derive from: an interface, or a value (configuration, records).
+PORT_BASES = {"typing.Protocol", "typing.Generic", "pydantic.BaseModel", "enum.Enum", "enum.IntEnum", "enum.StrEnum"}
+# Calls that make what only an adapter makes: a catalog, a file system, a FileIO, an AWS client, a database connection.
+ADAPTER_CALLS = {"pyiceberg.catalog.load_catalog", "pyiceberg.io.load_file_io", "pyarrow.fs.resolve_s3_region",
+                 "sqlite3.connect", "duckdb.connect"}
+
+
+def builds_an_adapter(call: str) -> bool:
+    """Whether ``call`` (a resolved dotted name) constructs a concrete file system, catalog, FileIO,
+    AWS client or database connection."""
+    leaf = call.rpartition(".")[2]
+    return (call in ADAPTER_CALLS or call.split(".")[0] in ("boto3", "botocore")
+            or (call.startswith("pyarrow.fs.") and (leaf.endswith("FileSystem") or leaf == "from_uri"))
+            or (call.startswith("pyiceberg.") and leaf.endswith(("Catalog", "FileIO"))))
+
+
+def dotted(node: ast.expr) -> str | None:
+    """``a.b.c`` for a name or an attribute chain on a name (``X[T]`` reads as ``X``); None for anything else."""
+    if isinstance(node, ast.Subscript):
+        return dotted(node.value)
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        base = dotted(node.value)
+        return f"{base}.{node.attr}" if base else None
+    return None
+
+
+def protocols(tree: ast.Module) -> dict[str, set[str]]:
+    """The `typing.Protocol` classes of a module and the methods each asks for."""
+    aliases = imported_names(tree)
+    return {node.name: {f.name for f in node.body if isinstance(f, ast.FunctionDef) and not f.name.startswith("_")}
+            for node in ast.walk(tree) if isinstance(node, ast.ClassDef)
+            and "typing.Protocol" in {resolve(dotted(b) or "", aliases) for b in node.bases}}
+
+
+def imported_names(tree: ast.Module) -> dict[str, str]:
+    """Each name a module's imports bind (anywhere in it) -> the dotted name it stands for."""
+    found: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                found[alias.asname or alias.name.split(".")[0]] = alias.name if alias.asname else alias.name.split(".")[0]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            for alias in node.names:
+                found[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+    return found
+
+
+def resolve(name: str, aliases: dict[str, str]) -> str:
+    head, _, rest = name.partition(".")
+    return ".".join(filter(None, [aliases.get(head, head), rest]))
+
+
+def adapters_in(source: str, ports: dict[str, set[str]]) -> list[str]:
+    """What makes a port module hold an adapter: a class that derives from anything but an interface or
+    a value (pyiceberg's FileIO, a pyarrow file system), a class that has every method of a port
+    (``ports``: port name -> methods; the module's own protocols count too), and a call that constructs
+    a concrete file system, catalog, FileIO, client or connection."""
+    tree = ast.parse(source)
+    aliases = imported_names(tree)
+    wanted = {**ports, **protocols(tree)}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef):
+            bases = {resolve(dotted(b) or "?", aliases) for b in node.bases}
+            if bases - PORT_BASES:
+                found.append(f"class {node.name} derives from {', '.join(sorted(bases - PORT_BASES))}")
+            if "typing.Protocol" not in bases:
+                methods = {f.name for f in node.body if isinstance(f, ast.FunctionDef)}
+                found += [f"class {node.name} implements the port {port}" for port, asks in sorted(wanted.items())
+                          if asks and asks <= methods]
+        elif isinstance(node, ast.Call) and (name := dotted(node.func)) and builds_an_adapter(resolve(name, aliases)):
+            found.append(f"line {node.lineno} calls {resolve(name, aliases)}")
+    return found
+
+
+def port_protocols() -> dict[str, set[str]]:
+    return {name: methods for path in sorted((ENGINE / "ports").glob("*.py"))
+            for name, methods in protocols(ast.parse(path.read_text())).items()}
+
+
+def test_ports_hold_no_adapter() -> None:
+    """Every implementation is an adapter, which the composition root (`timelake.adapters.compose`) picks:
+    the ports hold interfaces (`typing.Protocol`), configuration, records and pure helpers only."""
+    ports = port_protocols()
+    found = {path.name: adapters_in(path.read_text(), ports) for path in sorted((ENGINE / "ports").glob("*.py"))}
+    assert not any(found.values()), "adapters in timelake.ports:\n" + "\n".join(
+        f"{name}: {finding}" for name, findings in found.items() for finding in findings)
+    assert {"Clock", "ObjectIO", "JobStore", "EventBus", "AlarmSink"} <= set(ports)  # the ports the check compares with
+
+
+def test_the_adapter_check_finds_what_the_ports_once_held() -> None:
+    """The object IO, the catalog and the clock that the ports held before the composition root picked them."""
+    ports = port_protocols()
+    shared_io = "from pyiceberg.io.pyarrow import PyArrowFileIO\nclass SharedFileIO(PyArrowFileIO):\n    pass\n"
+    s3 = "import pyarrow.fs as pafs\ndef _s3(bucket):\n    return pafs.S3FileSystem(region=pafs.resolve_s3_region(bucket))\n"
+    local = "from pyarrow import fs\ndef local(uri):\n    return fs.LocalFileSystem(), uri\n"
+    catalog = "from pyiceberg.catalog import load_catalog\nclass Runtime:\n    def catalog(self):\n        return load_catalog('x')\n"
+    clock = ("import time\nclass SystemClock:\n    def now(self): return time.time()\n    def sleep(self, s): time.sleep(s)\n"
+             "    def wait_until(self, instant, poll): pass\n    def workflow_instant(self, instant): return instant\n")
+    clients = "import boto3, sqlite3\ndef make():\n    return boto3.client('s3'), sqlite3.connect('x.db')\n"
+    assert adapters_in(shared_io, ports) == ["class SharedFileIO derives from pyiceberg.io.pyarrow.PyArrowFileIO"]
+    assert adapters_in(s3, ports) == ["line 3 calls pyarrow.fs.S3FileSystem", "line 3 calls pyarrow.fs.resolve_s3_region"]
+    assert adapters_in(local, ports) == ["line 3 calls pyarrow.fs.LocalFileSystem"]
+    assert adapters_in(catalog, ports) == ["line 4 calls pyiceberg.catalog.load_catalog"]
+    assert adapters_in(clock, ports) == ["class SystemClock implements the port Clock"]
+    assert adapters_in(clients, ports) == ["line 3 calls boto3.client", "line 3 calls sqlite3.connect"]
+    interface = ("from typing import Protocol\nimport pyarrow.fs as pafs\nclass Port(Protocol):\n"
+                 "    def filesystem(self, uri) -> tuple[pafs.FileSystem, str]: ...\n")
+    assert adapters_in(interface, ports) == []
 
 
 def test_every_error_the_engine_raises_on_purpose_has_one_root_and_is_public():

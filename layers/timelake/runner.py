@@ -207,11 +207,13 @@ def _write_all(rt: Runtime, job_id: str, cancel: threading.Event | None, only: l
     main: MainReader | MainAtPlan | None = None
     if spec.mode == "merge" and pending:
         contract = Contract.from_table(rt.load_table(spec.table))
-        main = MainReader(contract.time_column, job.state["range_start"], job.state["range_end"], contract.dedup_key)
+        main = MainReader(contract.time_column, job.state["range_start"], job.state["range_end"], contract.dedup_key,
+                          objects=rt.objects)
     elif spec.mode == "replace" and job.state.get("diff") and pending:  # units that read main's rows of their partition
         table = planned_view(rt.load_table(spec.table), job.state)
         contract = Contract.from_table(table)
-        main = MainAtPlan(table, contract, job.state, job_id, coded_columns(table.schema().as_arrow(), contract.series_key))
+        main = MainAtPlan(table, contract, job.state, job_id, coded_columns(table.schema().as_arrow(), contract.series_key),
+                          objects=rt.objects)
     if pending:  # one writer too is a thread of the fan-out: a concurrency set meanwhile then adds writers
         workers = min(_workers(job), len(pending))
         threads = workers <= setting(THREAD_WRITERS) or job.state.get("rows_in_scope", 0) < setting(IN_PROCESS_ROWS)

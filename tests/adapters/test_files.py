@@ -10,7 +10,8 @@ import pytest
 from pyiceberg.io.pyarrow import PyArrowFileIO
 
 from tests.aws_fixtures import aws, moto_server  # noqa: F401
-from timelake.ports.files import filesystem, location_key
+from timelake.adapters.objects import filesystem
+from timelake.ports.files import location_key
 
 
 def _read(uri: str, io=None) -> pa.Table:

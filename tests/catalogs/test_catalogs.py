@@ -21,8 +21,8 @@ import timelake
 from tests.catalogs.conftest import NamedCatalog, cli_json
 from tests.conftest import cli_main
 from tests.conftest import make_readings, recent, reference_merge, sort_rows
+from timelake.adapters.objects import filesystem
 from timelake.model.report import AWAITING
-from timelake.ports.files import filesystem
 
 TABLE = "iot.sensor"
 COLUMNS = "ts timestamptz, device_id string, value double"

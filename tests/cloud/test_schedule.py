@@ -31,9 +31,9 @@ from tests.cloud.test_limits import EVENTS_PER_STATE, expected_events, history
 from tests.cloud.test_workflow import _upload
 from tests.conftest import SCHEMA, make_readings, recent, reference_merge, sort_rows
 from timelake.adapters import runtime_for
+from timelake.adapters.local import SystemClock
 from timelake.errors import JobNotFound
 from timelake.interfaces.orchestrator import StepFunctionsOrchestrator
-from timelake.ports.clock import SystemClock
 
 BERLIN = "Europe/Berlin"
 WAIT_EVENTS = 2  # WaitStateEntered, WaitStateExited

@@ -62,7 +62,7 @@ def run_handler(name: str, body: bytes) -> tuple[str, bool]:
 
 def try_outside_role(kind: str) -> str:
     """In a worker process: one call its role must not allow; returns the error it got."""
-    from timelake.ports.files import filesystem
+    from timelake.adapters.objects import filesystem
 
     try:
         if kind == "put-data-file":

@@ -21,9 +21,9 @@ from pyiceberg.io.pyarrow import PyArrowFileIO
 
 import timelake
 from tests.conftest import recent, stage_job
+from timelake.adapters.objects import forget_shared_io
 from timelake.followup import heatmap
 from timelake.followup.coverage import EXPECTED_INTERVAL, EXPECTED_SERIES
-from timelake.ports.files import forget_shared_io
 from timelake.steps.publish import publish
 from timelake.steps.validate import validate
 from datetime import UTC

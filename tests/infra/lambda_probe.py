@@ -80,9 +80,9 @@ def engine(settings: dict[str, Any]) -> None:
     from pyiceberg.partitioning import PartitionField, PartitionSpec
     from pyiceberg.transforms import DayTransform
 
+    from timelake.adapters.objects import filesystem
     from timelake.model.commit import swap
     from timelake.model.layout import fresh_schema, time_filter
-    from timelake.ports.files import filesystem
     from timelake.sources.base import open_source
 
     for module in settings["lazy_imports"]:  # what handlers import inside functions

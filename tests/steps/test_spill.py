@@ -13,10 +13,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.conftest import SCHEMA, make_readings, recent, sort_rows
+from timelake.adapters.objects import ArrowObjects
 from timelake.model.spec import JobSpec
 from timelake.steps.plan import cut, pending_pieces, plan, scan
 from timelake.steps.scan import read_result
 from timelake.steps.write import write_unit
+
+OBJECTS = ArrowObjects()  # what the runtime opens files with, for the spill tests that need no lake
 
 
 def _spill_and_write(lake, target_file_size: str, folder: Path | None = None):
@@ -117,7 +120,7 @@ def test_small_runs_share_record_batches_and_a_read_still_gets_only_its_buckets(
     for join_bytes in (0, 64 << 10):
         dictionaries = spill.Dictionaries(SCHEMA, ("device_id",))
         uri = str(tmp_path / f"join-{join_bytes}-{order}.arrow")
-        file = spill.SpillFile(uri, dictionaries, join_bytes)
+        file = spill.SpillFile(uri, dictionaries, join_bytes, objects=OBJECTS)
         for partition, rows in (((0, 1), source), ((0, 2), other)):
             coded = dictionaries.code(rows)
             for lo, hi in pairwise(halves):
@@ -134,14 +137,14 @@ def test_small_runs_share_record_batches_and_a_read_still_gets_only_its_buckets(
     for wanted in (present[:1], present[10:40], present[-5:], present):
         expected = source.filter(pa.array(np.isin(buckets, wanted)))
         counter = spill.SpillRead()
-        got = pa.concat_tables(list(spill.read([joined_uri], (0, 1), wanted, counter))).cast(SCHEMA)
+        got = pa.concat_tables(list(spill.read([joined_uri], (0, 1), wanted, counter, objects=OBJECTS))).cast(SCHEMA)
         # one bucket's rows come back in the order they came (a later row of a key is its correction)
         assert got.equals(expected) if len(wanted) == 1 else sort_rows(got).equals(sort_rows(expected))
         own = expected.num_rows * 20  # spilled bytes a row: ts, value and the series code
         assert counter.bytes_read <= own + 2 * (64 << 10) + (16 << 10), (wanted[:3], counter.bytes_read, own)
-    other_rows = pa.concat_tables(spill.read([joined_uri], (0, 2), None))  # the other partition of the same file
+    other_rows = pa.concat_tables(spill.read([joined_uri], (0, 2), None, objects=OBJECTS))  # the other partition of the same file
     assert other_rows.column("device_id").cast(pa.string()).unique().to_pylist() == ["other"]
-    assert list(spill.read([joined_uri], (0, 3), None)) == []
+    assert list(spill.read([joined_uri], (0, 3), None, objects=OBJECTS)) == []
     assert joined_size < written[0][1]
 
 
@@ -194,16 +197,16 @@ def test_a_spill_of_another_layout_is_refused_with_what_to_do(tmp_path):
     source = make_readings(recent(2), days=1, devices=3, step_minutes=60)
     dictionaries = spill.Dictionaries(SCHEMA, ("device_id",))
     uri = str(tmp_path / "task.arrow")
-    file = spill.SpillFile(uri, dictionaries)
+    file = spill.SpillFile(uri, dictionaries, objects=OBJECTS)
     file.hold(dictionaries.code(source), [(0, 1)], np.zeros(source.num_rows, dtype=np.int64), None, source.nbytes)
     file.close()
-    assert pa.concat_tables(spill.read([uri], (0, 1), None)).num_rows == source.num_rows
+    assert pa.concat_tables(spill.read([uri], (0, 1), None, objects=OBJECTS)).num_rows == source.num_rows
     index = Path(uri + spill.INDEX_SUFFIX)
     body = bytearray(index.read_bytes())
     body[24:32] = (4_321).to_bytes(8, "little")  # an index of the first layout: dictionary bytes in that place
     index.write_bytes(bytes(body))
     with pytest.raises(BackfillError, match=r"task\.arrow was spilled by an earlier version .* abort the job and submit it again"):
-        list(spill.read([uri], (0, 1), None))
+        list(spill.read([uri], (0, 1), None, objects=OBJECTS))
 
 
 @pytest.mark.parametrize("layout", ["runs_of_one_series", "rows_interleaved"])

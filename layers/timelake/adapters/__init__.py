@@ -1,5 +1,7 @@
 """The adapters, and the one place that picks them: a `LakeConfig` names its job store, event bus and
-alarm sink by URI, and `compose` builds the matching embedded or AWS implementation.
+alarm sink by URI and its catalog by name and properties, and `compose` builds the matching embedded
+or AWS implementations, the pyiceberg catalog (`catalog`), pyarrow's object IO (`objects`) and the
+system's clock.
 
 Only the runner and the interfaces import this package; the model, the steps, the sources and the
 after-publish work see the adapters through `timelake.ports` alone.
@@ -9,7 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from timelake.adapters.local import InProcessAlarms, InProcessBus
+from timelake.adapters.catalog import catalog_for
+from timelake.adapters.local import InProcessAlarms, InProcessBus, SystemClock
+from timelake.adapters.objects import ArrowObjects
 from timelake.adapters.sqlite import SqliteJobStore
 from timelake.ports.alarms import AlarmSink
 from timelake.ports.events import EventBus
@@ -19,7 +23,8 @@ from timelake.ports.store import JobStore
 
 def compose(config: LakeConfig, bus: EventBus | None = None, alarms: AlarmSink | None = None) -> Runtime:
     """A runtime for ``config``; ``bus`` and ``alarms`` replace the configured ones (tests, the demo)."""
-    return Runtime(config, bus or _bus(config), lambda: _store(config), (lambda: alarms) if alarms else lambda: _alarms(config))
+    return Runtime(config, bus or _bus(config), lambda: _store(config), (lambda: alarms) if alarms else lambda: _alarms(config),
+                   lambda: catalog_for(config), ArrowObjects(), SystemClock())
 
 
 _RUNTIMES: dict[str, Runtime] = {}

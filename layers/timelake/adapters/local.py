@@ -1,9 +1,13 @@
-"""The embedded adapters: an event bus and an alarm sink that live in the job's process."""
+"""The embedded adapters: an event bus and an alarm sink that live in the job's process, and the
+system's clock."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
+
+from timelake.ports.clock import POLL_SECONDS
 
 
 class InProcessBus:
@@ -37,3 +41,25 @@ class InProcessAlarms:
         self.sent.append((table, event))
         for handler in self._subscribers:
             handler(table, event)
+
+
+class SystemClock:
+    """The clock every job runs on (`timelake.ports.clock.Clock`): the system's time, real sleeps."""
+
+    def now(self) -> float:
+        return time.time()
+
+    def sleep(self, seconds: float) -> None:
+        if seconds > 0:
+            time.sleep(seconds)
+
+    def wait_until(self, instant: float, poll: Callable[[], object]) -> None:
+        while True:
+            poll()
+            left = instant - time.time()
+            if left <= 0:
+                return
+            time.sleep(min(left, POLL_SECONDS))
+
+    def workflow_instant(self, instant: float) -> float:
+        return instant

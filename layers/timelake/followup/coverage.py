@@ -42,7 +42,7 @@ from timelake.model.layout import file_bounds, int_from_bytes
 from timelake.model.timeutil import (
     US_PER_DAY, US_PER_HOUR, floor_to, iso, next_boundary, parse_duration, parse_instant, to_micros, transform_range,
 )
-from timelake.ports.files import filesystem
+from timelake.ports.files import ObjectIO
 from timelake.ports.runtime import Runtime
 
 EXPECTED_INTERVAL = "timelake.expected-interval"
@@ -148,7 +148,7 @@ def compute(
     buckets = [Bucket(a, b, grain_at(a)) for a, b in pairwise(edges)]
     interval = fixed_interval(table.properties[EXPECTED_INTERVAL]) if table.properties.get(EXPECTED_INTERVAL) else None
     fractions = _assign(stats, np.array(edges, dtype=np.int64), buckets, interval)
-    counts = _series_counts(stats, contract, fractions, table.io) if series else None
+    counts = _series_counts(stats, contract, fractions, table.io, objects=rt.objects) if series else None
     series_count, source = _series_count(table, contract, interval, counts)
     leases = rt.store.leases(name)
     for k, b in enumerate(buckets):
@@ -370,7 +370,8 @@ def _split(total: int, weights: np.ndarray) -> np.ndarray:
 
 
 def _series_counts(
-    stats: FileStats, contract: Contract, fractions: Sequence[tuple[int, np.ndarray, np.ndarray]], io: Any,
+    stats: FileStats, contract: Contract, fractions: Sequence[tuple[int, np.ndarray, np.ndarray]], io: Any, *,
+    objects: ObjectIO,
 ) -> dict[int, dict[str, int]]:
     """Rows per series per bucket, reading ONLY the series-key column(s) of the files in range."""
     if not contract.series_key:
@@ -378,7 +379,7 @@ def _series_counts(
 
     def read(item: tuple[int, np.ndarray, np.ndarray]) -> list[tuple[int, str, int]]:
         i, span, share = item
-        fs, path = filesystem(stats.paths[i], io)
+        fs, path = objects.filesystem(stats.paths[i], io)
         with fs.open_input_file(path) as handle:
             keys = pq.read_table(handle, columns=list(contract.series_key))
         labels = _series_labels(keys, contract.series_key)

@@ -35,6 +35,7 @@ from timelake.model.timeutil import (
     parse_instant,
     to_micros,
 )
+from timelake.ports.files import ObjectIO
 from timelake.ports.runtime import Runtime
 
 if TYPE_CHECKING:
@@ -172,7 +173,7 @@ def prepare_range(rt: Runtime, base: str, r: Rollup, lo: int, hi: int,
         raise ValueError(f"rollup {r.interval}: [{iso(lo)}, {iso(hi)}) is not whole {CHUNK[r.interval]}s")
     target = rt.load_table(r.table_name(base))  # before the base: a refresh that commits after this is seen
     snapshot = target.current_snapshot()
-    files, rows = _write(rt.load_table(base), target, r, lo, hi, chunk_done)
+    files, rows = _write(rt.load_table(base), target, r, lo, hi, chunk_done, objects=rt.objects)
     return Prepared(r, target, snapshot.snapshot_id if snapshot else None, lo, hi, files, rows)
 
 
@@ -209,7 +210,7 @@ def _not_overlapped(current: Any, seen: int | None, lo: int, hi: int) -> None:
 
 
 def _write(table: Any, target: Any, r: Rollup, lo: int, hi: int,
-           chunk_done: Callable[[], None] | None = None) -> tuple[list[DataFile], int]:
+           chunk_done: Callable[[], None] | None = None, *, objects: ObjectIO) -> tuple[list[DataFile], int]:
     """Each chunk's rollup rows computed (on threads) and written as data files of ``target``, not committed."""
     import duckdb  # lazily: functions that never reach this leave DuckDB out of their layers
     contract = Contract.from_table(table)
@@ -219,7 +220,7 @@ def _write(table: Any, target: Any, r: Rollup, lo: int, hi: int,
 
     def one(bounds: tuple[int, int]) -> tuple[list[DataFile], int]:
         with db.cursor() as con:
-            rows = compute(con, stream_range(table, contract.time_column, *bounds, columns), contract, r, schema)
+            rows = compute(con, stream_range(table, contract.time_column, *bounds, columns, objects=objects), contract, r, schema)
         return write_rows(target, rows), rows.num_rows
 
     with db, ThreadPoolExecutor(max_workers=WORKERS) as pool:

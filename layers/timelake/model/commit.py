@@ -67,7 +67,7 @@ from timelake.model.iceberg_private import (
 )
 from timelake.model.layout import micros, split_by_code
 from timelake.model.timeutil import TRANSFORMS, transform_values
-from timelake.ports.files import filesystem
+from timelake.ports.files import ObjectIO
 from timelake.ports.store import JobState
 
 if TYPE_CHECKING:
@@ -87,11 +87,11 @@ def summary_value(snapshot: Snapshot, key: str) -> str | None:
     return snapshot.summary.get(key) if snapshot.summary is not None else None
 
 
-def data_file(table: IcebergTable, path: str, spec_id: int, partition_value: int | Record) -> DataFile:
+def data_file(table: IcebergTable, path: str, spec_id: int, partition_value: int | Record, *, objects: ObjectIO) -> DataFile:
     """A DataFile for a Parquet file we wrote, with column statistics read from its footer only.
     ``partition_value``: the time partition's value, or a whole partition record (a rewrite of another
     engine's file, whose spec may have more fields)."""
-    fs, local = filesystem(path)
+    fs, local = objects.filesystem(path)
     with fs.open_input_file(local) as handle:
         size = handle.size()
         metadata = pq.read_metadata(handle)
@@ -106,13 +106,14 @@ def file_statistics(table: IcebergTable, metadata: pq.FileMetaData) -> dict[str,
             **{key: {str(k): v.hex() for k, v in (stats[key] or {}).items()} for key in _BOUNDS}}
 
 
-def data_file_from_result(table: IcebergTable, result: dict[str, Any], sort_order_id: int | None | bool = False) -> DataFile:
+def data_file_from_result(table: IcebergTable, result: dict[str, Any], sort_order_id: int | None | bool = False, *,
+                          objects: ObjectIO) -> DataFile:
     """The DataFile of a unit's file, from the statistics its writer recorded (a result without them,
     from an older writer, reads the footer). ``sort_order_id``: the table's (`_sort_order_id`), when
     the caller builds many."""
     stats = result.get("file_statistics")
     if stats is None:
-        return data_file(table, result["path"], result["spec_id"], result["value"])
+        return data_file(table, result["path"], result["spec_id"], result["value"], objects=objects)
     decoded = dict(stats)
     for key in _COUNTS:
         if (counts := stats.get(key)) is not None:
@@ -174,15 +175,16 @@ def _sort_order_id(table: IcebergTable) -> int | None:
     return order.order_id if fields == [(n, "identity", "ASC") for n in names[:len(fields)]] else None
 
 
-def data_files(table: IcebergTable, results: Iterable[dict[str, Any]]) -> list[DataFile]:
+def data_files(table: IcebergTable, results: Iterable[dict[str, Any]], *, objects: ObjectIO) -> list[DataFile]:
     """The DataFiles of units' results. Writers record their files' statistics, so no file is opened;
     footers of results without them are small reads, latency-bound on object storage: read concurrently."""
     order = _sort_order_id(table)
     results = list(results)
     unrecorded = [r for r in results if "file_statistics" not in r]
     with ThreadPoolExecutor(max_workers=16) as pool:
-        read = dict(zip(map(id, unrecorded), pool.map(lambda r: data_file_from_result(table, r, order), unrecorded), strict=True))
-    return [read[id(r)] if id(r) in read else data_file_from_result(table, r, order) for r in results]
+        read = dict(zip(map(id, unrecorded), pool.map(lambda r: data_file_from_result(table, r, order, objects=objects), unrecorded),
+                        strict=True))
+    return [read[id(r)] if id(r) in read else data_file_from_result(table, r, order, objects=objects) for r in results]
 
 
 def append_files(

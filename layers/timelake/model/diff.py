@@ -36,7 +36,7 @@ from timelake.model.contract import Contract
 from timelake.model.layout import SnapshotRange, dense_unique, series_codes
 from timelake.model.lineage import Lineage, Origin, PlanMark
 from timelake.model.timeutil import US_PER_DAY
-from timelake.ports.files import filesystem, make_parent
+from timelake.ports.files import ObjectIO
 from timelake.ports.runtime import Runtime
 from timelake.ports.store import JobState
 
@@ -375,19 +375,19 @@ def facts_uri(rt: Runtime, job_id: str, kind: str, name: str) -> str:
     return rt.staging_path(job_id, "diff", kind, f"{name}.parquet")
 
 
-def write_facts(uri: str, cells: pa.Table, samples: dict[str, list[dict[str, Any]]]) -> None:
+def write_facts(uri: str, cells: pa.Table, samples: dict[str, list[dict[str, Any]]], *, objects: ObjectIO) -> None:
     """A task's or unit's cells and sample rows as one Parquet file: one object a unit, read back by the job's
     combine (thousands of them on S3: one request each)."""
-    fs, path = filesystem(uri)
-    make_parent(fs, path)
+    fs, path = objects.filesystem(uri)
+    objects.make_parent(fs, path)
     table = cells.replace_schema_metadata({SAMPLES_KEY: json.dumps(samples).encode()})
     with fs.open_output_stream(path) as out:
         pq.write_table(table, out, compression="zstd")
 
 
-def read_facts(uri: str) -> tuple[pa.Table, dict[str, list[dict[str, Any]]]] | None:
+def read_facts(uri: str, *, objects: ObjectIO) -> tuple[pa.Table, dict[str, list[dict[str, Any]]]] | None:
     """What `write_facts` wrote, or None when there is no such file."""
-    fs, path = filesystem(uri)
+    fs, path = objects.filesystem(uri)
     try:
         with fs.open_input_file(path) as handle:
             table = pq.read_table(handle)
@@ -431,9 +431,10 @@ class MainAtPlan:
     together) and read per unit, a row group at a time, the series dictionary-encoded."""
 
     def __init__(self, table: Any, contract: Contract, state: JobState, job_id: str,
-                 dictionaries: tuple[str, ...]) -> None:
+                 dictionaries: tuple[str, ...], *, objects: ObjectIO) -> None:
         self._args = (table, contract, state, job_id)
         self._dictionaries = dictionaries
+        self._objects = objects
         self._plan: SnapshotRange | None = None
         self._lock = threading.Lock()
 
@@ -446,6 +447,6 @@ class MainAtPlan:
             if self._plan is None:
                 snapshot_id, keep = rows_at_plan(table, mark_of(state), job_id)
                 self._plan = SnapshotRange(table, contract.time_column, state["range_start"], state["range_end"],
-                                           tuple(table.schema().as_arrow().names), snapshot_id, keep)
+                                           tuple(table.schema().as_arrow().names), snapshot_id, keep, objects=self._objects)
             plan = self._plan
         return (pa.Table.from_batches([b]) for b in plan.batches(lo, hi, self._dictionaries) if b.num_rows)

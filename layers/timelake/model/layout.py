@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 
 from timelake.model.contract import Contract
 from timelake.model.timeutil import transform_range, transform_values
-from timelake.ports.files import filesystem
+from timelake.ports.files import ObjectIO
 
 if TYPE_CHECKING:
     from pyiceberg.expressions import BooleanExpression
@@ -179,7 +179,7 @@ def read_range(
 
 
 def stream_range(table: IcebergTable, column: str, start_us: int | None, end_us: int | None,
-                 columns: tuple[str, ...] | None = None) -> pa.RecordBatchReader:
+                 columns: tuple[str, ...] | None = None, *, objects: ObjectIO) -> pa.RecordBatchReader:
     """`read_range` as batches, for a consumer that aggregates them: memory holds a batch, not the range.
 
     pyiceberg's own batch reader holds a whole data file at a time (a 128 MB file is 1 GB of Arrow), so a
@@ -187,11 +187,11 @@ def stream_range(table: IcebergTable, column: str, start_us: int | None, end_us:
     its columns picked by field id (a renamed column still matches). Any other file goes through pyiceberg.
     ``columns`` must hold ``column``, which filters the rows."""
     scan = _range_scan(table, column, start_us, end_us, columns)
-    return _stream_tasks(scan, scan.plan_files(), column, start_us, end_us)
+    return _stream_tasks(scan, scan.plan_files(), column, start_us, end_us, objects=objects)
 
 
 def _stream_tasks(scan: Any, tasks: Any, column: str, start_us: int | None, end_us: int | None,
-                  dictionaries: tuple[str, ...] = ()) -> pa.RecordBatchReader:
+                  dictionaries: tuple[str, ...] = (), *, objects: ObjectIO) -> pa.RecordBatchReader:
     """The rows of ``scan``'s planned ``tasks`` in [start, end), a row group at a time where the file allows;
     the text columns named in ``dictionaries`` dictionary-encoded (read so from Parquet: a few thousand
     series, not a string a row)."""
@@ -206,7 +206,7 @@ def _stream_tasks(scan: Any, tasks: Any, column: str, start_us: int | None, end_
 
     def batches() -> Iterator[pa.RecordBatch]:
         for task in tasks:
-            fs, path = filesystem(task.file.file_path, scan.io)
+            fs, path = objects.filesystem(task.file.file_path, scan.io)
             with fs.open_input_file(path) as handle:
                 parquet = pq.ParquetFile(handle)
                 by_id = {int(f.metadata[b"PARQUET:field_id"]): f.name for f in parquet.schema_arrow
@@ -274,11 +274,13 @@ class SnapshotRange:
     """
 
     def __init__(self, table: IcebergTable, column: str, start_us: int | None, end_us: int | None,
-                 columns: tuple[str, ...], snapshot_id: int | None = None, keep: Callable[[Any], bool] | None = None) -> None:
+                 columns: tuple[str, ...], snapshot_id: int | None = None, keep: Callable[[Any], bool] | None = None, *,
+                 objects: ObjectIO) -> None:
         """``keep``: only the snapshot's files whose manifest entries it accepts (`lineage.Lineage.accepts`)."""
         from timelake.model.lineage import main_tasks
 
         self._column = column
+        self._objects = objects
         self._scan = table.scan(row_filter=time_filter(column, start_us, end_us), selected_fields=columns,
                                 snapshot_id=snapshot_id)
         field = table.schema().find_field(column)
@@ -289,7 +291,7 @@ class SnapshotRange:
         """The snapshot's rows in [start, end), which must lie inside the planned range (``dictionaries``:
         text columns to read dictionary-encoded)."""
         tasks = [task for lo, hi, task in self._tasks if lo is None or hi is None or (lo < end_us and hi >= start_us)]
-        return _stream_tasks(self._scan, tasks, self._column, start_us, end_us, dictionaries)
+        return _stream_tasks(self._scan, tasks, self._column, start_us, end_us, dictionaries, objects=self._objects)
 
 
 class MainReader:
@@ -301,19 +303,21 @@ class MainReader:
     until a live commit moves main. A writer on its own (a Lambda, a pool process) plans its unit only.
     """
 
-    def __init__(self, column: str, start_us: int, end_us: int, columns: tuple[str, ...]) -> None:
+    def __init__(self, column: str, start_us: int, end_us: int, columns: tuple[str, ...], *, objects: ObjectIO) -> None:
         self._range = (column, start_us, end_us, columns)
+        self._objects = objects
         self._plan: tuple[int, SnapshotRange] | None = None
         self._lock = threading.Lock()
 
     def batches(self, table: IcebergTable, start_us: int, end_us: int) -> pa.RecordBatchReader:
         snapshot = table.current_snapshot()
         if snapshot is None:
-            return stream_range(table, self._range[0], start_us, end_us, self._range[3])
+            return stream_range(table, self._range[0], start_us, end_us, self._range[3], objects=self._objects)
         with self._lock:
             if self._plan is None or self._plan[0] != snapshot.snapshot_id:
                 column, lo, hi, columns = self._range
-                self._plan = (snapshot.snapshot_id, SnapshotRange(table, column, lo, hi, columns, snapshot.snapshot_id))
+                self._plan = (snapshot.snapshot_id, SnapshotRange(table, column, lo, hi, columns, snapshot.snapshot_id,
+                                                                  objects=self._objects))
             plan = self._plan[1]
         return plan.batches(start_us, end_us)
 

@@ -2,7 +2,8 @@
 
 A port, so that a test can run a job across a night without sleeping through it: the runtime's clock
 (`Runtime.clock`) says what time it is, sleeps, and waits for an instant while staying interruptible.
-Everything else (timestamps in job records, retention cutoffs) keeps the system's time.
+Everything else (timestamps in job records, retention cutoffs) keeps the system's time. The clock a
+job runs on unless a test sets its own is the system's, `timelake.adapters.local.SystemClock`.
 """
 
 from __future__ import annotations
@@ -31,26 +32,6 @@ class Clock(Protocol):
         """When, by the workflow's clock (AWS's: real UTC), this clock reads ``instant``: what a Step
         Functions Wait state waits until. The same instant for the system clock."""
         ...
-
-
-class SystemClock:
-    def now(self) -> float:
-        return time.time()
-
-    def sleep(self, seconds: float) -> None:
-        if seconds > 0:
-            time.sleep(seconds)
-
-    def wait_until(self, instant: float, poll: Callable[[], object]) -> None:
-        while True:
-            poll()
-            left = instant - time.time()
-            if left <= 0:
-                return
-            time.sleep(min(left, POLL_SECONDS))
-
-    def workflow_instant(self, instant: float) -> float:
-        return instant
 
 
 def wait_timestamp(instant: float) -> str:

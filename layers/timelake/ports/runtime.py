@@ -1,4 +1,4 @@
-"""Where a job runs: catalog, job store, event bus, alarm sink and staging area, from a small JSON config.
+"""Where a job runs: catalog, object IO, job store, event bus, alarm sink and staging area, from a small JSON config.
 
 Steps receive a `Runtime` instead of globals so the same step code runs in a writer process, a
 Lambda, or the CLI; each of those rebuilds the runtime from `LakeConfig` through the composition
@@ -15,20 +15,19 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, Field
-from pyiceberg.catalog import Catalog, load_catalog
+from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NoSuchTableError
-from pyiceberg.io import PY_IO_IMPL
 from pyiceberg.table import Table as IcebergTable
 from pyiceberg.utils.config import Config
 
 from timelake.errors import CatalogUnsupported, TableNotFound
 from timelake.ports.alarms import AlarmSink
-from timelake.ports.clock import Clock, SystemClock
+from timelake.ports.clock import Clock
 from timelake.ports.events import EventBus
+from timelake.ports.files import ObjectIO
 from timelake.ports.store import JobStore
 
 DEFAULT_WAREHOUSE = "./.timelake"
-SHARED_FILE_IO = "timelake.ports.files.SharedFileIO"
 # Another engine on the embedded catalog's file (Spark with Iceberg's JdbcCatalog) holds SQLite's locks
 # during its own commits; a commit of ours waits this long for them instead of failing at once with
 # "database is locked" (and then retries as after any conflict).
@@ -124,17 +123,22 @@ _MISSING = object()
 
 
 class Runtime:
-    """The adapters a step works with. The store and the alarm sink are built on first use: a writer
-    process that never touches them opens no database connection and no AWS client. ``clock`` is what
-    quiet hours and the source rate wait on (a test sets its own)."""
+    """The adapters a step works with, as the composition root (`timelake.adapters.compose`) picked them.
+    The catalog, the store and the alarm sink are built on first use: a writer process that never
+    touches them opens no catalog or database connection and no AWS client. ``objects`` opens files
+    and objects by location; ``clock`` is what quiet hours and the source rate wait on (a test sets
+    its own)."""
 
     def __init__(self, config: LakeConfig, bus: EventBus, store: Callable[[], JobStore],
-                 alarms: Callable[[], AlarmSink]) -> None:
+                 alarms: Callable[[], AlarmSink], catalog: Callable[[], Catalog], objects: ObjectIO,
+                 clock: Clock) -> None:
         self.config = config
         self.bus = bus
         self._store = store
         self._alarms = alarms
-        self.clock: Clock = SystemClock()
+        self._catalog = catalog
+        self.objects = objects
+        self.clock = clock
 
     @built_once
     def alarms(self) -> AlarmSink:
@@ -143,11 +147,8 @@ class Runtime:
 
     @built_once
     def catalog(self) -> Catalog:
-        """The catalog, with `SharedFileIO` unless the config names its own FileIO."""
-        try:
-            return load_catalog(self.config.catalog_name, **{PY_IO_IMPL: SHARED_FILE_IO, **self.config.catalog_props})
-        except ValueError as exc:  # pyiceberg's word for a type it does not know or a missing property
-            raise CatalogUnsupported(f"catalog '{self.config.catalog_name}': {exc}") from None
+        """The catalog the config names (`timelake.adapters.catalog`)."""
+        return self._catalog()
 
     def check_catalog(self, name: str | None) -> None:
         """A job that names its catalog runs only on that catalog: a resume, the AWS stack or a DuckDB

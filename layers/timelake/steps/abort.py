@@ -21,7 +21,7 @@ from timelake.followup import completion
 from timelake.model.commit import landed, retire
 from timelake.model.lineage import referenced_files
 from timelake.model.spec import JobSpec
-from timelake.ports.files import filesystem, location_key
+from timelake.ports.files import ObjectIO, location_key
 from timelake.ports.runtime import Runtime
 from timelake.ports.store import JobRecord, Phase, UnitRecord
 from timelake.steps.plan import chunk_keys, clear_staging
@@ -77,7 +77,7 @@ def abort(rt: Runtime, job_id: str, wait: float = ABORT_WAIT_SECONDS) -> dict[st
     candidates: set[str] = written | set(direct_paths(rt, job, table))
     referenced = {location_key(p) for p in referenced_files(table.refresh())}
     kept = {p for p in candidates if location_key(p) in referenced}
-    deleted = sum(_delete(path, table.io) for path in sorted(candidates - kept))
+    deleted = sum(_delete(path, table.io, objects=rt.objects) for path in sorted(candidates - kept))
     clear_staging(rt, job_id)
     rt.store.release_lease(job_id)
     if "range_start" in job.state:  # a refresh during the lease may have marked the range backfilling
@@ -135,8 +135,8 @@ def _not_aborted(job: JobRecord) -> None:
         raise Aborted(f"job {job.job_id} was aborted")
 
 
-def _delete(path: str, io: Any) -> int:
-    fs, local = filesystem(path, io)
+def _delete(path: str, io: Any, *, objects: ObjectIO) -> int:
+    fs, local = objects.filesystem(path, io)
     try:
         fs.delete_file(local)
     except FileNotFoundError:

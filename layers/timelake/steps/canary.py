@@ -28,7 +28,7 @@ from timelake.model.layout import read_range
 from timelake.model.report import AWAITING, approval_deadline
 from timelake.model.spec import JobSpec
 from timelake.model.timeutil import US_PER_DAY, iso, iso_seconds, to_micros
-from timelake.ports.files import filesystem
+from timelake.ports.files import ObjectIO
 from timelake.ports.runtime import Runtime
 from timelake.ports.store import JobRecord, JobState, Phase, UnitRecord
 from timelake.sources.base import SourceBatch
@@ -89,7 +89,7 @@ def check(rt: Runtime, job_id: str, source: Any = None) -> dict[str, Any]:
         raise BackfillError(f"job {job_id}: {len(missing)} canary unit(s) not written yet (first: {missing[0]}); resume the job")
     table = job_table(rt, job)
     written = [u.result for u in units if u.result.get("path")]
-    snapshot_id = stage_files(table, job_id, job.state["branch"], written, STEP)
+    snapshot_id = stage_files(table, job_id, job.state["branch"], written, STEP, objects=rt.objects)
     scoped = _day_state(job.state, units, snapshot_id)
     checks = run_checks(rt, job.spec, units, scoped)
     conclude(rt, job_id, checks, Phase.WRITING, job.state["branch"])
@@ -171,7 +171,7 @@ def build(rt: Runtime, job: JobRecord, units: list[UnitRecord], snapshot_id: int
         "checks": [{k: c[k] for k in ("name", "passed", "detail", "blocking")} for c in state.get("checks", [])],
         **_rejects(state, chosen, samples["rejected"]),
         "samples": samples["rows"],
-        "columns": _column_stats(table, units),
+        "columns": _column_stats(table, units, objects=rt.objects),
         "projected": _projected(state, rows_in, written, seconds, len(rt.store.units(job.job_id))),
     }
 
@@ -302,7 +302,7 @@ def _outcome(mode: str, has_existing: bool) -> str:
             "append": "appended beside the existing row (append)"}[mode]
 
 
-def _column_stats(table: Any, units: list[UnitRecord]) -> list[dict[str, Any]]:
+def _column_stats(table: Any, units: list[UnitRecord], *, objects: ObjectIO) -> list[dict[str, Any]]:
     """Per column, min/max/nulls of the day's mapped source rows (its spill) beside the staged files'
     (their Parquet footers); the difference is the duplicates and conflicts the units dropped."""
     schema = table.schema().as_arrow()
@@ -311,7 +311,7 @@ def _column_stats(table: Any, units: list[UnitRecord]) -> list[dict[str, Any]]:
     for u in units:
         partitions.setdefault((u.info["spec_id"], u.info["value"]), set()).update(u.info["spill"])
     for partition, paths in sorted(partitions.items()):
-        for rows in spill.read(sorted(paths), partition, None):
+        for rows in spill.read(sorted(paths), partition, None, objects=objects):
             for name in schema.names:
                 column = rows.column(name)
                 source[name].add_values(column.cast(column.type.value_type) if pa.types.is_dictionary(column.type) else column)
@@ -319,7 +319,7 @@ def _column_stats(table: Any, units: list[UnitRecord]) -> list[dict[str, Any]]:
     for u in units:
         if not u.result.get("path"):
             continue
-        fs, local = filesystem(u.result["path"])
+        fs, local = objects.filesystem(u.result["path"])
         with fs.open_input_file(local) as handle:
             metadata = pq.read_metadata(handle)
         for g in range(metadata.num_row_groups):

@@ -35,7 +35,7 @@ from timelake.model.layout import SnapshotRange, dense_unique, micros, partition
 from timelake.model.lineage import planned_view
 from timelake.model.spec import JobSpec
 from timelake.model.timeutil import US_PER_DAY, iso
-from timelake.ports.files import filesystem, make_parent
+from timelake.ports.files import ObjectIO
 from timelake.ports.runtime import Runtime
 from timelake.ports.store import Phase, UnitRecord
 from timelake.steps import spill
@@ -55,7 +55,7 @@ def read_main(rt: Runtime, job_id: str, task: int) -> dict[str, Any]:
     plan's snapshot, a row group at a time; counts them per day and series, keeps a few per day, and in
     replace mode spills them for the units. Idempotent: its facts file, written last, marks it done."""
     uri = facts_uri(rt, job_id, "main", main_task_name(task))
-    if _exists(uri):
+    if _exists(uri, objects=rt.objects):
         return {"job_id": job_id, "task": task, "done": True}
     job = rt.store.get_job(job_id)
     spec = JobSpec.model_validate(job.spec)
@@ -72,13 +72,14 @@ def read_main(rt: Runtime, job_id: str, task: int) -> dict[str, Any]:
     lo, hi = definition["start"], definition["end"]
     files = set(definition["files"]) if definition["files"] is not None else None
     snapshot_id, keep = rows_at_plan(planned, mark_of(job.state), job_id, files, definition["rewrites"])
-    reader = SnapshotRange(planned, contract.time_column, lo, hi, tuple(target.names), snapshot_id, keep)
+    reader = SnapshotRange(planned, contract.time_column, lo, hi, tuple(target.names), snapshot_id, keep, objects=rt.objects)
     dictionaries = spill.Dictionaries(target, contract.series_key)
     out = None
     if spec.mode == "replace":  # created even when it stays empty: the units read every spill their partition lists
-        fs, path = filesystem(main_spill_uri(rt, job_id, task))
-        make_parent(fs, path)
-        out = spill.SpillFile(main_spill_uri(rt, job_id, task), dictionaries, spill.join_bytes(contract.target_file_size))
+        fs, path = rt.objects.filesystem(main_spill_uri(rt, job_id, task))
+        rt.objects.make_parent(fs, path)
+        out = spill.SpillFile(main_spill_uri(rt, job_id, task), dictionaries, spill.join_bytes(contract.target_file_size),
+                              objects=rt.objects)
     parts, samples, rows_read = [], [], 0
     per_day: dict[int, int] = {}
     try:
@@ -104,7 +105,7 @@ def read_main(rt: Runtime, job_id: str, task: int) -> dict[str, Any]:
         raise
     if out is not None:
         out.close()
-    write_facts(uri, combine(parts, columns), {"only_before": samples})
+    write_facts(uri, combine(parts, columns), {"only_before": samples}, objects=rt.objects)
     return {"job_id": job_id, "task": task, "rows": rows_read}
 
 
@@ -149,12 +150,12 @@ def pending_main_tasks(rt: Runtime, job_id: str, span: tuple[int, int] | None = 
     tasks = read_json(rt, job_id, MAIN_TASKS) or []
     wanted = [i for i, t in enumerate(tasks) if span is None or (t["start"] < span[1] and t["end"] > span[0])]
     with ThreadPoolExecutor(max_workers=FACT_READERS) as pool:
-        done = list(pool.map(lambda i: _exists(facts_uri(rt, job_id, "main", main_task_name(i))), wanted))
+        done = list(pool.map(lambda i: _exists(facts_uri(rt, job_id, "main", main_task_name(i)), objects=rt.objects), wanted))
     return [i for i, finished in zip(wanted, done, strict=True) if not finished]
 
 
-def _exists(uri: str) -> bool:
-    fs, path = filesystem(uri)
+def _exists(uri: str, *, objects: ObjectIO) -> bool:
+    fs, path = objects.filesystem(uri)
     return fs.get_file_info(path).type != pafs.FileType.NotFound
 
 
@@ -182,8 +183,8 @@ def conclude(rt: Runtime, job_id: str, scope: str = "job", units: list[UnitRecor
     lo, hi = span if span is not None else (job.state["range_start"], job.state["range_end"])
     tasks = [(i, t) for i, t in enumerate(read_json(rt, job_id, MAIN_TASKS) or []) if t["start"] < hi and t["end"] > lo]
     days, series, samples = [], [], []
-    fs, path = filesystem(rt.staging_path(job_id, "diff", f"{scope}.parquet"))
-    make_parent(fs, path)
+    fs, path = rt.objects.filesystem(rt.staging_path(job_id, "diff", f"{scope}.parquet"))
+    rt.objects.make_parent(fs, path)
     with fs.open_output_stream(path) as out, ThreadPoolExecutor(max_workers=FACT_READERS) as pool:
         writer = None
         for first, last, group in _stretches(units, lo, hi):
@@ -206,7 +207,7 @@ def conclude(rt: Runtime, job_id: str, scope: str = "job", units: list[UnitRecor
                "reason": spec.reason, "key": list(contract.dedup_key), "series_key": list(contract.series_key),
                "columns": columns, "range": {"start": iso(lo), "end": iso(hi)},
                **summarize(grouped(days, "day", columns), grouped(series, "series", columns), columns, keep_samples(samples))}
-    fs, path = filesystem(rt.staging_path(job_id, "diff", f"{scope}.json"))
+    fs, path = rt.objects.filesystem(rt.staging_path(job_id, "diff", f"{scope}.json"))
     with fs.open_output_stream(path) as out:
         out.write(json.dumps(summary).encode())
     if scope == "canary":
@@ -243,7 +244,7 @@ def _stretches(units: list[UnitRecord], lo: int, hi: int) -> list[tuple[int, int
 def _facts(pool: ThreadPoolExecutor, rt: Runtime, job_id: str, kind: str,
            names: list[str]) -> list[tuple[pa.Table, dict[str, list[dict[str, Any]]]]]:
     """The cells and samples of main tasks or units, read many at once; one missing is an error."""
-    found = list(pool.map(lambda name: read_facts(facts_uri(rt, job_id, kind, name)), names))
+    found = list(pool.map(lambda name: read_facts(facts_uri(rt, job_id, kind, name), objects=rt.objects), names))
     lost = [name for name, facts in zip(names, found, strict=True) if facts is None]
     if lost:
         raise BackfillError(f"job {job_id}: the diff's facts of {len(lost)} {'main task' if kind == 'main' else 'unit'}(s) "
@@ -267,13 +268,13 @@ def load(rt: Runtime, job_id: str, scope: str | None = None) -> tuple[dict[str, 
     summary came from ``timelake.backfills``), the whole job's if there is one, else its canary's; None
     when the job has none (yet)."""
     for name in ((scope,) if scope else SCOPES):
-        fs, path = filesystem(rt.staging_path(job_id, "diff", f"{name}.json"))
+        fs, path = rt.objects.filesystem(rt.staging_path(job_id, "diff", f"{name}.json"))
         try:
             with fs.open_input_stream(path) as handle:
                 summary = json.loads(handle.read())
         except FileNotFoundError:
             continue
-        fs, path = filesystem(rt.staging_path(job_id, "diff", f"{name}.parquet"))
+        fs, path = rt.objects.filesystem(rt.staging_path(job_id, "diff", f"{name}.parquet"))
         try:
             with fs.open_input_file(path) as handle:
                 cells = pq.read_table(handle)
@@ -287,11 +288,11 @@ def drop_scratch(rt: Runtime, job_id: str) -> None:
     """The diff's scratch files, once its result is written: the main tasks, main's rows they spilled and
     each task's and unit's cells."""
     for kind in ("main", "units"):
-        fs, path = filesystem(rt.staging_path(job_id, "diff", kind))
+        fs, path = rt.objects.filesystem(rt.staging_path(job_id, "diff", kind))
         with contextlib.suppress(FileNotFoundError):
             fs.delete_dir(path)
     for name in (MAIN_TASKS, LOCAL):
-        fs, path = filesystem(rt.staging_path(job_id, name))
+        fs, path = rt.objects.filesystem(rt.staging_path(job_id, name))
         with contextlib.suppress(FileNotFoundError):
             fs.delete_file(path)
 

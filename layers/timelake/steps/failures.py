@@ -9,19 +9,18 @@ from __future__ import annotations
 
 import contextlib
 
-from timelake.ports.files import filesystem, make_parent
 from timelake.ports.runtime import Runtime
 
 
 def note(rt: Runtime, job_id: str, item: str, error: BaseException) -> None:
-    fs, path = filesystem(rt.staging_path(job_id, "failures", f"{item}.txt"))
-    make_parent(fs, path)
+    fs, path = rt.objects.filesystem(rt.staging_path(job_id, "failures", f"{item}.txt"))
+    rt.objects.make_parent(fs, path)
     with fs.open_output_stream(path) as out:
         out.write(f"{type(error).__name__}: {error}".encode())
 
 
 def clear(rt: Runtime, job_id: str, item: str) -> None:
-    fs, path = filesystem(rt.staging_path(job_id, "failures", f"{item}.txt"))
+    fs, path = rt.objects.filesystem(rt.staging_path(job_id, "failures", f"{item}.txt"))
     with contextlib.suppress(FileNotFoundError):
         fs.delete_file(path)
 
@@ -29,7 +28,7 @@ def clear(rt: Runtime, job_id: str, item: str) -> None:
 def first(rt: Runtime, job_id: str, items: list[str]) -> str | None:
     """The recorded failure of the first of ``items`` that has one."""
     for item in items:
-        fs, path = filesystem(rt.staging_path(job_id, "failures", f"{item}.txt"))
+        fs, path = rt.objects.filesystem(rt.staging_path(job_id, "failures", f"{item}.txt"))
         try:
             with fs.open_input_stream(path) as handle:
                 return f"{item}: {handle.read().decode()}"

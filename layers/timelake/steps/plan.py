@@ -30,7 +30,6 @@ from timelake.model.lineage import PlanMark, main_tasks, planned_view
 from timelake.model.spec import FIRST_YEAR, LAST_MICROS, LAST_YEAR, JobSpec, current_spec
 from timelake.model.timeutil import (US_PER_DAY, floor_to, from_micros, iso, next_boundary, partition_starts,
                                      subtract_duration, to_micros)
-from timelake.ports.files import filesystem, make_parent
 from timelake.ports.runtime import Runtime
 from timelake.ports.store import JobRecord, JobState, Lease, Phase, UnitRecord
 from timelake.sources.base import Source
@@ -480,7 +479,7 @@ def _balance(buckets: dict[int, int], slices: int) -> list[list[int]]:
 
 def clear_staging(rt: Runtime, job_id: str, keep: str | None = None) -> None:
     """Delete the job's scratch files, all of them or all but the folder ``keep`` (a dry run's diff)."""
-    fs, root = filesystem(rt.staging_path(job_id))
+    fs, root = rt.objects.filesystem(rt.staging_path(job_id))
     with contextlib.suppress(FileNotFoundError):
         if keep is None:
             fs.delete_dir(root)
@@ -504,7 +503,7 @@ def chunk_keys(rt: Runtime, job_id: str, publish_by: str | None) -> list[str]:
 
 def read_json(rt: Runtime, job_id: str, name: str) -> Any:
     """A JSON document of the job's staging area, or None if there is none."""
-    fs, path = filesystem(rt.staging_path(job_id, name))
+    fs, path = rt.objects.filesystem(rt.staging_path(job_id, name))
     try:
         with fs.open_input_stream(path) as handle:
             return json.loads(handle.read())
@@ -515,8 +514,8 @@ def read_json(rt: Runtime, job_id: str, name: str) -> Any:
 def write_json(rt: Runtime, job_id: str, name: str, payload: Any) -> dict[str, str]:
     """A JSON document in the job's staging area; returns its bucket/key (for an ItemReader) and URI."""
     uri = rt.staging_path(job_id, name)
-    fs, path = filesystem(uri)
-    make_parent(fs, path)
+    fs, path = rt.objects.filesystem(uri)
+    rt.objects.make_parent(fs, path)
     with fs.open_output_stream(path) as out:
         out.write(json.dumps(payload).encode())
     bucket, _, key = uri.split("://", 1)[-1].partition("/")

@@ -38,7 +38,7 @@ from timelake.model.lineage import Lineage, Origin, PlanMark, planned_view
 from timelake.model.spec import JobSpec
 from timelake.model.timeutil import floor_to, iso, next_boundary
 from timelake.ports.events import BACKFILL_PUBLISHED
-from timelake.ports.files import filesystem
+from timelake.ports.files import ObjectIO
 from timelake.ports.runtime import Runtime
 from timelake.ports.store import JobState, Phase
 from timelake.steps import diff
@@ -80,7 +80,8 @@ def _publish(rt: Runtime, job_id: str, max_chunks: int | None, between: Callable
     # from the same records, and validation checked that the branch holds exactly those); once every
     # chunk is on main the staging snapshot may be gone from the metadata (forgotten below)
     staged_id = state.get("staged_snapshot_id")
-    staged = data_files(planned, [u.result for u in units if u.result.get("path")]) if staged_id and not done else []
+    staged = (data_files(planned, [u.result for u in units if u.result.get("path")], objects=rt.objects)
+              if staged_id and not done else [])
     copy = staged_manifests(table, staged_id, staged) if staged_id and staged else None
     written: dict[str, list[DataFile]] = {}  # manifests the chunk commits added -> their files, for the coverage update
     published: dict[str, list[int]] = dict(state.get("published_chunks", {}))
@@ -250,9 +251,9 @@ def _commit_chunk(
             path = task.file.file_path
             if lineage.origin(lineage.entries[path]) == Origin.REWRITE and path not in checked:
                 checked.add(path)
-                absorbed[path] = _absorbed_rows(current, lineage, contract, chunk, task)
+                absorbed[path] = _absorbed_rows(current, lineage, contract, chunk, task, objects=rt.objects)
                 found.append(absorbed[path])
-        files = _drop_late_conflicts(planned, contract, files, [t for t in found if t.num_rows], late)
+        files = _drop_late_conflicts(planned, contract, files, [t for t in found if t.num_rows], late, objects=rt.objects)
         deleted: list[DataFile] = []
         reuse = copy if copy is not None and len(files) == len(copy.files) and all(map(operator.is_, files, copy.files)) else None
         added = [] if reuse is not None else list(files)
@@ -261,7 +262,8 @@ def _commit_chunk(
             for task in tasks:
                 f = task.file
                 if f.file_path not in survivors:
-                    survivors[f.file_path] = _survivors(current, contract, chunk, task, job_id, absorbed.get(f.file_path))
+                    survivors[f.file_path] = _survivors(current, contract, chunk, task, job_id, absorbed.get(f.file_path),
+                                                        objects=rt.objects)
                 remove, rest, inside = survivors[f.file_path]
                 if not remove:
                     continue  # its bounds overlap the chunk but none of its rows lie in it
@@ -318,14 +320,15 @@ def _late_rows(table: IcebergTable, lineage: Lineage, contract: Contract, chunk:
     return found
 
 
-def _absorbed_rows(table: IcebergTable, lineage: Lineage, contract: Contract, chunk: Chunk, task: Any) -> pa.Table:
+def _absorbed_rows(table: IcebergTable, lineage: Lineage, contract: Contract, chunk: Chunk, task: Any, *,
+                   objects: ObjectIO) -> pa.Table:
     """Replace mode, a file a compaction wrote in the chunk's range: the keys of its rows in the chunk that
     live writers added since the plan (read from the files the compaction replaced, which are kept
     until their snapshots expire). Those rows stay, and win over staged rows, like any live row. When
     they cannot be told apart any more (the compaction's snapshot or the files it replaced are gone),
     every row of the file in the chunk is kept as live: a row is never dropped on a guess."""
     replaced = lineage.absorbed(task.file.file_path)
-    if replaced is None or missing_files([f.file_path for f in replaced], table.io):
+    if replaced is None or missing_files([f.file_path for f in replaced], table.io, objects=objects):
         replaced = None
     parts = [read_task(table, FileScanTask(f), contract.dedup_key) for f in replaced] if replaced is not None else [
         read_task(table, task, contract.dedup_key)]
@@ -335,7 +338,7 @@ def _absorbed_rows(table: IcebergTable, lineage: Lineage, contract: Contract, ch
 
 
 def _survivors(table: IcebergTable, contract: Contract, chunk: Chunk, task: Any, job_id: str,
-               live: pa.Table | None = None) -> tuple[bool, DataFile | None, int]:
+               live: pa.Table | None = None, *, objects: ObjectIO) -> tuple[bool, DataFile | None, int]:
     """Replace mode, a file of main that may hold rows of the chunk: whether it goes, the file of the rows
     that stay that replaces it (its rows outside the chunk, and any of ``live``'s keys: rows of live
     writers a compaction folded in; in its own partition and spec; a subset of a sorted file stays
@@ -357,12 +360,13 @@ def _survivors(table: IcebergTable, contract: Contract, chunk: Chunk, task: Any,
     if rest.num_rows == 0:
         return True, None, inside
     new_path = f.file_path.removesuffix(".parquet") + f"-rest-{job_id}-{chunk.start}.parquet"
-    write_parquet(rest, new_path, table.properties)
-    return True, data_file(table, new_path, f.spec_id, f.partition), inside
+    write_parquet(rest, new_path, table.properties, objects=objects)
+    return True, data_file(table, new_path, f.spec_id, f.partition, objects=objects), inside
 
 
 def _drop_late_conflicts(
-    table: IcebergTable, contract: Contract, files: list[DataFile], live: list[pa.Table], late: dict[str, Any],
+    table: IcebergTable, contract: Contract, files: list[DataFile], live: list[pa.Table], late: dict[str, Any], *,
+    objects: ObjectIO,
 ) -> list[DataFile]:
     """Rows live writers committed in the chunk's range after the plan win over staged rows with the same key.
 
@@ -374,7 +378,7 @@ def _drop_late_conflicts(
     existing = pa.concat_tables([t.cast(live[0].schema) for t in live])
     result = []
     for f in files:
-        fs, path = filesystem(f.file_path, table.io)
+        fs, path = objects.filesystem(f.file_path, table.io)
         with fs.open_input_file(path) as handle:
             rows = pq.read_table(handle)
         keys = existing.cast(pa.schema([rows.schema.field(name) for name in existing.column_names]))
@@ -386,14 +390,14 @@ def _drop_late_conflicts(
         late["sum"] += dropped_sum
         if kept.num_rows:
             new_path = f.file_path.removesuffix(".parquet") + f"-live{len(kept)}.parquet"
-            write_parquet(kept, new_path, table.properties)
-            result.append(data_file(table, new_path, f.spec_id, f.partition[0]))
+            write_parquet(kept, new_path, table.properties, objects=objects)
+            result.append(data_file(table, new_path, f.spec_id, f.partition[0], objects=objects))
     return result
 
 
 def _drop_spill(rt: Runtime, job_id: str) -> None:
     """The scratch files no later step reads: the spill, and the diff's (its result stays)."""
-    fs, path = filesystem(rt.staging_path(job_id, "spill"))
+    fs, path = rt.objects.filesystem(rt.staging_path(job_id, "spill"))
     with contextlib.suppress(FileNotFoundError):
         fs.delete_dir(path)
     diff.drop_scratch(rt, job_id)

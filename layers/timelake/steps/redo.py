@@ -19,7 +19,7 @@ import pyarrow.fs as pafs
 
 from timelake.errors import BackfillError, FilesLost
 from timelake.model.contract import Contract
-from timelake.ports.files import filesystem
+from timelake.ports.files import ObjectIO
 from timelake.ports.runtime import Runtime
 from timelake.ports.store import JobState, Phase, UnitRecord
 from timelake.steps.plan import scan
@@ -28,11 +28,11 @@ from timelake.steps.scan import direct_plan, read_result, result_uri
 HEADS = 16  # existence checks in flight: on S3 each is a request whose latency, not size, is the cost
 
 
-def missing_files(paths: list[str], io: Any = None) -> list[str]:
+def missing_files(paths: list[str], io: Any = None, *, objects: ObjectIO) -> list[str]:
     """Those of ``paths`` that do not exist."""
     if not paths:
         return []
-    located = [filesystem(p, io) for p in paths]
+    located = [objects.filesystem(p, io) for p in paths]
     fs = located[0][0]
     if isinstance(fs, pafs.LocalFileSystem):
         infos = fs.get_file_info([path for _, path in located])
@@ -49,14 +49,14 @@ def rewrite_missing(rt: Runtime, job_id: str, table: Any, units: list[UnitRecord
     runner writes them at once, on AWS the resumed workflow's write map does (the stage function may
     not write data files)."""
     done = [u for u in units if u.status == "done" and u.result.get("path")]
-    gone = set(missing_files([u.result["path"] for u in done], table.io))
+    gone = set(missing_files([u.result["path"] for u in done], table.io, objects=rt.objects))
     lost = [u for u in done if u.result["path"] in gone]
     if not lost:
         return []
     by_name = _direct_units(rt, job_id, [u.unit_id for u in lost])
     rt.store.reopen_units(job_id, [u.unit_id for u in lost])
     for task in sorted({task for task, _ in by_name.values()}):
-        fs, path = filesystem(result_uri(rt, job_id, task))
+        fs, path = rt.objects.filesystem(result_uri(rt, job_id, task))
         fs.delete_file(path)  # a finished task returns its stored result: this one must run again
         scan(rt, job_id, task)
         result = read_result(rt, job_id, task)
@@ -105,7 +105,7 @@ def require_files(rt: Runtime, job_id: str, table: Any, state: JobState, staged:
     branch = table.metadata.refs.get(state.get("branch", ""))
     if branch is not None and branch.snapshot_id == state.get("staged_snapshot_id"):
         return
-    gone = missing_files([f.file_path for f in staged], table.io)
+    gone = missing_files([f.file_path for f in staged], table.io, objects=rt.objects)
     if not gone:
         return
     rt.store.update_job(job_id, Phase.WRITTEN)  # resume stages again, and stage writes the missing units again first

@@ -33,7 +33,7 @@ from timelake.model.layout import (
 from timelake.model.report import Tally
 from timelake.model.spec import JobSpec
 from timelake.model.timeutil import US_PER_DAY
-from timelake.ports.files import filesystem, make_parent
+from timelake.ports.files import ObjectIO
 from timelake.ports.runtime import Runtime
 from timelake.ports.store import UnitRecord
 from timelake.sources import throttle
@@ -200,6 +200,7 @@ class _Spiller:
                  direct: dict[str, dict[str, Any]] | None = None,
                  finish: Callable[[_Spiller, PartitionStats, pa.Table], bool] | None = None, join_bytes: int = 0) -> None:
         self.uri = rt.staging_path(job_id, "spill")
+        self.objects = rt.objects
         self.task = task
         self.dictionaries = spill.Dictionaries(schema, series_key)
         self.file: spill.SpillFile | None = None
@@ -232,9 +233,10 @@ class _Spiller:
     def _spill(self, parts: list[PartitionStats | None], codes: np.ndarray, rows: pa.Table,
                buckets: np.ndarray | None) -> None:
         if self.file is None:
-            fs, root = filesystem(self.uri)
+            fs, root = self.objects.filesystem(self.uri)
             fs.create_dir(root, recursive=True)
-            self.file = spill.SpillFile(f"{self.uri}/t{self.task:05d}.arrow", self.dictionaries, self.join_bytes)
+            self.file = spill.SpillFile(f"{self.uri}/t{self.task:05d}.arrow", self.dictionaries, self.join_bytes,
+                                        objects=self.objects)
         keys: list[tuple[int, int] | None] = []
         for part in parts:
             key = None if part is None else (part.key.spec_id, part.key.value)
@@ -366,7 +368,7 @@ def direct_name(task: int) -> str:
 
 def direct_plan(rt: Runtime, job_id: str, task: int) -> dict[str, dict[str, Any]]:
     """The partitions scan task ``task`` writes itself, by name: spec id, transform, value, last piece."""
-    fs, path = filesystem(rt.staging_path(job_id, direct_name(task)))
+    fs, path = rt.objects.filesystem(rt.staging_path(job_id, direct_name(task)))
     try:
         with fs.open_input_stream(path) as handle:
             return json.loads(handle.read())
@@ -375,7 +377,7 @@ def direct_plan(rt: Runtime, job_id: str, task: int) -> dict[str, dict[str, Any]
 
 
 def read_result(rt: Runtime, job_id: str, task: int) -> ScanResult | None:
-    fs, path = filesystem(result_uri(rt, job_id, task))
+    fs, path = rt.objects.filesystem(result_uri(rt, job_id, task))
     try:
         with fs.open_input_stream(path) as handle:
             return ScanResult.from_json(json.loads(handle.read()))
@@ -397,7 +399,7 @@ def scan_task(rt: Runtime, ctx: ScanContext, job_id: str, task: int, pieces: ran
     predicts = compares(ctx.spec.mode, ctx.spec.diff)  # a dry run of a job with a diff spills as the run would
     if not ctx.spec.dry_run or predicts:
         direct = direct_plan(rt, job_id, task)
-        main = _direct_main(ctx, direct)
+        main = _direct_main(ctx, direct, objects=rt.objects)
         spiller = _Spiller(rt, job_id, task, ctx.target, ctx.contract.series_key, direct,
                            lambda held, part, rows: _write_whole(rt, table, ctx, job_id, result, held, part, rows, main),
                            spill.join_bytes(ctx.contract.target_file_size))
@@ -442,8 +444,8 @@ def scan_task(rt: Runtime, ctx: ScanContext, job_id: str, task: int, pieces: ran
     if overlap is not None and result.min_us is not None and result.max_us is not None:
         result.duplicates_in_source = overlap.duplicates()
         result.overlap_existing_rows = overlap.finish(table, result.min_us, result.max_us + 1)
-    fs, path = filesystem(result_uri(rt, job_id, task))
-    make_parent(fs, path)
+    fs, path = rt.objects.filesystem(result_uri(rt, job_id, task))
+    rt.objects.make_parent(fs, path)
     with fs.open_output_stream(path) as out:
         out.write(json.dumps(result.to_json()).encode())
     tally.close(rows=result.rows_in_source, pieces=len(pieces))
@@ -471,12 +473,13 @@ class _Coalesced:
             self.scan(tables[0] if len(tables) == 1 else pa.concat_tables(tables).combine_chunks())
 
 
-def _direct_main(ctx: ScanContext, direct: dict[str, dict[str, Any]]) -> MainReader | None:
+def _direct_main(ctx: ScanContext, direct: dict[str, dict[str, Any]], *, objects: ObjectIO) -> MainReader | None:
     """In merge mode, main over the partitions the task writes itself, planned once for all of them."""
     if ctx.spec.mode != "merge" or not direct:
         return None
     spans = [PartitionKey(p["spec_id"], p["transform"], p["value"]).range for p in direct.values()]
-    return MainReader(ctx.contract.time_column, min(lo for lo, _ in spans), max(hi for _, hi in spans), ctx.contract.dedup_key)
+    return MainReader(ctx.contract.time_column, min(lo for lo, _ in spans), max(hi for _, hi in spans), ctx.contract.dedup_key,
+                      objects=objects)
 
 
 def _write_whole(rt: Runtime, table: Any, ctx: ScanContext, job_id: str, result: ScanResult, spiller: _Spiller,
@@ -495,9 +498,9 @@ def _write_whole(rt: Runtime, table: Any, ctx: ScanContext, job_id: str, result:
                       info={"spec_id": part.key.spec_id, "value": part.key.value, "start": lo, "end": hi})
     rows = spill.decoded(rows, spiller.dictionaries.values)
     compare = Compare(compared_columns(ctx.target, ctx.contract)) if compares(ctx.spec.mode, ctx.spec.diff) else None
-    written, facts = write_rows(table, ctx.contract, ctx.spec.mode, job_id, unit, rows, main, compare)
+    written, facts = write_rows(table, ctx.contract, ctx.spec.mode, job_id, unit, rows, main, compare, objects=rt.objects)
     if facts is not None:
-        write_facts(facts_uri(rt, job_id, "units", unit.unit_id), *facts)
+        write_facts(facts_uri(rt, job_id, "units", unit.unit_id), *facts, objects=rt.objects)
     part.direct = {**written, "spill_bytes_read": 0, "seconds": round(time.monotonic() - started, 3)}
     checkpoint("scan.direct")
     return True

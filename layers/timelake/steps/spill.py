@@ -45,7 +45,7 @@ import pyarrow.compute as pc
 
 from timelake.errors import BackfillError
 from timelake.model.layout import RUN_ROWS, stable_argsort
-from timelake.ports.files import filesystem
+from timelake.ports.files import ObjectIO
 
 INDEX_SUFFIX = ".idx"
 MAX_READ = 32 << 20  # bytes of one read: touching runs are joined up to this, and a reader holds one read at a time
@@ -155,9 +155,10 @@ class SpillFile:
     come), and a flush sorts the runs of all batches held and copies each once, into the record batch
     that writes it. Its work is per run and per record batch written, not per partition and piece."""
 
-    def __init__(self, uri: str, dictionaries: Dictionaries, join_bytes: int = 0) -> None:
+    def __init__(self, uri: str, dictionaries: Dictionaries, join_bytes: int = 0, *, objects: ObjectIO) -> None:
         """``join_bytes``: runs smaller than this share a record batch; 0: a batch (or more) per run."""
         self.uri = uri
+        self.objects = objects
         self.dictionaries = dictionaries
         self.join_bytes = join_bytes
         self.partitions: dict[tuple[int, int], _Held] = {}
@@ -165,7 +166,7 @@ class SpillFile:
         self.ids: dict[tuple[int, int], int] = {}
         self.held: list[_Batch] = []
         self.held_bytes = 0  # of the batches held, as the scan counts them
-        self.fs, path = filesystem(uri)
+        self.fs, path = objects.filesystem(uri)
         self.stream = self.fs.open_output_stream(path, buffer_size=WRITE_BUFFER)
         self.writer = pa.ipc.new_stream(self.stream, dictionaries.stored)
         self.writer.write_batch(dictionaries.empty)  # puts the schema up front
@@ -268,7 +269,7 @@ class SpillFile:
             spilled[key] = part.written + 8 * (size + PARTITION + HEADER) + self.header + len(dictionaries)
         body = b"".join(np.asarray(part, dtype="<i8").tobytes() for part in (
             [len(keys), self.header, len(dictionaries), FORMAT], np.array(table, dtype=np.int64).reshape(-1), *sections)) + dictionaries
-        with self.fs.open_output_stream(filesystem(self.uri + INDEX_SUFFIX)[1]) as out:
+        with self.fs.open_output_stream(self.objects.filesystem(self.uri + INDEX_SUFFIX)[1]) as out:
             out.write(body)
         return spilled
 
@@ -323,13 +324,13 @@ class SpillRead:
 
 
 def read(uris: list[str], partition: tuple[int, int], buckets: list[int] | None,
-         counter: SpillRead | None = None) -> Iterator[pa.Table]:
+         counter: SpillRead | None = None, *, objects: ObjectIO) -> Iterator[pa.Table]:
     """The rows of ``partition`` (spec id, value) in ``uris`` whose bucket is in ``buckets`` (all of them for
     None), reading only the bytes of the batches that hold them, a table per read; coded columns come back
     dictionary-encoded."""
     counter = counter if counter is not None else SpillRead()
     for uri in uris:
-        fs, path = filesystem(uri)
+        fs, path = objects.filesystem(uri)
         with fs.open_input_file(path + INDEX_SUFFIX) as index:
             reads, schema_bytes, dictionaries = _ranges(index, partition, buckets, counter, uri)
         if not reads:

@@ -14,6 +14,7 @@ from timelake.model.commit import (
     JOB_PROPERTY, STEP_PROPERTY, append_files, collector_paused, data_files, with_retry, without_blind_retries,
 )
 from timelake.model.faults import checkpoint
+from timelake.ports.files import ObjectIO
 from timelake.ports.runtime import Runtime
 from timelake.ports.store import Phase
 from timelake.steps import diff, failures
@@ -50,7 +51,7 @@ def _stage(rt: Runtime, job_id: str) -> dict[str, Any]:
     if below is not None and not written:  # the canary staged every file there is
         snapshot_id, below = canary, None
     else:
-        snapshot_id = stage_files(table, job_id, branch, written, "stage")
+        snapshot_id = stage_files(table, job_id, branch, written, "stage", objects=rt.objects)
     files = len(written) + (len(on_branch - {None}) if below is not None else 0)
     diff.conclude(rt, job_id)  # every unit is written: the job's diff is known before anything reaches main
     rt.store.update_job(job_id, Phase.STAGED, staged_snapshot_id=snapshot_id, staged_on=below, files=files)
@@ -62,7 +63,8 @@ def _is_staged(head: Any, job_id: str, step: str) -> bool:
         and head.summary.get(STEP_PROPERTY) == step
 
 
-def stage_files(table: IcebergTable, job_id: str, branch: str, written: list[dict[str, Any]], step: str) -> int | None:
+def stage_files(table: IcebergTable, job_id: str, branch: str, written: list[dict[str, Any]], step: str, *,
+                objects: ObjectIO) -> int | None:
     """One commit of the files of ``written`` (units' results) onto ``branch``, marked with ``step``
     so a retry that finds its marker at the branch head only returns it. On a table whose main was
     empty at the plan (or whose branch someone removed) the branch is created at that commit (main
@@ -72,7 +74,7 @@ def stage_files(table: IcebergTable, job_id: str, branch: str, written: list[dic
         return head.snapshot_id
     if not written:
         return None
-    files = data_files(table, written)
+    files = data_files(table, written, objects=objects)
     forked = branch in table.metadata.refs
 
     def commit(current: IcebergTable) -> int:

@@ -37,7 +37,7 @@ from timelake.model.layout import PartitionKey, SnapshotRange
 from timelake.model.lineage import Lineage, Origin, PlanMark, planned_view
 from timelake.model.spec import JobSpec
 from timelake.model.timeutil import iso
-from timelake.ports.files import filesystem, make_parent
+from timelake.ports.files import ObjectIO
 from timelake.ports.runtime import Runtime
 from timelake.ports.store import JobState, Phase
 from timelake.steps import rejects
@@ -104,6 +104,7 @@ class CheckContext:
     state: JobState
     table: Any
     contract: Contract
+    objects: ObjectIO
     plans: dict[str, SnapshotRange] | None = None
     lock: threading.Lock = field(default_factory=threading.Lock, compare=False)
     job_id: str = ""
@@ -112,7 +113,7 @@ class CheckContext:
     def of(cls, rt: Runtime, job_id: str, shared: bool = False) -> CheckContext:
         job = rt.store.get_job(job_id)
         table = job_table(rt, job)
-        return cls(job.state, table, Contract.from_table(table), {} if shared else None, job_id=job_id)
+        return cls(job.state, table, Contract.from_table(table), rt.objects, {} if shared else None, job_id=job_id)
 
     def mains(self, lo: int, hi: int) -> dict[str, SnapshotRange]:
         """Main's snapshots a file of partition [lo, hi) is checked against, planned. Planning is pyiceberg
@@ -125,7 +126,8 @@ class CheckContext:
             return self.plans
 
     def _plan(self, lo: int, hi: int) -> dict[str, SnapshotRange]:
-        return _planned_views(self.table, self.contract, self.state, self.job_id, self.state["validation_snapshots"], lo, hi)
+        return _planned_views(self.table, self.contract, self.state, self.job_id, self.state["validation_snapshots"], lo, hi,
+                              objects=self.objects)
 
 
 def check_file(rt: Runtime, job_id: str, file: str, spec_id: int, partition: int,
@@ -135,7 +137,7 @@ def check_file(rt: Runtime, job_id: str, file: str, spec_id: int, partition: int
     for `validate` to combine. A work item holds one file's columns, whatever the job's size."""
     context = context or CheckContext.of(rt, job_id)
     lo, hi = _partition_range(context.contract, spec_id, partition)
-    facts = _file_facts(context.contract, context.state, context.mains(lo, hi), file, spec_id, partition)
+    facts = _file_facts(context.contract, context.state, context.mains(lo, hi), file, spec_id, partition, objects=rt.objects)
     _store_facts(rt, job_id, context.state["validation_snapshots"], facts)
     return {"file": file, "passed": facts.unsorted_at is None and not facts.duplicate_count and not facts.overlap.get("base")}
 
@@ -164,7 +166,7 @@ def run_checks(rt: Runtime, job_spec: dict[str, Any], units: list[Any], state: J
     if (budget := rejects.check(state)) is not None:
         checks.append(Check(**budget))
     if spec.assertions:
-        con = _staged_connection(staged)
+        con = _staged_connection(staged, objects=rt.objects)
         try:
             checks.extend(_assertions(con, spec.assertions, table.schema().as_arrow(), bool(staged), spec.assertion_timeout))
         finally:
@@ -255,13 +257,13 @@ def _not_null(table: Any, contract: Contract, staged: list[DataFile]) -> Check:
     return Check("required_not_null", not bad, detail, samples=bad)
 
 
-def _staged_connection(staged: list[DataFile]) -> duckdb.DuckDBPyConnection:
+def _staged_connection(staged: list[DataFile], *, objects: ObjectIO) -> duckdb.DuckDBPyConnection:
     """DuckDB with a view ``staged`` over the staged files and no access to anything else."""
     import duckdb  # lazily: functions that never reach this leave DuckDB out of their layers
     con = duckdb.connect()
     if staged:
-        fs, _ = filesystem(staged[0].file_path)
-        dataset = ds.dataset([filesystem(f.file_path)[1] for f in staged], filesystem=fs, format="parquet")
+        fs, _ = objects.filesystem(staged[0].file_path)
+        dataset = ds.dataset([objects.filesystem(f.file_path)[1] for f in staged], filesystem=fs, format="parquet")
         con.register("staged", dataset)
     con.execute("SET enable_external_access = false")
     con.execute(f"SET memory_limit = '{assertion_memory()}'")
@@ -320,10 +322,10 @@ def _main_views(table: Any, mode: str, state: JobState, any_staged: bool) -> dic
 
 
 def _planned_views(table: Any, contract: Contract, state: JobState, job_id: str | None,
-                   views: dict[str, dict[str, Any]], lo: int, hi: int) -> dict[str, SnapshotRange]:
+                   views: dict[str, dict[str, Any]], lo: int, hi: int, *, objects: ObjectIO) -> dict[str, SnapshotRange]:
     lineage = Lineage(table, PlanMark.of(state, table), job_id or "")
     return {name: SnapshotRange(table, contract.time_column, lo, hi, contract.dedup_key, snapshot_id=view["snapshot_id"],
-                                keep=lineage.accepts(view["origins"]))
+                                keep=lineage.accepts(view["origins"]), objects=objects)
             for name, view in views.items()}
 
 
@@ -340,14 +342,14 @@ def _facts_uri(rt: Runtime, job_id: str, snapshots: dict[str, Any], path: str) -
 
 
 def _store_facts(rt: Runtime, job_id: str, snapshots: dict[str, Any], facts: _FileFacts) -> None:
-    fs, path = filesystem(_facts_uri(rt, job_id, snapshots, facts.path))
-    make_parent(fs, path)
+    fs, path = rt.objects.filesystem(_facts_uri(rt, job_id, snapshots, facts.path))
+    rt.objects.make_parent(fs, path)
     with fs.open_output_stream(path) as out:
         out.write(json.dumps(facts.to_json()).encode())
 
 
 def _stored_facts(rt: Runtime, job_id: str, snapshots: dict[str, Any], path: str) -> _FileFacts | None:
-    fs, local = filesystem(_facts_uri(rt, job_id, snapshots, path))
+    fs, local = rt.objects.filesystem(_facts_uri(rt, job_id, snapshots, path))
     try:
         with fs.open_input_stream(local) as handle:
             return _FileFacts.from_json(json.loads(handle.read()))
@@ -367,15 +369,17 @@ def _scan_files(rt: Runtime, job_id: str | None, table: Any, contract: Contract,
             found = dict(zip([f.file_path for f in staged],
                              pool.map(lambda f: _stored_facts(rt, job_id, snapshots, f.file_path), staged), strict=True))
     missing = [f for f in staged if found.get(f.file_path) is None]
-    mains = _planned_views(table, contract, state, job_id, snapshots, state["range_start"], state["range_end"]) if missing else {}
+    mains = _planned_views(table, contract, state, job_id, snapshots, state["range_start"], state["range_end"],
+                           objects=rt.objects) if missing else {}
     with ThreadPoolExecutor(max_workers=4) as pool:
         computed = dict(zip([f.file_path for f in missing], pool.map(
-            lambda f: _file_facts(contract, state, mains, f.file_path, f.spec_id, f.partition[0]), missing), strict=True))
+            lambda f: _file_facts(contract, state, mains, f.file_path, f.spec_id, f.partition[0], objects=rt.objects), missing),
+            strict=True))
     return [found.get(f.file_path) or computed[f.file_path] for f in staged]
 
 
 def _file_facts(contract: Contract, state: JobState, mains: dict[str, SnapshotRange], file: str, spec_id: int,
-                partition: int) -> _FileFacts:
+                partition: int, *, objects: ObjectIO) -> _FileFacts:
     """One pass over a staged file's key and value columns, one batch at a time. With the usual key
     (series, time), the file's keys are packed as it goes (8 bytes a row) and main's rows in the partition
     are then matched against them a batch at a time; other keys hold main's partition (`_Near`)."""
@@ -388,7 +392,7 @@ def _file_facts(contract: Contract, state: JobState, mains: dict[str, SnapshotRa
                        overlap={name: 0 for name in mains}, overlap_samples={name: [] for name in mains})
     last: dict[str, Any] | None = None
     offset = 0
-    fs, path = filesystem(file)
+    fs, path = objects.filesystem(file)
     with fs.open_input_file(path) as handle:
         stored = pq.read_metadata(handle)
         schema = stored.schema.to_arrow_schema()

@@ -30,7 +30,7 @@ from timelake.model.layout import MainReader, stable_argsort, stream_range
 from timelake.model.lineage import planned_view
 from timelake.model.spec import JobSpec
 from timelake.model.timeutil import US_PER_DAY
-from timelake.ports.files import filesystem, make_parent
+from timelake.ports.files import ObjectIO
 from timelake.ports.runtime import Runtime
 from timelake.ports.store import UnitRecord
 from timelake.steps import failures, spill
@@ -66,19 +66,21 @@ def _write_unit(rt: Runtime, job_id: str, unit_id: str, main: MainReader | MainA
     contract = Contract.from_table(table)
     read = spill.SpillRead()
     target = table.schema().as_arrow()
-    rows = _read_slice(unit, target, contract, read)
+    rows = _read_slice(unit, target, contract, read, objects=rt.objects)
     compare = None
     wanted = compares(spec.mode, spec.diff) and bool(job.state.get("diff"))  # its main tasks were planned at the cut
     if wanted and spec.mode == "replace" and unit.info.get("main_local"):
         at_plan = main if isinstance(main, MainAtPlan) else MainAtPlan(
-            table, contract, job.state, job_id, spill.coded_columns(target, contract.series_key))
+            table, contract, job.state, job_id, spill.coded_columns(target, contract.series_key), objects=rt.objects)
         compare = Compare(compared_columns(target, contract), at_plan.batches(unit.info["start"], unit.info["end"]), True)
     elif wanted:
-        compare = Compare(compared_columns(target, contract), _main_rows(unit, read) if spec.mode == "replace" else None)
+        compare = Compare(compared_columns(target, contract),
+                          _main_rows(unit, read, objects=rt.objects) if spec.mode == "replace" else None)
     merging = main if isinstance(main, MainReader) else None
-    result, facts = write_rows(table, contract, spec.mode, job_id, unit, rows, merging, compare, predict=spec.dry_run)
+    result, facts = write_rows(table, contract, spec.mode, job_id, unit, rows, merging, compare, predict=spec.dry_run,
+                               objects=rt.objects)
     if facts is not None:
-        write_facts(facts_uri(rt, job_id, "units", unit_id), *facts)
+        write_facts(facts_uri(rt, job_id, "units", unit_id), *facts, objects=rt.objects)
     result["spill_bytes_read"] = read.bytes_read
     result["seconds"] = round(time.monotonic() - started, 3)
     rt.store.complete_unit(job_id, unit_id, result)
@@ -97,10 +99,11 @@ class Compare:
     counts_before: bool = False  # the old rows are the partition's all (a unit of its own): count them too
 
 
-def _main_rows(unit: UnitRecord, counter: spill.SpillRead) -> Iterable[pa.Table]:
+def _main_rows(unit: UnitRecord, counter: spill.SpillRead, *, objects: ObjectIO) -> Iterable[pa.Table]:
     """Main's rows of the unit's partition and buckets, from the spills of the main tasks whose time span
     meets the partition (`timelake.steps.diff`): the bytes of this unit's buckets only."""
-    return spill.read(unit.info.get("main_spill", []), (unit.info["spec_id"], unit.info["value"]), unit.info["buckets"], counter)
+    return spill.read(unit.info.get("main_spill", []), (unit.info["spec_id"], unit.info["value"]), unit.info["buckets"], counter,
+                      objects=objects)
 
 
 Facts = tuple[pa.Table, dict[str, list[dict[str, Any]]]]
@@ -108,7 +111,7 @@ Facts = tuple[pa.Table, dict[str, list[dict[str, Any]]]]
 
 def write_rows(table: Any, contract: Contract, mode: str, job_id: str, unit: UnitRecord, rows: pa.Table,
                main: MainReader | None = None, compare: Compare | None = None,
-               predict: bool = False) -> tuple[dict[str, Any], Facts | None]:
+               predict: bool = False, *, objects: ObjectIO) -> tuple[dict[str, Any], Facts | None]:
     """A unit's rows as its file: sorted, the last source row of each key kept, in merge mode the keys
     main holds in the unit's partition dropped; returns what the unit records (counts, file, statistics)
     and, with ``compare``, its part of the job's diff (cells and sample rows). ``predict`` (a dry run)
@@ -118,7 +121,8 @@ def write_rows(table: Any, contract: Contract, mode: str, job_id: str, unit: Uni
     conflicts, conflict_sum = 0, 0.0
     if mode == "merge" and len(order) and table.current_snapshot() is not None:
         existing = (main.batches(table, unit.info["start"], unit.info["end"]) if main is not None else
-                    stream_range(table, contract.time_column, unit.info["start"], unit.info["end"], contract.dedup_key))
+                    stream_range(table, contract.time_column, unit.info["start"], unit.info["end"], contract.dedup_key,
+                                 objects=objects))
         keyed = rows if codes.packs(contract) else rows.select(list(contract.dedup_key)).take(pa.array(order))
         # main's rows a batch at a time, against the unit's keys packed in place of its sort codes
         mask = existing_mask(keyed, existing, contract, codes, consume=True)
@@ -137,7 +141,7 @@ def write_rows(table: Any, contract: Contract, mode: str, job_id: str, unit: Uni
         "path": None, "bytes": 0, "spec_id": unit.info["spec_id"], "value": unit.info["value"],
     }
     if len(order) and not predict:
-        result.update(write_file(table, rows, unit_path(table, job_id, unit), order))
+        result.update(write_file(table, rows, unit_path(table, job_id, unit), order, objects=objects))
     return result, facts
 
 
@@ -309,7 +313,8 @@ def _sample_side(samples: dict[str, list[dict[str, Any]]], kind: str, rows: pa.T
                                     values if kind == "only_after" else None, label))
 
 
-def _read_slice(unit: UnitRecord, target: pa.Schema, contract: Contract, counter: spill.SpillRead) -> pa.Table:
+def _read_slice(unit: UnitRecord, target: pa.Schema, contract: Contract, counter: spill.SpillRead, *,
+                objects: ObjectIO) -> pa.Table:
     """The unit's rows, from the byte ranges of its series buckets in its partition's spill files: no
     byte is read for another unit.
 
@@ -331,7 +336,8 @@ def _read_slice(unit: UnitRecord, target: pa.Schema, contract: Contract, counter
                 column.type) else column)
         pending.clear()
 
-    for rows in spill.read(unit.info["spill"], (unit.info["spec_id"], unit.info["value"]), unit.info["buckets"], counter):
+    for rows in spill.read(unit.info["spill"], (unit.info["spec_id"], unit.info["value"]), unit.info["buckets"], counter,
+                           objects=objects):
         pending.append(rows)
         pending_rows += rows.num_rows
         if pending_rows >= COMPACT_ROWS:
@@ -638,30 +644,32 @@ def unit_path(table: Any, job_id: str, unit: UnitRecord, suffix: str = "") -> st
     return f"{table.location().rstrip('/')}/data/{partition}/{job_id}-{unit.unit_id}{suffix}.parquet"
 
 
-def write_file(table: Any, rows: pa.Table, path: str, order: np.ndarray | None = None) -> dict[str, Any]:
+def write_file(table: Any, rows: pa.Table, path: str, order: np.ndarray | None = None, *, objects: ObjectIO) -> dict[str, Any]:
     """`write_parquet`, and what a unit records of the file: its path, size and the Iceberg statistics
     of its columns, taken from the writer's own footer metadata (stage builds the DataFile from them)."""
-    size, metadata = _write(rows, path, table.properties, order)
+    size, metadata = _write(rows, path, table.properties, order, objects=objects)
     return {"path": path, "bytes": size, "file_statistics": file_statistics(table, metadata)}
 
 
-def write_parquet(rows: pa.Table, path: str, properties: dict[str, str], order: np.ndarray | None = None) -> int:
+def write_parquet(rows: pa.Table, path: str, properties: dict[str, str], order: np.ndarray | None = None, *,
+                  objects: ObjectIO) -> int:
     """Write one file with Iceberg field ids (from the table's Arrow schema); returns its size in bytes.
     With ``order``, the rows numbered so are written in that order, taken one row group at a time.
 
     Parquet statistics do not count NaNs, which Iceberg's ``nan_value_counts`` wants for float
     columns (engines prune ``x = 'NaN'`` and ``isnan`` with them): they are counted here and kept in
     the footer, where `timelake.model.commit` reads them with the other statistics."""
-    return _write(rows, path, properties, order)[0]
+    return _write(rows, path, properties, order, objects=objects)[0]
 
 
-def _write(rows: pa.Table, path: str, properties: dict[str, str], order: np.ndarray | None) -> tuple[int, pq.FileMetaData]:
+def _write(rows: pa.Table, path: str, properties: dict[str, str], order: np.ndarray | None, *,
+           objects: ObjectIO) -> tuple[int, pq.FileMetaData]:
     """Dictionary-encoded columns (a unit's series) are written as they are, which spares the Parquet
     writer hashing every row's string to build its dictionary again. The Arrow schema kept in the footer
     is the plain one (value types, as writing the decoded columns would keep), so pyarrow readers get
     the table's types, not dictionaries."""
-    fs, local = filesystem(path)
-    make_parent(fs, local)
+    fs, local = objects.filesystem(path)
+    objects.make_parent(fs, local)
     codec = properties.get("write.parquet.compression-codec", "zstd")
     count = rows.num_rows if order is None else len(order)
     nans = {}
