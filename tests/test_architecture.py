@@ -142,7 +142,8 @@ def test_the_direction_check_refuses_upward_and_adapter_imports() -> None:
 
 
 # What a class in a port module may derive from: an interface, or a value (configuration, records).
-PORT_BASES = {"typing.Protocol", "typing.Generic", "pydantic.BaseModel", "enum.Enum", "enum.IntEnum", "enum.StrEnum"}
+PORT_BASES = {"typing.Protocol", "typing.Generic", "typing.TypedDict", "pydantic.BaseModel", "enum.Enum", "enum.IntEnum",
+              "enum.StrEnum"}  # interfaces, configuration and records (a TypedDict is the shape of one)
 # Calls that make what only an adapter makes: a catalog, a file system, a FileIO, an AWS client, a database connection.
 ADAPTER_CALLS = {"pyiceberg.catalog.load_catalog", "pyiceberg.io.load_file_io", "pyarrow.fs.resolve_s3_region",
                  "sqlite3.connect", "duckdb.connect"}
