@@ -87,13 +87,14 @@ def test_strict_metrics_and_complementary_filter(lake):
     in_day = GreaterThanOrEqual("ts", day.isoformat())
     micros = int(day.timestamp() * 1_000_000)
 
-    def bounded(lo: int, hi: int) -> DataFile:
-        return _file(table, 0, 1, micros // DAY_US, lower_bounds={field.field_id: lo.to_bytes(8, "little")},
+    def bounded(lo: int, hi: int, rows: int = 10) -> DataFile:
+        return _file(table, 0, 1, micros // DAY_US, rows, lower_bounds={field.field_id: lo.to_bytes(8, "little")},
                      upper_bounds={field.field_id: hi.to_bytes(8, "little")}, value_counts={field.field_id: 10},
                      null_value_counts={field.field_id: 0})
 
     assert all_rows_match(schema, in_day)(bounded(micros, micros + 10)) is True
     assert all_rows_match(schema, in_day)(bounded(micros - 10, micros + 10)) is False
+    assert all_rows_match(schema, in_day)(bounded(micros, micros + 10, rows=-1)) is False  # an unknown count: rewrite it
     rows = pa.table({"ts": pa.array([micros - 1, micros, micros + 1], pa.int64()).cast(pa.timestamp("us", tz="UTC")),
                      "v": [1.0, 2.0, 3.0]})
     keep = complement(schema, LessThan("ts", day.isoformat()))

@@ -56,8 +56,12 @@ def fresh_schema(schema: pa.Schema) -> Schema:
 
 
 def all_rows_match(schema: Schema, row_filter: BooleanExpression) -> Callable[[DataFile], bool]:
-    """Whether every row of a data file matches ``row_filter``, from its column bounds alone."""
-    return _StrictMetricsEvaluator(schema, row_filter).eval
+    """Whether every row of a data file matches ``row_filter``, from its column bounds alone. A file
+    whose row count is unknown (-1, as some writers leave it) never does: the 0.12.0 release says so,
+    pyiceberg's development branch of the same version number does not, and a file taken as matching
+    is deleted whole."""
+    evaluate = _StrictMetricsEvaluator(schema, row_filter).eval
+    return lambda file: file.record_count >= 0 and evaluate(file)
 
 
 def complement(schema: Schema, row_filter: BooleanExpression) -> Any:
