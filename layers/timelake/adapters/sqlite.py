@@ -15,9 +15,8 @@ from typing import Any, Unpack
 
 from timelake.ports.runtime import private_file, private_folder
 from timelake.ports.store import (
-    RATE_BURST_SECONDS, Guard, JobRecord,
-    JobState, Phase, accept, Lease, UnitRecord, job_busy, job_exists, job_not_found, lease_conflict,
-    apply_update, reserve, unit_not_found,
+    RATE_BURST_SECONDS, Guard, JobRecord, JobState, Lease, Phase, UnitRecord, accept, apply_update, job_busy, job_exists,
+    job_not_found, lease_conflict, reserve, unit_not_found,
 )
 
 _SCHEMA = """

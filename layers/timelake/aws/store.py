@@ -59,9 +59,8 @@ import boto3
 from botocore.config import Config
 
 from timelake.ports.store import (
-    RATE_BURST_SECONDS, TERMINAL, Guard, JobRecord,
-    JobState, Phase, accept, Lease, UnitRecord, job_exists, job_not_found, lease_conflict,
-    apply_update, reserve, unit_not_found,
+    RATE_BURST_SECONDS, TERMINAL, Guard, JobRecord, JobState, Lease, Phase, UnitRecord, accept, apply_update, job_exists,
+    job_not_found, lease_conflict, reserve, unit_not_found,
 )
 
 Item = dict[str, dict[str, Any]]

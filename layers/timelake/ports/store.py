@@ -130,7 +130,7 @@ class JobRecord:
     table: str
     phase: Phase
     spec: dict[str, Any]
-    state: JobState = field(default_factory=lambda: JobState())
+    state: JobState = field(default_factory=JobState)
     created_at: float = 0.0
     updated_at: float = 0.0
     #: ``[phase, epoch seconds]`` each time the job entered a phase, oldest first; the store appends it
