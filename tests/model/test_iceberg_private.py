@@ -15,6 +15,7 @@ from pyiceberg.io.pyarrow import _ConvertToIcebergWithoutIDs, _expression_to_com
 from pyiceberg.manifest import DataFile, ManifestEntryStatus, ManifestWriter
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.table import Table as IcebergTable
+from pyiceberg.table import Transaction
 from pyiceberg.table.update.snapshot import _FastAppendFiles, _OverwriteFiles, _SnapshotProducer
 from pyiceberg.transforms import DayTransform, MonthTransform
 
@@ -23,7 +24,7 @@ from timelake.model import iceberg_private
 from timelake.model.commit import _data_file, append_files, overwrite_files, staged_manifests
 from timelake.model.iceberg_private import (
     MANIFEST_BLOCK, ManifestCopy, MultiSpecAppend, MultiSpecOverwrite, all_rows_match, complement, fresh_schema,
-    with_metadata,
+    transaction, with_metadata,
 )
 
 SCHEMA = pa.schema([pa.field("ts", pa.timestamp("us", tz="UTC"), nullable=False), pa.field("v", pa.float64())])
@@ -164,6 +165,24 @@ def test_an_overwrite_lists_copies_of_manifests_and_deletes_in_one_snapshot(lake
     assert live == {f.file_path: published for f in staged}
     assert list(written.values()) == [staged]
     assert table.current_snapshot().summary["deleted-data-files"] == "1"
+
+
+def test_a_transaction_copies_its_metadata_once_per_change(lake):
+    """``Transaction.table_metadata`` (a property), ``Transaction._table`` and ``Transaction._updates``
+    (a tuple, replaced when an update is staged): repeated reads give one copy until something is
+    staged or the table is refreshed, and the copy is what pyiceberg's own property gives."""
+    assert isinstance(inspect.getattr_static(Transaction, "table_metadata"), property)
+    table = _table(lake)
+    tx = transaction(table)
+    assert isinstance(tx, Transaction) and tx._table is table and isinstance(tx._updates, tuple)
+    first = tx.table_metadata
+    assert tx.table_metadata is first and first == Transaction(table).table_metadata
+    assert first is not table.metadata  # a copy: pyiceberg's producers may hold it while the table moves on
+    tx.set_properties({"k": "v"})
+    changed = tx.table_metadata
+    assert changed is not first and changed.properties["k"] == "v" and "k" not in first.properties
+    tx.commit_transaction()
+    assert table.refresh().properties["k"] == "v"
 
 
 def test_every_private_name_is_used_here_only():

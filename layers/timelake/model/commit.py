@@ -63,7 +63,7 @@ from pyiceberg.typedef import Record
 from pyiceberg.utils.properties import property_as_int
 
 from timelake.model.iceberg_private import (
-    ManifestCopy, MultiSpecAppend, MultiSpecOverwrite, all_rows_match, complement, with_metadata,
+    ManifestCopy, MultiSpecAppend, MultiSpecOverwrite, all_rows_match, complement, transaction, with_metadata,
 )
 from timelake.model.layout import micros, split_by_code
 from timelake.model.timeutil import TRANSFORMS, transform_values
@@ -323,7 +323,7 @@ def retire(table: IcebergTable, job_id: str, branch: str | None) -> list[int]:
                if summary_value(s, JOB_PROPERTY) == job_id and s.snapshot_id not in needed]
         if not (has_branch or ids or marker in current.properties):
             return ids
-        tx = without_blind_retries(current).transaction()
+        tx = transaction(without_blind_retries(current))
         if has_branch and branch is not None:
             ManageSnapshots(tx).remove_branch(branch).commit()
         if ids:  # expiring a snapshot removes it from the metadata only (see above)
@@ -426,7 +426,7 @@ def swap(
         else:
             added = write_rows(handle, pa.concat_tables([t.cast(rows.schema) for t in (*kept, rows)]))
         if removed or added:
-            with handle.transaction() as tx:
+            with transaction(handle) as tx:
                 if removed:
                     overwrite_files(tx, handle, removed, added, MAIN_BRANCH, properties or {})
                 else:

@@ -29,7 +29,8 @@ from timelake.errors import BackfillError
 from timelake.followup import completion, provenance
 from timelake.model.commit import (
     CHUNK_PROPERTY, JOB_PROPERTY, STEP_PROPERTY, ManifestCopy, collector_paused, data_file, data_files, is_conflict, landed,
-    overwrite_files, published_property, retire, staged_manifests, summary_value, with_retry, without_blind_retries,
+    overwrite_files, published_property, retire, staged_manifests, summary_value, transaction, with_retry,
+    without_blind_retries,
 )
 from timelake.model.contract import Contract
 from timelake.model.faults import checkpoint
@@ -275,7 +276,7 @@ def _commit_chunk(
         checkpoint("publish.committing")
         attempt = {}
         if deleted or added or reuse is not None:
-            with current.transaction() as tx:
+            with transaction(current) as tx:
                 overwrite_files(tx, current, deleted, added, "main", properties, copy=reuse, written=attempt)
                 tx.set_properties({published_property(job_id): chunk.key})
 

@@ -11,7 +11,8 @@ from pyiceberg.table import Table as IcebergTable
 
 from timelake.errors import BackfillError
 from timelake.model.commit import (
-    JOB_PROPERTY, STEP_PROPERTY, append_files, collector_paused, data_files, with_retry, without_blind_retries,
+    JOB_PROPERTY, STEP_PROPERTY, append_files, collector_paused, data_files, transaction, with_retry,
+    without_blind_retries,
 )
 from timelake.model.faults import checkpoint
 from timelake.ports.files import ObjectIO
@@ -78,7 +79,7 @@ def stage_files(table: IcebergTable, job_id: str, branch: str, written: list[dic
     forked = branch in table.metadata.refs
 
     def commit(current: IcebergTable) -> int:
-        with without_blind_retries(current).transaction() as tx:
+        with transaction(without_blind_retries(current)) as tx:
             return append_files(tx, current, files, branch if forked else None, {JOB_PROPERTY: job_id, STEP_PROPERTY: step},
                                 inherit=True)  # publish lists copies of these manifests (`ManifestCopy`)
 
