@@ -183,6 +183,13 @@ def test_a_transaction_copies_its_metadata_once_per_change(lake):
     assert changed is not first and changed.properties["k"] == "v" and "k" not in first.properties
     tx.commit_transaction()
     assert table.refresh().properties["k"] == "v"
+    other = transaction(table)
+    held = other.table_metadata
+    with transaction(lake.catalog.load_table("t.x")) as elsewhere:  # another handle moves the table on
+        elsewhere.set_properties({"k": "w"})
+    assert other.table_metadata is held and held.properties["k"] == "v"
+    table.refresh()  # a refreshed table is new metadata: the next read copies it
+    assert other.table_metadata is not held and other.table_metadata.properties["k"] == "w"
 
 
 def test_every_private_name_is_used_here_only():
