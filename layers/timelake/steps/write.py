@@ -10,7 +10,7 @@ from __future__ import annotations
 import base64
 import json
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -133,27 +133,30 @@ def write_rows(table: Any, contract: Contract, mode: str, job_id: str, unit: Uni
     # replace mode packs the unit's keys in place of its sort codes, to match main's rows against them
     pairs = _Pairs(rows, order, codes, contract) if compare is not None and compare.old is not None else None
     del codes  # the file is written from the rows and their order alone
-    facts = _compare(rows, order, starts, contract, compare, pairs) if compare is not None and starts is not None else None
-    del pairs
+    after = _AfterCounts(starts, compare.columns) if compare is not None and starts is not None else None
     result: dict[str, Any] = {
         "rows_in": rows.num_rows, "rows_written": len(order), "rows_duplicate_in_source": duplicates,
         "rows_conflicting_existing": conflicts, "duplicate_sum": dup_sum, "conflict_sum": conflict_sum,
         "path": None, "bytes": 0, "spec_id": unit.info["spec_id"], "value": unit.info["value"],
     }
-    if len(order) and not predict:
-        result.update(write_file(table, rows, unit_path(table, job_id, unit), order, objects=objects))
-    return result, facts
+    if len(order) and not predict:  # the diff's counts come from the row groups the writer takes in order
+        result.update(write_file(table, rows, unit_path(table, job_id, unit), order, objects=objects,
+                                 each_group=after.add if after is not None else None))
+    elif after is not None:
+        after.take(rows, order)
+    if compare is None or starts is None or after is None:
+        return result, None
+    return result, _compare(rows, order, starts, contract, compare, pairs, after.counted)
 
 
 def _compare(rows: pa.Table, order: np.ndarray, starts: np.ndarray, contract: Contract, compare: Compare,
-             pairs: _Pairs | None) -> Facts:
+             pairs: _Pairs | None, counted: dict[str, np.ndarray]) -> Facts:
     """The unit's cells of the job's diff: its rows per day and series (the runs at ``starts`` in ``order``,
-    `diff.runs`), and in replace mode how they meet main's rows of the unit's slice (``pairs``): keys in
-    both, values that changed, rows only one side holds, with a few of each side by side. Main's rows
-    come a read at a time and the unit's values a chunk at a time, so the comparison adds a flag a row
-    (replace mode) to what the writer holds."""
+    `diff.runs`, ``counted`` by `_AfterCounts`), and in replace mode how they meet main's rows of the
+    unit's slice (``pairs``): keys in both, values that changed, rows only one side holds, with a few of
+    each side by side. Main's rows come a read at a time and the unit's values a chunk at a time, so the
+    comparison adds a flag a row (replace mode) to what the writer holds."""
     columns = compare.columns
-    counted = _count_after(rows, order, starts, columns)
     samples: dict[str, list[dict[str, Any]]] = {kind: [] for kind in KINDS}
     firsts_at = rows.select(contract.sort_columns).take(pa.array(order[starts]))
     codes_of, labels = series_labels(firsts_at, contract.series_key)
@@ -171,25 +174,36 @@ def _compare(rows: pa.Table, order: np.ndarray, starts: np.ndarray, contract: Co
     return (combine([after, *before], columns) if before else after), samples
 
 
-def _count_after(rows: pa.Table, order: np.ndarray, starts: np.ndarray, columns: list[str]) -> dict[str, np.ndarray]:
-    """Per run (a cell), the rows written and each column's sum and non-null count: a sequential sum a
-    run, a chunk of the unit's values taken at a time."""
-    counted = {"rows_after": np.zeros(len(starts))}
-    for column in columns:
-        counted[f"{column}.count_after"] = np.zeros(len(starts))
-        counted[f"{column}.sum_after"] = np.zeros(len(starts))
-    for i in range(0, len(order), COMPACT_ROWS):
-        j = min(len(order), i + COMPACT_ROWS)
-        firsts, cells = chunk_runs(starts, i, j)
-        lengths = np.diff(np.append(firsts, j - i))
-        at = pa.array(order[i:j])
-        counted["rows_after"][cells] += lengths
+class _AfterCounts:
+    """Per run (a cell), the rows written and each column's sum and non-null count, added up a chunk of
+    rows in written order at a time: the row groups the writer takes anyway, so a value column is
+    gathered once for the file and the diff together (taken here only when no file is written)."""
+
+    def __init__(self, starts: np.ndarray, columns: list[str]) -> None:
+        self.starts = starts
+        self.columns = columns
+        self.counted = {"rows_after": np.zeros(len(starts))}
         for column in columns:
-            values, valid = weights_of(rows.column(column).take(at))
-            counted[f"{column}.count_after"][cells] += lengths if valid is None else np.add.reduceat(valid, firsts)
+            self.counted[f"{column}.count_after"] = np.zeros(len(starts))
+            self.counted[f"{column}.sum_after"] = np.zeros(len(starts))
+
+    def add(self, i: int, chunk: pa.Table) -> None:
+        """Counts the rows [i, i + len) of the written order, ``chunk`` holding them."""
+        if not chunk.num_rows:
+            return
+        firsts, cells = chunk_runs(self.starts, i, i + chunk.num_rows)
+        lengths = np.diff(np.append(firsts, chunk.num_rows))
+        self.counted["rows_after"][cells] += lengths
+        for column in self.columns:
+            values, valid = weights_of(chunk.column(column))
+            self.counted[f"{column}.count_after"][cells] += lengths if valid is None else np.add.reduceat(valid, firsts)
             if values is not None:
-                counted[f"{column}.sum_after"][cells] += np.add.reduceat(values, firsts)
-    return counted
+                self.counted[f"{column}.sum_after"][cells] += np.add.reduceat(values, firsts)
+
+    def take(self, rows: pa.Table, order: np.ndarray) -> None:
+        """Counts ``rows`` in ``order``, the compared columns taken a chunk at a time."""
+        for i in range(0, len(order), COMPACT_ROWS):
+            self.add(i, rows.select(self.columns).take(pa.array(order[i:i + COMPACT_ROWS])))
 
 
 def _meet(rows: pa.Table, order: np.ndarray, starts: np.ndarray, contract: Contract, compare: Compare, pairs: _Pairs,
@@ -644,10 +658,12 @@ def unit_path(table: Any, job_id: str, unit: UnitRecord, suffix: str = "") -> st
     return f"{table.location().rstrip('/')}/data/{partition}/{job_id}-{unit.unit_id}{suffix}.parquet"
 
 
-def write_file(table: Any, rows: pa.Table, path: str, order: np.ndarray | None = None, *, objects: ObjectIO) -> dict[str, Any]:
+def write_file(table: Any, rows: pa.Table, path: str, order: np.ndarray | None = None, *, objects: ObjectIO,
+               each_group: Callable[[int, pa.Table], None] | None = None) -> dict[str, Any]:
     """`write_parquet`, and what a unit records of the file: its path, size and the Iceberg statistics
-    of its columns, taken from the writer's own footer metadata (stage builds the DataFile from them)."""
-    size, metadata = _write(rows, path, table.properties, order, objects=objects)
+    of its columns, taken from the writer's own footer metadata (stage builds the DataFile from them).
+    ``each_group`` sees every row group as it is written, with its first row's place in the file."""
+    size, metadata = _write(rows, path, table.properties, order, objects=objects, each_group=each_group)
     return {"path": path, "bytes": size, "file_statistics": file_statistics(table, metadata)}
 
 
@@ -663,7 +679,7 @@ def write_parquet(rows: pa.Table, path: str, properties: dict[str, str], order: 
 
 
 def _write(rows: pa.Table, path: str, properties: dict[str, str], order: np.ndarray | None, *,
-           objects: ObjectIO) -> tuple[int, pq.FileMetaData]:
+           objects: ObjectIO, each_group: Callable[[int, pa.Table], None] | None = None) -> tuple[int, pq.FileMetaData]:
     """Dictionary-encoded columns (a unit's series) are written as they are, which spares the Parquet
     writer hashing every row's string to build its dictionary again. The Arrow schema kept in the footer
     is the plain one (value types, as writing the decoded columns would keep), so pyarrow readers get
@@ -676,7 +692,8 @@ def _write(rows: pa.Table, path: str, properties: dict[str, str], order: np.ndar
     for f in rows.schema:
         if pa.types.is_floating(f.type):
             is_nan = pc.fill_null(pc.is_nan(rows.column(f.name)), False).to_numpy(zero_copy_only=False)
-            nans[f.name] = int(is_nan.sum() if order is None else is_nan[order].sum())
+            whole = order is None or len(order) == rows.num_rows  # ``order`` never repeats a row
+            nans[f.name] = int(is_nan.sum() if whole else is_nan[order].sum())
     metadata = {**(rows.schema.metadata or {}), NAN_COUNTS: json.dumps(nans).encode()}
     plain = pa.schema([f.with_type(f.type.value_type) if pa.types.is_dictionary(f.type) else f for f in rows.schema],
                       metadata=metadata)
@@ -687,4 +704,6 @@ def _write(rows: pa.Table, path: str, properties: dict[str, str], order: np.ndar
             for start in range(0, count, ROW_GROUP_ROWS):
                 group = rows.slice(start, ROW_GROUP_ROWS) if order is None else rows.take(pa.array(order[start:start + ROW_GROUP_ROWS]))
                 writer.write_table(group, row_group_size=ROW_GROUP_ROWS)
+                if each_group is not None:
+                    each_group(start, group)
         return out.tell(), writer.writer.metadata
