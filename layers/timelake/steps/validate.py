@@ -435,7 +435,10 @@ def _file_facts(contract: Contract, state: JobState, mains: dict[str, SnapshotRa
                 facts.duplicates += [_fmt_row(r) for r in dups.slice(0, SAMPLES).to_pylist()]
             if packer is not None and packed is not None:
                 keyed, at = packer.pack_rows(rows)
-                packed[offset + at] = keyed  # a key outside the partition stays -1: it matches nothing
+                if at is None:
+                    packed[offset:offset + len(keyed)] = keyed
+                else:
+                    packed[offset + at] = keyed  # a key outside the partition stays -1: it matches nothing
             for name, near in nears.items():
                 hits = near.hits(rows, codes)
                 facts.overlap[name] += hits.num_rows

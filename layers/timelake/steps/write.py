@@ -284,7 +284,7 @@ class _Pairs:
             theirs, at = self.packer.pack_rows(old)
             pos = np.minimum(np.searchsorted(self.mine, theirs), len(self.mine) - 1)
             hit = self.mine[pos] == theirs
-            return pos[hit].astype(np.int64), at[hit].astype(np.int64)
+            return pos[hit].astype(np.int64), np.flatnonzero(hit) if at is None else at[hit].astype(np.int64)
         keys = list(self.contract.dedup_key)
         if self.keyed is None:
             mine = decoded_columns(self.rows.select(keys).take(pa.array(self.order)))
@@ -586,18 +586,33 @@ class KeyPacker:
             part |= low
         return out
 
-    def pack_rows(self, rows: pa.Table | pa.RecordBatch) -> tuple[np.ndarray, np.ndarray]:
-        """The packed keys of the ``rows`` that can match, and which rows those are."""
-        column = rows.column(self.series)
-        if pa.types.is_dictionary(column.type):  # looked up per distinct value, not per row
-            single = column.unify_dictionaries().combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-            ranks = pc.index_in(single.dictionary, value_set=self.distinct.cast(single.type.value_type)).take(single.indices)
-        else:
-            ranks = pc.index_in(column, value_set=self.distinct.cast(column.type))
+    def pack_rows(self, rows: pa.Table | pa.RecordBatch) -> tuple[np.ndarray, np.ndarray | None]:
+        """The packed keys of the ``rows`` that can match, and which rows those are (None: all of them,
+        the usual case, which then costs no gather)."""
+        ranks = self._ranks(rows.column(self.series))
         times = _numpy(pc.cast(rows.column(self.time_column), pa.int64()))
-        inside = _numpy(ranks.is_valid()) & (times >= self.base) & (times - self.base < 1 << self.time_bits)
+        low = times - self.base  # as unsigned, a time before ``base`` is past the top as well
+        inside = (low.view(np.uint64) < np.uint64(1 << self.time_bits)) & (ranks >= 0)
+        if inside.all():  # ``ranks`` is this call's own array: packed in place
+            np.left_shift(ranks, self.time_bits, out=ranks)
+            ranks |= low
+            return ranks, None
         at = np.flatnonzero(inside)
-        return self.pack(_numpy(pc.fill_null(ranks, 0))[at], times[at]), at
+        return self.pack(ranks[at], low[at] + self.base), at
+
+    def _ranks(self, column: pa.Array | pa.ChunkedArray) -> np.ndarray:
+        """Each row's series rank among ``distinct`` as int64, -1 where it has none (a series the packer
+        does not know, or a null); a dictionary column is looked up per distinct value, not per row."""
+        if pa.types.is_dictionary(column.type):
+            single = column.unify_dictionaries().combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+            found = pc.index_in(single.dictionary, value_set=self.distinct.cast(single.type.value_type))
+            per_value = _numpy(pc.fill_null(found, -1)).astype(np.int64)
+            indices = single.indices
+            if indices.null_count:
+                return np.where(_numpy(indices.is_valid()), per_value[_numpy(pc.fill_null(indices, 0))], -1)
+            return per_value[_numpy(indices)]
+        found = pc.index_in(column, value_set=self.distinct.cast(column.type))
+        return _numpy(pc.fill_null(found, -1)).astype(np.int64)
 
     def unpack(self, packed: np.ndarray) -> tuple[pa.Array, np.ndarray]:
         """Series values and times (µs) of packed keys."""
