@@ -14,8 +14,13 @@ import pytest
 import timelake.steps.plan
 import timelake.steps.scan
 from tests.conftest import SCHEMA, make_readings, recent, reference_merge, sort_rows
+from tests.steps.test_diff import assert_cells, reference
+from timelake.model import faults
+from timelake.model.layout import read_range
 from timelake.model.spec import JobSpec
+from timelake.model.timeutil import parse_instant, to_micros
 from timelake.steps.abort import abort
+from timelake.steps import diff as diff_step
 from timelake.steps.plan import cut, pending_pieces, plan, scan
 from timelake.steps.scan import read_result
 
@@ -124,6 +129,73 @@ def test_merge_drops_the_keys_main_holds_in_a_day_the_scan_writes(sensor, lake, 
     report = job.report()
     assert report["rows_conflicting_existing"] == existing.num_rows and all(c["passed"] for c in report["checks"])
     assert _main(lake).equals(sort_rows(reference_merge(existing, source)))
+
+
+def _merge_diff_scene(sensor, tmp_path: Path) -> tuple[Path, pa.Table]:
+    """Three day files, and main holding other values of two devices on two of those days and a day before."""
+    _day_files(tmp_path / "export", days=3)
+    existing = pa.concat_tables([make_readings(recent(5), days=2, devices=2, step_minutes=60, seed=3, value_offset=1_000),
+                                 make_readings(recent(7), days=1, devices=1, step_minutes=60, seed=4)])
+    sensor.append(existing)
+    return tmp_path / "export" / "*.parquet", existing
+
+
+def _diff_against_main(sensor, job, start: str, end: str, before_snapshot: int) -> None:
+    """The job's diff cell by cell against DuckDB's join of main's range before (the job's plan) and after."""
+    after = sensor.refresh().iceberg.current_snapshot().snapshot_id
+    rows = lambda snapshot: read_range(sensor.iceberg, "ts", to_micros(parse_instant(start)), to_micros(parse_instant(end)),  # noqa: E731
+                                       snapshot_id=snapshot)
+    found = job.diff()
+    assert_cells(found["cells"], reference(rows(before_snapshot), rows(after), ["device_id", "ts"], ["device_id"], ["value"]))
+    assert found["totals"]["in_both"] == found["totals"]["rows_before"] > 0 and found["totals"]["changed"] == 0
+
+
+def test_a_merge_unit_the_scan_writes_counts_mains_rows_for_the_diff_without_a_main_task(sensor, lake, tmp_path,
+                                                                                            monkeypatch):
+    """The rows a day's scan task reads from main to drop its keys are the diff's "before" of that day: no
+    main task reads them again, and the diff is what main shows (and what the dry run predicted, which
+    reads them through main tasks)."""
+    source, existing = _merge_diff_scene(sensor, tmp_path)
+    start, end = recent(7), recent(2)
+    predicted = sensor.backfill(source=str(source), start=start, end=end, dry_run=True).wait().diff()
+    before = sensor.refresh().iceberg.current_snapshot().snapshot_id
+    read_by_main_tasks = []
+    real = diff_step.read_main
+    monkeypatch.setattr(diff_step, "read_main", lambda *a: read_by_main_tasks.append(real(*a)) or read_by_main_tasks[-1])
+    job = sensor.backfill(source=str(source), start=start, end=end).wait()
+    units = lake.runtime.store.units(job.id)
+    direct = [u for u in units if u.info.get("direct")]
+    assert len(direct) == 3 and all(u.info.get("main_counted") for u in direct)
+    # day -7 holds main's rows but no source rows: the main tasks read those, and only those
+    day_7 = pc.sum(pc.equal(pc.strftime(existing.column("ts"), "%Y-%m-%d"), recent(7))).as_py()
+    assert sum(r["rows"] for r in read_by_main_tasks) == day_7 == 24
+    _diff_against_main(sensor, job, start, end, before)
+    assert job.diff()["cells"].equals(predicted["cells"])
+
+
+def test_a_live_commit_between_the_scans_write_and_the_cut_leaves_that_day_to_a_main_task(sensor, lake, tmp_path,
+                                                                                           monkeypatch):
+    """A unit that read main before another writer committed counted a main the plan no longer shows: the
+    cut leaves its day to a main task, which reads main at the plan (the live rows included)."""
+    monkeypatch.setattr(timelake.steps.plan, "MIN_TASK_BYTES", 1)  # a task per file, one after another
+    source, _ = _merge_diff_scene(sensor, tmp_path)
+    start, end = recent(7), recent(2)
+    live = pa.concat_tables([make_readings(recent(day), days=1 / 24, devices=1, step_minutes=60, seed=5) for day in (6, 5, 4)])
+    live = live.set_column(1, "device_id", pa.array(["live-1"] * 3))  # a row on each day the scan writes
+    fired = []
+
+    def commit_once() -> None:
+        if not fired:
+            fired.append(True)
+            sensor.refresh().append(live)
+
+    with faults.at("scan.direct", commit_once):
+        job = sensor.backfill(source=str(source), start=start, end=end, max_concurrency=1).wait()
+    assert fired and job.record().phase == "published"
+    direct = [u for u in lake.runtime.store.units(job.id) if u.info.get("direct")]
+    assert len(direct) == 3 and not all(u.info.get("main_counted") for u in direct)
+    _diff_against_main(sensor, job, start, end, job.record().state["diff"]["base_snapshot_id"])
+    assert "live-1" in job.diff()["cells"].column("series").to_pylist()
 
 
 def test_abort_after_the_scan_deletes_the_files_the_scan_wrote(sensor, lake, tmp_path):

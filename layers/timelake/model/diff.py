@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 from pyiceberg.manifest import DataFileContent
 
 from timelake.model.contract import Contract
-from timelake.model.layout import SnapshotRange, dense_unique, series_codes
+from timelake.model.layout import MainReader, SnapshotRange, dense_unique, micros, series_codes
 from timelake.model.lineage import Lineage, Origin, PlanMark
 from timelake.model.timeutil import US_PER_DAY
 from timelake.ports.files import ObjectIO
@@ -133,6 +133,55 @@ def before_cells(rows: pa.Table, columns: list[str], contract: Contract, days: n
         if values is not None:
             weights[f"{column}.sum_before"] = values
     return count_cells(columns, days, codes, labels, weights)
+
+
+def first_of_days(rows: pa.Table, days: np.ndarray, series: np.ndarray, labels: pa.Array, per_day: dict[int, int],
+                  contract: Contract, columns: list[str]) -> list[dict[str, Any]]:
+    """A few of main's rows of each day not sampled enough yet (``per_day``): the samples of a day the
+    job removes whole."""
+    present, index, _ = dense_unique(days)
+    wanted = [i for i, d in enumerate(present.tolist()) if per_day.get(d, 0) < SAMPLES]
+    found = []
+    keys = list(contract.dedup_key)
+    for i in wanted:
+        day = int(present[i])
+        at = np.flatnonzero(index == i)[:SAMPLES - per_day.get(day, 0)]
+        per_day[day] = per_day.get(day, 0) + len(at)
+        for row_at, row in zip(at.tolist(), rows.select(keys + columns).take(pa.array(at)).to_pylist(), strict=True):
+            found.append(sample({k: row[k] for k in keys}, contract.time_column, {c: row[c] for c in columns}, None,
+                                labels[int(series[row_at])].as_py()))
+    return found
+
+
+class MainCounter:
+    """Main's rows as a merge unit that holds its partition whole reads them to drop the keys main holds,
+    counted on the way (`before_cells`, `first_of_days`): the diff's "before" of that partition without a
+    main task reading it again. ``snapshot_id`` is the snapshot they were read at; the cut takes the
+    count only if that is the plan's (`timelake.steps.plan.plan_main_tasks`), else a main task counts."""
+
+    def __init__(self, main: MainReader, table: Any, columns: list[str], contract: Contract) -> None:
+        snapshot = table.current_snapshot()
+        self.snapshot_id: int | None = snapshot.snapshot_id if snapshot is not None else None
+        self._main = main
+        self._columns = columns
+        self._contract = contract
+        self._cells: list[pa.Table] = []
+        self._samples: list[dict[str, Any]] = []
+        self._per_day: dict[int, int] = {}
+
+    def batches(self, table: Any, start_us: int, end_us: int) -> Iterator[pa.RecordBatch]:
+        for batch in self._main.batches(table, start_us, end_us):
+            if batch.num_rows:
+                rows = pa.Table.from_batches([batch])
+                days = micros(rows, self._contract.time_column) // US_PER_DAY
+                series, labels = series_labels(rows, self._contract.series_key)
+                self._cells.append(before_cells(rows, self._columns, self._contract, days, (series, labels)))
+                self._samples += first_of_days(rows, days, series, labels, self._per_day, self._contract, self._columns)
+            yield batch
+
+    def write(self, uri: str, *, objects: ObjectIO) -> None:
+        """The counted cells and samples as a facts file (`write_facts`)."""
+        write_facts(uri, combine(self._cells, self._columns), {"only_before": self._samples}, objects=objects)
 
 
 def cells_of(schema: pa.Schema, days: np.ndarray, labels: pa.Array, sums: dict[str, np.ndarray]) -> pa.Table:
@@ -371,7 +420,8 @@ def decoded_columns(rows: pa.Table) -> pa.Table:
 
 
 def facts_uri(rt: Runtime, job_id: str, kind: str, name: str) -> str:
-    """Where a main task (``kind`` "main") or a unit ("units") keeps its cells and samples."""
+    """Where a main task (``kind`` "main") or a unit ("units") keeps its cells and samples, and a merge unit
+    main's rows it counted (``"local"``, `MainCounter`)."""
     return rt.staging_path(job_id, "diff", kind, f"{name}.parquet")
 
 

@@ -28,10 +28,10 @@ import pyarrow.parquet as pq
 from timelake.errors import BackfillError
 from timelake.model.contract import Contract
 from timelake.model.diff import (
-    SAMPLES, before_cells, combine, compared_columns, facts_uri, finish, grouped, keep_samples, mark_of, plain,
-    read_facts, rows_at_plan, sample, series_labels, summarize, write_facts,
+    before_cells, combine, compared_columns, facts_uri, finish, first_of_days, grouped, keep_samples, mark_of, plain,
+    read_facts, rows_at_plan, series_labels, summarize, write_facts,
 )
-from timelake.model.layout import SnapshotRange, dense_unique, micros, partition_codes
+from timelake.model.layout import SnapshotRange, micros, partition_codes
 from timelake.model.lineage import planned_view
 from timelake.model.spec import JobSpec
 from timelake.model.timeutil import US_PER_DAY, iso
@@ -98,7 +98,7 @@ def read_main(rt: Runtime, job_id: str, task: int) -> dict[str, Any]:
             days = ts // US_PER_DAY
             series, labels = series_labels(rows, contract.series_key)
             parts.append(before_cells(rows, columns, contract, days, (series, labels)))
-            samples += _first_of_days(rows, days, series, labels, per_day, contract, columns)
+            samples += first_of_days(rows, days, series, labels, per_day, contract, columns)
     except BaseException:
         if out is not None:
             out.discard()
@@ -123,23 +123,6 @@ def _spill(out: spill.SpillFile, dictionaries: spill.Dictionaries, rows: pa.Tabl
     out.hold(dictionaries.code(rows), [(k.spec_id, k.value) for k in keys], codes, buckets, rows.nbytes)
     if out.held_bytes > HELD_BYTES:
         out.flush()
-
-
-def _first_of_days(rows: pa.Table, days: np.ndarray, series: np.ndarray, labels: pa.Array, per_day: dict[int, int],
-                   contract: Contract, columns: list[str]) -> list[dict[str, Any]]:
-    """A few rows of each day the task has not kept enough of: the samples of a day the job removes whole."""
-    present, index, _ = dense_unique(days)
-    wanted = [i for i, d in enumerate(present.tolist()) if per_day.get(d, 0) < SAMPLES]
-    found = []
-    keys = list(contract.dedup_key)
-    for i in wanted:
-        day = int(present[i])
-        at = np.flatnonzero(index == i)[:SAMPLES - per_day.get(day, 0)]
-        per_day[day] = per_day.get(day, 0) + len(at)
-        for row_at, row in zip(at.tolist(), rows.select(keys + columns).take(pa.array(at)).to_pylist(), strict=True):
-            found.append(sample({k: row[k] for k in keys}, contract.time_column, {c: row[c] for c in columns}, None,
-                                labels[int(series[row_at])].as_py()))
-    return found
 
 
 def pending_main_tasks(rt: Runtime, job_id: str, span: tuple[int, int] | None = None) -> list[int]:
@@ -190,6 +173,7 @@ def conclude(rt: Runtime, job_id: str, scope: str = "job", units: list[UnitRecor
         for first, last, group in _stretches(units, lo, hi):
             near = [i for i, t in tasks if t["start"] < last and t["end"] > first]
             main = _facts(pool, rt, job_id, "main", [main_task_name(i) for i in near])
+            main += _facts(pool, rt, job_id, "local", [u.unit_id for u in group if u.info.get("main_counted")])
             found = _facts(pool, rt, job_id, "units", [u.unit_id for u in group])
             before = [_days(c, first, last) for c, _ in main]
             cells = finish(combine(before + [c for c, _ in found], columns), columns, spec.mode)
@@ -287,7 +271,7 @@ def load(rt: Runtime, job_id: str, scope: str | None = None) -> tuple[dict[str, 
 def drop_scratch(rt: Runtime, job_id: str) -> None:
     """The diff's scratch files, once its result is written: the main tasks, main's rows they spilled and
     each task's and unit's cells."""
-    for kind in ("main", "units"):
+    for kind in ("main", "units", "local"):
         fs, path = rt.objects.filesystem(rt.staging_path(job_id, "diff", kind))
         with contextlib.suppress(FileNotFoundError):
             fs.delete_dir(path)

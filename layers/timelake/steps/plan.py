@@ -359,7 +359,7 @@ def _cut_units(total: ScanResult, contract: Contract) -> list[UnitRecord]:
 
 
 MAIN_TASKS = "diff/main-tasks.json"  # the main tasks of a job with a diff: what each reads of main's range
-LOCAL = "diff/local.json"  # replace mode: the partitions whose one unit reads main's rows itself, and the others
+LOCAL = "diff/local.json"  # the partitions whose one unit reads main's rows itself, and (replace) the spilled ones
 MAIN_TASK_BYTES = 256 << 20  # main's data file bytes a main task reads, at most (save one larger file)
 
 
@@ -368,7 +368,9 @@ def plan_main_tasks(rt: Runtime, job_id: str, table: Any, contract: Contract, mo
     """Who reads main's rows of the job's range for its diff (`timelake.steps.diff`), each file once.
 
     In replace mode a partition of one unit has its unit read main's rows there itself (``main_local``):
-    it compares with them as they come, and nothing is spilled. The main tasks read the rest: main's
+    it compares with them as they come, and nothing is spilled. In merge mode a partition its scan task
+    wrote was counted by that unit as it read main's rows to drop the keys main holds (``main_counted``),
+    if it read them at ``mark``. The main tasks read the rest: main's
     data files at ``mark`` (the plan) in the other partitions, cut into about four tasks a worker, of at
     most `MAIN_TASK_BYTES` each; in replace mode they spill what they read for the units of partitions
     cut into several, and every unit learns the spills of the tasks whose span meets its partition.
@@ -379,7 +381,14 @@ def plan_main_tasks(rt: Runtime, job_id: str, table: Any, contract: Contract, mo
     task's span, not only its files, is what lets it find the rows again should another engine expire
     the plan's snapshot and compact the files before the task runs."""
     parts = Counter(u.info["partition"] for u in units)
-    local = {name for name, count in parts.items() if count == 1} if mode == "replace" else set()
+    if mode == "replace":
+        local = {name for name, count in parts.items() if count == 1}
+    else:  # merge: a partition its scan task wrote was counted there, if main's rows were read at the plan's snapshot
+        counted = [u for u in units if u.info.get("direct") and "main_counted_at" in u.result
+                   and u.result["main_counted_at"] == mark.snapshot_id]
+        for unit in counted:
+            unit.info["main_counted"] = True
+        local = {u.info["partition"] for u in counted}
     covered = _merged_spans([(max(u.info["start"], start), min(u.info["end"], end)) for u in units
                              if u.info["partition"] in local])
     spans: list[tuple[int, int, str, int]] = []

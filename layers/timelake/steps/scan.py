@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 
 from timelake.errors import DstRefused, InvalidJob
 from timelake.model.contract import Contract
-from timelake.model.diff import compared_columns, compares, facts_uri, write_facts
+from timelake.model.diff import MainCounter, compared_columns, compares, facts_uri, write_facts
 from timelake.model.faults import checkpoint
 from timelake.model.issues import Issues
 from timelake.model.layout import (
@@ -478,7 +478,9 @@ def _direct_main(ctx: ScanContext, direct: dict[str, dict[str, Any]], *, objects
     if ctx.spec.mode != "merge" or not direct:
         return None
     spans = [PartitionKey(p["spec_id"], p["transform"], p["value"]).range for p in direct.values()]
-    return MainReader(ctx.contract.time_column, min(lo for lo, _ in spans), max(hi for _, hi in spans), ctx.contract.dedup_key,
+    # with a diff its units count main's rows as they read them (`MainCounter`): every column, not the key alone
+    columns = tuple(ctx.target.names) if compares(ctx.spec.mode, ctx.spec.diff) else ctx.contract.dedup_key
+    return MainReader(ctx.contract.time_column, min(lo for lo, _ in spans), max(hi for _, hi in spans), columns,
                       objects=objects)
 
 
@@ -498,9 +500,14 @@ def _write_whole(rt: Runtime, table: Any, ctx: ScanContext, job_id: str, result:
                       info={"spec_id": part.key.spec_id, "value": part.key.value, "start": lo, "end": hi})
     rows = spill.decoded(rows, spiller.dictionaries.values)
     compare = Compare(compared_columns(ctx.target, ctx.contract)) if compares(ctx.spec.mode, ctx.spec.diff) else None
-    written, facts = write_rows(table, ctx.contract, ctx.spec.mode, job_id, unit, rows, main, compare, objects=rt.objects)
+    counter = MainCounter(main, table, compare.columns, ctx.contract) if main is not None and compare is not None else None
+    written, facts = write_rows(table, ctx.contract, ctx.spec.mode, job_id, unit, rows, counter or main, compare,
+                                objects=rt.objects)
     if facts is not None:
         write_facts(facts_uri(rt, job_id, "units", unit.unit_id), *facts, objects=rt.objects)
+    if counter is not None:
+        counter.write(facts_uri(rt, job_id, "local", unit.unit_id), objects=rt.objects)
+        written["main_counted_at"] = counter.snapshot_id
     part.direct = {**written, "spill_bytes_read": 0, "seconds": round(time.monotonic() - started, 3)}
     checkpoint("scan.direct")
     return True

@@ -23,7 +23,7 @@ from pyiceberg.typedef import Record
 from timelake.model.commit import NAN_COUNTS, file_statistics
 from timelake.model.contract import Contract
 from timelake.model.diff import (
-    KINDS, SAMPLES, MainAtPlan, before_cells, cell_schema, cells_of, chunk_runs, combine, compared_columns, compares,
+    KINDS, SAMPLES, MainAtPlan, MainCounter, before_cells, cell_schema, cells_of, chunk_runs, combine, compared_columns, compares,
     decoded_columns, differs, facts_uri, kept_runs, runs, sample, series_labels, weights_of, write_facts,
 )
 from timelake.model.layout import MainReader, stable_argsort, stream_range
@@ -110,7 +110,7 @@ Facts = tuple[pa.Table, dict[str, list[dict[str, Any]]]]
 
 
 def write_rows(table: Any, contract: Contract, mode: str, job_id: str, unit: UnitRecord, rows: pa.Table,
-               main: MainReader | None = None, compare: Compare | None = None,
+               main: MainReader | MainCounter | None = None, compare: Compare | None = None,
                predict: bool = False, *, objects: ObjectIO) -> tuple[dict[str, Any], Facts | None]:
     """A unit's rows as its file: sorted, the last source row of each key kept, in merge mode the keys
     main holds in the unit's partition dropped; returns what the unit records (counts, file, statistics)
