@@ -206,9 +206,10 @@ def _write_all(rt: Runtime, job_id: str, cancel: threading.Event | None, only: l
     pending = [u.unit_id for u in units if u.status != "done" and (only is None or u.unit_id in only)]
     main: MainReader | MainAtPlan | None = None
     if spec.mode == "merge" and pending:
-        contract = Contract.from_table(rt.load_table(spec.table))
+        table = rt.load_table(spec.table)
+        contract = Contract.from_table(table)
         main = MainReader(contract.time_column, job.state["range_start"], job.state["range_end"], contract.dedup_key,
-                          objects=rt.objects)
+                          objects=rt.objects, dictionaries=coded_columns(table.schema().as_arrow(), contract.series_key))
     elif spec.mode == "replace" and job.state.get("diff") and pending:  # units that read main's rows of their partition
         table = planned_view(rt.load_table(spec.table), job.state)
         contract = Contract.from_table(table)

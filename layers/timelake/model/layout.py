@@ -303,9 +303,13 @@ class MainReader:
     until a live commit moves main. A writer on its own (a Lambda, a pool process) plans its unit only.
     """
 
-    def __init__(self, column: str, start_us: int, end_us: int, columns: tuple[str, ...], *, objects: ObjectIO) -> None:
+    def __init__(self, column: str, start_us: int, end_us: int, columns: tuple[str, ...], *, objects: ObjectIO,
+                 dictionaries: tuple[str, ...] = ()) -> None:
+        """``dictionaries``: the text columns to read dictionary-encoded (the series key), which packs and
+        counts main's keys per distinct series, not per row."""
         self._range = (column, start_us, end_us, columns)
         self._objects = objects
+        self._dictionaries = dictionaries
         self._plan: tuple[int, SnapshotRange] | None = None
         self._lock = threading.Lock()
 
@@ -319,7 +323,7 @@ class MainReader:
                 self._plan = (snapshot.snapshot_id, SnapshotRange(table, column, lo, hi, columns, snapshot.snapshot_id,
                                                                   objects=self._objects))
             plan = self._plan[1]
-        return plan.batches(start_us, end_us)
+        return plan.batches(start_us, end_us, self._dictionaries)
 
 
 def file_bounds(file: Any, field: Any) -> tuple[int | None, int | None]:

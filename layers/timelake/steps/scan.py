@@ -481,7 +481,7 @@ def _direct_main(ctx: ScanContext, direct: dict[str, dict[str, Any]], *, objects
     # with a diff its units count main's rows as they read them (`MainCounter`): every column, not the key alone
     columns = tuple(ctx.target.names) if compares(ctx.spec.mode, ctx.spec.diff) else ctx.contract.dedup_key
     return MainReader(ctx.contract.time_column, min(lo for lo, _ in spans), max(hi for _, hi in spans), columns,
-                      objects=objects)
+                      objects=objects, dictionaries=spill.coded_columns(ctx.target, ctx.contract.series_key))
 
 
 def _write_whole(rt: Runtime, table: Any, ctx: ScanContext, job_id: str, result: ScanResult, spiller: _Spiller,
