@@ -8,7 +8,6 @@ import concurrent.futures as cf
 import gc
 import io
 import json
-import multiprocessing
 import os
 import threading
 import time
@@ -29,7 +28,7 @@ from tests.aws_fixtures import aws, dynamo_table, moto_server  # noqa: F401
 from timelake.adapters import compose
 from timelake.interfaces.lake import Lake
 from timelake.ports.runtime import LakeConfig
-from tests.cloud.workers import Context, load_function, run_handler, worker_init  # noqa: F401 (used by the tests)
+from tests.cloud.workers import Context, load_function, run_handler, worker_context, worker_init  # noqa: F401 (used by the tests)
 
 ROOT = Path(__file__).parents[2]
 FUNCTIONS = ("plan", "scan", "cut", "write", "stage", "validate", "validate_item", "publish", "record_failure", "canary", "abort")
@@ -92,15 +91,15 @@ def cloud(aws: str, monkeypatch: pytest.MonkeyPatch) -> Cloud:  # noqa: F811
 def cloud_workers(aws: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Cloud]:  # noqa: F811
     """Every handler runs in one of ``WORKERS`` worker processes, as warm Lambda containers would: the
     moto server and the Step Functions engine keep the test process, so both cores work, and the
-    handlers' Python no longer competes with the server's for one interpreter lock. The workers start
-    once (about 3 s each) and serve every invocation of the test."""
+    handlers' Python no longer competes with the server's for one interpreter lock. The workers are
+    forked from a fork server that has the handlers' libraries imported, and serve every invocation of the test."""
     pool: cf.ProcessPoolExecutor | None = None
 
     def in_worker(name: str, body: bytes) -> tuple[str, bool]:
         return pool.submit(run_handler, name.removeprefix("timelake-"), body).result()
 
     cloud = _deploy(aws, monkeypatch, in_worker)
-    pool = cf.ProcessPoolExecutor(WORKERS, mp_context=multiprocessing.get_context("spawn"),
+    pool = cf.ProcessPoolExecutor(WORKERS, mp_context=worker_context(),
                                   initializer=worker_init, initargs=(dict(os.environ),))
     thresholds = gc.get_threshold()
     gc.freeze()  # what the test process holds so far is never collected: no full collection walks it

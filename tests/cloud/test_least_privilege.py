@@ -18,7 +18,6 @@ from __future__ import annotations
 import concurrent.futures as cf
 import io
 import json
-import multiprocessing
 import os
 import re
 from collections.abc import Callable, Iterator
@@ -46,7 +45,7 @@ from moto.stepfunctions.parser.asl.component.state.exec.state_task import lambda
 from infra.stack import FUNCTIONS, WORKFLOW_FUNCTIONS
 from tests.aws_fixtures import aws, dynamo_table, moto_server  # noqa: F401
 from tests.cloud.conftest import BUCKET, BUS, JOBS, ROOT, run_execution
-from tests.cloud.workers import run_handler, try_outside_role, worker_init
+from tests.cloud.workers import run_handler, try_outside_role, worker_context, worker_init
 from tests.infra.conftest import Synthesized, synthesized  # noqa: F401
 from timelake.adapters import compose
 from timelake.interfaces.lake import Lake
@@ -235,8 +234,8 @@ def deployment(aws: str, synthesized: Synthesized, monkeypatch: pytest.MonkeyPat
     base_env |= {"TIMELAKE_TEST_BUCKET": BUCKET, "TIMELAKE_CONFIG": config.model_dump_json(), "POWERTOOLS_TRACE_DISABLED": "true", "POWERTOOLS_SERVICE_NAME": "timelake-backfill",
                  "POWERTOOLS_METRICS_NAMESPACE": "Timelake", "PYTHONPATH": f"{ROOT / 'layers'}{os.pathsep}{ROOT}",
                  "ABORT_FUNCTION_ARN": _arn("lambda", "function:timelake-abort"), "STATE_MACHINE_ARN": machine_arn}
-    spawn = multiprocessing.get_context("spawn")
-    pools = {name: cf.ProcessPoolExecutor(1, mp_context=spawn, initializer=worker_init, initargs=({**base_env, **credentials[name]},))
+    context = worker_context()
+    pools = {name: cf.ProcessPoolExecutor(1, mp_context=context, initializer=worker_init, initargs=({**base_env, **credentials[name]},))
              for name in fns}
 
     def invoke(self: Any, function_name: str, qualifier: Any, body: Any, headers: Any, response_headers: Any) -> bytes:

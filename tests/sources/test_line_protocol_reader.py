@@ -9,6 +9,7 @@ a quoted separator, an escape), comments and blank lines. How both read against 
 
 from __future__ import annotations
 
+import functools
 import gzip
 import mmap
 import random
@@ -29,6 +30,7 @@ FLOATS = ["1", "-0", "0.5", "-2.25e3", "1E-5", "12.000", "+1.5", "1.", ".5", "in
 BOOLEANS = ["t", "T", "true", "True", "TRUE", "f", "F", "false", "False", "FALSE", "tRUE", "yes"]
 
 
+@functools.cache  # strategies are immutable: built and validated once, not on every draw
 def _value(key: str, clean: bool) -> st.SearchStrategy[str]:
     """Any spelling; or, for a clean file, one kind per key spelled in the forms a reader must accept."""
     if clean:
@@ -46,19 +48,42 @@ def _value(key: str, clean: bool) -> st.SearchStrategy[str]:
     )
 
 
+@functools.cache
+def _line_parts(clean: bool) -> dict[str, st.SearchStrategy]:
+    """The strategies `_line` draws from, built once per kind of file (each draw then only draws)."""
+    return {
+        "shape": st.integers(1 if clean else 0, 19),
+        "odd": st.sampled_from(["", "# a comment", "CREATE DATABASE x", "sensor value=1", "sensor"]),
+        "measurement": st.sampled_from(["sensor", "sensor", "sensor", "other", *([] if clean else ["sen\\ sor"])]),
+        "tags": st.lists(st.sampled_from(["device_id=d0", "device_id=d1", "site=north", "site=north\\ wing", "zone=é"]),
+                         max_size=2, unique_by=lambda t: t.split("=")[0]),
+        "keys": st.lists(st.sampled_from(["value", "count", "state", "ok"]), min_size=1, max_size=3),
+        "end": st.sampled_from([""] if clean else ["", "", "", "\r", " "]),
+    }
+
+
+@functools.cache
+def _line(index: int, clean: bool) -> st.SearchStrategy[str]:
+    return _draw_line(index, clean)
+
+
 @st.composite
-def _line(draw: st.DrawFn, index: int, clean: bool) -> str:
-    shape = draw(st.integers(1 if clean else 0, 19))
+def _draw_line(draw: st.DrawFn, index: int, clean: bool) -> str:
+    parts = _line_parts(clean)
+    shape = draw(parts["shape"])
     if shape == 0:
-        return draw(st.sampled_from(["", "# a comment", "CREATE DATABASE x", "sensor value=1", "sensor"]))
-    measurement = draw(st.sampled_from(["sensor", "sensor", "sensor", "other", *([] if clean else ["sen\\ sor"])]))
-    tags = draw(st.lists(st.sampled_from(["device_id=d0", "device_id=d1", "site=north", "site=north\\ wing",
-                                          "zone=é"]), max_size=2, unique_by=lambda t: t.split("=")[0]))
-    keys = draw(st.lists(st.sampled_from(["value", "count", "state", "ok"]), min_size=1, max_size=3))
+        return draw(parts["odd"])
+    measurement = draw(parts["measurement"])
+    tags = draw(parts["tags"])
+    keys = draw(parts["keys"])
     fields = ",".join(f"{key}={draw(_value(key, clean))}" for key in keys)
-    stamps = [str(NS + index), f"-{index}"] + ([] if clean else ["", "12x", "99999999999999999999"])
-    line = " ".join(part for part in (",".join([measurement, *tags]), fields, draw(st.sampled_from(stamps))) if part)
-    return line + draw(st.sampled_from([""] if clean else ["", "", "", "\r", " "]))
+    line = " ".join(part for part in (",".join([measurement, *tags]), fields, draw(_stamps(index, clean))) if part)
+    return line + draw(parts["end"])
+
+
+@functools.cache
+def _stamps(index: int, clean: bool) -> st.SearchStrategy[str]:
+    return st.sampled_from([str(NS + index), f"-{index}"] + ([] if clean else ["", "12x", "99999999999999999999"]))
 
 
 @st.composite
@@ -177,6 +202,20 @@ _TSM_SERIES = ["sensor,device_id=d0", "sensor,device_id=d1,site=a", "sensor,devi
                "other,device_id=d0", "sensor,site=a\\ b"]
 
 
+_TSM_DRAWS = {  # built once: building and validating a strategy on every draw cost more than the reads
+    "shards": st.integers(1, 3), "start": st.integers(0, 40),
+    "series": st.lists(st.sampled_from(_TSM_SERIES), min_size=1, max_size=4, unique=True),
+    "keys": st.lists(st.sampled_from(list(_TSM_FIELDS)), min_size=1, max_size=4, unique=True),
+    "gaps": st.sampled_from([0, 3, 10]),
+}
+_integers = functools.cache(st.integers)
+
+
+@functools.cache
+def _integers_list(low: int, high: int) -> st.SearchStrategy[list[int]]:
+    return st.lists(st.integers(low, high), min_size=1, max_size=30)
+
+
 @st.composite
 def _tsm_export(draw: st.DrawFn) -> list[str]:
     """An export as influx_inspect writes it: per shard, per series, per field a run of lines in time
@@ -184,17 +223,17 @@ def _tsm_export(draw: st.DrawFn) -> list[str]:
     point given twice: the later line wins), another measurement and an escaped tag between runs,
     and a value the compiled reader leaves to ``lp_grammar`` (``12.``) inside a run."""
     lines = []
-    for shard in range(draw(st.integers(1, 3))):
-        start = draw(st.integers(0, 40))
-        for series in draw(st.lists(st.sampled_from(_TSM_SERIES), min_size=1, max_size=4, unique=True)):
-            times = sorted(set(draw(st.lists(st.integers(start, start + 40), min_size=1, max_size=30))))
-            for key in draw(st.lists(st.sampled_from(list(_TSM_FIELDS)), min_size=1, max_size=4, unique=True)):
-                gaps = draw(st.sampled_from([0, 3, 10]))
+    for shard in range(draw(_TSM_DRAWS["shards"])):
+        start = draw(_TSM_DRAWS["start"])
+        for series in draw(_TSM_DRAWS["series"]):
+            times = sorted(set(draw(_integers_list(start, start + 40))))
+            for key in draw(_TSM_DRAWS["keys"]):
+                gaps = draw(_TSM_DRAWS["gaps"])
                 for t in times:
-                    if gaps and draw(st.integers(0, gaps)) == 0:
+                    if gaps and draw(_integers(0, gaps)) == 0:
                         continue  # the field missing at this time
                     value = _TSM_FIELDS[key].format("t" if key == "ok" and t % 2 else "F" if key == "ok" else t + shard)
-                    if key == "value" and draw(st.integers(0, 29)) == 0:
+                    if key == "value" and draw(_integers(0, 29)) == 0:
                         value = value.split(".")[0] + "."
                     lines.append(f"{series} {key}={value} {NS + t * 1_000}")
     return lines
