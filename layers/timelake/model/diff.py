@@ -135,7 +135,7 @@ def before_cells(rows: pa.Table, columns: list[str], contract: Contract, days: n
     return count_cells(columns, days, codes, labels, weights)
 
 
-def first_of_days(rows: pa.Table, days: np.ndarray, series: np.ndarray, labels: pa.Array, per_day: dict[int, int],
+def _first_of_days(rows: pa.Table, days: np.ndarray, series: np.ndarray, labels: pa.Array, per_day: dict[int, int],
                   contract: Contract, columns: list[str]) -> list[dict[str, Any]]:
     """A few of main's rows of each day not sampled enough yet (``per_day``): the samples of a day the
     job removes whole."""
@@ -153,35 +153,46 @@ def first_of_days(rows: pa.Table, days: np.ndarray, series: np.ndarray, labels: 
     return found
 
 
-class MainCounter:
-    """Main's rows as a merge unit that holds its partition whole reads them to drop the keys main holds,
-    counted on the way (`before_cells`, `first_of_days`): the diff's "before" of that partition without a
-    main task reading it again. ``snapshot_id`` is the snapshot they were read at; the cut takes the
-    count only if that is the plan's (`timelake.steps.plan.plan_main_tasks`), else a main task counts."""
+class Before:
+    """Main's rows counted per cell (`before_cells`) with a few of each day, a read at a
+    time: the "before" of a diff as a main task or a merge unit (`MainCounter`) leaves it."""
 
-    def __init__(self, main: MainReader, table: Any, columns: list[str], contract: Contract) -> None:
-        snapshot = table.current_snapshot()
-        self.snapshot_id: int | None = snapshot.snapshot_id if snapshot is not None else None
-        self._main = main
+    def __init__(self, columns: list[str], contract: Contract) -> None:
         self._columns = columns
         self._contract = contract
         self._cells: list[pa.Table] = []
         self._samples: list[dict[str, Any]] = []
         self._per_day: dict[int, int] = {}
 
-    def batches(self, table: Any, start_us: int, end_us: int) -> Iterator[pa.RecordBatch]:
-        for batch in self._main.batches(table, start_us, end_us):
-            if batch.num_rows:
-                rows = pa.Table.from_batches([batch])
-                days = micros(rows, self._contract.time_column) // US_PER_DAY
-                series, labels = series_labels(rows, self._contract.series_key)
-                self._cells.append(before_cells(rows, self._columns, self._contract, days, (series, labels)))
-                self._samples += first_of_days(rows, days, series, labels, self._per_day, self._contract, self._columns)
-            yield batch
+    def add(self, rows: pa.Table, days: np.ndarray) -> None:
+        """Counts ``rows``, whose UTC day numbers are ``days``."""
+        series, labels = series_labels(rows, self._contract.series_key)
+        self._cells.append(before_cells(rows, self._columns, self._contract, days, (series, labels)))
+        self._samples += _first_of_days(rows, days, series, labels, self._per_day, self._contract, self._columns)
 
     def write(self, uri: str, *, objects: ObjectIO) -> None:
         """The counted cells and samples as a facts file (`write_facts`)."""
         write_facts(uri, combine(self._cells, self._columns), {"only_before": self._samples}, objects=objects)
+
+
+class MainCounter(Before):
+    """Main's rows as a merge unit that holds its partition whole reads them to drop the keys main holds,
+    counted on the way: the diff's "before" of that partition without a main task reading it again.
+    ``snapshot_id`` is the snapshot they were read at; the cut takes the count only if that is the
+    plan's (`timelake.steps.plan.plan_main_tasks`), else a main task counts."""
+
+    def __init__(self, main: MainReader, table: Any, columns: list[str], contract: Contract) -> None:
+        super().__init__(columns, contract)
+        snapshot = table.current_snapshot()
+        self.snapshot_id: int | None = snapshot.snapshot_id if snapshot is not None else None
+        self._main = main
+
+    def batches(self, table: Any, start_us: int, end_us: int) -> Iterator[pa.RecordBatch]:
+        for batch in self._main.batches(table, start_us, end_us):
+            if batch.num_rows:
+                rows = pa.Table.from_batches([batch])
+                self.add(rows, micros(rows, self._contract.time_column) // US_PER_DAY)
+            yield batch
 
 
 def cells_of(schema: pa.Schema, days: np.ndarray, labels: pa.Array, sums: dict[str, np.ndarray]) -> pa.Table:

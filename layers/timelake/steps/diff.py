@@ -28,8 +28,8 @@ import pyarrow.parquet as pq
 from timelake.errors import BackfillError
 from timelake.model.contract import Contract
 from timelake.model.diff import (
-    before_cells, combine, compared_columns, facts_uri, finish, first_of_days, grouped, keep_samples, mark_of, plain,
-    read_facts, rows_at_plan, series_labels, summarize, write_facts,
+    Before, combine, compared_columns, facts_uri, finish, grouped, keep_samples, mark_of, plain, read_facts, rows_at_plan,
+    summarize,
 )
 from timelake.model.layout import SnapshotRange, micros, partition_codes
 from timelake.model.lineage import planned_view
@@ -80,8 +80,7 @@ def read_main(rt: Runtime, job_id: str, task: int) -> dict[str, Any]:
         rt.objects.make_parent(fs, path)
         out = spill.SpillFile(main_spill_uri(rt, job_id, task), dictionaries, spill.join_bytes(contract.target_file_size),
                               objects=rt.objects)
-    parts, samples, rows_read = [], [], 0
-    per_day: dict[int, int] = {}
+    before, rows_read = Before(columns, contract), 0
     try:
         for batch in reader.batches(lo, hi, dictionaries.coded):
             rows = pa.Table.from_batches([batch])
@@ -95,17 +94,14 @@ def read_main(rt: Runtime, job_id: str, task: int) -> dict[str, Any]:
             rows_read += rows.num_rows
             if out is not None:
                 _spill(out, dictionaries, rows, codes, keys, spilled, contract)
-            days = ts // US_PER_DAY
-            series, labels = series_labels(rows, contract.series_key)
-            parts.append(before_cells(rows, columns, contract, days, (series, labels)))
-            samples += first_of_days(rows, days, series, labels, per_day, contract, columns)
+            before.add(rows, ts // US_PER_DAY)
     except BaseException:
         if out is not None:
             out.discard()
         raise
     if out is not None:
         out.close()
-    write_facts(uri, combine(parts, columns), {"only_before": samples}, objects=rt.objects)
+    before.write(uri, objects=rt.objects)
     return {"job_id": job_id, "task": task, "rows": rows_read}
 
 
