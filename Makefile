@@ -11,16 +11,18 @@ NPM_LOCK := $(wildcard package-lock.json)
 
 PG_BIN := /usr/lib/postgresql/15/bin
 
-# The runtime alone (what `make demo` needs): no CDK, no moto, no npm.
+# The runtime alone (what `make demo` needs): no CDK, no moto, no npm. --no-compile: pip would byte-compile
+# every module of every package (most never imported: pyspark, botocore's, CDK's), the longest part of an
+# install; Python compiles the ones a run imports on first import instead.
 $(RUNTIME): pyproject.toml setup.py layers/timelake/sources/_lineproto.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e .
+	$(PY) -m pip install --quiet --no-compile -e .
 	touch $(RUNTIME)
 
 # Everything the tests and the AWS deployment need on top: the dev tools and the npm packages.
 $(STAMP): $(RUNTIME) pyproject.toml package.json $(NPM_LOCK)
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet --no-compile -e '.[dev]'
 	npm $(if $(NPM_LOCK),ci,install) --no-audit --no-fund --loglevel=error
 	touch $(STAMP)
 

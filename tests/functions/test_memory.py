@@ -130,10 +130,11 @@ def write_source(path: Path) -> int:
     minutes = np.datetime64(start.replace(tzinfo=None), "us") + np.arange(MINUTES) * np.timedelta64(60, "s")
     with pq.ParquetWriter(path, SCHEMA) as writer:
         for first in range(0, DEVICES, 1_000):
-            devices = np.array([f"dev-{i:05d}" for i in range(first, min(first + 1_000, DEVICES))])
+            devices = pa.array([f"dev-{i:05d}" for i in range(first, min(first + 1_000, DEVICES))])
             values = np.random.default_rng(first).normal(20, 5, len(devices) * MINUTES).round(3)
             writer.write_table(pa.table({"ts": pa.array(np.tile(minutes, len(devices))).cast(SCHEMA.field("ts").type),
-                                         "device_id": np.repeat(devices, MINUTES), "value": values}, schema=SCHEMA))
+                                         "device_id": devices.take(np.repeat(np.arange(len(devices)), MINUTES)),
+                                         "value": values}, schema=SCHEMA))
     return DEVICES * MINUTES
 
 
