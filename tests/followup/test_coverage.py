@@ -4,13 +4,10 @@ the metadata view opens no data file; the companion table is the completion sign
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
-import sys
 from html.parser import HTMLParser
-from pathlib import Path
 
 import duckdb
 import pyarrow as pa
@@ -20,7 +17,7 @@ import pytest
 from pyiceberg.io.pyarrow import PyArrowFileIO
 
 import timelake
-from tests.conftest import recent, stage_job
+from tests.conftest import cli, recent, stage_job
 from timelake.adapters.objects import forget_shared_io
 from timelake.followup import heatmap
 from timelake.followup.coverage import EXPECTED_INTERVAL, EXPECTED_SERIES
@@ -28,7 +25,6 @@ from timelake.steps.publish import publish
 from timelake.steps.validate import validate
 from datetime import UTC
 
-TIMELAKE = str(Path(sys.executable).parent / "timelake")
 DEVICES, PER_DAY = 3, 72  # make_readings: hourly rows per device
 
 
@@ -214,8 +210,7 @@ def test_companion_table_follows_the_publish_flow(lake, scene, warehouse):
     assert {r["partition"]: r["last_writer"] for r in after_first.to_pylist()} == {
         recent(11): scene["published"], recent(10): scene["published"]}  # the first publish covered its range
 
-    refreshed = subprocess.run([TIMELAKE, "coverage", "refresh", "iot.sensor", "--warehouse", str(warehouse), "--json"],
-                               capture_output=True, text=True, timeout=60)
+    refreshed = cli("coverage", "refresh", "iot.sensor", "--json", warehouse=warehouse, check=False)
     assert refreshed.returncode == 0, refreshed.stderr
     assert json.loads(refreshed.stdout) == {"table": "iot.sensor", "coverage_table": "iot.sensor__coverage", "partitions": 16}  # recent(20) … recent(5)
     leased = {r["partition"]: r["status"] for r in reader.load_table("iot.sensor__coverage").scan().to_arrow().to_pylist()}
@@ -252,8 +247,7 @@ def test_live_append_can_update_the_signal(lake, sensor, readings):
 
 
 def test_cli_text_json_html_and_errors(lake, scene, warehouse, tmp_path):
-    env = {**os.environ, "TIMELAKE_WAREHOUSE": str(warehouse)}
-    run = lambda *a: subprocess.run([TIMELAKE, "coverage", *a], capture_output=True, text=True, env=env, timeout=60)  # noqa: E731
+    run = lambda *a: cli("coverage", *a, warehouse=warehouse, check=False)  # noqa: E731
     page = tmp_path / "coverage.html"
     text = run("iot.sensor", "--start", recent(21), "--end", recent(3), "--series", "--html", str(page))
     assert text.returncode == 0 and "legend" in text.stdout and f"gap: {recent(21)}; {recent(15)}…{recent(13)} (3); " in text.stdout

@@ -3,17 +3,13 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import duckdb
 import pyarrow as pa
 
-from tests.conftest import recent
+from tests.conftest import cli, recent
 from timelake.followup.provenance import job_hash
 
-TIMELAKE = str(Path(sys.executable).parent / "timelake")
 
 
 def test_history_lists_every_published_job_with_correct_counts(lake, sensor, readings, tmp_path, warehouse):
@@ -51,8 +47,7 @@ def test_history_lists_every_published_job_with_correct_counts(lake, sensor, rea
     assert duckdb.sql("SELECT sum(rows_written) FROM backfills WHERE table_name = 'iot.sensor'").fetchall()[0][0] == (
         first["rows_written"] + second["rows_written"])
 
-    listed = json.loads(subprocess.run([TIMELAKE, "backfill", "history", "iot.sensor", "--json", "--warehouse", str(warehouse)],
-                                       capture_output=True, text=True, check=True).stdout)
+    listed = json.loads(cli("backfill", "history", "iot.sensor", "--json", warehouse=warehouse).stdout)
     assert [r["job_id"] for r in listed] == [first["job_id"], second["job_id"]]
 
 

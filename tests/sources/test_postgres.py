@@ -9,24 +9,21 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import threading
 import time
 from datetime import datetime, timedelta
 from itertools import pairwise
-from pathlib import Path
 
 import duckdb
 import pyarrow as pa
 import pytest
 
 from tests.aws_fixtures import aws, moto_server  # noqa: F401
-from tests.conftest import SCHEMA, make_readings, reference_merge, sort_rows
+from tests.conftest import SCHEMA, cli, make_readings, reference_merge, sort_rows
 from tests.runner.scenario import run_cli
 from tests.sources.conftest import READER_PASSWORD, PgServer, year_start
 from timelake.model.timeutil import iso, to_micros
 
-TIMELAKE = str(Path(os.sys.executable).with_name("timelake"))
 PIECE = re.compile(r"""SELECT \* FROM \((.+)\) AS src WHERE "ts" >= '([^']+)'::timestamptz AND "ts" < '([^']+)'::timestamptz$""")
 
 
@@ -249,11 +246,6 @@ def test_a_dropped_connection_rereads_the_piece_and_duplicates_nothing(postgres,
     assert twice[0][0] <= _us(stall_at) < twice[0][1]
 
 
-def _cli(*args: str, warehouse: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([TIMELAKE, *args], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "TIMELAKE_WAREHOUSE": str(warehouse), "COLUMNS": "200", **(env or {})})
-
-
 def test_source_rows_per_second_holds_the_read_rate(postgres, readings_table, sensor, warehouse):
     """Measured on the server, by when each range query started: a piece's query starts once the
     previous piece was read to its end, so (rows of all pieces but the last) / (first start .. last
@@ -262,9 +254,9 @@ def test_source_rows_per_second_holds_the_read_rate(postgres, readings_table, se
     rate = 20_000
     start, end = _window(0, 70)  # 70 days x 24 h x 20 devices: 33,600 rows, ~1.7 s at this rate
     mark = postgres.log_mark()
-    run = _cli("backfill", "iot.sensor", "--from", postgres.uri(table=readings_table, piece_rows="3000"),
-               "--start", start, "--end", end, "--source-rows-per-second", str(rate), "--dry-run", "--json",
-               warehouse=warehouse)
+    run = cli("backfill", "iot.sensor", "--from", postgres.uri(table=readings_table, piece_rows="3000"),
+              "--start", start, "--end", end, "--source-rows-per-second", str(rate), "--dry-run", "--json",
+              warehouse=warehouse)
     assert run.returncode == 0, run.stderr
     report = json.loads(run.stdout)
     reads = sorted(_piece_reads(postgres, mark), key=lambda r: r[2].start)
@@ -278,8 +270,8 @@ def test_source_rows_per_second_holds_the_read_rate(postgres, readings_table, se
 
 
 def test_the_dry_run_shows_the_source_limits_and_their_eta(postgres, readings_table, sensor, warehouse):
-    run = _cli("backfill", "iot.sensor", "--from", postgres.uri(table=readings_table), "--dry-run",
-               "--source-max-connections", "3", warehouse=warehouse)
+    run = cli("backfill", "iot.sensor", "--from", postgres.uri(table=readings_table), "--dry-run",
+              "--source-max-connections", "3", warehouse=warehouse, check=False, env={"COLUMNS": "200"})
     assert run.returncode == 0, run.stderr
     line = next(text for text in run.stdout.splitlines() if "source limits" in text)
     rows = _rows(postgres).num_rows
@@ -337,7 +329,7 @@ def test_bad_input_fails_in_one_line_and_stages_nothing(postgres, readings_table
         "query without the time column": r"has no column 'ts' \(the time column\); it has device_id, value",
     }[case]
     before = sensor.iceberg.current_snapshot().snapshot_id
-    run = _cli("backfill", "iot.sensor", *args, warehouse=warehouse, env={"PW": wrong})
+    run = cli("backfill", "iot.sensor", *args, warehouse=warehouse, check=False, env={"PW": wrong})
     errors = [line for line in run.stderr.splitlines() if line.startswith("error: ")]
     assert run.returncode == 1 and len(errors) == 1 and run.stderr.strip().endswith(errors[0]), run.stderr
     assert re.search(expected, errors[0]), errors[0]

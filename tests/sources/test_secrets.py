@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import timelake
-from tests.conftest import TIMELAKE
+from tests.conftest import cli
 from tests.sources.conftest import READER_PASSWORD
 from tests.sources.test_postgres import _window
 
@@ -21,9 +21,9 @@ TABLE = "iot.sensor"
 
 
 def _cli(warehouse: Path, *args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
-    environ = {k: v for k, v in os.environ.items() if k not in ("PGPASSWORD", "SECRET_PW")}
-    return subprocess.run([TIMELAKE, *args], capture_output=True, text=True, timeout=120,
-                          env={**environ, "TIMELAKE_WAREHOUSE": str(warehouse), **env})
+    """The command with only ``env``'s password set (the one planted, or none)."""
+    assert not {"PGPASSWORD", "SECRET_PW"} & set(os.environ), "a password of the test's environment would be found too"
+    return cli(*args, warehouse=warehouse, check=False, env=env)
 
 
 def _file_bytes(root: Path) -> list[tuple[Path, bytes]]:
@@ -71,4 +71,5 @@ def test_a_planted_password_is_stored_nowhere(postgres, readings_table, sensor, 
     assert leaks == []
     # the search sees what is stored: the source URI, kept in the job store and the provenance row, is found
     uri = f"127.0.0.1:{postgres.port}".encode()
-    assert uri in (warehouse / "jobs.db").read_bytes() and uri.decode() in str(provenance.column("source_uri")[0])
+    store = b"".join(path.read_bytes() for path in warehouse.glob("jobs.db*"))  # with its write-ahead log
+    assert uri in store and uri.decode() in str(provenance.column("source_uri")[0])
