@@ -4,18 +4,15 @@ which ranges to skip."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 import timelake
-from tests.conftest import recent, stage_job
+from tests.conftest import cli, recent, stage_job
 from timelake.errors import BackfillError
 
-TIMELAKE = str(Path(sys.executable).parent / "timelake")
 
 
 def _staged_paths(lake, job_id) -> list[Path]:
@@ -67,11 +64,8 @@ def test_a_published_job_cannot_be_aborted(lake, sensor, readings):
 def test_leases_and_abort_from_the_cli(lake, sensor, readings, warehouse):
     job_id = stage_job(lake, readings(recent(6), days=2, devices=2))
     env_args = ["--warehouse", str(warehouse), "--json"]
-    held = json.loads(subprocess.run([TIMELAKE, "backfill", "leases", "iot.sensor", *env_args], capture_output=True,
-                                     text=True, check=True).stdout)
+    held = json.loads(cli("backfill", "leases", "iot.sensor", *env_args, warehouse=warehouse).stdout)
     assert held == [{"job_id": job_id, "table": "iot.sensor", "start": f"{recent(6)}T00:00:00Z", "end": f"{recent(4)}T00:00:00Z"}]
-    aborted = json.loads(subprocess.run([TIMELAKE, "backfill", "abort", job_id, *env_args], capture_output=True,
-                                        text=True, check=True).stdout)
+    aborted = json.loads(cli("backfill", "abort", job_id, *env_args, warehouse=warehouse).stdout)
     assert aborted["files_deleted"] == 2
-    assert json.loads(subprocess.run([TIMELAKE, "backfill", "leases", "iot.sensor", *env_args], capture_output=True,
-                                     text=True, check=True).stdout) == []
+    assert json.loads(cli("backfill", "leases", "iot.sensor", *env_args, warehouse=warehouse).stdout) == []
