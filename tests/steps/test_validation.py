@@ -9,9 +9,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from tests.conftest import recent, stage_job
+from tests.conftest import SCHEMA, recent, stage_job
 from timelake.errors import ValidationFailed
 from timelake.steps.validate import validate
+from timelake.steps.write import KeyPacker
 
 
 def _staged_job(lake, source) -> tuple[str, str]:
@@ -47,16 +48,25 @@ def test_tampered_file_fails_sorting_uniqueness_and_aggregate(lake, sensor, read
     assert f"backfill/{job_id}" in sensor.refresh().iceberg.metadata.refs
 
 
-def test_a_staged_key_already_on_main_at_the_plan_fails_merge_validation(lake, sensor, readings):
+@pytest.mark.parametrize("partition_by", ["day", "year"])
+def test_a_staged_key_already_on_main_at_the_plan_fails_merge_validation(lake, readings, partition_by):
     """Main's rows are read per staged file (the file's partition only); a key of main smuggled into a
-    staged file in place of one of its own rows is caught, in that file, with the key as the sample."""
+    staged file in place of one of its own rows is caught, in that file, with the key as the sample. By
+    day the file's keys are packed as the pass reads them; a year file of more rows than fit beside a
+    year's times (2^17) has its series read first, then packed."""
+    devices, step = (3, 60) if partition_by == "day" else (100, 1)  # 144,000 rows in the year file
+    table = lake.create_table("iot.sensor", schema=SCHEMA, time_column="ts", series_key=["device_id"],
+                              partition_by=partition_by, retention="P3Y", target_file_size="64MB")
     existing = readings(recent(3), days=1, devices=1, step_minutes=180, seed=1)  # d00 every 3 h, day one
-    sensor.append(existing)
-    job_id = stage_job(lake, readings(recent(3), days=2, devices=3, seed=2))  # the unit drops those 8 keys
+    table.append(existing)
+    job_id = stage_job(lake, readings(recent(3), days=2 if partition_by == "day" else 1, devices=devices,
+                                      step_minutes=step, seed=2))  # the unit drops those 8 keys
     first_day = min(lake.runtime.store.units(job_id), key=lambda u: u.info["start"])
     assert first_day.result["rows_conflicting_existing"] == existing.num_rows
     path = first_day.result["path"].removeprefix("file://")
     rows = pq.read_table(path)
+    year_us = 366 * 86_400_000_000
+    assert KeyPacker.room(0, year_us, rows.num_rows) == (partition_by == "day")  # which of the two ways runs
     key = existing.column("ts")[1]  # d00 at 03:00, which the unit dropped
     assert rows.column("device_id")[0].as_py() == "d00" and rows.column("ts")[0].as_py() < key.as_py()
     stolen = rows.slice(0, 1).set_column(0, rows.schema.field("ts"), pa.array([key.as_py()], rows.schema.field("ts").type))

@@ -33,7 +33,7 @@ from timelake.errors import ValidationFailed
 from timelake.model.commit import staged_files
 from timelake.model.contract import Contract
 from timelake.model.diff import decoded_columns, series_labels
-from timelake.model.layout import PartitionKey, SnapshotRange
+from timelake.model.layout import PartitionKey, SnapshotRange, micros
 from timelake.model.lineage import Lineage, Origin, PlanMark, planned_view
 from timelake.model.spec import JobSpec
 from timelake.model.timeutil import iso
@@ -399,18 +399,24 @@ def _file_facts(contract: Contract, state: JobState, mains: dict[str, SnapshotRa
         text = [n for n in contract.series_key if n in schema.names and is_text(schema.field(n).type)]
         parquet = pq.ParquetFile(handle, metadata=stored, read_dictionary=text or None)  # codes, not a string a row
         series = packed_series(contract)
-        # the series are needed before the pass only to pack keys against main; else the pass collects them
-        # (a key of several columns as their values joined: the files of a partition share no series, not
-        # no value of its first column)
+        # with the usual key the file's keys are packed (8 bytes a row) to match main's against; the pass
+        # keeps each row's time and series code and packs them once it has seen all the series (which fit
+        # beside the partition's times: there are at most as many as rows), so the series column is read once.
+        # Only when that bound does not fit are the series read before the pass. A key of several columns is
+        # collected as their values joined: the files of a partition share no series, not no value of its first column
         first_series = contract.series_key[0] if contract.series_key else None
         several = len(contract.series_key) > 1 and set(contract.series_key) <= set(columns)
-        early = first_series is not None and not several and (bool(mains and series) or first_series not in columns)
+        deferred = bool(mains and series) and KeyPacker.room(lo, hi - 1, parquet.metadata.num_rows)
+        early = first_series is not None and not several and (
+            (bool(mains and series) and not deferred) or first_series not in columns)
         if early and first_series is not None:
             facts.series = _distinct(parquet, first_series)
         seen: list[pa.Array] = []
-        packer = KeyPacker.fit(series, contract.time_column, facts.series, lo, hi - 1) if mains and series else None
-        packed = np.full(parquet.metadata.num_rows, -1, dtype=np.int64) if packer is not None else None
-        nears = {name: _Near(main.batches(lo, hi).read_all(), contract) for name, main in mains.items()} if packer is None else {}
+        held: list[pa.ChunkedArray] = []  # deferred: each batch's series column, as codes where it is text
+        packer = KeyPacker.fit(series, contract.time_column, facts.series, lo, hi - 1) if mains and series and not deferred else None
+        packed = np.full(parquet.metadata.num_rows, -1, dtype=np.int64) if packer is not None or deferred else None
+        nears = ({name: _Near(main.batches(lo, hi).read_all(), contract) for name, main in mains.items()}
+                 if packer is None and not deferred else {})
         for batch in parquet.iter_batches(batch_size=BATCH_ROWS, columns=columns, use_threads=False):
             rows = pa.Table.from_batches([batch])
             if several:
@@ -434,11 +440,10 @@ def _file_facts(contract: Contract, state: JobState, mains: dict[str, SnapshotRa
                 facts.duplicate_count += dups.num_rows
                 facts.duplicates += [_fmt_row(r) for r in dups.slice(0, SAMPLES).to_pylist()]
             if packer is not None and packed is not None:
-                keyed, at = packer.pack_rows(rows)
-                if at is None:
-                    packed[offset:offset + len(keyed)] = keyed
-                else:
-                    packed[offset + at] = keyed  # a key outside the partition stays -1: it matches nothing
+                _place(packed, offset, rows.num_rows, packer.pack_rows(rows))
+            elif deferred and packed is not None and series is not None:
+                held.append(rows.column(series))
+                packed[offset:offset + rows.num_rows] = micros(rows, contract.time_column)
             for name, near in nears.items():
                 hits = near.hits(rows, codes)
                 facts.overlap[name] += hits.num_rows
@@ -452,6 +457,13 @@ def _file_facts(contract: Contract, state: JobState, mains: dict[str, SnapshotRa
             facts.series = _sorted_distinct(seen, pa.string())
         elif first_series is not None and not early:
             facts.series = _sorted_distinct(seen, parquet.schema_arrow.field(first_series).type)
+    if deferred and packed is not None and series is not None:
+        packer = KeyPacker.fit(series, contract.time_column, facts.series, lo, hi - 1)
+        assert packer is not None, "room() bounds the series by the rows"
+        offset = 0
+        for column in held:
+            _place(packed, offset, len(column), packer.pack_keys(column, packed[offset:offset + len(column)]))
+            offset += len(column)
     if packer is not None and packed is not None:
         for name, main in mains.items():
             hits = np.flatnonzero(packer.mark(packed, main.batches(lo, hi, tuple(text))))  # series as codes: packed per value
@@ -462,6 +474,18 @@ def _file_facts(contract: Contract, state: JobState, mains: dict[str, SnapshotRa
     facts.duplicates = facts.duplicates[:SAMPLES]
     facts.overlap_samples = {name: s[:SAMPLES] for name, s in facts.overlap_samples.items()}
     return facts
+
+
+def _place(packed: np.ndarray, offset: int, count: int, keys: tuple[np.ndarray, np.ndarray | None]) -> None:
+    """A batch of ``count`` rows' packed keys (`KeyPacker.pack_rows`) into the file's array from ``offset``;
+    a key outside the partition is -1 there: it matches nothing."""
+    keyed, at = keys
+    part = packed[offset:offset + count]
+    if at is None:
+        part[:] = keyed
+    else:
+        part[:] = -1
+        part[at] = keyed
 
 
 def _distinct(parquet: pq.ParquetFile, column: str) -> pa.Array:

@@ -570,10 +570,15 @@ class KeyPacker:
     @classmethod
     def fit(cls, series: str, time_column: str, distinct: pa.Array, first_us: int, last_us: int) -> KeyPacker | None:
         """A packer for series ``distinct`` and times in [first, last]; None when they need over 63 bits."""
-        time_bits = max(last_us - first_us, 1).bit_length()
-        if time_bits + len(distinct).bit_length() + 1 > 63:
+        if not cls.room(first_us, last_us, len(distinct)):
             return None
-        return cls(series, time_column, distinct, first_us, time_bits)
+        return cls(series, time_column, distinct, first_us, max(last_us - first_us, 1).bit_length())
+
+    @staticmethod
+    def room(first_us: int, last_us: int, series_count: int) -> bool:
+        """Whether up to ``series_count`` series and times in [first, last] pack into 63 bits: a caller that
+        knows only a bound on the series yet can then pack once it has seen them."""
+        return max(last_us - first_us, 1).bit_length() + series_count.bit_length() + 1 <= 63
 
     def pack(self, ranks: np.ndarray, times: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """Packed keys of series ranks and times (µs) that lie inside the packer's range, into ``out`` if
@@ -589,8 +594,11 @@ class KeyPacker:
     def pack_rows(self, rows: pa.Table | pa.RecordBatch) -> tuple[np.ndarray, np.ndarray | None]:
         """The packed keys of the ``rows`` that can match, and which rows those are (None: all of them,
         the usual case, which then costs no gather)."""
-        ranks = self._ranks(rows.column(self.series))
-        times = _numpy(pc.cast(rows.column(self.time_column), pa.int64()))
+        return self.pack_keys(rows.column(self.series), _numpy(pc.cast(rows.column(self.time_column), pa.int64())))
+
+    def pack_keys(self, series: pa.Array | pa.ChunkedArray, times: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """`pack_rows` of a series column and its rows' times (µs)."""
+        ranks = self._ranks(series)
         low = times - self.base  # as unsigned, a time before ``base`` is past the top as well
         inside = (low.view(np.uint64) < np.uint64(1 << self.time_bits)) & (ranks >= 0)
         if inside.all():  # ``ranks`` is this call's own array: packed in place
