@@ -114,25 +114,29 @@ def stage_job(lake: timelake.Lake, source: pa.Table, table: str = "iot.sensor") 
 TIMELAKE = str(Path(sys.executable).parent / "timelake")
 
 
-def cli(*args: str, warehouse: Path, check: bool = True, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """``timelake ARGS`` with TIMELAKE_WAREHOUSE and ``env`` set, through the console script's entry point
-    in this process (`cli_main`): what a user sees, without the 1.3 s a new process spends importing
-    pyiceberg and pyarrow. The tests of what only a process shows (umask, signals, a terminal, the
-    environment a command inherits) run ``TIMELAKE``."""
+def cli(*args: str, warehouse: Path, check: bool = True, env: dict[str, str | None] | None = None) -> subprocess.CompletedProcess:
+    """``timelake ARGS`` with TIMELAKE_WAREHOUSE and ``env`` set (None: unset) for the call, through the
+    console script's entry point in this process (`cli_main`): what a user sees, without the 1.3 s a new
+    process spends importing pyiceberg and pyarrow. The tests of what only a process shows (umask, signals,
+    a terminal, the environment a command inherits) run ``TIMELAKE``."""
     settings = {"TIMELAKE_WAREHOUSE": str(warehouse), **(env or {})}
     previous = {name: os.environ.get(name) for name in settings}
-    os.environ.update(settings)
     try:
+        _set_environ(settings)
         code, out, err = cli_main(*args)
     finally:
-        for name, value in previous.items():
-            if value is None:
-                del os.environ[name]
-            else:
-                os.environ[name] = value
+        _set_environ(previous)
     if check and code != 0:
         raise AssertionError(f"exit {code}: {err}")
     return subprocess.CompletedProcess([TIMELAKE, *args], code, out, err)
+
+
+def _set_environ(values: dict[str, str | None]) -> None:
+    for name, value in values.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 def cli_in_process(*args: str) -> tuple[int, str]:
