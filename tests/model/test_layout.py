@@ -12,6 +12,7 @@ from timelake.model.layout import dense_unique
     np.random.default_rng(0).integers(19_000, 19_060, 250_000),  # days of a batch: the counting path
     np.array([3, 3, -2, 7, 7, 7]),
     np.array([5]),
+    np.full(100_000, 19_723),  # a batch of one day: nothing counted
     np.random.default_rng(1).integers(-10**12, 10**12, 1_000),  # sparse: falls back to sorting
     np.zeros(0),
 ])

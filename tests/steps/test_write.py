@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import math
+from datetime import timedelta
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import pytest
 
 from tests.conftest import make_readings, recent
@@ -160,3 +163,26 @@ def test_files_carry_the_sort_order_id_and_nan_counts(sensor, readings):
     assert table.sort_order().order_id != 0 and {f.sort_order_id for f in files} == {table.sort_order().order_id}
     assert sorted(dict(f.nan_value_counts)[value_id] for f in files) == [1, 2]
     assert all(table.schema().find_field("ts").field_id not in dict(f.nan_value_counts) for f in files)
+
+
+def test_raw_measurements_are_written_plain_and_repeating_columns_keep_their_dictionary(sensor, readings):
+    """A column whose values hardly repeat (raw readings) gains nothing from a Parquet dictionary but
+    the writer's time building one; a day of such readings is written plain, a day of readings of fixed
+    precision keeps its dictionary, as the series and the time grid do. Both read back as written."""
+    source = readings(recent(4), days=2, devices=4, step_minutes=1)
+    first_day = pc.less(source.column("ts"), source.column("ts")[0].as_py() + timedelta(days=1)).to_numpy(zero_copy_only=False)
+    raw = np.random.default_rng(7).normal(20.0, 5.0, source.num_rows)
+    values = np.where(first_day, raw, np.round(raw, 1))
+    source = source.set_column(2, "value", pa.array(values))
+    sensor.backfill(source=source).wait()
+    table = sensor.refresh().iceberg
+    files = sorted(t.file.file_path for t in table.scan().plan_files())
+    assert len(files) == 2
+    encodings = []
+    for path in files:
+        meta = pq.read_metadata(path.removeprefix("file://"))
+        group = meta.row_group(0)
+        encodings.append({group.column(i).path_in_schema: "RLE_DICTIONARY" in group.column(i).encodings for i in range(meta.num_columns)})
+    assert encodings == [{"ts": True, "device_id": True, "value": False}, {"ts": True, "device_id": True, "value": True}]
+    back = table.scan().to_arrow().sort_by([("device_id", "ascending"), ("ts", "ascending")])
+    assert back.column("value").to_pylist() == source.sort_by([("device_id", "ascending"), ("ts", "ascending")]).column("value").to_pylist()

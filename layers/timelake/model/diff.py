@@ -104,18 +104,21 @@ def _text(values: pa.Array | pa.ChunkedArray) -> pa.Array:
 
 
 def count_cells(columns: list[str], days: np.ndarray, codes: np.ndarray, labels: pa.Array,
-                weights: dict[str, np.ndarray]) -> pa.Table:
+                weights: dict[str, np.ndarray | None]) -> pa.Table:
     """Cells of rows: per row its UTC day, its series code (an index into ``labels``) and its weight under
-    some of `cell_schema`'s names (the others count nothing); one cell per (day, series) present."""
+    some of `cell_schema`'s names (None: one per row; the others count nothing); one cell per (day,
+    series) present."""
     schema = cell_schema(columns)
     if not len(days):
         return schema.empty_table()
     width = max(len(labels), 1)
     day_values, day_index, _ = dense_unique(days)
-    combined = day_index * width + codes  # a batch's few days times its series: a count per slot, no sort
+    combined = codes if len(day_values) == 1 else day_index * width + codes  # a count per slot, no sort
     slots = len(day_values) * width
-    present = np.flatnonzero(np.bincount(combined, minlength=slots))
-    sums = {name: np.bincount(combined, weights=w, minlength=slots)[present] for name, w in weights.items()}
+    rows = np.bincount(combined, minlength=slots)
+    present = np.flatnonzero(rows)
+    sums = {name: rows[present] if w is None else np.bincount(combined, weights=w, minlength=slots)[present]
+            for name, w in weights.items()}
     return cells_of(schema, day_values[present // width], labels.take(pa.array(present % width)), sums)
 
 
@@ -126,10 +129,10 @@ def before_cells(rows: pa.Table, columns: list[str], contract: Contract, days: n
     codes, labels = series if series is not None else series_labels(rows, contract.series_key)
     if days is None:
         days = pc.cast(rows.column(contract.time_column), pa.int64()).to_numpy(zero_copy_only=False) // US_PER_DAY
-    weights: dict[str, np.ndarray] = {"rows_before": np.ones(rows.num_rows)}
+    weights: dict[str, np.ndarray | None] = {"rows_before": None}
     for column in columns:
         values, valid = weights_of(rows.column(column))
-        weights[f"{column}.count_before"] = weights["rows_before"] if valid is None else valid
+        weights[f"{column}.count_before"] = valid
         if values is not None:
             weights[f"{column}.sum_before"] = values
     return count_cells(columns, days, codes, labels, weights)
@@ -145,7 +148,8 @@ def _first_of_days(rows: pa.Table, days: np.ndarray, series: np.ndarray, labels:
     keys = list(contract.dedup_key)
     for i in wanted:
         day = int(present[i])
-        at = np.flatnonzero(index == i)[:SAMPLES - per_day.get(day, 0)]
+        need = SAMPLES - per_day.get(day, 0)
+        at = np.arange(min(need, len(index))) if len(present) == 1 else np.flatnonzero(index == i)[:need]
         per_day[day] = per_day.get(day, 0) + len(at)
         for row_at, row in zip(at.tolist(), rows.select(keys + columns).take(pa.array(at)).to_pylist(), strict=True):
             found.append(sample({k: row[k] for k in keys}, contract.time_column, {c: row[c] for c in columns}, None,
@@ -216,11 +220,24 @@ def combine(tables: list[pa.Table], columns: list[str]) -> pa.Table:
     parts = [t for t in tables if t.num_rows]
     if not parts:
         return schema.empty_table()
+    if len(parts) == 1:  # one counting's cells: one per (day, series), unless two series share a label
+        cells = parts[0].cast(schema).sort_by([("day", "ascending"), ("series", "ascending")])
+        if not _repeats(cells):
+            return cells
     values = [f.name for f in schema if f.name not in ("day", "series")]
     summed = pa.concat_tables([t.cast(schema) for t in parts]).group_by(["day", "series"]).aggregate([(v, "sum") for v in values])
     summed = summed.rename_columns([name.removesuffix("_sum") if name.endswith("_sum") and name.removesuffix("_sum") in values
                                     else name for name in summed.column_names])
     return summed.select(schema.names).cast(schema).sort_by([("day", "ascending"), ("series", "ascending")])
+
+
+def _repeats(cells: pa.Table) -> bool:
+    """Whether sorted cells hold a (day, series) twice."""
+    if cells.num_rows < 2:
+        return False
+    day, series = cells.column("day").combine_chunks(), cells.column("series").combine_chunks()
+    same = pc.and_(pc.equal(day.slice(1), day.slice(0, len(day) - 1)), pc.equal(series.slice(1), series.slice(0, len(series) - 1)))
+    return bool(pc.any(same).as_py())
 
 
 def finish(cells: pa.Table, columns: list[str], mode: str) -> pa.Table:

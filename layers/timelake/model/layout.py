@@ -80,6 +80,8 @@ def dense_unique(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray
     if len(values) == 0:
         return values[:0], np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
     lo, hi = int(values.min()), int(values.max())
+    if lo == hi:  # one value, as a batch of one day has: nothing to count
+        return values[:1].copy(), np.zeros(len(values), dtype=np.int64), np.array([len(values)], dtype=np.int64)
     if hi - lo > 4 * len(values) + 1024:  # sparse: counting would allocate more than sorting costs
         return np.unique(values, return_inverse=True, return_counts=True)
     offsets = values - lo

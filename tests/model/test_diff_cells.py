@@ -1,0 +1,40 @@
+"""A diff's cells are one per (day, series) whichever way they were counted."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from timelake.model.diff import combine, count_cells
+
+
+def _cells(days: list[int], codes: list[int], labels: list[str], values: list[float]) -> pa.Table:
+    return count_cells(["value"], np.array(days, dtype=np.int64), np.array(codes, dtype=np.int64), pa.array(labels, pa.string()),
+                       {"rows_before": None, "value.count_before": None, "value.sum_before": np.array(values)})
+
+
+@pytest.mark.parametrize("days", [[20_000] * 5, [20_000, 20_001, 20_000, 20_001, 20_000]])
+def test_counted_cells_sum_rows_and_values_per_day_and_series(days):
+    cells = combine([_cells(days, [1, 0, 1, 1, 0], ["a", "b"], [1.0, 2.0, 3.0, 4.0, 5.0])], ["value"])
+    got = {(r["day"], r["series"]): (r["rows_before"], r["value.count_before"], r["value.sum_before"]) for r in cells.to_pylist()}
+    expected: dict[tuple[int, str], list[float]] = {}
+    for day, code, value in zip(days, [1, 0, 1, 1, 0], [1.0, 2.0, 3.0, 4.0, 5.0], strict=True):
+        cell = expected.setdefault((day, ["a", "b"][code]), [0, 0, 0.0])
+        cell[0], cell[1], cell[2] = cell[0] + 1, cell[1] + 1, cell[2] + value
+    assert got == {k: tuple(v) for k, v in expected.items()}
+    assert cells.column("day").to_pylist() == sorted(cells.column("day").to_pylist())
+
+
+def test_one_counting_whose_series_share_a_label_is_still_one_cell_per_label():
+    """A null series and an empty one are both labelled "": their rows land in one cell."""
+    cells = combine([_cells([20_000] * 3, [0, 1, 1], ["", ""], [1.0, 2.0, 4.0])], ["value"])
+    [cell] = cells.to_pylist()
+    assert (cell["series"], cell["rows_before"], cell["value.count_before"], cell["value.sum_before"]) == ("", 3, 3, 7.0)
+
+
+def test_cells_of_several_countings_are_added_up():
+    first = _cells([20_000, 20_000], [0, 1], ["a", "b"], [1.0, 2.0])
+    second = _cells([20_000], [0], ["b"], [5.0])
+    cells = combine([first, second], ["value"])
+    assert [(r["series"], r["rows_before"], r["value.sum_before"]) for r in cells.to_pylist()] == [("a", 1, 1.0), ("b", 2, 7.0)]
