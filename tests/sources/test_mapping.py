@@ -275,6 +275,20 @@ def test_null_time_series_key_and_required_are_counted_once() -> None:
     assert mapped.table.schema.equals(WITH_UNIT)
 
 
+def test_a_null_held_in_a_dictionary_counts_as_a_null_series_key() -> None:
+    """A dictionary column's nulls may be values of its dictionary, which its validity bitmap does not
+    show (its null count is 0): such a series key is still rejected, and a column with no null at all
+    rejects nothing."""
+    sensors = pa.DictionaryArray.from_arrays(pa.array([0, 1, 0]), pa.array(["s", None]))
+    assert sensors.null_count == 0
+    stamps = ["2024-01-01T00:00:00Z", "2024-01-01T00:00:01Z", "2024-01-01T00:00:02Z"]
+    mapped = _map({"ts": stamps, "sensor": sensors})
+    assert mapped.rejected == {"null_series_key": 1}
+    assert mapped.examples == {"null_series_key": "row 2 of a.csv: sensor=null"}
+    clean = _map({"ts": stamps, "sensor": pa.DictionaryArray.from_arrays(pa.array([0, 1, 0]), pa.array(["s", "t"]))})
+    assert clean.rejected == {} and clean.table.column("sensor").to_pylist() == ["s", "t", "s"]
+
+
 def test_output_schema_equals_target_for_every_source_format(tmp_path: Path) -> None:
     (tmp_path / "a.csv").write_text("ts,sensor,value,ok\n2024-01-01T00:00:00Z,s,1.5,true\n2024-01-01T00:01:00Z,s,,\n")
     parquet = {"ts": pa.array([0], pa.timestamp("ms", "UTC")), "sensor": ["s"], "value": pa.array([1], pa.int32())}

@@ -210,12 +210,12 @@ class Mapper:
             ambiguous = None
         checks = [
             *(("bad_value", n, mask) for n, mask in bad.items() if rejecting or n == self.time_column),
-            ("null_time", self.time_column, pc.is_null(when)),
+            ("null_time", self.time_column, _nulls(when)),
             ("dst_nonexistent", self.time_column, nonexistent),
             ("dst_ambiguous", self.time_column, ambiguous),
             ("dst_collapsed", self.time_column, collapsed),
-            *(("null_series_key", n, pc.is_null(self._column(batch, n))) for n in self.series_key),
-            *(("null_required", n, pc.is_null(values[n])) for n in self._required),
+            *(("null_series_key", n, _nulls(self._column(batch, n))) for n in self.series_key),
+            *(("null_required", n, _nulls(values[n])) for n in self._required),
         ]
         result = MappedBatch(self.target.empty_table(), times=when)
         dropped: pa.Array | None = None
@@ -686,6 +686,18 @@ def _cast_rest(values: pa.Array, known: pa.Array | None, convert: Callable[[pa.A
         more = _bad_mask(rest, convert)
     bad = more if known is None else pc.or_(known, more)
     return convert(_without(values, bad)), bad
+
+
+def _nulls(values: pa.Array | pa.ChunkedArray) -> pa.Array | None:
+    """Where ``values`` are null; None when none is, which the checks skip (a column without nulls, the
+    usual case, costs no mask a row). A dictionary's own null values count as nulls; other types whose
+    nulls are not all in the validity bitmap (unions, run-end encoded) are always looked at."""
+    for chunk in values.chunks if isinstance(values, pa.ChunkedArray) else [values]:
+        kind = chunk.type
+        if chunk.null_count or pa.types.is_union(kind) or pa.types.is_run_end_encoded(kind) or (
+                pa.types.is_dictionary(kind) and chunk.dictionary.null_count):
+            return pc.is_null(values)
+    return None
 
 
 def _without(values: pa.Array, mask: pa.Array | None) -> pa.Array:

@@ -38,7 +38,7 @@ from timelake.steps import failures, spill
 ROW_GROUP_ROWS = 1 << 20
 ARROW_SCHEMA = b"ARROW:schema"  # where pyarrow keeps the Arrow schema in a Parquet footer (base64 of its IPC form)
 COMPACT_ROWS = 1 << 20
-DICTIONARY_SAMPLE = 8_192  # rows sampled to tell whether a column is worth a Parquet dictionary
+DICTIONARY_SAMPLE = 2_048  # rows sampled to tell whether a column is worth a Parquet dictionary
 # A unit that read more than this from the spill hands the read's freed pages back before its sort (see
 # `_read_slice`); a smaller one leaves them to Arrow's allocator, whose next unit reuses them: handing
 # back and faulting in again every small unit's pages took a per-device job over 120 days 250,000 page
@@ -707,14 +707,14 @@ def dictionary_columns(rows: pa.Table) -> bool | list[str]:
     column of raw measurements (nearly every value distinct), hashes each value only to give up when the
     dictionary outgrows its page (1 MB: 131,072 doubles), leaving a larger file; for such a column that was
     half the time of writing it. A column is written plain when an evenly spread sample of its rows is
-    nearly all distinct (over 97 %, which a column of ~130,000 distinct values in a row group of any size
-    reaches); columns that are dictionaries already (the series) and those with repeats (a time grid,
-    readings of fixed precision, states) keep theirs."""
+    nearly all distinct: of ``s`` rows sampled from ``d`` distinct values about ``s / 2d`` repeat, so over
+    99.2 % distinct means more values than a dictionary page holds. Columns that are dictionaries already
+    (the series) and those with repeats (a time grid, readings of fixed precision, states) keep theirs."""
     if rows.num_rows == 0 or any(pa.types.is_nested(f.type) for f in rows.schema):
         return True  # a nested column is named by its leaves' paths: left to the writer's default
     picked = pa.array(np.linspace(0, rows.num_rows - 1, min(rows.num_rows, DICTIONARY_SAMPLE), dtype=np.int64))
     return [f.name for f in rows.schema if pa.types.is_dictionary(f.type)
-            or pc.count_distinct(rows.column(f.name).take(picked)).as_py() <= 0.97 * len(picked)]
+            or pc.count_distinct(rows.column(f.name).take(picked)).as_py() <= 0.992 * len(picked)]
 
 
 def _write(rows: pa.Table, path: str, properties: dict[str, str], order: np.ndarray | None, *,
