@@ -177,8 +177,9 @@ def conclude(rt: Runtime, job_id: str, scope: str = "job", units: list[UnitRecor
             writer.write_table(cells)
             days.append(grouped(cells, "day", columns))
             series.append(grouped(cells, "series", columns))
-            after = {plain(d) for d, n in zip(cells.column("day").to_pylist(), cells.column("rows_after").to_pylist(), strict=True) if n}
-            shown = {plain(d) for d in cells.column("day").to_pylist()}
+            day = cells.column("day")  # a stretch's cells are its days times their series: their days once each
+            after = {plain(d) for d in pc.unique(day.filter(pc.greater(cells.column("rows_after"), 0))).to_pylist()}
+            shown = {plain(d) for d in pc.unique(day).to_pylist()}
             removed = [s for _, kept in main for s in kept.get("only_before", []) if s["day"] in shown and s["day"] not in after]
             samples.append(keep_samples([kept for _, kept in found] + [{"only_before": removed}]))
         if writer is not None:
