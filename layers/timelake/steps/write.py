@@ -635,7 +635,9 @@ class KeyPacker:
         order = None if len(mine) < 2 or bool(np.all(mine[1:] > mine[:-1])) else np.argsort(mine, kind="stable")
         ordered = mine if order is None else mine[order]
         for batch in batches:
-            theirs = np.sort(self.pack_rows(batch)[0])  # sorted, the search walks ``ordered`` once: 6× faster
+            theirs = self.pack_rows(batch)[0]
+            if len(theirs) > 1 and not bool(np.all(theirs[1:] >= theirs[:-1])):  # main's files are mostly in sort order
+                theirs = np.sort(theirs)  # sorted, the search walks ``ordered`` once: 6× faster
             at = np.minimum(np.searchsorted(ordered, theirs), len(ordered) - 1)
             at = at[ordered[at] == theirs]
             if order is not None:  # repeated keys: every row of an equal run matches
