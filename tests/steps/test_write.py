@@ -186,3 +186,28 @@ def test_raw_measurements_are_written_plain_and_repeating_columns_keep_their_dic
     assert encodings == [{"ts": True, "device_id": True, "value": False}, {"ts": True, "device_id": True, "value": True}]
     back = table.scan().to_arrow().sort_by([("device_id", "ascending"), ("ts", "ascending")])
     assert back.column("value").to_pylist() == source.sort_by([("device_id", "ascending"), ("ts", "ascending")]).column("value").to_pylist()
+
+
+@pytest.mark.parametrize("mine_order", ["ascending", "repeats", "shuffled"])
+@pytest.mark.parametrize("hits", [0, 3, 400])
+@pytest.mark.parametrize("span", [1 << 22, 5], ids=["merged", "searched"])
+def test_rare_marking_equals_the_search_and_a_set_reference(monkeypatch, mine_order, hits, span):
+    """The audit's marking (``rare``: a merge of each batch with the keys it spans before any search) marks
+    exactly what the search alone marks: keys repeated on either side, keys of main the file lacks, and
+    spans too long to merge (then searched as before)."""
+    monkeypatch.setattr(write, "MERGE_SPAN", span)
+    rng = np.random.default_rng(hits)
+    universe = np.sort(rng.choice(1 << 40, 3_000, replace=False)).astype(np.int64)
+    mine = universe[:2_000].copy()
+    if mine_order == "repeats":
+        mine = np.sort(np.concatenate([mine, rng.choice(mine, 50)]))
+    elif mine_order == "shuffled":
+        mine = rng.permutation(mine)
+    theirs = np.concatenate([rng.choice(universe[:2_000], hits, replace=False), universe[2_000:],
+                             universe[2_000:2_030], rng.choice(universe[:2_000], min(hits, 5))])  # repeats in main
+    packer = KeyPacker("device_id", "ts", pa.array(["d"]), 0, 41)
+    batches = [pa.record_batch({"device_id": pa.array(["d"] * len(part)), "ts": pa.array(part, pa.int64())})
+               for part in np.array_split(rng.permutation(theirs), 3)]
+    rare = packer.mark(mine, iter(batches), rare=True)
+    assert rare.tolist() == packer.mark(mine, iter(batches)).tolist() == np.isin(mine, theirs).tolist()
+    assert rare.sum() >= hits

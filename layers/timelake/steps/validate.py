@@ -466,7 +466,7 @@ def _file_facts(contract: Contract, state: JobState, mains: dict[str, SnapshotRa
             offset += len(column)
     if packer is not None and packed is not None:
         for name, main in mains.items():
-            hits = np.flatnonzero(packer.mark(packed, main.batches(lo, hi, tuple(text))))  # series as codes: packed per value
+            hits = np.flatnonzero(packer.mark(packed, main.batches(lo, hi, tuple(text)), rare=True))  # series as codes
             facts.overlap[name] = len(hits)
             values, times = packer.unpack(packed[hits[:SAMPLES]])
             sample = pa.table({series: values, contract.time_column: pa.array(times, pa.int64()).cast(time_type)})
