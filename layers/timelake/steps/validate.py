@@ -414,7 +414,7 @@ def _file_facts(contract: Contract, state: JobState, mains: dict[str, SnapshotRa
         seen: list[pa.Array] = []
         held: list[pa.ChunkedArray] = []  # deferred: each batch's series column, as codes where it is text
         packer = KeyPacker.fit(series, contract.time_column, facts.series, lo, hi - 1) if mains and series and not deferred else None
-        packed = np.full(parquet.metadata.num_rows, -1, dtype=np.int64) if packer is not None or deferred else None
+        packed = np.empty(parquet.metadata.num_rows, dtype=np.int64) if packer is not None or deferred else None  # every row set below
         nears = ({name: _Near(main.batches(lo, hi).read_all(), contract) for name, main in mains.items()}
                  if packer is None and not deferred else {})
         for batch in parquet.iter_batches(batch_size=BATCH_ROWS, columns=columns, use_threads=False):

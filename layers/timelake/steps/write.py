@@ -657,9 +657,9 @@ class KeyPacker:
 def _seen_twice(ordered: np.ndarray, theirs: np.ndarray) -> np.ndarray:
     """The values of sorted ``theirs`` that may be in sorted ``ordered``: those that meet an equal value in a
     stable sort of ``theirs`` and the part of ``ordered`` it spans (the caller's search then keeps those in
-    ``ordered``). Timsort merges the two sorted
-    runs in one linear pass, 2-3x faster than a binary search of every value when few are common; a span
-    of over ``MERGE_SPAN`` keys is not copied and all of ``theirs`` is searched for instead."""
+    ``ordered``). Timsort merges the two sorted runs in one linear pass, 2-3x faster than a binary search of
+    every value when few are common; a span of over ``MERGE_SPAN`` keys is not copied and all of ``theirs``
+    is searched for instead."""
     lo, hi = np.searchsorted(ordered, theirs[0]), np.searchsorted(ordered, theirs[-1], side="right")
     if hi - lo > MERGE_SPAN:
         return theirs
