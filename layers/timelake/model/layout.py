@@ -210,7 +210,7 @@ def _stream_tasks(scan: Any, tasks: Any, column: str, start_us: int | None, end_
         for task in tasks:
             fs, path = objects.filesystem(task.file.file_path, scan.io)
             with fs.open_input_file(path) as handle:
-                parquet = pq.ParquetFile(handle)
+                parquet = pq.ParquetFile(handle)  # its footer, parsed once for both readers
                 by_id = {int(f.metadata[b"PARQUET:field_id"]): f.name for f in parquet.schema_arrow
                          if f.metadata and b"PARQUET:field_id" in f.metadata}
                 if task.delete_files or not set(ids) <= set(by_id):
@@ -220,7 +220,7 @@ def _stream_tasks(scan: Any, tasks: Any, column: str, start_us: int | None, end_
                     continue
                 stored = [by_id[i] for i, name in ids.items() if name in dictionaries]
                 if stored:
-                    parquet = pq.ParquetFile(handle, read_dictionary=stored)
+                    parquet = pq.ParquetFile(handle, metadata=parquet.metadata, read_dictionary=stored)
                 for batch in parquet.iter_batches(batch_size=1 << 20, columns=[by_id[i] for i in ids]):
                     rows = pa.Table.from_batches([batch]).rename_columns(list(ids.values()))
                     ts = micros(rows, column)
