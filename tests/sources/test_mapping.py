@@ -434,3 +434,21 @@ def test_reasons_and_days_place_every_row_left_out() -> None:
     assert mapped.reasons.to_pylist() == [None, "bad_value in value", "null_time in ts", None]
     day = datetime(2026, 1, 2, tzinfo=UTC).timestamp() // 86400
     assert mapped.issue_days == {day: 1}  # the row without a time belongs to no day
+
+
+def test_footer_bounds_of_many_files_convert_together_and_each_keeps_its_own() -> None:
+    """Planning converts every file's time statistics at once: each file gets its own span, in UTC
+    microseconds, whatever the other files' types; a local time (a DST fold may reorder it) gets none."""
+    schema = pa.schema([("ts", pa.timestamp("ms", "UTC")), ("sensor", pa.string()), ("value", pa.float64())])
+    mapper = _mapper(schema)
+    jan, feb = _utc(2024, 1, 1), _utc(2024, 2, 1)
+    ms = [int(t.timestamp() * 1000) for t in (jan, feb)]
+    spans = mapper.utc_bounds([
+        (pa.timestamp("ms", "UTC"), ms[0], ms[1]),
+        (pa.timestamp("us", "UTC"), ms[0] * 1000, ms[0] * 1000 + 5),
+        (pa.timestamp("ms"), ms[0], ms[1]),
+        (pa.timestamp("ms", "UTC"), ms[1], ms[1] + 1),
+    ])
+    assert spans == [(ms[0] * 1000, ms[1] * 1000), (ms[0] * 1000, ms[0] * 1000 + 5), None,
+                     (ms[1] * 1000, ms[1] * 1000 + 1000)]
+    assert mapper.utc_bounds([]) == []

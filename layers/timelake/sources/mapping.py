@@ -383,18 +383,26 @@ class Mapper:
         advice = f"{hint}, or {rest}" if hint else rest
         raise MappingError(f"{column}: cannot convert {single!r} at {where(index)} to {to}: {reason} ({advice})")
 
-    def utc_bounds(self, source_type: pa.DataType, low: int, high: int) -> tuple[int, int] | None:
-        """UTC microseconds of the least and greatest source time value (a file's footer statistics, the
-        integers stored), when the time column's conversion keeps order exactly (an absolute timestamp,
-        an epoch integer), so every row of the file maps inside them; None for text and local times (a
-        DST fold may reorder them)."""
-        absolute = pa.types.is_timestamp(source_type) and source_type.tz is not None
-        if not (absolute or (pa.types.is_integer(source_type) and self.time_unit)):
-            return None
-        stored = pa.array([low, high], pa.int64()).cast(source_type)
-        (when, _, _), _ = self._instants(stored, lambda i: "the footer statistics")
-        low_us, high_us = pc.cast(when, pa.int64()).to_pylist()
-        return (low_us, high_us) if low_us is not None and high_us is not None else None
+    def utc_bounds(self, bounds: list[tuple[pa.DataType, int, int]]) -> list[tuple[int, int] | None]:
+        """UTC microseconds of the least and greatest source time value of each file (its footer statistics:
+        source type and the integers stored), when the time column's conversion keeps order exactly (an
+        absolute timestamp, an epoch integer), so every row of the file maps inside them; None for text and
+        local times (a DST fold may reorder them). The files of one type are converted together: a
+        conversion per file was most of planning a source of a few hundred files."""
+        spans: list[tuple[int, int] | None] = [None] * len(bounds)
+        by_type: dict[pa.DataType, list[int]] = {}
+        for i, (source_type, _, _) in enumerate(bounds):
+            by_type.setdefault(source_type, []).append(i)
+        for source_type, files in by_type.items():
+            absolute = pa.types.is_timestamp(source_type) and source_type.tz is not None
+            if not (absolute or (pa.types.is_integer(source_type) and self.time_unit)):
+                continue
+            stored = pa.array([value for i in files for value in bounds[i][1:]], pa.int64()).cast(source_type)
+            (when, _, _), _ = self._instants(stored, lambda i: "the footer statistics")
+            micros = pc.cast(when, pa.int64()).to_pylist()
+            for i, low_us, high_us in zip(files, micros[0::2], micros[1::2], strict=True):
+                spans[i] = (low_us, high_us) if low_us is not None and high_us is not None else None
+        return spans
 
     def undetermined(self) -> list[str]:
         """Series and hours where "infer" could not tell the passes apart: a single pass through the

@@ -121,13 +121,15 @@ def plan_direct(rt: Runtime, job_id: str, spec: JobSpec, ctx: ScanContext, src: 
     found: dict[PartitionKey, dict[str, Any]] = {}
     wide: list[tuple[int, int]] = []  # time spans of pieces over several partitions: those partitions are shared
     finest = ctx.contract.tiers[0].transform if src.on_partition_edges() else None  # tiers go from fine to coarse
-    for piece, (kind, low, high, rows) in enumerate(bounds):
-        if not rows:
+    spans = mapper.utc_bounds([(kind, low, high) for kind, low, high, _ in bounds])
+    if any(span is None for span, (*_, rows) in zip(spans, bounds, strict=True) if rows):
+        return 0
+    within = _partitions_within([span for span in spans if span is not None], finest, ctx)
+    for piece, (*_, rows) in enumerate(bounds):
+        span = spans[piece]
+        if not rows or span is None:
             continue
-        span = mapper.utc_bounds(kind, low, high)
-        if span is None:
-            return 0
-        keys = _partitions_within(span[0], span[1], finest, ctx)
+        keys = within[span]
         if keys is None:  # a file over several days may share them with other files
             wide.append((span[0], span[1] + 1))
             continue
@@ -148,18 +150,25 @@ def plan_direct(rt: Runtime, job_id: str, spec: JobSpec, ctx: ScanContext, src: 
     return sum(len(p) for p in per_task.values())
 
 
-def _partitions_within(low: int, high: int, finest: str | None, ctx: ScanContext) -> list[PartitionKey] | None:
-    """The partitions that UTC microseconds [low, high] touch, found at each boundary of the ``finest``
-    granularity; None past DIRECT_SPAN_PARTITIONS of them, or past one when ``finest`` is None (the
-    pieces were not cut on partition edges)."""
+def _partitions_within(spans: list[tuple[int, int]], finest: str | None,
+                       ctx: ScanContext) -> dict[tuple[int, int], list[PartitionKey] | None]:
+    """The partitions that each span [low, high] of UTC microseconds touches, found at each boundary of the
+    ``finest`` granularity; None past DIRECT_SPAN_PARTITIONS of them, or past one when ``finest`` is None
+    (the pieces were not cut on partition edges: then all spans' ends are placed at once)."""
     if finest is None:
-        codes, keys = partition_codes(np.array([low, high], dtype=np.int64), ctx.contract, ctx.cutoffs)
-        return [keys[0]] if codes[0] == codes[1] else None
-    starts = partition_starts(low, high, finest, DIRECT_SPAN_PARTITIONS - 1)
-    if starts is None:
-        return None
-    codes, keys = partition_codes(np.array([low, *starts, high], dtype=np.int64), ctx.contract, ctx.cutoffs)
-    return [keys[code] for code in sorted(set(codes.tolist()))]
+        ends = np.array([end for span in spans for end in span], dtype=np.int64)
+        codes, keys = partition_codes(ends, ctx.contract, ctx.cutoffs) if len(ends) else (ends, [])
+        return {span: [keys[first]] if first == last else None
+                for span, first, last in zip(spans, codes[0::2].tolist(), codes[1::2].tolist(), strict=True)}
+    found: dict[tuple[int, int], list[PartitionKey] | None] = {}
+    for low, high in spans:
+        starts = partition_starts(low, high, finest, DIRECT_SPAN_PARTITIONS - 1)
+        if starts is None:
+            found[(low, high)] = None
+            continue
+        codes, keys = partition_codes(np.array([low, *starts, high], dtype=np.int64), ctx.contract, ctx.cutoffs)
+        found[(low, high)] = [keys[code] for code in sorted(set(codes.tolist()))]
+    return found
 
 
 def context(spec: JobSpec, table: Any, now_us: int) -> ScanContext:
