@@ -20,7 +20,7 @@ ENGINE = Path(__file__).resolve().parents[1] / "layers" / "timelake"
 # A part may import its own modules and any part of a lower rank. Parts of one rank do not import
 # each other.
 RANKS = {"": 7, "duckdb": 7, "interfaces": 6, "runner": 5, "steps": 4, "sources": 3, "followup": 3, "model": 2,
-         "ports": 1, "workers": 1, "allocator": 1, "errors": 0}
+         "ports": 1, "workers": 1, "memory": 1, "errors": 0}
 ADAPTERS = {"adapters", "aws"}
 MAY_IMPORT_ADAPTERS = {"", "interfaces", "runner", *ADAPTERS}
 ADAPTERS_MAY_IMPORT = {"ports", "errors", *ADAPTERS}

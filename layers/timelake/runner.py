@@ -16,7 +16,7 @@ from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Executor, Future, ThreadPoolExecutor, wait
 from typing import Any
 
-from timelake import allocator
+from timelake import memory
 from timelake.adapters import runtime_for
 from timelake.errors import Aborted, BackfillError, FilesLost, Interrupted
 from timelake.followup import refresh as followup
@@ -80,8 +80,8 @@ def run_job(rt: Runtime, job_id: str, source: Any = None, cancel: threading.Even
     runs a job (`JobBusy` otherwise); while it does, the job store shows it as running."""
     record = rt.store.get_job(job_id)  # an unknown job is named as such, before anything is held
     rt.check_catalog(record.spec.get("catalog"))
-    allocator.tune()
-    with rt.store.hold(job_id), _Heartbeat(rt, job_id):
+    memory.tune()
+    with memory.frozen(), rt.store.hold(job_id), _Heartbeat(rt, job_id):
         return _run(rt, job_id, source, cancel)
 
 
@@ -332,8 +332,9 @@ def _fan_out(
 
 
 def _in_worker(config: dict[str, Any], step: str, job_id: str, item: Any) -> dict[str, Any]:
-    allocator.tune()
-    return _run_item(runtime_for(config), step, job_id, item)
+    memory.tune()
+    with memory.frozen():
+        return _run_item(runtime_for(config), step, job_id, item)
 
 
 def _run_item(rt: Runtime, step: str, job_id: str, item: Any,

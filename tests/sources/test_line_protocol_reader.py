@@ -190,11 +190,9 @@ def test_compiled_newline_count_of_long_runs() -> None:
 
 def test_the_compiled_reader_leaves_the_allocator_settings_alone() -> None:
     """An embeddable library must not change the process's malloc settings for good: the reader warms
-    glibc's adaptive thresholds with one large block instead. The built module imports no ``mallopt``
-    (its dynamic symbol table would name it), and warming twice is harmless."""
+    glibc's adaptive thresholds (`timelake.memory.tune`) instead. The built module imports no ``mallopt``
+    (its dynamic symbol table would name it)."""
     assert b"mallopt" not in Path(line_protocol._lineproto.__file__).read_bytes()
-    line_protocol._lineproto.warm_heap()
-    line_protocol._lineproto.warm_heap()
 
 
 _TSM_FIELDS = {"value": "{}.5", "count": "{}i", "state": '"s{}"', "ok": "{}"}

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, model_validator
 
-from timelake import allocator
+from timelake import memory
 from timelake.adapters import runtime_for
 from timelake.errors import JobNotFound, ValidationFailed
 from timelake.followup.refresh import PublishedEvent, on_published, pieces
@@ -122,8 +122,8 @@ class FailureEvent(ExecutionEvent):
 
 def lambda_runtime() -> Runtime:
     """The runtime of this Lambda container, from ``TIMELAKE_CONFIG``; reused across invocations. Its
-    allocator is set for the engine's arrays (`timelake.allocator`) before the first one is made."""
-    allocator.tune()
+    allocator is set for the engine's arrays (`timelake.memory`) before the first one is made."""
+    memory.tune()
     return runtime_for(LakeConfig.from_env())
 
 

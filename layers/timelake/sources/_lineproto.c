@@ -909,26 +909,7 @@ static PyObject *series_tail(PyObject *Py_UNUSED(self), PyObject *args) {
     return PyLong_FromSsize_t(cut);
 }
 
-/* Reading allocates and frees, per 8 MB chunk, the chunk and arrays of about a megabyte (numpy's, the
- * Python side's). glibc maps blocks above its threshold afresh and trims the heap as they are freed,
- * raising both thresholds only after a large mapped block has been freed; until then every chunk
- * touches new pages, and a reader in a new process ran about 15 % slower (CPU 152-157 against 135 ms
- * for 1M points on 2M lines). Freeing one mapped block of nearly glibc's largest dynamic threshold
- * (32 MB on 64-bit) raises them the way any program's first large free would: no mallopt, so the
- * allocator keeps adapting and the process's settings stay its own. */
-#define WARM_BYTES ((32 << 20) - (64 << 10))
-
-static PyObject *warm_heap(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(arg)) {
-    void *block = malloc(WARM_BYTES);
-    if (block != NULL) {
-        __asm__ volatile("" : : "r"(block) : "memory"); /* the block escapes: the pair is not elided */
-        free(block);
-    }
-    Py_RETURN_NONE;
-}
-
 static PyMethodDef methods[] = {
-    {"warm_heap", warm_heap, METH_NOARGS, "warm_heap() -> None; frees one large mapped block so glibc keeps blocks up to 32 MB on the heap"},
     {"series_tail", series_tail, METH_VARARGS,
      "series_tail(chunk, end) -> where the lines of the last line's series begin, if in the second half; else end"},
     {"newlines", newlines, METH_O, "newlines(chunk) -> how many newline bytes the chunk holds"},
