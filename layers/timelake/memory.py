@@ -52,14 +52,17 @@ def tune() -> None:
 
 @contextmanager
 def frozen() -> Iterator[None]:
-    """The collector leaves the objects that exist now out of its collections until the block ends;
-    nested and concurrent blocks count, and a process whose objects are frozen already (a pre-fork
-    server freezes its own) is left as it is."""
+    """The collector leaves the objects that exist now out of its collections until the block ends.
+    Nested and concurrent blocks count: the first one in freezes, the last one out unfreezes, so a process
+    whose jobs overlap without end freezes only what it held before the first (what later jobs leave in
+    cycles is collected as usual). A process whose objects are frozen already (a pre-fork server freezes
+    its own) is left as it is."""
     global _frozen_by_us
     with _lock:
         ours = _frozen_by_us > 0 or gc.get_freeze_count() == 0
         if ours:
-            gc.freeze()
+            if _frozen_by_us == 0:
+                gc.freeze()
             _frozen_by_us += 1
     try:
         yield

@@ -3,16 +3,12 @@ thresholds are the process's, so each case of them runs in a fresh interpreter."
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 import subprocess
 import sys
-import threading
 
 import pytest
-
-from timelake import memory
 
 # Arrays of a unit's size (432,000 int64: a day of one-minute readings from 300 devices) made and freed as a
 # writer does, counting the page faults they cost: each fault is a page the kernel zeroed again.
@@ -54,33 +50,38 @@ def test_settings_the_user_chose_are_kept() -> None:
     assert churn("tune", MALLOC_TRIM_THRESHOLD_="131072") > PAGES  # the user's small threshold, not a warmed one
 
 
-def test_objects_of_before_a_job_are_left_out_of_collections_while_it_runs() -> None:
-    assert gc.get_freeze_count() == 0
-    entered, leave = threading.Event(), threading.Event()
-
-    def other_job() -> None:
-        with memory.frozen():
-            entered.set()
-            leave.wait(10)
-
+# Freezing is the process's too: each case runs alone in a fresh interpreter, where no other test's job runs.
+JOBS = """
+import gc, json, threading
+from timelake import memory
+entered, leave, seen = threading.Event(), threading.Event(), {}
+def other_job():
     with memory.frozen():
-        frozen = gc.get_freeze_count()
-        assert frozen > 1000  # the imported libraries
-        worker = threading.Thread(target=other_job)
-        worker.start()
-        assert entered.wait(10)
-    assert gc.get_freeze_count() >= frozen  # the other job still runs: nothing is unfrozen under it
-    leave.set()
-    worker.join()
-    assert gc.get_freeze_count() == 0
+        entered.set()
+        leave.wait(10)
+seen["before"] = gc.get_freeze_count()
+with memory.frozen():
+    seen["during"] = gc.get_freeze_count()
+    worker = threading.Thread(target=other_job)
+    worker.start()
+    entered.wait(10)
+seen["other_still_running"] = gc.get_freeze_count()
+leave.set()
+worker.join()
+seen["after"] = gc.get_freeze_count()
+gc.freeze()  # a process that freezes its own objects (a pre-fork server)
+own = gc.get_freeze_count()
+with memory.frozen():
+    pass
+seen["own_kept"] = gc.get_freeze_count() == own
+print(json.dumps(seen))
+"""
 
 
-def test_a_process_that_froze_its_own_objects_keeps_them_frozen() -> None:
-    gc.freeze()
-    try:
-        before = gc.get_freeze_count()
-        with memory.frozen():
-            pass
-        assert gc.get_freeze_count() == before
-    finally:
-        gc.unfreeze()
+def test_objects_of_before_a_job_are_left_out_of_collections_while_it_runs() -> None:
+    seen = json.loads(subprocess.run([sys.executable, "-c", JOBS], capture_output=True, text=True, check=True).stdout)
+    assert seen["before"] == 0
+    assert seen["during"] > 1000  # the imported libraries
+    assert seen["other_still_running"] > 1000  # the first job's end unfreezes nothing under a job still running
+    assert seen["after"] == 0
+    assert seen["own_kept"]  # a process's own freeze is left as it is

@@ -25,7 +25,7 @@ def _stub_functions() -> dict[str, ast.FunctionDef]:
 
 def test_the_stub_declares_each_function_of_the_method_table():
     methods, stub = _c_methods(), _stub_functions()
-    assert len(methods) >= 4, methods  # the table was read, not an empty match
+    assert len(methods) >= 3, methods  # the table was read, not an empty match
     assert set(stub) == set(methods)
     for name, flag in methods.items():
         if flag in ARITY:
