@@ -70,10 +70,11 @@ leave.set()
 worker.join()
 seen["after"] = gc.get_freeze_count()
 gc.freeze()  # a process that freezes its own objects (a pre-fork server)
-own = gc.get_freeze_count()
+seen["own"] = gc.get_freeze_count()
+made_since = [[i] for i in range(10_000)]  # what a second freeze would take too
 with memory.frozen():
     pass
-seen["own_kept"] = gc.get_freeze_count() == own
+seen["own_after"] = gc.get_freeze_count()
 print(json.dumps(seen))
 """
 
@@ -84,4 +85,6 @@ def test_objects_of_before_a_job_are_left_out_of_collections_while_it_runs() -> 
     assert seen["during"] > 1000  # the imported libraries
     assert seen["other_still_running"] > 1000  # the first job's end unfreezes nothing under a job still running
     assert seen["after"] == 0
-    assert seen["own_kept"]  # a process's own freeze is left as it is
+    # a process's own freeze is left as it is: not undone, nor extended to what it made since (the count of
+    # frozen objects moves by a few on its own as objects are re-tracked)
+    assert seen["own"] > 1000 and abs(seen["own_after"] - seen["own"]) < 1000
