@@ -3,12 +3,15 @@ thresholds are the process's, so each case of them runs in a fresh interpreter."
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
 import sys
 
 import pytest
+
+from timelake import memory
 
 # Arrays of a unit's size (432,000 int64: a day of one-minute readings from 300 devices) made and freed as a
 # writer does, counting the page faults they cost: each fault is a page the kernel zeroed again.
@@ -88,3 +91,23 @@ def test_objects_of_before_a_job_are_left_out_of_collections_while_it_runs() -> 
     # a process's own freeze is left as it is: not undone, nor extended to what it made since (the count of
     # frozen objects moves by a few on its own as objects are re-tracked)
     assert seen["own"] > 1000 and abs(seen["own_after"] - seen["own"]) < 1000
+
+
+def test_collector_paused_nests_and_restores_the_collector():
+    assert gc.isenabled()
+    with memory.collector_paused():
+        assert not gc.isenabled()
+        with memory.collector_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()  # the outer pause still holds
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with memory.collector_paused():
+            pass
+        assert not gc.isenabled()  # a collector the process had switched off stays off
+    finally:
+        gc.enable()
+    with pytest.raises(RuntimeError), memory.collector_paused():
+        raise RuntimeError("a failing step")
+    assert gc.isenabled()

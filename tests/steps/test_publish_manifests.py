@@ -8,7 +8,6 @@ inheritable entries, several chunks, files rewritten for live conflicts) writes 
 
 from __future__ import annotations
 
-import gc
 from pathlib import Path
 
 import pyarrow as pa
@@ -16,7 +15,7 @@ import pytest
 
 from tests.conftest import SCHEMA, recent, sort_rows, stage_job
 from timelake.followup import completion, coverage
-from timelake.model.commit import INHERITED_IDS, JOB_PROPERTY, collector_paused, staged_manifests
+from timelake.model.commit import INHERITED_IDS, JOB_PROPERTY, staged_manifests
 from timelake.steps import stage as stage_step
 from timelake.steps.publish import publish
 from timelake.steps.validate import validate
@@ -135,26 +134,6 @@ def test_the_private_pyiceberg_parts_a_copy_relies_on():
     assert "_written_manifests" in inspect.getsource(_SnapshotProducer._clean_all_uncommitted)
     assert "entry.snapshot_id is None" in inspect.getsource(_inherit_from_manifest)
     assert "entry.snapshot_id is not None" in inspect.getsource(ManifestWriterV2.prepare_entry)
-
-
-def test_collector_paused_nests_and_restores_the_collector():
-    assert gc.isenabled()
-    with collector_paused():
-        assert not gc.isenabled()
-        with collector_paused():
-            assert not gc.isenabled()
-        assert not gc.isenabled()  # the outer pause still holds
-    assert gc.isenabled()
-    gc.disable()
-    try:
-        with collector_paused():
-            pass
-        assert not gc.isenabled()  # a collector the process had switched off stays off
-    finally:
-        gc.enable()
-    with pytest.raises(RuntimeError), collector_paused():
-        raise RuntimeError("a failing step")
-    assert gc.isenabled()
 
 
 @pytest.mark.parametrize("grain", ["hour", "day"])

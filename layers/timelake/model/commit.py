@@ -8,17 +8,14 @@ wrong for files of an older (coarser) partition spec, so the snapshot producers 
 
 from __future__ import annotations
 
-import gc
 import itertools
 import json
 import random
 import time
 import uuid
 from collections import defaultdict
-import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import numpy as np
@@ -339,33 +336,6 @@ def retire(table: IcebergTable, job_id: str, branch: str | None) -> list[int]:
         return ids
 
     return with_retry(table, attempt, f"retire job {job_id} from the table metadata")
-
-
-_pauses = 0
-_pause_lock = threading.Lock()
-_collecting = True  # whether the collector ran before the first of the current pauses
-
-
-@contextmanager
-def collector_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector paused for a step that builds tens of thousands of metadata
-    objects living until it ends (decoded unit results, DataFiles, manifest entries): every full
-    collection walks all of them again, a third of the CPU of a 10,000-file stage or publish. What a
-    step leaves in cycles is collected after it, when the collector runs again as it did before;
-    nested and concurrent pauses count, the last one out restores it."""
-    global _pauses, _collecting
-    with _pause_lock:
-        if _pauses == 0:
-            _collecting = gc.isenabled()
-            gc.disable()
-        _pauses += 1
-    try:
-        yield
-    finally:
-        with _pause_lock:
-            _pauses -= 1
-            if _pauses == 0 and _collecting:
-                gc.enable()
 
 
 def is_conflict(exc: BaseException) -> bool:

@@ -20,8 +20,9 @@ import pyarrow.fs as pafs
 from datetime import UTC, datetime
 from typing import Any
 
+from timelake import memory
 from timelake.errors import InvalidJob, ValidationFailed
-from timelake.model.commit import collector_paused, with_retry
+from timelake.model.commit import with_retry
 from timelake.model.contract import Contract, writable_spec
 from timelake.model.cost import estimate_cost
 from timelake.model.diff import compares
@@ -199,7 +200,7 @@ def scan(rt: Runtime, job_id: str, piece: int, source: Any = None, opened: Sourc
         # a task allocates tens of thousands of short-lived, acyclic objects (batches, arrays, slices): the
         # collector's full pass over the whole process heap they set off frees nothing, and holds the
         # interpreter from the other scan threads meanwhile
-        with collector_paused():
+        with memory.collector_paused():
             result = scan_task(rt, ctx, job_id, piece, range(first, last), src, table)
     except Exception as exc:
         failures.note(rt, job_id, f"scan-task-{piece}", exc)

@@ -25,10 +25,11 @@ from pyiceberg.manifest import DataFile
 from pyiceberg.table import FileScanTask
 from pyiceberg.table import Table as IcebergTable
 
+from timelake import memory
 from timelake.errors import BackfillError
 from timelake.followup import completion, provenance
 from timelake.model.commit import (
-    CHUNK_PROPERTY, JOB_PROPERTY, STEP_PROPERTY, ManifestCopy, collector_paused, data_file, data_files, is_conflict, landed,
+    CHUNK_PROPERTY, JOB_PROPERTY, STEP_PROPERTY, ManifestCopy, data_file, data_files, is_conflict, landed,
     overwrite_files, published_property, retire, staged_manifests, summary_value, transaction, with_retry,
     without_blind_retries,
 )
@@ -64,7 +65,7 @@ def publish(rt: Runtime, job_id: str, max_chunks: int | None = None,
     """Publish step. Input: job id (and at most how many chunks to commit in this call, so an
     orchestrator can loop chunk by chunk within Lambda's time limit). Output: ``done`` and snapshot ids.
     ``between`` runs before each chunk still to commit: it may wait (quiet hours) or raise (an abort)."""
-    with collector_paused():
+    with memory.collector_paused():
         return _publish(rt, job_id, max_chunks, between)
 
 

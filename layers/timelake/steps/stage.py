@@ -9,9 +9,10 @@ from typing import Any
 
 from pyiceberg.table import Table as IcebergTable
 
+from timelake import memory
 from timelake.errors import BackfillError
 from timelake.model.commit import (
-    JOB_PROPERTY, STEP_PROPERTY, append_files, collector_paused, data_files, transaction, with_retry,
+    JOB_PROPERTY, STEP_PROPERTY, append_files, data_files, transaction, with_retry,
     without_blind_retries,
 )
 from timelake.model.faults import checkpoint
@@ -25,7 +26,7 @@ from timelake.steps.redo import rewrite_missing
 
 def stage(rt: Runtime, job_id: str) -> dict[str, Any]:
     """Stage step. Input: job id. Output: the staging snapshot id and file count."""
-    with collector_paused():
+    with memory.collector_paused():
         return _stage(rt, job_id)
 
 
