@@ -13,8 +13,17 @@ import pytest
 
 from tests.conftest import make_readings, recent
 from timelake.model.contract import Contract
-from timelake.steps import write
+from timelake.steps import _keymatch, write
 from timelake.steps.write import KeyPacker, _drop_marked, _sort_and_dedup, drop_existing, existing_mask, sorted_order
+
+
+@pytest.fixture(params=["compiled", "numpy"])
+def walk(request, monkeypatch):
+    """The merge match both ways: the compiled walk over two sorted arrays, and numpy's search without it
+    (an install with no C compiler, and the Lambda layers)."""
+    if request.param == "numpy":
+        monkeypatch.setattr(write, "_keymatch", None)
+    return request.param
 
 
 def _contract(series: tuple[str, ...] = ("device_id",)) -> Contract:
@@ -96,7 +105,7 @@ def test_sort_and_dedup_equals_a_stable_lexicographic_sort_in_any_source_order(o
 @pytest.mark.parametrize("existing_order", ["sorted", "shuffled"])
 @pytest.mark.parametrize("with_codes", [True, False], ids=["codes", "no_codes"])
 @pytest.mark.parametrize("existing_as", ["table", "batches"])
-def test_existing_mask_equals_a_set_reference_for_any_row_order(rows_order, existing_order, with_codes, existing_as):
+def test_existing_mask_equals_a_set_reference_for_any_row_order(rows_order, existing_order, with_codes, existing_as, walk):
     """The rows' keys are packed and sorted once; the existing keys are looked up among them, as a table or
     as batches read one at a time (main in merge mode). Rows in any order, or repeating a key (every
     repeat matches), must give the reference."""
@@ -122,7 +131,7 @@ def test_existing_mask_equals_a_set_reference_for_any_row_order(rows_order, exis
 
 
 @pytest.mark.parametrize("chunk", [3, 1 << 20], ids=["small_chunks", "one_chunk"])
-def test_merge_writer_packs_its_keys_over_the_sort_codes_and_drops_main_keys_in_place(monkeypatch, chunk):
+def test_merge_writer_packs_its_keys_over_the_sort_codes_and_drops_main_keys_in_place(monkeypatch, chunk, walk):
     """A writer in merge mode packs the unit's keys over its own sort codes (used up, so a unit's keys are
     held once), then moves the kept rows to the front of its sorted order a chunk at a time. The kept
     order, the count and the sum dropped equal a reference, the rows themselves (whose times the codes
@@ -191,7 +200,7 @@ def test_raw_measurements_are_written_plain_and_repeating_columns_keep_their_dic
 @pytest.mark.parametrize("mine_order", ["ascending", "repeats", "shuffled"])
 @pytest.mark.parametrize("hits", [0, 3, 400])
 @pytest.mark.parametrize("span", [1 << 22, 5], ids=["merged", "searched"])
-def test_rare_marking_equals_the_search_and_a_set_reference(monkeypatch, mine_order, hits, span):
+def test_rare_marking_equals_the_search_and_a_set_reference(monkeypatch, mine_order, hits, span, walk):
     """The audit's marking (``rare``: a merge of each batch with the keys it spans before any search) marks
     exactly what the search alone marks: keys repeated on either side, keys of main the file lacks, and
     spans too long to merge (then searched as before)."""
@@ -211,3 +220,45 @@ def test_rare_marking_equals_the_search_and_a_set_reference(monkeypatch, mine_or
     rare = packer.mark(mine, iter(batches), rare=True)
     assert rare.tolist() == packer.mark(mine, iter(batches)).tolist() == np.isin(mine, theirs).tolist()
     assert rare.sum() >= hits
+
+
+@pytest.mark.parametrize("sizes", [(0, 5), (5, 0), (1, 1), (2_000, 600), (30, 5_000)], ids=str)
+def test_compiled_walk_marks_what_a_set_lookup_marks_with_repeats_on_both_sides(sizes):
+    """The walk over two sorted arrays marks every key of the first that the second holds, each repeat of
+    it too; a key repeated in the second marks nothing more; earlier marks stay (one call per batch of
+    main); it returns how many keys of the first this call found. Either side may be empty or the
+    longer, and keys span the whole int64 range (a packed key is never negative, but the walk does not
+    rely on it)."""
+    rng = np.random.default_rng(sum(sizes))
+    pool = rng.integers(-(1 << 62), 1 << 62, 3_000, dtype=np.int64)
+    mine = np.sort(rng.choice(pool, sizes[0]))  # with replacement: repeats
+    theirs = np.sort(rng.choice(pool, sizes[1]))
+    mask = np.zeros(len(mine), dtype=bool)
+    if len(mine):
+        mask[0] = True  # marked by an earlier batch
+    found = _keymatch.mark(mine, theirs, mask)
+    expected = np.isin(mine, theirs)
+    assert found == expected.sum()
+    if len(mine):
+        expected[0] = True
+    assert mask.tolist() == expected.tolist()
+    if sizes == (2_000, 600):
+        assert 0 < found < len(mine) and len(np.unique(mine)) < len(mine) and len(np.unique(theirs)) < len(theirs)
+
+
+def test_compiled_walk_refuses_arrays_it_cannot_read_as_they_are():
+    """Keys of another width, a mask of the wrong length or one it may not write are refused with the
+    argument named, not read as something else."""
+    keys = np.arange(10, dtype=np.int64)
+    with pytest.raises(TypeError, match="mine must be a contiguous int64 array"):
+        _keymatch.mark(keys.astype(np.int32), keys, np.zeros(10, dtype=bool))
+    with pytest.raises(TypeError, match="theirs must be a contiguous int64 array"):
+        _keymatch.mark(keys, keys.astype(np.float64), np.zeros(10, dtype=bool))
+    with pytest.raises((TypeError, ValueError), match="contiguous"):
+        _keymatch.mark(keys[::2], keys, np.zeros(5, dtype=bool))
+    with pytest.raises(ValueError, match="mask must be 10 bytes"):
+        _keymatch.mark(keys, keys, np.zeros(9, dtype=bool))
+    frozen = np.zeros(10, dtype=bool)
+    frozen.flags.writeable = False
+    with pytest.raises((TypeError, ValueError, BufferError)):
+        _keymatch.mark(keys, keys, frozen)
