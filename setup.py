@@ -1,7 +1,7 @@
 """The package's compiled parts; everything else is declared in pyproject.toml.
 
-The line-protocol reader's inner loop (``layers/timelake/sources/_lineproto.c``) and merge mode's walk
-over two sorted key arrays (``layers/timelake/steps/_keymatch.c``) are C. Both are optional: without a
+The line-protocol reader's inner loop (``layers/timelake/sources/_lineproto.c``) and merge mode's key
+packing and walk over two sorted key arrays (``layers/timelake/steps/_keymatch.c``) are C. Both are optional: without a
 compiler the install still succeeds, and the engine uses Arrow and numpy kernels alone.
 """
 

@@ -262,3 +262,51 @@ def test_compiled_walk_refuses_arrays_it_cannot_read_as_they_are():
     frozen.flags.writeable = False
     with pytest.raises((TypeError, ValueError, BufferError)):
         _keymatch.mark(keys, keys, frozen)
+
+
+@pytest.mark.parametrize("index_type", [pa.int8(), pa.int32()], ids=["int8_indices", "int32_indices"])
+@pytest.mark.parametrize("as_dictionary", [True, False], ids=["dictionary", "text"])
+def test_packing_equals_a_reference_with_unknown_series_nulls_and_times_outside(index_type, as_dictionary, walk):
+    """A key packs as its series' rank over its time's offset; a row whose series the packer does not know
+    (or a null) or whose time falls outside the packer's range cannot match and is left out, with the
+    rows that can named. Packed into the times' own array or a new one, compiled or not, from a
+    dictionary column of any index width or from plain text."""
+    distinct = pa.array(["a", "b", "c"])
+    packer = KeyPacker("device_id", "ts", distinct, 1_000, 10)
+    rng = np.random.default_rng(11)
+    n = 500
+    values = rng.choice(["a", "b", "c", "x", None], n, p=[0.3, 0.3, 0.3, 0.05, 0.05]).tolist()
+    times = rng.integers(900, 2_100, n).astype(np.int64)  # [1000, 2024) fits 10 bits
+    series = pa.array(values).dictionary_encode()
+    series = pa.DictionaryArray.from_arrays(series.indices.cast(index_type), series.dictionary) if as_dictionary else pa.array(values)
+    rank = {"a": 0, "b": 1, "c": 2}
+    can = [(i, rank[v] << 10 | (t - 1_000)) for i, (v, t) in enumerate(zip(values, times.tolist(), strict=True))
+           if v in rank and 1_000 <= t < 2_024]
+    assert 0 < len(can) < n
+    for out in (None, times.copy()):
+        packed, at = packer.pack_keys(series, times.copy() if out is None else out, out=out)
+        assert at is not None and at.tolist() == [i for i, _ in can] and packed.tolist() == [k for _, k in can]
+    inside = np.array([i for i, _ in can])
+    packed, at = packer.pack_keys(series.take(pa.array(inside)), times[inside])
+    assert at is None and packed.tolist() == [k for _, k in can]
+    ranks = np.array([rank[values[i]] for i in inside], dtype=np.int32)
+    assert packer.pack(ranks, times[inside]).tolist() == [k for _, k in can]
+
+
+def test_compiled_packing_refuses_what_it_cannot_pack():
+    """Codes of another width, arrays of different lengths and a time width past 62 bits are refused with
+    what is wrong named."""
+    codes, times = np.zeros(4, dtype=np.int32), np.arange(4, dtype=np.int64)
+    with pytest.raises(TypeError, match="codes must be a contiguous int32 or int64 array"):
+        _keymatch.pack(codes.astype(np.int16), times, 0, 8, np.empty(4, dtype=np.int64))
+    with pytest.raises(TypeError, match="out must be a contiguous int64 array"):
+        _keymatch.pack(codes, times, 0, 8, np.empty(4, dtype=np.int32))
+    with pytest.raises(TypeError, match="lookup must be a contiguous int64 array"):
+        _keymatch.pack(codes, times, 0, 8, np.empty(4, dtype=np.int64), np.zeros(2, dtype=np.int32))
+    with pytest.raises(ValueError, match="one value a row: 3, 4 and 4"):
+        _keymatch.pack(codes[:3], times, 0, 8, np.empty(4, dtype=np.int64))
+    with pytest.raises(ValueError, match="time_bits must be 1 to 62, not 63"):
+        _keymatch.pack(codes, times, 0, 63, np.empty(4, dtype=np.int64))
+    out = np.empty(4, dtype=np.int64)
+    assert _keymatch.pack(np.array([0, 1, 5, -2], dtype=np.int64), times, 1, 8, out, np.array([3, 4], dtype=np.int64)) == 3
+    assert out.tolist() == [-1, 4 << 8 | 0, -1, -1]  # time 0 is before base 1; code 5 is past the lookup

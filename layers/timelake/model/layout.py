@@ -221,7 +221,9 @@ def _stream_tasks(scan: Any, tasks: Any, column: str, start_us: int | None, end_
                 stored = [by_id[i] for i, name in ids.items() if name in dictionaries]
                 if stored:
                     parquet = pq.ParquetFile(handle, metadata=parquet.metadata, read_dictionary=stored)
-                for batch in parquet.iter_batches(batch_size=1 << 20, columns=[by_id[i] for i in ids]):
+                # decoded by the reading thread: readers run a unit or a task each, as many as there are
+                # cores, and Arrow's pool decoding their columns too only made them wait for one another
+                for batch in parquet.iter_batches(batch_size=1 << 20, columns=[by_id[i] for i in ids], use_threads=False):
                     rows = pa.Table.from_batches([batch]).rename_columns(list(ids.values()))
                     ts = micros(rows, column)
                     keep = np.ones(len(ts), dtype=bool)

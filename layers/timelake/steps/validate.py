@@ -462,7 +462,8 @@ def _file_facts(contract: Contract, state: JobState, mains: dict[str, SnapshotRa
         assert packer is not None, "room() bounds the series by the rows"
         offset = 0
         for column in held:
-            _place(packed, offset, len(column), packer.pack_keys(column, packed[offset:offset + len(column)]))
+            part = packed[offset:offset + len(column)]  # the rows' times until packed over them
+            _place(packed, offset, len(column), packer.pack_keys(column, part, out=part))
             offset += len(column)
     if packer is not None and packed is not None:
         for name, main in mains.items():

@@ -591,6 +591,9 @@ class KeyPacker:
         """Packed keys of series ranks and times (µs) that lie inside the packer's range, into ``out`` if
         given (an int64 array of their length, which may be ``times`` itself)."""
         out = np.empty(len(ranks), dtype=np.int64) if out is None else out
+        if _keymatch is not None and ranks.dtype in (np.int32, np.int64) and times.dtype == np.int64:
+            _keymatch.pack(np.ascontiguousarray(ranks), np.ascontiguousarray(times), self.base, self.time_bits, out)
+            return out
         for i in range(0, len(out), self.CHUNK):
             low = times[i:i + self.CHUNK] - self.base  # a copy: ``out`` may be ``times``
             part = out[i:i + self.CHUNK]
@@ -603,8 +606,17 @@ class KeyPacker:
         the usual case, which then costs no gather)."""
         return self.pack_keys(rows.column(self.series), _numpy(pc.cast(rows.column(self.time_column), pa.int64())))
 
-    def pack_keys(self, series: pa.Array | pa.ChunkedArray, times: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
-        """`pack_rows` of a series column and its rows' times (µs)."""
+    def pack_keys(self, series: pa.Array | pa.ChunkedArray, times: np.ndarray,
+                  out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+        """`pack_rows` of a series column and its rows' times (µs); the keys into ``out`` when all can match
+        (an int64 array of their length, which may be ``times`` itself)."""
+        if _keymatch is not None and times.dtype == np.int64:
+            codes, lookup = self._codes(series)
+            packed = np.empty(len(times), dtype=np.int64) if out is None else out
+            if not _keymatch.pack(codes, np.ascontiguousarray(times), self.base, self.time_bits, packed, lookup):
+                return packed, None
+            at = np.flatnonzero(packed >= 0)  # a key that can match is never negative
+            return packed[at], at
         ranks = self._ranks(series)
         low = times - self.base  # as unsigned, a time before ``base`` is past the top as well
         inside = (low.view(np.uint64) < np.uint64(1 << self.time_bits)) & (ranks >= 0)
@@ -614,6 +626,21 @@ class KeyPacker:
             return ranks, None
         at = np.flatnonzero(inside)
         return self.pack(ranks[at], low[at] + self.base), at
+
+    def _codes(self, column: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray | None]:
+        """`_ranks` for the compiled `_keymatch.pack`: a dictionary column as its indices (-1 for a null)
+        and each dictionary value's rank, which the packing looks up row by row."""
+        if not pa.types.is_dictionary(column.type):
+            return self._ranks(column), None
+        single = column.unify_dictionaries().combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+        found = pc.index_in(single.dictionary, value_set=self.distinct.cast(single.type.value_type))
+        nulls = single.indices.null_count
+        indices = _numpy(pc.fill_null(single.indices, 0) if nulls else single.indices)
+        if nulls or indices.dtype not in (np.int32, np.int64):
+            indices = indices.astype(np.int64)
+        if nulls:
+            indices[~_numpy(single.indices.is_valid())] = -1
+        return np.ascontiguousarray(indices), _numpy(pc.fill_null(found, -1)).astype(np.int64)
 
     def _ranks(self, column: pa.Array | pa.ChunkedArray) -> np.ndarray:
         """Each row's series rank among ``distinct`` as int64, -1 where it has none (a series the packer
@@ -770,8 +797,9 @@ def _write(rows: pa.Table, path: str, properties: dict[str, str], order: np.ndar
     for f in rows.schema:
         if pa.types.is_floating(f.type):
             is_nan = pc.fill_null(pc.is_nan(rows.column(f.name)), False).to_numpy(zero_copy_only=False)
+            counted = int(is_nan.sum())
             whole = order is None or len(order) == rows.num_rows  # ``order`` never repeats a row
-            nans[f.name] = int(is_nan.sum() if whole else is_nan[order].sum())
+            nans[f.name] = counted if whole or not counted else int(is_nan[order].sum())  # a merge's kept rows: a gather
     metadata = {**(rows.schema.metadata or {}), NAN_COUNTS: json.dumps(nans).encode()}
     plain = pa.schema([f.with_type(f.type.value_type) if pa.types.is_dictionary(f.type) else f for f in rows.schema],
                       metadata=metadata)
