@@ -29,7 +29,6 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from pyiceberg.manifest import DataFileContent
 
 from timelake.model.contract import Contract
@@ -450,17 +449,18 @@ def decoded_columns(rows: pa.Table) -> pa.Table:
 def facts_uri(rt: Runtime, job_id: str, kind: str, name: str) -> str:
     """Where a main task (``kind`` "main") or a unit ("units") keeps its cells and samples, and a merge unit
     main's rows it counted (``"local"``, `MainCounter`)."""
-    return rt.staging_path(job_id, "diff", kind, f"{name}.parquet")
+    return rt.staging_path(job_id, "diff", kind, f"{name}.facts.arrow")  # beside a main task's spill (t00000.arrow)
 
 
 def write_facts(uri: str, cells: pa.Table, samples: dict[str, list[dict[str, Any]]], *, objects: ObjectIO) -> None:
-    """A task's or unit's cells and sample rows as one Parquet file: one object a unit, read back by the job's
-    combine (thousands of them on S3: one request each)."""
+    """A task's or unit's cells and sample rows as one Arrow IPC file: one object a unit, read back by the
+    job's combine (thousands of them on S3: one request each). A few hundred cells, which Parquet's writer
+    took 40 times as long to write (0.8 ms a file, twice a merge unit)."""
     fs, path = objects.filesystem(uri)
     objects.make_parent(fs, path)
     table = cells.replace_schema_metadata({SAMPLES_KEY: json.dumps(samples).encode()})
-    with fs.open_output_stream(path) as out:
-        pq.write_table(table, out, compression="zstd")
+    with fs.open_output_stream(path) as out, pa.ipc.new_file(out, table.schema) as writer:
+        writer.write_table(table)
 
 
 def read_facts(uri: str, *, objects: ObjectIO) -> tuple[pa.Table, dict[str, list[dict[str, Any]]]] | None:
@@ -468,7 +468,7 @@ def read_facts(uri: str, *, objects: ObjectIO) -> tuple[pa.Table, dict[str, list
     fs, path = objects.filesystem(uri)
     try:
         with fs.open_input_file(path) as handle:
-            table = pq.read_table(handle)
+            table = pa.ipc.open_file(handle).read_all()
     except FileNotFoundError:
         return None
     samples = json.loads((table.schema.metadata or {}).get(SAMPLES_KEY, b"{}"))
