@@ -310,3 +310,30 @@ def test_compiled_packing_refuses_what_it_cannot_pack():
     out = np.empty(4, dtype=np.int64)
     assert _keymatch.pack(np.array([0, 1, 5, -2], dtype=np.int64), times, 1, 8, out, np.array([3, 4], dtype=np.int64)) == 3
     assert out.tolist() == [-1, 4 << 8 | 0, -1, -1]  # time 0 is before base 1; code 5 is past the lookup
+
+
+@pytest.mark.parametrize("values", ["float64", "int64", None])
+def test_compiled_drop_moves_the_kept_rows_forward_and_sums_the_dropped_ones(values):
+    """The kept entries of the order move to its front in order; the dropped rows' values are summed (as
+    float64, ints too) and the kept rows' never touch the sum, not even a NaN or an infinity; nothing is
+    summed without a column; an entry naming a row past the end, a mask of the wrong length and values of
+    another type are refused."""
+    rng = np.random.default_rng(5)
+    order = rng.permutation(1_000).astype(np.int64)
+    mask = rng.random(1_000) < 0.3
+    column = rng.normal(size=1_000) if values == "float64" else rng.integers(-50, 50, 1_000) if values else None
+    if column is not None and values == "float64":
+        column[order[~mask][:3]] = [np.nan, np.inf, -np.inf]  # in kept rows: not in the sum
+    expected_kept = order[~mask].tolist()
+    expected_sum = float(column[order[mask]].sum()) if column is not None else 0.0
+    kept, dropped_sum = _keymatch.drop(order, mask, column, 1_000)
+    assert kept == len(expected_kept) and order[:kept].tolist() == expected_kept
+    assert dropped_sum == pytest.approx(expected_sum)
+    with pytest.raises(ValueError, match=r"order\[\d+\] names row 1000 of 1000"):
+        _keymatch.drop(np.array([1_000], dtype=np.int64), np.ones(1, dtype=bool), np.zeros(1_000), 1_000)
+    with pytest.raises(ValueError, match="mask must be 3 bytes"):
+        _keymatch.drop(np.arange(3, dtype=np.int64), np.ones(2, dtype=bool), None, 3)
+    with pytest.raises(TypeError, match="values must be a contiguous float64 or int64 array"):
+        _keymatch.drop(np.arange(3, dtype=np.int64), np.ones(3, dtype=bool), np.zeros(3, dtype=np.float32), 3)
+    with pytest.raises(ValueError, match="values must hold one value a row: 4, not 3"):
+        _keymatch.drop(np.arange(3, dtype=np.int64), np.ones(3, dtype=bool), np.zeros(3), 4)

@@ -1,0 +1,85 @@
+"""The compiled key match built with AddressSanitizer and UndefinedBehaviorSanitizer, on random inputs.
+
+The test compiles ``_keymatch.c`` as the install does, plus the sanitizers, and runs its three functions
+in a child interpreter that loads the ASan runtime first (it must come before any other library) on
+random arrays of every length from none to a few thousand: keys spanning the whole int64 range with
+repeats, codes with and without a lookup (unknown and negative codes, times before and past the range,
+the widest time field), orders with marked entries anywhere and rows of both value types, each checked
+against numpy. Any report of either sanitizer stops the child with an error.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+SOURCE = ROOT / "layers" / "timelake" / "steps" / "_keymatch.c"
+ROUNDS = 300
+
+
+def test_compiled_key_match_is_clean_under_both_sanitizers(tmp_path: Path) -> None:
+    compiler = shutil.which("gcc")
+    assert compiler, "gcc is missing: it builds the key match at install too"
+    library = tmp_path / f"_keymatch{sysconfig.get_config_var('EXT_SUFFIX')}"
+    flags = ["-O1", "-g", "-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-fno-sanitize-recover=undefined"]
+    subprocess.run([compiler, "-shared", "-fPIC", *flags, f"-I{sysconfig.get_paths()['include']}", str(SOURCE),
+                    "-o", str(library)], check=True, capture_output=True, timeout=120)
+    runtime = subprocess.run([compiler, "-print-file-name=libasan.so"], capture_output=True, text=True, check=True)
+    env = {**os.environ, "LD_PRELOAD": runtime.stdout.strip(), "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1",
+           "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1", "PYTHONPATH": f"{ROOT}:{ROOT / 'layers'}"}
+    child = subprocess.run([sys.executable, "-c", f"from tests.steps.test_keymatch_sanitized import run; run({str(library)!r})"],
+                           env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    report = child.stderr[-4000:]
+    assert child.returncode == 0, report
+    assert "runtime error" not in child.stderr and "Sanitizer" not in child.stderr, report
+    assert int(child.stdout.split()[-1]) == ROUNDS
+
+
+def run(library: str) -> None:
+    """In the sanitized child: every function on random inputs against numpy, then the rounds run."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_keymatch", library)
+    assert spec is not None and spec.loader is not None
+    keymatch = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(keymatch)
+    rng = np.random.default_rng(17)
+    for i in range(ROUNDS):
+        n, m = (int(x) for x in rng.integers(0, 3_000, 2) * (i % 3 != 0))  # a third of the rounds with an empty side
+        pool = rng.integers(np.iinfo(np.int64).min, np.iinfo(np.int64).max, max(n + m, 1) // 2 + 1, dtype=np.int64)
+        mine, theirs = np.sort(rng.choice(pool, n)), np.sort(rng.choice(pool, m))
+        mask = np.zeros(n, dtype=bool)
+        assert keymatch.mark(mine, theirs, mask) == np.isin(mine, theirs).sum() and (mask == np.isin(mine, theirs)).all()
+
+        bits = int(rng.integers(1, 60))  # ranks below 8 take 3 bits more: a packer never fits past 63
+        base = int(rng.integers(-(1 << 40), 1 << 40))
+        span = 1 << min(bits, 61)
+        times = base + rng.integers(-(span // 4) - 2, span + span // 4 + 2, n, dtype=np.int64)
+        lookup = rng.integers(-1, 4, int(rng.integers(0, 6)), dtype=np.int64) if i % 2 else None
+        codes = rng.integers(-2, 8, n).astype(np.int32 if i % 4 < 2 else np.int64)
+        out = np.empty(n, dtype=np.int64)
+        outside = keymatch.pack(codes, times, base, bits, out, lookup)
+        ranks = codes.astype(np.int64)
+        if lookup is not None:
+            known = (ranks >= 0) & (ranks < len(lookup))
+            ranks = np.where(known, lookup[np.clip(ranks, 0, max(len(lookup) - 1, 0))] if len(lookup) else -1, -1)
+        low = (times.astype(object) - base) if n else np.zeros(0, dtype=object)
+        inside = np.array([r >= 0 and 0 <= x < (1 << bits) for r, x in zip(ranks.tolist(), low.tolist(), strict=True)], dtype=bool)
+        assert outside == (~inside).sum() and (out[~inside] == -1).all()
+        assert out[inside].tolist() == [(r << bits) | x for r, x in zip(ranks[inside].tolist(), low[inside].tolist(), strict=True)]
+
+        order = rng.permutation(n).astype(np.int64)
+        marked = rng.random(n) < rng.random()
+        values = rng.normal(size=n) if i % 2 else rng.integers(-1_000, 1_000, n)
+        expected = order[~marked].tolist(), float(values[order[marked]].sum()) if n else 0.0
+        kept, total = keymatch.drop(order, marked, values if i % 5 else None, n)
+        assert order[:kept].tolist() == expected[0]
+        assert abs(total - (expected[1] if i % 5 else 0.0)) <= 1e-6 * max(1.0, float(np.abs(values).sum()) if n else 1.0)
+    print(ROUNDS)
