@@ -117,7 +117,7 @@ def record(rt: Runtime, job: JobRecord, units: list[UnitRecord], diff: dict[str,
     rows = pa.Table.from_pylist([row], schema=SCHEMA).cast(table.schema().as_arrow())
     # written and appended as the engine's other companions are (`swap`): pyiceberg's ``append`` checks an
     # Arrow schema against the table's by building a rich table to print, which imported rich into the
-    # publish step and took 0.08 s of it
+    # publish step: 0.025 s of a 30-file job's 0.1 s publish
     swap(table, None, rows, "provenance")
 
 

@@ -677,7 +677,7 @@ class KeyPacker:
         for batch in batches:
             theirs = self.pack_rows(batch)[0]
             if len(theirs) > 1 and not bool(np.all(theirs[1:] >= theirs[:-1])):
-                theirs = np.sort(theirs)  # sorted, the search walks ``ordered`` once: 6× faster
+                theirs = np.sort(theirs)  # the walk needs it; the search, sorted, walks ``ordered`` once: 6× faster
             if _keymatch is not None:
                 _keymatch.mark(ordered, theirs, found)
                 continue
@@ -744,7 +744,8 @@ def _drop_marked(rows: pa.Table, order: np.ndarray, mask: np.ndarray, contract: 
     four times as long. The compiled `_keymatch.drop` does it in one pass and sums the check column
     through once, not a row here and there."""
     values = _numeric(rows, contract) if _keymatch is not None else None
-    if _keymatch is not None and (values is not None or not contract.check_column) and order.dtype == np.int64:
+    if (_keymatch is not None and (values is not None or not contract.check_column) and order.dtype == np.int64
+            and order.flags.c_contiguous and order.flags.writeable):
         kept, dropped_sum = _keymatch.drop(order, mask, values, rows.num_rows)
         return order[:kept], len(order) - kept, dropped_sum
     kept, dropped_sum = 0, 0.0
