@@ -17,7 +17,9 @@
  * the time of reading it all); the rows to sum are flagged first and the column then read through once.
  *
  * Keys may repeat on either side: every repeat in the first array is marked, a repeat in the second
- * marks nothing more. Nothing is allocated; the caller owns all three buffers.
+ * marks nothing more. The caller owns every array passed; only `drop` allocates, a byte of flags a row,
+ * freed before it returns. Should `drop` find an entry naming no row, it raises with ``order`` moved
+ * forward up to there: the unit fails and is written again from its rows.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
