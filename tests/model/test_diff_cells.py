@@ -38,3 +38,27 @@ def test_cells_of_several_countings_are_added_up():
     second = _cells([20_000], [0], ["b"], [5.0])
     cells = combine([first, second], ["value"])
     assert [(r["series"], r["rows_before"], r["value.sum_before"]) for r in cells.to_pylist()] == [("a", 1, 1.0), ("b", 2, 7.0)]
+
+
+def test_facts_round_trip_and_a_job_begun_before_ipc_facts_reads_its_parquet_ones(tmp_path):
+    """Facts are written as Arrow IPC and read back whole, samples included. A job begun by an engine that
+    wrote them as Parquet and resumed after an upgrade finds those, beside the new name; a unit that wrote
+    none has none."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    from timelake.adapters.objects import ArrowObjects
+    from timelake.model.diff import SAMPLES_KEY, read_facts, write_facts
+
+    objects = ArrowObjects()
+    cells = _cells([20_000, 20_001], [0, 1], ["a", "b"], [1.5, 2.5])
+    samples = {"only_before": [{"key": {"device_id": "a"}, "before": {"value": 1.5}}]}
+    write_facts(f"{tmp_path}/units/u1.facts.arrow", cells, samples, objects=objects)
+    assert (tmp_path / "units" / "u1.facts.arrow").read_bytes()[:6] == b"ARROW1"
+    back = read_facts(f"{tmp_path}/units/u1.facts.arrow", objects=objects)
+    assert back is not None and back[0].equals(cells) and back[1] == samples
+    pq.write_table(cells.replace_schema_metadata({SAMPLES_KEY: json.dumps(samples).encode()}), tmp_path / "units" / "u2.parquet")
+    older = read_facts(f"{tmp_path}/units/u2.facts.arrow", objects=objects)
+    assert older is not None and older[0].equals(cells) and older[1] == samples
+    assert read_facts(f"{tmp_path}/units/u3.facts.arrow", objects=objects) is None

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from pyiceberg.manifest import DataFileContent
 
 from timelake.model.contract import Contract
@@ -446,10 +447,13 @@ def decoded_columns(rows: pa.Table) -> pa.Table:
                      for name, column in zip(rows.column_names, rows.columns, strict=True)})
 
 
+FACTS_SUFFIX = ".facts.arrow"
+
+
 def facts_uri(rt: Runtime, job_id: str, kind: str, name: str) -> str:
     """Where a main task (``kind`` "main") or a unit ("units") keeps its cells and samples, and a merge unit
     main's rows it counted (``"local"``, `MainCounter`)."""
-    return rt.staging_path(job_id, "diff", kind, f"{name}.facts.arrow")  # beside a main task's spill (t00000.arrow)
+    return rt.staging_path(job_id, "diff", kind, f"{name}{FACTS_SUFFIX}")  # beside a main task's spill (t00000.arrow)
 
 
 def write_facts(uri: str, cells: pa.Table, samples: dict[str, list[dict[str, Any]]], *, objects: ObjectIO) -> None:
@@ -464,13 +468,18 @@ def write_facts(uri: str, cells: pa.Table, samples: dict[str, list[dict[str, Any
 
 
 def read_facts(uri: str, *, objects: ObjectIO) -> tuple[pa.Table, dict[str, list[dict[str, Any]]]] | None:
-    """What `write_facts` wrote, or None when there is no such file."""
+    """What `write_facts` wrote, or None when there is no such file. A job begun by an engine that wrote
+    them as Parquet (``<name>.parquet`` beside) and resumed after an upgrade has its facts read from there."""
     fs, path = objects.filesystem(uri)
     try:
         with fs.open_input_file(path) as handle:
             table = pa.ipc.open_file(handle).read_all()
     except FileNotFoundError:
-        return None
+        try:
+            with fs.open_input_file(path.removesuffix(FACTS_SUFFIX) + ".parquet") as handle:
+                table = pq.read_table(handle)
+        except FileNotFoundError:
+            return None
     samples = json.loads((table.schema.metadata or {}).get(SAMPLES_KEY, b"{}"))
     return table.replace_schema_metadata(None), samples
 
