@@ -11,19 +11,14 @@ either sanitizer stops the child with an error; a hang is the child's timeout.
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import shutil
-import subprocess
-import sys
-import sysconfig
 import time
 from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.sanitized import ROOT, load, run_sanitized
+
 SOURCE = ROOT / "layers" / "timelake" / "sources" / "_lineproto.c"
 EXAMPLES = 200  # per search, in the child; two searches
 KNOWN = [b'm s="" 1\n', b'm s="",t="" 1\nm s="" 2', b"m f=1 1\n" * 3]  # found before: a copy of no bytes from no buffer
@@ -33,22 +28,9 @@ PIECES = [b"m", b"cpu", b",", b"=", b" ", b" ", b'"', b"\\", b"\n", b"\t", b"\x0
 
 
 def test_compiled_reader_is_clean_under_both_sanitizers(tmp_path: Path) -> None:
-    compiler = shutil.which("gcc")
-    assert compiler, "gcc is missing: it builds the reader at install too"
-    library = tmp_path / f"_lineproto{sysconfig.get_config_var('EXT_SUFFIX')}"
-    flags = ["-O1", "-g", "-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-fno-sanitize-recover=undefined"]
-    subprocess.run([compiler, "-shared", "-fPIC", *flags, f"-I{sysconfig.get_paths()['include']}", str(SOURCE),
-                    "-o", str(library)], check=True, capture_output=True, timeout=120)
-    runtime = subprocess.run([compiler, "-print-file-name=libasan.so"], capture_output=True, text=True, check=True)
-    env = {**os.environ, "LD_PRELOAD": runtime.stdout.strip(), "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1",
-           "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1", "PYTHONPATH": f"{ROOT}:{ROOT / 'layers'}"}
     started = time.perf_counter()
-    child = subprocess.run([sys.executable, "-c", f"from tests.sources.test_line_protocol_sanitized import fuzz; "
-                            f"fuzz({str(library)!r})"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
-    report = child.stderr[-4000:]
-    assert child.returncode == 0, report
-    assert "runtime error" not in child.stderr and "Sanitizer" not in child.stderr, report
-    inputs = int(child.stdout.split()[-1])
+    printed = run_sanitized(SOURCE, tmp_path, "tests.sources.test_line_protocol_sanitized:fuzz", timeout=600)
+    inputs = int(printed.split()[-1])
     print(f"{inputs} inputs under ASan and UBSan in {time.perf_counter() - started:.1f} s")
     assert inputs >= 2 * EXAMPLES + len(KNOWN)
 
@@ -59,9 +41,7 @@ def fuzz(library: str) -> None:
 
     from timelake.sources import line_protocol
 
-    spec = importlib.util.spec_from_file_location("_lineproto", library)
-    sanitized = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(sanitized)
+    sanitized = load(library, "_lineproto")
     line_protocol._lineproto = sanitized
     line_protocol._CHUNK_BYTES = 251  # many chunks: tails handed on, chunks cut inside values
     tried = [0]

@@ -10,46 +10,24 @@ against numpy. Any report of either sanitizer stops the child with an error.
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-import sys
-import sysconfig
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.sanitized import ROOT, load, run_sanitized
+
 SOURCE = ROOT / "layers" / "timelake" / "steps" / "_keymatch.c"
 ROUNDS = 300
 
 
 def test_compiled_key_match_is_clean_under_both_sanitizers(tmp_path: Path) -> None:
-    compiler = shutil.which("gcc")
-    assert compiler, "gcc is missing: it builds the key match at install too"
-    library = tmp_path / f"_keymatch{sysconfig.get_config_var('EXT_SUFFIX')}"
-    flags = ["-O1", "-g", "-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-fno-sanitize-recover=undefined"]
-    subprocess.run([compiler, "-shared", "-fPIC", *flags, f"-I{sysconfig.get_paths()['include']}", str(SOURCE),
-                    "-o", str(library)], check=True, capture_output=True, timeout=120)
-    runtime = subprocess.run([compiler, "-print-file-name=libasan.so"], capture_output=True, text=True, check=True)
-    env = {**os.environ, "LD_PRELOAD": runtime.stdout.strip(), "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1",
-           "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1", "PYTHONPATH": f"{ROOT}:{ROOT / 'layers'}"}
-    child = subprocess.run([sys.executable, "-c", f"from tests.steps.test_keymatch_sanitized import run; run({str(library)!r})"],
-                           env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
-    report = child.stderr[-4000:]
-    assert child.returncode == 0, report
-    assert "runtime error" not in child.stderr and "Sanitizer" not in child.stderr, report
-    assert int(child.stdout.split()[-1]) == ROUNDS
+    printed = run_sanitized(SOURCE, tmp_path, "tests.steps.test_keymatch_sanitized:run", timeout=300)
+    assert int(printed.split()[-1]) == ROUNDS
 
 
 def run(library: str) -> None:
     """In the sanitized child: every function on random inputs against numpy, then the rounds run."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("_keymatch", library)
-    assert spec is not None and spec.loader is not None
-    keymatch = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(keymatch)
+    keymatch = load(library, "_keymatch")
     rng = np.random.default_rng(17)
     for i in range(ROUNDS):
         n, m = (int(x) for x in rng.integers(0, 3_000, 2) * (i % 3 != 0))  # a third of the rounds with an empty side
