@@ -628,10 +628,14 @@ class KeyPacker:
         return self.pack(ranks[at], low[at] + self.base), at
 
     def _codes(self, column: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray | None]:
-        """`_ranks` for the compiled `_keymatch.pack`: a dictionary column as its indices (-1 for a null)
-        and each dictionary value's rank, which the packing looks up row by row."""
+        """Each row's series as a code and, for a dictionary column, the rank of each code's value (None:
+        the codes are the ranks). A dictionary column's codes are its indices (-1 for a null), looked up
+        per distinct value, not per row; any other column's are its rows' ranks among ``distinct``, -1
+        where the packer does not know the series or there is none. The compiled `_keymatch.pack` looks
+        the codes up itself; `_ranks` does for numpy."""
         if not pa.types.is_dictionary(column.type):
-            return self._ranks(column), None
+            found = pc.index_in(column, value_set=self.distinct.cast(column.type))
+            return _numpy(pc.fill_null(found, -1)).astype(np.int64), None
         single = column.unify_dictionaries().combine_chunks() if isinstance(column, pa.ChunkedArray) else column
         found = pc.index_in(single.dictionary, value_set=self.distinct.cast(single.type.value_type))
         nulls = single.indices.null_count
@@ -643,18 +647,9 @@ class KeyPacker:
         return np.ascontiguousarray(indices), _numpy(pc.fill_null(found, -1)).astype(np.int64)
 
     def _ranks(self, column: pa.Array | pa.ChunkedArray) -> np.ndarray:
-        """Each row's series rank among ``distinct`` as int64, -1 where it has none (a series the packer
-        does not know, or a null); a dictionary column is looked up per distinct value, not per row."""
-        if pa.types.is_dictionary(column.type):
-            single = column.unify_dictionaries().combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-            found = pc.index_in(single.dictionary, value_set=self.distinct.cast(single.type.value_type))
-            per_value = _numpy(pc.fill_null(found, -1)).astype(np.int64)
-            indices = single.indices
-            if indices.null_count:
-                return np.where(_numpy(indices.is_valid()), per_value[_numpy(pc.fill_null(indices, 0))], -1)
-            return per_value[_numpy(indices)]
-        found = pc.index_in(column, value_set=self.distinct.cast(column.type))
-        return _numpy(pc.fill_null(found, -1)).astype(np.int64)
+        """Each row's series rank among ``distinct`` as int64, -1 where it has none (`_codes` looked up)."""
+        codes, lookup = self._codes(column)
+        return codes if lookup is None else np.append(lookup, -1)[codes]  # a null's code, -1, takes the -1 appended
 
     def unpack(self, packed: np.ndarray) -> tuple[pa.Array, np.ndarray]:
         """Series values and times (µs) of packed keys."""
