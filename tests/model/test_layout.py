@@ -1,11 +1,12 @@
-"""The counting unique used on every scanned batch agrees with numpy's sorting one."""
+"""The counting unique used on every scanned batch, and the run-aware stable sort used on every unit,
+agree with numpy's sorting ones."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from timelake.model.layout import dense_unique
+from timelake.model.layout import RUN_ROWS, dense_unique, stable_argsort
 
 
 @pytest.mark.parametrize("values", [
@@ -35,3 +36,27 @@ def test_split_by_code_groups_rows_in_their_order_sorted_or_not(codes):
     assert [code for code, _ in groups] == sorted(set(codes.tolist()))
     for code, rows in groups:
         assert rows.column("row").to_pylist() == np.flatnonzero(codes == code).tolist()
+
+
+def _runs(rng: np.random.Generator, values: np.ndarray, mean: int) -> np.ndarray:
+    """``values`` repeated in runs of about ``mean`` rows, as a unit's series ranks arrive from the spill
+    of files per series: a value may have several runs, not next to each other."""
+    sizes = rng.integers(1, 2 * mean, len(values))
+    return np.repeat(values, sizes)
+
+
+@pytest.mark.parametrize("keys", [
+    _runs(np.random.default_rng(2), np.random.default_rng(3).permutation(300), 1440),  # the run path, ranks < 2**16
+    _runs(np.random.default_rng(4), np.random.default_rng(5).integers(0, 50, 400), 900),  # repeated values, runs apart
+    _runs(np.random.default_rng(6), np.random.default_rng(7).integers(-10**12, 10**12, 200), 2000),  # wide keys
+    np.full(100_000, 7),  # one run
+    np.tile(np.arange(300), 1440),  # interleaved: the radix sort
+    np.random.default_rng(8).integers(0, 1 << 20, 100_000),  # no runs, wide: numpy's own stable sort
+    _runs(np.random.default_rng(9), np.arange(3), RUN_ROWS)[: 2 * RUN_ROWS - 1],  # too short to look for runs
+    np.zeros(0, dtype=np.int64),
+])
+def test_stable_argsort_equals_numpy_stable_sort(keys):
+    keys = keys.astype(np.int64)
+    got = stable_argsort(keys)
+    assert got.dtype.kind == "i"
+    assert np.array_equal(got, np.argsort(keys, kind="stable"))
