@@ -158,22 +158,24 @@ def source_files(args: argparse.Namespace, layout: str) -> list[Path]:
 # --------------------------------------------------------------------------------------------- cases
 
 
-def _cpu() -> float:
-    """CPU seconds (user + sys) this process and its reaped children used so far, all threads."""
+def _cpu() -> tuple[float, float]:
+    """CPU seconds (user + sys, and sys alone) this process and its reaped children used so far, all threads."""
     me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime, me.ru_stime + kids.ru_stime
 
 
 class _Timed:
     """Wall and CPU seconds of a block: the CPU of exactly the timed work, a second measure that other
-    processes on a shared machine disturb far less than the wall clock."""
+    processes on a shared machine disturb far less than the wall clock; and its kernel share apart,
+    which is where a spill to disk shows (copying into new page-cache pages)."""
 
     def __enter__(self) -> _Timed:
-        self.wall, self.cpu = time.perf_counter(), _cpu()
+        self.wall, (self.cpu, self.sys) = time.perf_counter(), _cpu()
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self.seconds, self.cpu_seconds = time.perf_counter() - self.wall, _cpu() - self.cpu
+        cpu, sys_ = _cpu()
+        self.seconds, self.cpu_seconds, self.sys_seconds = time.perf_counter() - self.wall, cpu - self.cpu, sys_ - self.sys
 
 
 def _micros(column: pa.ChunkedArray) -> np.ndarray:
@@ -197,7 +199,7 @@ def case_floor(args: argparse.Namespace, work: Path, layout: str) -> dict[str, A
             part = rows.slice(lo, hi - lo).sort_by([("device_id", "ascending"), ("ts", "ascending")])
             pq.write_table(part, out / f"{int(day[lo])}.parquet", compression="zstd")
     sizes = [p.stat().st_size for p in out.iterdir()]
-    return {"rows": rows.num_rows, "seconds": timed.seconds, "cpu_timed": timed.cpu_seconds, "files": _spread(sizes)}
+    return {"rows": rows.num_rows, "seconds": timed.seconds, "cpu_timed": timed.cpu_seconds, "sys_timed": timed.sys_seconds, "files": _spread(sizes)}
 
 
 def case_floor_threads(args: argparse.Namespace, work: Path) -> dict[str, Any]:
@@ -218,7 +220,7 @@ def case_floor_threads(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     with _Timed() as timed, ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
         rows = sum(pool.map(one, files))
     sizes = [p.stat().st_size for p in out.iterdir()]
-    return {"rows": rows, "seconds": timed.seconds, "cpu_timed": timed.cpu_seconds, "files": _spread(sizes)}
+    return {"rows": rows, "seconds": timed.seconds, "cpu_timed": timed.cpu_seconds, "sys_timed": timed.sys_seconds, "files": _spread(sizes)}
 
 
 def case_duckdb(args: argparse.Namespace, work: Path, layout: str) -> dict[str, Any]:
@@ -236,7 +238,7 @@ def case_duckdb(args: argparse.Namespace, work: Path, layout: str) -> dict[str, 
             f"COPY (SELECT *, ts::DATE AS day FROM read_parquet({files!r}) ORDER BY day, device_id, ts) "
             f"TO '{out}' (FORMAT parquet, COMPRESSION zstd, PARTITION_BY (day))").fetchone()[0]
     sizes = [p.stat().st_size for p in out.rglob("*.parquet")]
-    return {"rows": rows, "seconds": timed.seconds, "cpu_timed": timed.cpu_seconds, "files": _spread(sizes)}
+    return {"rows": rows, "seconds": timed.seconds, "cpu_timed": timed.cpu_seconds, "sys_timed": timed.sys_seconds, "files": _spread(sizes)}
 
 
 def _lake(work: Path) -> Any:
@@ -260,12 +262,12 @@ def _instrument_steps(timings: dict[str, float], rss: dict[str, float], cpu: dic
 
     def timed(name: str, fn: Any) -> Any:
         def wrapper(*a: Any, **kw: Any) -> Any:
-            t0, c0 = time.perf_counter(), _cpu()
+            t0, c0 = time.perf_counter(), _cpu()[0]
             try:
                 return fn(*a, **kw)
             finally:
                 timings[name] = timings.get(name, 0.0) + time.perf_counter() - t0
-                cpu[name] = cpu.get(name, 0.0) + _cpu() - c0
+                cpu[name] = cpu.get(name, 0.0) + _cpu()[0] - c0
                 rss[name] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         return wrapper
 
@@ -316,7 +318,7 @@ def case_backfill(args: argparse.Namespace, work: Path, source: str, rows_in_sou
     unit_seconds = [u.result.get("seconds", 0.0) for u in lake.runtime.store.units(job.id)]
     failed = [c["name"] for c in report["checks"] if c["blocking"] and not c["passed"]]
     return {
-        "rows": rows_in_source, "seconds": seconds, "cpu_timed": timed.cpu_seconds, "steps": steps, "step_rss_mb": step_rss,
+        "rows": rows_in_source, "seconds": seconds, "cpu_timed": timed.cpu_seconds, "sys_timed": timed.sys_seconds, "steps": steps, "step_rss_mb": step_rss,
         "step_cpu": step_cpu, "files": _spread(ours),
         "units": report["units"], "rows_written": report["rows_written"],
         "rows_conflicting_existing": report["rows_conflicting_existing"],
@@ -362,7 +364,7 @@ def case_naive_append(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             table.append(day)
             rows += day.num_rows
     files = table.inspect.files()
-    return {"rows": rows, "seconds": timed.seconds, "cpu_timed": timed.cpu_seconds, "files": _spread(files.column("file_size_in_bytes").to_pylist()),
+    return {"rows": rows, "seconds": timed.seconds, "cpu_timed": timed.cpu_seconds, "sys_timed": timed.sys_seconds, "files": _spread(files.column("file_size_in_bytes").to_pylist()),
             "main_commits": _main_commits(table, main_before)}
 
 
@@ -372,7 +374,7 @@ def case_upsert(args: argparse.Namespace, work: Path, rows_path: Path) -> dict[s
     with _Timed() as timed:
         rows = pq.read_table(rows_path)
         result = table.upsert(rows, join_cols=["device_id", "ts"])
-    return {"rows": rows.num_rows, "seconds": timed.seconds, "cpu_timed": timed.cpu_seconds, "rows_inserted": result.rows_inserted,
+    return {"rows": rows.num_rows, "seconds": timed.seconds, "cpu_timed": timed.cpu_seconds, "sys_timed": timed.sys_seconds, "rows_inserted": result.rows_inserted,
             "rows_updated": result.rows_updated, "main_commits": _main_commits(table, main_before),
             "rows_in_table": sum(table.inspect.files().column("record_count").to_pylist())}
 
@@ -672,7 +674,7 @@ def driver(args: argparse.Namespace) -> None:
         same = [r for r in rs if r.get("engine") == engine] or rs
         results[name] = min(same, key=lambda r: r["seconds"])
 
-    header = (f"{'case':<40} {'rows':>11} {'seconds':>8} {'spread':>6} {'rows/s':>11} {'cpu t':>6} {'cpu s':>6} {'other':>6} "
+    header = (f"{'case':<40} {'rows':>11} {'seconds':>8} {'spread':>6} {'rows/s':>11} {'cpu t':>6} {'sys t':>6} {'cpu s':>6} {'other':>6} "
               f"{'peak MB':>8} {'self/child MB':>14}")
     print(header)
     print("-" * len(header))
@@ -686,7 +688,7 @@ def driver(args: argparse.Namespace) -> None:
         spread = f"{max(seconds) / min(seconds):.2f}" if len(seconds) > 1 else "-"
         rate = f"{r['rows'] / r['seconds']:,.0f}" if r["seconds"] > 0 else "-"
         print(f"{label:<40} {r['rows']:>11,} {r['seconds']:>8.2f} {spread:>6} {rate:>11} {r.get('cpu_timed', 0):>6.2f} "
-              f"{r['cpu_seconds']:>6.1f} "
+              f"{r.get('sys_timed', 0):>6.2f} {r['cpu_seconds']:>6.1f} "
               f"{r['other_cpu_seconds']:>6.1f} {r['peak_pss_mb']:>8.0f} "
               f"{r['maxrss_self_mb']:>6.0f}/{r['maxrss_children_mb']:<7.0f}")
     for name in wanted:
@@ -698,7 +700,8 @@ def driver(args: argparse.Namespace) -> None:
         print(f"  WARNING: the engine source changed during the benchmark ({', '.join(changed)} ran on other "
               f"versions too); only runs on the starting version {engine} are reported where there are any")
     print("  seconds: best of the runs (spread: slowest/fastest); cpu t: user+sys of the timed work of that run (its")
-    print("  threads and reaped child processes); cpu s: user+sys of the whole case process (set-up and checks too);")
+    print("  threads and reaped child processes), sys t: its sys part; cpu s: user+sys of the whole case process")
+    print("  (set-up and checks too);")
     print(f"  other: CPU seconds other processes on this host used meanwhile (noise; the machine has "
           f"{os.cpu_count()} CPUs);")
     print("  peak MB: PSS of the case's process tree, sampled every 0.2 s; self/child: ru_maxrss of the case")
