@@ -138,11 +138,16 @@ def stable_argsort(keys: np.ndarray) -> np.ndarray:
             starts = np.concatenate(([0], np.flatnonzero(change) + 1))
             sizes = np.diff(starts, append=n)
             by = _radix_argsort(keys[starts])
-            starts, sizes = starts[by], sizes[by]
-            order = np.repeat(starts - (np.cumsum(sizes) - sizes), sizes)
-            order += np.arange(n)
-            return order
+            return concat_ranges(starts[by], sizes[by])
     return _radix_argsort(keys)
+
+
+def concat_ranges(starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """The integers of the ranges [starts[i], starts[i] + sizes[i]) one after another, without a Python
+    loop: the row numbers of runs laid end to end."""
+    out = np.repeat(starts - (np.cumsum(sizes) - sizes), sizes)
+    out += np.arange(len(out))
+    return out
 
 
 def _radix_argsort(keys: np.ndarray) -> np.ndarray:

@@ -44,7 +44,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from timelake.errors import BackfillError
-from timelake.model.layout import RUN_ROWS, stable_argsort
+from timelake.model.layout import RUN_ROWS, concat_ranges, stable_argsort
 from timelake.ports.files import ObjectIO
 
 INDEX_SUFFIX = ".idx"
@@ -366,10 +366,11 @@ def decoded(rows: pa.Table, dictionaries: dict[str, pa.Array]) -> pa.Table:
         return rows
     columns, fields = [], []
     for f, column in zip(rows.schema, rows.columns, strict=True):
-        if f.name in dictionaries:
+        if f.name in dictionaries:  # chunk by chunk: a read's slices are not copied together first
             values = dictionaries[f.name]
-            column = pa.chunked_array([pa.DictionaryArray.from_arrays(column.combine_chunks(), values)])
-            f = f.with_type(column.type)
+            kind = pa.dictionary(f.type, values.type)
+            column = pa.chunked_array([pa.DictionaryArray.from_arrays(chunk, values) for chunk in column.chunks], kind)
+            f = f.with_type(kind)
         columns.append(column)
         fields.append(f)
     return pa.Table.from_arrays(columns, schema=pa.schema(fields, metadata=rows.schema.metadata))
@@ -407,19 +408,23 @@ def _ranges(index: Any, partition: tuple[int, int], buckets: list[int] | None,
     firsts, counts = directory[wanted, 0], directory[wanted, 1]
     start, end = int(firsts.min()), int((firsts + counts).max())
     runs = _ints(index, 8 * (section + 2 * slots + RUN * start), RUN * (end - start), counter).reshape(-1, RUN)
-    chosen = runs[np.concatenate([np.arange(f - start, f - start + n) for f, n in zip(firsts.tolist(), counts.tolist(), strict=True)])]
-    chosen = chosen[np.lexsort((chosen[:, 2], chosen[:, 0]))]
-    parts: list[list[Any]] = []  # [offset, length, [[first row, rows], ...]]
-    for offset, length, first, rows in chosen.tolist():
-        if not parts or parts[-1][0] != offset:
-            parts.append([offset, length, [[first, rows]]])
-        elif parts[-1][2][-1][0] + parts[-1][2][-1][1] == first:
-            parts[-1][2][-1][1] += rows
-        else:
-            parts[-1][2].append([first, rows])
+    chosen = runs[concat_ranges(firsts - start, counts)]
+    offsets, lengths, rows_at, rows = chosen[np.lexsort((chosen[:, 2], chosen[:, 0]))].T
+    # a part per batch (offset); within it, runs that follow one another as one slice
+    new_part = np.ones(len(offsets), dtype=bool)
+    new_part[1:] = offsets[1:] != offsets[:-1]
+    new_slice = new_part.copy()
+    new_slice[1:] |= rows_at[1:] != rows_at[:-1] + rows[:-1]
+    at = np.flatnonzero(new_slice)
+    parts: list[tuple[int, int, list[tuple[int, int]]]] = []  # (offset, length, [(first row, rows), ...])
+    for first_of_part, offset, length, first, count in zip(new_part[at].tolist(), offsets[at].tolist(), lengths[at].tolist(),
+                                                            rows_at[at].tolist(), np.add.reduceat(rows, at).tolist(), strict=True):
+        if first_of_part:
+            parts.append((offset, length, []))
+        parts[-1][2].append((first, count))
     reads: list[list[Any]] = []
-    for offset, length, slices in parts:
-        part = (offset, length, [(f, n) for f, n in slices])
+    for part in parts:
+        offset, length, _ = part
         if reads and reads[-1][0] + reads[-1][1] == offset and reads[-1][1] + length <= MAX_READ:
             reads[-1][1] += length
             reads[-1][2].append(part)
