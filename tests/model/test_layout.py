@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from timelake.model.layout import RUN_ROWS, dense_unique, stable_argsort
+from timelake.model.layout import RUN_ROWS, concat_ranges, dense_unique, stable_argsort
 
 
 @pytest.mark.parametrize("values", [
@@ -60,3 +60,9 @@ def test_stable_argsort_equals_numpy_stable_sort(keys):
     got = stable_argsort(keys)
     assert got.dtype.kind == "i"
     assert np.array_equal(got, np.argsort(keys, kind="stable"))
+
+
+@pytest.mark.parametrize(("starts", "sizes"), [([5, 0, 9], [2, 3, 1]), ([4, 7, 1], [0, 2, 0]), ([], [])])
+def test_concat_ranges_lays_ranges_end_to_end(starts, sizes):
+    expected = [i for start, size in zip(starts, sizes, strict=True) for i in range(start, start + size)]
+    assert concat_ranges(np.array(starts, dtype=np.int64), np.array(sizes, dtype=np.int64)).tolist() == expected
