@@ -177,6 +177,10 @@ class _Timed:
         cpu, sys_ = _cpu()
         self.seconds, self.cpu_seconds, self.sys_seconds = time.perf_counter() - self.wall, cpu - self.cpu, sys_ - self.sys
 
+    def result(self) -> dict[str, float]:
+        """The times every case reports: wall seconds, CPU seconds and their kernel part."""
+        return {"seconds": self.seconds, "cpu_timed": self.cpu_seconds, "sys_timed": self.sys_seconds}
+
 
 def _micros(column: pa.ChunkedArray) -> np.ndarray:
     return pc.cast(column, pa.int64()).to_numpy()
@@ -199,7 +203,7 @@ def case_floor(args: argparse.Namespace, work: Path, layout: str) -> dict[str, A
             part = rows.slice(lo, hi - lo).sort_by([("device_id", "ascending"), ("ts", "ascending")])
             pq.write_table(part, out / f"{int(day[lo])}.parquet", compression="zstd")
     sizes = [p.stat().st_size for p in out.iterdir()]
-    return {"rows": rows.num_rows, "seconds": timed.seconds, "cpu_timed": timed.cpu_seconds, "sys_timed": timed.sys_seconds, "files": _spread(sizes)}
+    return {"rows": rows.num_rows, **timed.result(), "files": _spread(sizes)}
 
 
 def case_floor_threads(args: argparse.Namespace, work: Path) -> dict[str, Any]:
@@ -220,7 +224,7 @@ def case_floor_threads(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     with _Timed() as timed, ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
         rows = sum(pool.map(one, files))
     sizes = [p.stat().st_size for p in out.iterdir()]
-    return {"rows": rows, "seconds": timed.seconds, "cpu_timed": timed.cpu_seconds, "sys_timed": timed.sys_seconds, "files": _spread(sizes)}
+    return {"rows": rows, **timed.result(), "files": _spread(sizes)}
 
 
 def case_duckdb(args: argparse.Namespace, work: Path, layout: str) -> dict[str, Any]:
@@ -238,7 +242,7 @@ def case_duckdb(args: argparse.Namespace, work: Path, layout: str) -> dict[str, 
             f"COPY (SELECT *, ts::DATE AS day FROM read_parquet({files!r}) ORDER BY day, device_id, ts) "
             f"TO '{out}' (FORMAT parquet, COMPRESSION zstd, PARTITION_BY (day))").fetchone()[0]
     sizes = [p.stat().st_size for p in out.rglob("*.parquet")]
-    return {"rows": rows, "seconds": timed.seconds, "cpu_timed": timed.cpu_seconds, "sys_timed": timed.sys_seconds, "files": _spread(sizes)}
+    return {"rows": rows, **timed.result(), "files": _spread(sizes)}
 
 
 def _lake(work: Path) -> Any:
@@ -309,7 +313,6 @@ def case_backfill(args: argparse.Namespace, work: Path, source: str, rows_in_sou
     _instrument_steps(steps, step_rss, step_cpu)
     with _Timed() as timed:
         job = tbl.backfill(source=source, max_concurrency=args.max_concurrency).wait()
-    seconds = timed.seconds
     report = job.report()
     tbl.refresh()
     files = tbl.iceberg.inspect.files()
@@ -318,7 +321,7 @@ def case_backfill(args: argparse.Namespace, work: Path, source: str, rows_in_sou
     unit_seconds = [u.result.get("seconds", 0.0) for u in lake.runtime.store.units(job.id)]
     failed = [c["name"] for c in report["checks"] if c["blocking"] and not c["passed"]]
     return {
-        "rows": rows_in_source, "seconds": seconds, "cpu_timed": timed.cpu_seconds, "sys_timed": timed.sys_seconds, "steps": steps, "step_rss_mb": step_rss,
+        "rows": rows_in_source, **timed.result(), "steps": steps, "step_rss_mb": step_rss,
         "step_cpu": step_cpu, "files": _spread(ours),
         "units": report["units"], "rows_written": report["rows_written"],
         "rows_conflicting_existing": report["rows_conflicting_existing"],
@@ -364,7 +367,7 @@ def case_naive_append(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             table.append(day)
             rows += day.num_rows
     files = table.inspect.files()
-    return {"rows": rows, "seconds": timed.seconds, "cpu_timed": timed.cpu_seconds, "sys_timed": timed.sys_seconds, "files": _spread(files.column("file_size_in_bytes").to_pylist()),
+    return {"rows": rows, **timed.result(), "files": _spread(files.column("file_size_in_bytes").to_pylist()),
             "main_commits": _main_commits(table, main_before)}
 
 
@@ -374,7 +377,7 @@ def case_upsert(args: argparse.Namespace, work: Path, rows_path: Path) -> dict[s
     with _Timed() as timed:
         rows = pq.read_table(rows_path)
         result = table.upsert(rows, join_cols=["device_id", "ts"])
-    return {"rows": rows.num_rows, "seconds": timed.seconds, "cpu_timed": timed.cpu_seconds, "sys_timed": timed.sys_seconds, "rows_inserted": result.rows_inserted,
+    return {"rows": rows.num_rows, **timed.result(), "rows_inserted": result.rows_inserted,
             "rows_updated": result.rows_updated, "main_commits": _main_commits(table, main_before),
             "rows_in_table": sum(table.inspect.files().column("record_count").to_pylist())}
 
