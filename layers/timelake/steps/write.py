@@ -738,11 +738,11 @@ def _drop_marked(rows: pa.Table, order: np.ndarray, mask: np.ndarray, contract: 
     with ``np.compress``: indexing with a mask that marks rows here and there (main's 30 % of a day) took
     four times as long. The compiled `_keymatch.drop` does it in one pass and sums the check column
     through once, not a row here and there."""
-    values = _numeric(rows, contract) if _keymatch is not None else None
-    if (_keymatch is not None and (values is not None or not contract.check_column) and order.dtype == np.int64
-            and order.flags.c_contiguous and order.flags.writeable):
-        kept, dropped_sum = _keymatch.drop(order, mask, values, rows.num_rows)
-        return order[:kept], len(order) - kept, dropped_sum
+    if _keymatch is not None and order.dtype == np.int64 and order.flags.c_contiguous and order.flags.writeable:
+        values = _numeric(rows, contract)
+        if values is not None or not contract.check_column:
+            kept, dropped_sum = _keymatch.drop(order, mask, values, rows.num_rows)
+            return order[:kept], len(order) - kept, dropped_sum
     kept, dropped_sum = 0, 0.0
     for i in range(0, len(order), COMPACT_ROWS):
         part, marked = order[i:i + COMPACT_ROWS], mask[i:i + COMPACT_ROWS]
