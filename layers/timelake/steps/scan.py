@@ -498,7 +498,9 @@ def _write_whole(rt: Runtime, table: Any, ctx: ScanContext, job_id: str, result:
     lo, hi = part.key.range
     unit = UnitRecord(unit_id=f"{part.key.name}-0of1",
                       info={"spec_id": part.key.spec_id, "value": part.key.value, "start": lo, "end": hi})
-    rows = spill.decoded(rows, spiller.dictionaries.values)
+    # one chunk: Arrow's take concatenates a chunked table's columns on every call (each row group's, each
+    # few sample rows'), so a partition held as many batches is copied together once, here
+    rows = spill.decoded(rows, spiller.dictionaries.values).combine_chunks()
     compare = Compare(compared_columns(ctx.target, ctx.contract)) if compares(ctx.spec.mode, ctx.spec.diff) else None
     counter = MainCounter(main, table, compare.columns, ctx.contract) if main is not None and compare is not None else None
     written, facts = write_rows(table, ctx.contract, ctx.spec.mode, job_id, unit, rows, counter or main, compare,
