@@ -233,3 +233,48 @@ def test_rows_and_sums_per_partition_and_bucket_are_the_same_counted_per_run_or_
     assert counts.dtype == per_code.dtype == np.int64
     unbucketed, none, _ = _partition_counts(codes, None, None, 30)
     assert unbucketed.tolist() == per_code.tolist() and none is None
+
+
+def test_a_unit_read_in_several_reads_of_several_files_gets_each_row_with_its_own_series(lake, tmp_path, monkeypatch):
+    """Scan tasks that flush several times leave each unit several reads of each task's file, and each file
+    codes its series by its own dictionary (the same code is another device in another file): the writer
+    decodes a file's reads together, and every row comes back with its own device."""
+    import timelake.steps.scan as scan_module
+    from timelake.steps import spill
+
+    import timelake.steps.plan as plan_module
+
+    monkeypatch.setattr(scan_module, "HELD_BYTES", 256 << 10)
+    monkeypatch.setattr(scan_module, "COALESCE_ROWS", 4096)
+    monkeypatch.setattr(plan_module, "MIN_TASK_BYTES", 64 << 10)
+    reads: list[list[int]] = []  # per unit, the id of the dictionaries each of its reads came with
+    read_coded = spill.read_coded
+
+    def counted(*args, **kwargs):
+        reads.append([])
+        for rows, dictionaries in read_coded(*args, **kwargs):
+            reads[-1].append(id(dictionaries))
+            yield rows, dictionaries
+
+    monkeypatch.setattr(spill, "read_coded", counted)
+    _, _, units, source = _spill_and_write(lake, "128MB", tmp_path / "devices")
+    assert max(len(set(unit)) for unit in reads) >= 2, "a unit reads the files of several tasks"
+    assert max(max(unit.count(file) for file in unit) for unit in reads if unit) >= 2, "a file in several reads"
+    assert sort_rows(_rows(units).select(SCHEMA.names).cast(SCHEMA)).equals(sort_rows(source))
+
+
+def test_a_spill_file_written_again_with_other_series_is_read_with_its_new_dictionary(tmp_path):
+    """A scan task run again (a resume) spills to the same path, maybe with other series: the parsed
+    dictionaries a process keeps are keyed by their bytes, so a unit never decodes codes by the old ones."""
+    from timelake.steps import spill
+
+    uri = str(tmp_path / "task.arrow")
+    for devices in (["dev-a", "dev-b"], ["dev-c", "dev-d"], ["dev-b", "dev-a"]):  # same lengths: same file size
+        rows = pa.table({"ts": pa.array([1_000, 2_000], pa.timestamp("us", tz="UTC")), "device_id": devices,
+                         "value": [1.0, 2.0]}, schema=SCHEMA)
+        dictionaries = spill.Dictionaries(SCHEMA, ("device_id",))
+        file = spill.SpillFile(uri, dictionaries, objects=OBJECTS)
+        file.hold(dictionaries.code(rows), [(0, 1)], np.zeros(2, dtype=np.int64), None, rows.nbytes)
+        file.close()
+        got = pa.concat_tables(spill.read([uri], (0, 1), None, objects=OBJECTS))
+        assert got.column("device_id").cast(pa.string()).to_pylist() == devices

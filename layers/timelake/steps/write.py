@@ -346,20 +346,31 @@ def _read_slice(unit: UnitRecord, target: pa.Schema, contract: Contract, counter
     row group back to the table's types."""
     series = set(spill.coded_columns(target, contract.series_key))
     read_before = counter.bytes_read
-    pending: list[pa.Table] = []
+    pending: list[tuple[pa.Table, dict[str, pa.Array]]] = []
     pending_rows = 0
     compact: dict[str, list[pa.Array]] = {name: [] for name in target.names}
 
     def flush() -> None:
         for name in target.names:
-            column = pa.concat_arrays([chunk for rows in pending for chunk in rows.column(name).chunks])
-            compact[name].append(pc.dictionary_encode(column) if name in series and not pa.types.is_dictionary(
-                column.type) else column)
+            if name not in series:
+                compact[name].append(pa.concat_arrays([chunk for rows, _ in pending for chunk in rows.column(name).chunks]))
+                continue
+            # a spill file's codes together, then wrapped in its dictionary once: a unit reads a file in
+            # several reads (one per flush of the scan), and wrapping each read's cost as much as copying it
+            by_file: dict[int, tuple[list[pa.Array], pa.Array | None]] = {}
+            for rows, dictionaries in pending:
+                by_file.setdefault(id(dictionaries), ([], dictionaries.get(name)))[0].extend(rows.column(name).chunks)
+            parts = []
+            for chunks, values in by_file.values():
+                codes = pa.concat_arrays(chunks)
+                parts.append(pa.DictionaryArray.from_arrays(codes, values) if values is not None else
+                             codes if pa.types.is_dictionary(codes.type) else pc.dictionary_encode(codes))
+            compact[name].append(pa.concat_arrays(parts))
         pending.clear()
 
-    for rows in spill.read(unit.info["spill"], (unit.info["spec_id"], unit.info["value"]), unit.info["buckets"], counter,
-                           objects=objects):
-        pending.append(rows)
+    for rows, dictionaries in spill.read_coded(unit.info["spill"], (unit.info["spec_id"], unit.info["value"]),
+                                               unit.info["buckets"], counter, objects=objects):
+        pending.append((rows, dictionaries))
         pending_rows += rows.num_rows
         if pending_rows >= COMPACT_ROWS:
             flush()
