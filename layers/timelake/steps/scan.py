@@ -594,7 +594,7 @@ def series_bucket(rows: pa.Table, series_key: tuple[str, ...]) -> np.ndarray:
     if column is not None and pa.types.is_dictionary(column.type):
         encoded = column.combine_chunks()
         of_value = series_bucket(pa.table({series_key[0]: encoded.dictionary}), series_key)
-        return of_value[encoded.indices.to_numpy(zero_copy_only=False)]
+        return pc.take(pa.array(of_value), encoded.indices).to_numpy(zero_copy_only=False)  # see `spill.Dictionaries._code`
     return (series_hash(rows, series_key) % np.uint64(SERIES_BUCKETS)).astype(np.int64)
 
 

@@ -108,10 +108,8 @@ class Dictionaries:
         if new.any():
             where[new] = len(known) + np.arange(int(new.sum()), dtype=where.dtype)
             self.values[name] = pa.concat_arrays([known, batch_values.filter(pa.array(new))])
-        indices = encoded.indices
-        codes = where.astype(np.int32)[indices.fill_null(0).to_numpy(zero_copy_only=False)]
-        mask = indices.is_null().to_numpy(zero_copy_only=False) if indices.null_count else None
-        return pa.array(codes, pa.int32(), mask=mask)
+        # Arrow's take: numpy's gather by int32 indices first widens them, twice the time; a null stays null
+        return pc.take(pa.array(where, pa.int32()), encoded.indices)
 
     def serialized(self) -> bytes:
         """One row, a list of values per coded column, as an Arrow IPC stream."""
