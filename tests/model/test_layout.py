@@ -14,6 +14,8 @@ from timelake.model.layout import RUN_ROWS, concat_ranges, dense_unique, stable_
     np.array([3, 3, -2, 7, 7, 7]),
     np.array([5]),
     np.full(100_000, 19_723),  # a batch of one day: nothing counted
+    np.concatenate([np.repeat(np.arange(19_000, 19_120), 1440), np.repeat(np.arange(19_000, 19_062), 1440)]),  # runs
+    np.repeat(np.random.default_rng(2).integers(-50, 50, 400), 300),  # runs repeating values, in no order
     np.random.default_rng(1).integers(-10**12, 10**12, 1_000),  # sparse: falls back to sorting
     np.zeros(0),
 ])
