@@ -64,7 +64,8 @@ def test_stable_argsort_equals_numpy_stable_sort(keys):
     assert np.array_equal(got, np.argsort(keys, kind="stable"))
 
 
-@pytest.mark.parametrize(("starts", "sizes"), [([5, 0, 9], [2, 3, 1]), ([4, 7, 1], [0, 2, 0]), ([], [])])
+@pytest.mark.parametrize(("starts", "sizes"), [([5, 0, 9], [2, 3, 1]), ([4, 7, 1], [0, 2, 0]), ([], []), ([3], [0]),
+                                               ([9, 30, 2, 2, 0], [0, 4, 0, 3, 1]), ([1_000_000, 7], [2, 5])])
 def test_concat_ranges_lays_ranges_end_to_end(starts, sizes):
     expected = [i for start, size in zip(starts, sizes, strict=True) for i in range(start, start + size)]
     assert concat_ranges(np.array(starts, dtype=np.int64), np.array(sizes, dtype=np.int64)).tolist() == expected

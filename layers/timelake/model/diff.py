@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 from pyiceberg.manifest import DataFileContent
 
 from timelake.model.contract import Contract
-from timelake.model.layout import MainReader, SnapshotRange, dense_unique, micros, series_codes
+from timelake.model.layout import MainReader, SnapshotRange, dense_unique, micros, series_codes, single_array
 from timelake.model.lineage import Lineage, Origin, PlanMark
 from timelake.model.timeutil import US_PER_DAY
 from timelake.ports.files import ObjectIO
@@ -84,7 +84,7 @@ def series_labels(rows: pa.Table, series_key: tuple[str, ...]) -> tuple[np.ndarr
         return np.zeros(rows.num_rows, dtype=np.int64), pa.array([""], pa.string())
     column = rows.column(series_key[0]) if len(series_key) == 1 else None
     if column is not None and pa.types.is_dictionary(column.type):
-        single = column.unify_dictionaries().combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+        single = single_array(column.unify_dictionaries() if isinstance(column, pa.ChunkedArray) else column)
         return single.indices.to_numpy(zero_copy_only=False).astype(np.int64), _text(single.dictionary)
     codes = series_codes(rows, series_key)
     if not len(codes):
@@ -97,7 +97,7 @@ def series_labels(rows: pa.Table, series_key: tuple[str, ...]) -> tuple[np.ndarr
 
 
 def _text(values: pa.Array | pa.ChunkedArray) -> pa.Array:
-    values = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
+    values = single_array(values)
     if pa.types.is_dictionary(values.type):
         values = values.cast(values.type.value_type)
     return pc.fill_null(values.cast(pa.string()), "")
@@ -376,14 +376,13 @@ def differs(before: pa.Array | pa.ChunkedArray, after: pa.Array | pa.ChunkedArra
 
 
 def _numpy(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
-    values = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
-    return values.to_numpy(zero_copy_only=False)
+    return single_array(values).to_numpy(zero_copy_only=False)
 
 
 def weights_of(column: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray | None, np.ndarray | None]:
     """A column as weights to count cells with: its values (nulls as 0; None when it cannot be summed)
     and 1 where it holds a value (None when every row does)."""
-    values = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    values = single_array(column)
     valid = None if values.null_count == 0 else _numpy(values.is_valid()).astype(np.float64)
     if not summable(values.type):
         return None, valid

@@ -100,6 +100,14 @@ def dense_unique(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray
     return present + lo, position[offsets], counts[present]
 
 
+def single_array(column: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """``column`` as one array: no copy when it is one already or a chunked array of one chunk (Arrow's
+    ``combine_chunks`` copies even a single chunk, a unit's column at a time)."""
+    if isinstance(column, pa.Array):
+        return column
+    return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+
+
 def series_hash(table: pa.Table, series_key: tuple[str, ...]) -> np.ndarray:
     """A stable hash of the series key per row: the same series always lands in the same slice.
 
@@ -152,10 +160,17 @@ def stable_argsort(keys: np.ndarray) -> np.ndarray:
 
 def concat_ranges(starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
     """The integers of the ranges [starts[i], starts[i] + sizes[i]) one after another, without a Python
-    loop: the row numbers of runs laid end to end."""
-    out = np.repeat(starts - (np.cumsum(sizes) - sizes), sizes)
-    out += np.arange(len(out))
-    return out
+    loop: the row numbers of runs laid end to end. Written as steps of one, each range's first as the jump
+    from the end of the one before, and summed in place: two passes over the output, not five."""
+    out = np.ones(int(sizes.sum()), dtype=np.int64)
+    if not len(out):
+        return out
+    present = sizes > 0
+    starts, sizes = starts[present], sizes[present]
+    firsts = np.cumsum(sizes) - sizes
+    out[firsts[1:]] = starts[1:] - (starts[:-1] + sizes[:-1] - 1)
+    out[0] = starts[0]
+    return np.cumsum(out, out=out)
 
 
 def _radix_argsort(keys: np.ndarray) -> np.ndarray:

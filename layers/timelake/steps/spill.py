@@ -45,7 +45,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from timelake.errors import BackfillError
-from timelake.model.layout import RUN_ROWS, concat_ranges, stable_argsort
+from timelake.model.layout import RUN_ROWS, concat_ranges, single_array, stable_argsort
 from timelake.ports.files import ObjectIO
 
 INDEX_SUFFIX = ".idx"
@@ -98,7 +98,7 @@ class Dictionaries:
 
     def _code(self, name: str, column: pa.ChunkedArray) -> pa.Array:
         """Looked up per distinct value of the batch, not per row."""
-        encoded = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+        encoded = single_array(column)
         if not pa.types.is_dictionary(encoded.type):
             encoded = pc.dictionary_encode(encoded)
         batch_values = encoded.dictionary.cast(self.schema.field(name).type)

@@ -33,7 +33,7 @@ from timelake.errors import ValidationFailed
 from timelake.model.commit import staged_files
 from timelake.model.contract import Contract
 from timelake.model.diff import decoded_columns, series_labels
-from timelake.model.layout import PartitionKey, SnapshotRange, micros
+from timelake.model.layout import PartitionKey, SnapshotRange, micros, single_array
 from timelake.model.lineage import Lineage, Origin, PlanMark, planned_view
 from timelake.model.spec import JobSpec
 from timelake.model.timeutil import iso
@@ -502,7 +502,7 @@ def _sorted_distinct(seen: list[pa.Array], kind: pa.DataType) -> pa.Array:
 
 def _unique(column: pa.Array | pa.ChunkedArray) -> pa.Array:
     """The distinct values of a column, plain even when it is read dictionary-encoded (found among its codes)."""
-    values = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    values = single_array(column)
     if pa.types.is_dictionary(values.type):
         return values.dictionary.take(pc.unique(values.indices))
     return pc.unique(values)

@@ -26,7 +26,7 @@ from timelake.model.diff import (
     KINDS, SAMPLES, MainAtPlan, MainCounter, before_cells, cell_schema, cells_of, chunk_runs, combine, compared_columns, compares,
     decoded_columns, differs, facts_uri, kept_runs, runs, sample, series_labels, weights_of, write_facts,
 )
-from timelake.model.layout import MainReader, stable_argsort, stream_range
+from timelake.model.layout import MainReader, single_array, stable_argsort, stream_range
 from timelake.model.lineage import planned_view
 from timelake.model.spec import JobSpec
 from timelake.model.timeutil import US_PER_DAY
@@ -486,7 +486,7 @@ def sort_key_codes(rows: pa.Table, contract: Contract) -> KeyCodes:
     for name, _ in sort_keys(contract):
         column = rows.column(name)
         if pa.types.is_dictionary(column.type):
-            dictionary = _single(column)
+            dictionary = single_array(column)
             by_value = pc.sort_indices(dictionary.dictionary).to_numpy()
             distinct[name] = dictionary.dictionary.take(pa.array(by_value))
             rank = np.empty(len(by_value), dtype=np.int32)
@@ -497,22 +497,15 @@ def sort_key_codes(rows: pa.Table, contract: Contract) -> KeyCodes:
             distinct[name] = pc.unique(column).sort()
             column = pc.index_in(column, value_set=distinct[name])
         elif pa.types.is_timestamp(column.type) and column.null_count == 0:
-            column = _single(column).view(pa.int64())  # the same buffer: a unit's times are not held twice
+            column = single_array(column).view(pa.int64())  # the same buffer: a unit's times are not held twice
         elif pa.types.is_timestamp(column.type) or pa.types.is_date(column.type):
             column = pc.cast(column, pa.int64())
         codes.append(_numpy(column))
     return KeyCodes(codes, distinct)
 
 
-def _single(column: pa.Array | pa.ChunkedArray) -> pa.Array:
-    """``column`` as one array: no copy when it is one already, or a chunked array of one chunk."""
-    if isinstance(column, pa.Array):
-        return column
-    return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
-
-
 def _numpy(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
-    return _single(column).to_numpy(zero_copy_only=False)
+    return single_array(column).to_numpy(zero_copy_only=False)
 
 
 def drop_existing(rows: pa.Table, existing: pa.Table, contract: Contract, codes: KeyCodes | None = None) -> tuple[pa.Table, int, float]:
@@ -647,7 +640,7 @@ class KeyPacker:
         if not pa.types.is_dictionary(column.type):
             found = pc.index_in(column, value_set=self.distinct.cast(column.type))
             return _numpy(pc.fill_null(found, -1)).astype(np.int64), None
-        single = column.unify_dictionaries().combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+        single = single_array(column.unify_dictionaries() if isinstance(column, pa.ChunkedArray) else column)
         found = pc.index_in(single.dictionary, value_set=self.distinct.cast(single.type.value_type))
         nulls = single.indices.null_count
         indices = _numpy(pc.fill_null(single.indices, 0) if nulls else single.indices)
