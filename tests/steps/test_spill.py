@@ -278,3 +278,43 @@ def test_a_spill_file_written_again_with_other_series_is_read_with_its_new_dicti
         file.close()
         got = pa.concat_tables(spill.read([uri], (0, 1), None, objects=OBJECTS))
         assert got.column("device_id").cast(pa.string()).to_pylist() == devices
+
+
+def test_a_unit_reading_files_whose_dictionaries_are_equal_but_not_adjacent_keeps_rows_in_line(lake, tmp_path, monkeypatch):
+    """Three tasks spill every day; the first and third code their devices alike (one parsed dictionary is
+    shared), the second in the opposite order. A unit reads the three files in turn, each in several
+    reads: their codes are decoded a file at a time in that turn, so every value stays with its device."""
+    import timelake.steps.plan as plan_module
+    import timelake.steps.scan as scan_module
+
+    monkeypatch.setattr(scan_module, "HELD_BYTES", 64 << 10)
+    monkeypatch.setattr(scan_module, "COALESCE_ROWS", 2048)
+    monkeypatch.setattr(plan_module, "MIN_TASK_BYTES", 1)
+    lake.create_table("iot.sensor", schema=SCHEMA, time_column="ts", series_key=["device_id"], partition_by="day")
+    source = make_readings(recent(3), days=2, devices=45, step_minutes=5, seed=3)
+    folder = tmp_path / "thirds"
+    folder.mkdir()
+    minute = pc.cast(pc.cast(source.column("ts"), pa.int64()), pa.int64()).to_numpy() // 300_000_000
+    written = []
+    for third in range(3):
+        rows = source.filter(pa.array(minute % 3 == third))
+        # the first and last file hold the same 30 devices; the middle one as many rows of others, in the
+        # opposite order: another dictionary, and another run of devices
+        devices = [f"d{i:02d}" for i in (range(30) if third != 1 else [*range(0, 30, 2), *range(30, 45)])]
+        rows = rows.filter(pc.is_in(rows.column("device_id"), pa.array(devices)))
+        by_device = [("device_id", "descending" if third == 1 else "ascending"), ("ts", "ascending")]
+        rows = rows.take(pc.sort_indices(rows, sort_keys=[by_device[1], by_device[0]]))  # time order, devices within
+        pq.write_table(rows, folder / f"part-{third}.parquet", compression="none", use_dictionary=["device_id"])
+        written.append(rows)
+    rt = lake.runtime
+    job = lake.create_job(JobSpec(table="iot.sensor", source=str(folder / "*.parquet")))
+    plan(rt, job.id, None)
+    tasks = pending_pieces(rt, job.id)
+    for task in tasks:
+        scan(rt, job.id, task, None)
+    cut(rt, job.id)
+    for unit in rt.store.units(job.id):
+        write_unit(rt, job.id, unit.unit_id)
+    units = rt.store.units(job.id)
+    assert len(tasks) == 3 and max(len(u.info["spill"]) for u in units) == 3
+    assert sort_rows(_rows(units).select(SCHEMA.names).cast(SCHEMA)).equals(sort_rows(pa.concat_tables(written)))

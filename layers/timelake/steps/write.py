@@ -356,12 +356,16 @@ def _read_slice(unit: UnitRecord, target: pa.Schema, contract: Contract, counter
                 compact[name].append(pa.concat_arrays([chunk for rows, _ in pending for chunk in rows.column(name).chunks]))
                 continue
             # a spill file's codes together, then wrapped in its dictionary once: a unit reads a file in
-            # several reads (one per flush of the scan), and wrapping each read's cost as much as copying it
-            by_file: dict[int, tuple[list[pa.Array], pa.Array | None]] = {}
+            # several reads one after another (one per flush of the scan), and wrapping each read's cost as
+            # much as copying it. Consecutive reads only: files with equal dictionaries share one parsed
+            # object, and joining their codes out of turn would put rows out of line with the other columns.
+            runs: list[tuple[list[pa.Array], dict[str, pa.Array]]] = []
             for rows, dictionaries in pending:
-                by_file.setdefault(id(dictionaries), ([], dictionaries.get(name)))[0].extend(rows.column(name).chunks)
+                if not runs or runs[-1][1] is not dictionaries:
+                    runs.append(([], dictionaries))
+                runs[-1][0].extend(rows.column(name).chunks)
             parts = []
-            for chunks, values in by_file.values():
+            for chunks, values in ((chunks, dictionaries.get(name)) for chunks, dictionaries in runs):
                 codes = pa.concat_arrays(chunks)
                 parts.append(pa.DictionaryArray.from_arrays(codes, values) if values is not None else
                              codes if pa.types.is_dictionary(codes.type) else pc.dictionary_encode(codes))
