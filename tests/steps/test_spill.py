@@ -263,11 +263,16 @@ def test_a_unit_read_in_several_reads_of_several_files_gets_each_row_with_its_ow
     assert sort_rows(_rows(units).select(SCHEMA.names).cast(SCHEMA)).equals(sort_rows(source))
 
 
-def test_a_spill_file_written_again_with_other_series_is_read_with_its_new_dictionary(tmp_path):
+@pytest.mark.parametrize("kept", [True, False])
+def test_a_spill_file_written_again_with_other_series_is_read_with_its_new_dictionary(tmp_path, monkeypatch, kept):
     """A scan task run again (a resume) spills to the same path, maybe with other series: the parsed
-    dictionaries a process keeps are keyed by their bytes, so a unit never decodes codes by the old ones."""
+    dictionaries a process keeps are keyed by their bytes, so a unit never decodes codes by the old ones.
+    Dictionaries past `CACHED_DICTIONARY_BYTES` (millions of series) are parsed at each read, not kept."""
     from timelake.steps import spill
 
+    if not kept:
+        monkeypatch.setattr(spill, "CACHED_DICTIONARY_BYTES", 16)
+    spill._parsed.cache_clear()
     uri = str(tmp_path / "task.arrow")
     for devices in (["dev-a", "dev-b"], ["dev-c", "dev-d"], ["dev-b", "dev-a"]):  # same lengths: same file size
         rows = pa.table({"ts": pa.array([1_000, 2_000], pa.timestamp("us", tz="UTC")), "device_id": devices,
@@ -278,6 +283,7 @@ def test_a_spill_file_written_again_with_other_series_is_read_with_its_new_dicti
         file.close()
         got = pa.concat_tables(spill.read([uri], (0, 1), None, objects=OBJECTS))
         assert got.column("device_id").cast(pa.string()).to_pylist() == devices
+    assert spill._parsed.cache_info().currsize == (3 if kept else 0)
 
 
 def test_a_unit_reading_files_whose_dictionaries_are_equal_but_not_adjacent_keeps_rows_in_line(lake, tmp_path, monkeypatch):

@@ -58,6 +58,8 @@ HEADER = 4  # int64s of the index's header
 FORMAT = int.from_bytes(b"tlspill2", "little")  # the header's last int64: this layout (the first had dictionary bytes there)
 PARTITION = 5  # int64s of a partition's row in the index
 RUN = 4  # int64s of a run's row in the index
+CACHED_DICTIONARIES = 64  # spill files whose parsed dictionaries a process keeps (a job has about 4 per core)
+CACHED_DICTIONARY_BYTES = 64 << 10  # ... when their bytes are at most this (a few thousand series)
 
 
 def join_bytes(target_file_size: int) -> int:
@@ -439,16 +441,18 @@ def _ranges(index: Any, partition: tuple[int, int], buckets: list[int] | None,
             reads.append([offset, length, [part]])
     dictionaries: dict[str, pa.Array] = {}
     if dictionary_bytes:
-        dictionaries = _parsed(index.read_at(dictionary_bytes, index.size() - dictionary_bytes))
+        raw = index.read_at(dictionary_bytes, index.size() - dictionary_bytes)
+        dictionaries = _parsed(raw) if len(raw) <= CACHED_DICTIONARY_BYTES else _parsed.__wrapped__(raw)
         counter.bytes_read += dictionary_bytes
     return [(o, n, p) for o, n, p in reads], schema_bytes, dictionaries
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=CACHED_DICTIONARIES)
 def _parsed(raw: bytes) -> dict[str, pa.Array]:
     """A spill file's dictionaries from their bytes, shared by every unit of a process that reads the file
     (callers must not change the dict): parsing them was 40 % of finding a unit's reads in a file. Keyed by
-    the bytes themselves, so a file spilled again with other series is never served stale."""
+    the bytes themselves, so a file spilled again with other series is never served stale; only small ones
+    are kept (`CACHED_DICTIONARY_BYTES`), so the cache holds a few MB whatever the number of series."""
     table = pa.ipc.open_stream(pa.py_buffer(raw)).read_all()
     return {name: table.column(name)[0].values for name in table.column_names}
 
