@@ -211,35 +211,57 @@ class SpillFile:
         order = np.lexsort((runs.buckets, runs.ids)).tolist()  # a stable sort: a bucket's runs stay in order
         ids, sizes = runs.ids.tolist(), (runs.sizes * row_bytes).tolist()
         joined: list[int] = []
+        written: list[int] = []  # the runs in the order written
+        batches: list[tuple[int, int, int]] = []  # per record batch: its runs, its offset and its length
         size = 0.0
         for run in order:
             if joined and (size + sizes[run] > self.join_bytes or ids[run] != ids[joined[0]]):
-                self._write_batch(runs, joined)
+                batches.append(self._write_batch(runs, joined))
+                written += joined
                 joined, size = [], 0.0
             if sizes[run] >= self.join_bytes:
-                self._write_batch(runs, [run])
+                batches.append(self._write_batch(runs, [run]))
+                written.append(run)
                 continue
             joined.append(run)
             size += sizes[run]
         if joined:
-            self._write_batch(runs, joined)
+            batches.append(self._write_batch(runs, joined))
+            written += joined
+        self._index(runs, np.array(written, dtype=np.int64), np.array(batches, dtype=np.int64).reshape(-1, 3))
 
-    def _write_batch(self, runs: _Runs, chosen: list[int]) -> None:
+    def _write_batch(self, runs: _Runs, chosen: list[int]) -> tuple[int, int, int]:
         """The ``chosen`` runs (of one partition, in order) as one record batch, copied once; a single run
-        as it is. Indexes them: runs of one bucket that follow one another as one."""
+        as it is. Returns (runs, offset, length): the flush indexes all its batches at once (`_index`)."""
         start = self.stream.tell()
         tables = [runs.slice(run) for run in chosen]
         rows = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
         for batch in rows.combine_chunks().to_batches():
             self.writer.write_batch(batch)
-        length = self.stream.tell() - start
-        part = self.partitions[self.keys[int(runs.ids[chosen[0]])]]
-        part.written += length
-        buckets, sizes = runs.buckets[chosen], runs.sizes[chosen]
-        firsts = np.flatnonzero(np.append(True, buckets[1:] != buckets[:-1]))
-        counts = np.add.reduceat(sizes, firsts)
-        part.index.append(np.column_stack([buckets[firsts], np.full(len(firsts), start), np.full(len(firsts), length),
-                                           np.cumsum(counts) - counts, counts]))
+        return len(chosen), start, self.stream.tell() - start
+
+    def _index(self, runs: _Runs, written: np.ndarray, batches: np.ndarray) -> None:
+        """Index rows for a flush's record batches: per batch, its runs of one bucket that follow one another
+        as one row [bucket, offset, length, first row in the batch, rows]. Computed for the whole flush in
+        a few array passes, not per batch: a flush of a file per device writes thousands of batches."""
+        count, offset, length = batches.T
+        batch = np.repeat(np.arange(len(batches)), count)  # each written run's batch
+        buckets, sizes, ids = runs.buckets[written], runs.sizes[written], runs.ids[written]
+        before = np.cumsum(sizes) - sizes  # rows of the flush written before each run
+        within = before - before[(np.cumsum(count) - count)[batch]]  # ... and before it in its batch
+        new = np.ones(len(written), dtype=bool)
+        new[1:] = (buckets[1:] != buckets[:-1]) | (batch[1:] != batch[:-1])
+        firsts = np.flatnonzero(new)
+        at = batch[firsts]
+        rows = np.column_stack([buckets[firsts], offset[at], length[at], within[firsts], np.add.reduceat(sizes, firsts)])
+        # a partition's runs are written together (the flush orders them by partition): a block each
+        first_id = ids[firsts]
+        edges = np.flatnonzero(np.append(True, first_id[1:] != first_id[:-1]))
+        bytes_of = np.bincount(ids[(np.cumsum(count) - count)], weights=length, minlength=len(self.keys))
+        for lo, hi in zip(edges.tolist(), [*edges[1:].tolist(), len(firsts)], strict=True):
+            part = self.partitions[self.keys[int(first_id[lo])]]
+            part.index.append(rows[lo:hi])
+            part.written += int(bytes_of[int(first_id[lo])])
 
     def close(self) -> dict[tuple[int, int], int]:
         """Writes what it holds, closes the file and writes its index; returns the bytes spilled per
