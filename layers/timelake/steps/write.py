@@ -495,7 +495,7 @@ def sort_key_codes(rows: pa.Table, contract: Contract) -> KeyCodes:
             distinct[name] = dictionary.dictionary.take(pa.array(by_value))
             rank = np.empty(len(by_value), dtype=np.int32)
             rank[by_value] = np.arange(len(by_value), dtype=np.int32)
-            codes.append(rank[dictionary.indices.to_numpy(zero_copy_only=False)])
+            codes.append(pc.take(pa.array(rank), dictionary.indices).to_numpy(zero_copy_only=False))  # see `spill.Dictionaries._code`
             continue
         if spill.is_text(column.type):
             distinct[name] = pc.unique(column).sort()
