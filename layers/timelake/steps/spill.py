@@ -212,7 +212,7 @@ class SpillFile:
         ids, sizes = runs.ids.tolist(), (runs.sizes * row_bytes).tolist()
         joined: list[int] = []
         written: list[int] = []  # the runs in the order written
-        batches: list[tuple[int, int, int]] = []  # per record batch: its runs, its offset and its length
+        batches: list[tuple[int, int, int]] = []  # per record batch: how many runs, its offset and its length
         size = 0.0
         for run in order:
             if joined and (size + sizes[run] > self.join_bytes or ids[run] != ids[joined[0]]):
@@ -232,7 +232,7 @@ class SpillFile:
 
     def _write_batch(self, runs: _Runs, chosen: list[int]) -> tuple[int, int, int]:
         """The ``chosen`` runs (of one partition, in order) as one record batch, copied once; a single run
-        as it is. Returns (runs, offset, length): the flush indexes all its batches at once (`_index`)."""
+        as it is. Returns (how many runs, offset, length): the flush indexes all its batches at once (`_index`)."""
         start = self.stream.tell()
         tables = [runs.slice(run) for run in chosen]
         rows = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
@@ -464,19 +464,23 @@ def _ranges(index: Any, partition: tuple[int, int], buckets: list[int] | None,
     dictionaries: dict[str, pa.Array] = {}
     if dictionary_bytes:
         raw = index.read_at(dictionary_bytes, index.size() - dictionary_bytes)
-        dictionaries = _parsed(raw) if len(raw) <= CACHED_DICTIONARY_BYTES else _parsed.__wrapped__(raw)
+        dictionaries = (_parsed if len(raw) <= CACHED_DICTIONARY_BYTES else _parse)(raw)
         counter.bytes_read += dictionary_bytes
     return [(o, n, p) for o, n, p in reads], schema_bytes, dictionaries
 
 
-@functools.lru_cache(maxsize=CACHED_DICTIONARIES)
-def _parsed(raw: bytes) -> dict[str, pa.Array]:
-    """A spill file's dictionaries from their bytes, shared by every unit of a process that reads the file
-    (callers must not change the dict): parsing them was 40 % of finding a unit's reads in a file. Keyed by
-    the bytes themselves, so a file spilled again with other series is never served stale; only small ones
-    are kept (`CACHED_DICTIONARY_BYTES`), so the cache holds a few MB whatever the number of series."""
+def _parse(raw: bytes) -> dict[str, pa.Array]:
+    """A spill file's dictionaries from their bytes (`Dictionaries.serialized`)."""
     table = pa.ipc.open_stream(pa.py_buffer(raw)).read_all()
     return {name: table.column(name)[0].values for name in table.column_names}
+
+
+# `_parse`, kept per process: every unit a process writes reads its partition's files, whose dictionaries are
+# the same, and parsing them was 40 % of finding a unit's reads in a file. Keyed by the bytes themselves, so a
+# file spilled again with other series is never decoded by the old ones; only small ones are kept
+# (`CACHED_DICTIONARY_BYTES`), so the cache holds a few MB whatever the number of series. Callers share the
+# dict it returns and must not change it.
+_parsed = functools.lru_cache(maxsize=CACHED_DICTIONARIES)(_parse)
 
 
 def _ints(handle: Any, offset: int, count: int, counter: SpillRead) -> np.ndarray:
