@@ -213,8 +213,7 @@ def test_a_spill_of_another_layout_is_refused_with_what_to_do(tmp_path):
 def test_rows_and_sums_per_partition_and_bucket_are_the_same_counted_per_run_or_per_row(layout):
     """A batch of a file per series is counted per run of one partition and bucket, any other per row:
     either way the rows per partition, per (partition, bucket) and the value sums come out exact."""
-    from timelake.model.layout import RUN_ROWS
-    from timelake.steps import spill
+    from timelake.model.layout import RUN_ROWS, run_starts
     from timelake.steps.scan import SERIES_BUCKETS, _partition_counts
 
     rng = np.random.default_rng(7)
@@ -224,7 +223,7 @@ def test_rows_and_sums_per_partition_and_bucket_are_the_same_counted_per_run_or_
     if layout == "rows_interleaved":
         order = rng.permutation(len(codes))
         codes, buckets, values = codes[order], buckets[order], values[order]
-    per_run = len(spill.run_starts(codes, buckets)) <= len(codes) // RUN_ROWS
+    per_run = len(run_starts(codes, buckets)) <= len(codes) // RUN_ROWS
     assert per_run == (layout == "runs_of_one_series")
     per_code, counts, sums = _partition_counts(codes, buckets, values, 30)
     assert per_code.tolist() == np.bincount(codes, minlength=30).tolist()

@@ -28,7 +28,8 @@ from timelake.model.diff import MainCounter, compared_columns, compares, facts_u
 from timelake.model.faults import checkpoint
 from timelake.model.issues import Issues
 from timelake.model.layout import (
-    RUN_ROWS, MainReader, PartitionKey, code_runs, dense_unique, micros, partition_codes, read_range, series_hash, single_array,
+    RUN_ROWS, MainReader, PartitionKey, code_runs, dense_unique, micros, partition_codes, read_range, run_starts, series_hash,
+    single_array,
 )
 from timelake.model.report import Tally
 from timelake.model.spec import JobSpec
@@ -571,7 +572,7 @@ def _partition_counts(codes: np.ndarray, buckets: np.ndarray | None, values: np.
     """Rows per partition code, rows per (code, series bucket) and the sum of ``values`` per code. A
     batch of a file per series holds long runs of one code and bucket: they are counted and summed per
     run (a sequential sum each), not per row (a scattered add each)."""
-    starts = spill.run_starts(codes, buckets)
+    starts = run_starts(codes, buckets)
     if len(starts) <= len(codes) // RUN_ROWS:
         sizes = np.diff(np.append(starts, len(codes)))
         codes, buckets = codes[starts], buckets[starts] if buckets is not None else None

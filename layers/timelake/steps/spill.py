@@ -45,7 +45,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from timelake.errors import BackfillError
-from timelake.model.layout import RUN_ROWS, concat_ranges, single_array, stable_argsort
+from timelake.model.layout import RUN_ROWS, concat_ranges, run_starts, single_array, stable_argsort
 from timelake.ports.files import ObjectIO
 
 INDEX_SUFFIX = ".idx"
@@ -246,18 +246,17 @@ class SpillFile:
         a few array passes, not per batch: a flush of a file per device writes thousands of batches."""
         count, offset, length = batches.T
         batch = np.repeat(np.arange(len(batches)), count)  # each written run's batch
+        first_run = np.cumsum(count) - count  # each batch's first, among the written runs
         buckets, sizes, ids = runs.buckets[written], runs.sizes[written], runs.ids[written]
         before = np.cumsum(sizes) - sizes  # rows of the flush written before each run
-        within = before - before[(np.cumsum(count) - count)[batch]]  # ... and before it in its batch
-        new = np.ones(len(written), dtype=bool)
-        new[1:] = (buckets[1:] != buckets[:-1]) | (batch[1:] != batch[:-1])
-        firsts = np.flatnonzero(new)
+        within = before - before[first_run[batch]]  # ... and before it in its batch
+        firsts = run_starts(batch, buckets)
         at = batch[firsts]
         rows = np.column_stack([buckets[firsts], offset[at], length[at], within[firsts], np.add.reduceat(sizes, firsts)])
         # a partition's runs are written together (the flush orders them by partition): a block each
         first_id = ids[firsts]
-        edges = np.flatnonzero(np.append(True, first_id[1:] != first_id[:-1]))
-        bytes_of = np.bincount(ids[(np.cumsum(count) - count)], weights=length, minlength=len(self.keys))
+        edges = run_starts(first_id)
+        bytes_of = np.bincount(ids[first_run], weights=length, minlength=len(self.keys))
         for lo, hi in zip(edges.tolist(), [*edges[1:].tolist(), len(firsts)], strict=True):
             part = self.partitions[self.keys[int(first_id[lo])]]
             part.index.append(rows[lo:hi])
@@ -320,14 +319,6 @@ class _Runs:
     def slice(self, run: int) -> pa.Table:
         rows, start, size = self._where[run]
         return rows.slice(start, size)
-
-
-def run_starts(ids: np.ndarray, buckets: np.ndarray | None) -> np.ndarray:
-    """Where a run of one partition (id or code) and bucket starts."""
-    change = ids[1:] != ids[:-1]
-    if buckets is not None:
-        change |= buckets[1:] != buckets[:-1]
-    return np.append(0, np.flatnonzero(change) + 1)
 
 
 def _stable_order(ids: np.ndarray, buckets: np.ndarray | None) -> np.ndarray:

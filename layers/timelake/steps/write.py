@@ -365,8 +365,8 @@ def _read_slice(unit: UnitRecord, target: pa.Schema, contract: Contract, counter
                     runs.append(([], dictionaries))
                 runs[-1][0].extend(rows.column(name).chunks)
             parts = []
-            for chunks, values in ((chunks, dictionaries.get(name)) for chunks, dictionaries in runs):
-                codes = pa.concat_arrays(chunks)
+            for chunks, dictionaries in runs:
+                codes, values = pa.concat_arrays(chunks), dictionaries.get(name)
                 parts.append(pa.DictionaryArray.from_arrays(codes, values) if values is not None else
                              codes if pa.types.is_dictionary(codes.type) else pc.dictionary_encode(codes))
             compact[name].append(pa.concat_arrays(parts))
