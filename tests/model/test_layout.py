@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from timelake.model.layout import RUN_ROWS, concat_ranges, dense_unique, stable_argsort
+from timelake.model.layout import COUNTED_RANGE, RUN_ROWS, concat_ranges, dense_unique, stable_argsort
 
 
 @pytest.mark.parametrize("values", [
@@ -52,15 +52,19 @@ def _runs(rng: np.random.Generator, values: np.ndarray, mean: int) -> np.ndarray
     _runs(np.random.default_rng(4), np.random.default_rng(5).integers(0, 50, 400), 900),  # repeated values, runs apart
     _runs(np.random.default_rng(6), np.random.default_rng(7).integers(-10**12, 10**12, 200), 2000),  # wide keys
     np.full(100_000, 7),  # one run
-    np.tile(np.arange(300), 1440),  # interleaved: the radix sort
+    np.tile(np.arange(300), 1440),  # interleaved, a narrow range: Arrow's counting sort
+    np.tile(np.arange(300, dtype=np.int32)[::-1], 1440),  # the same as int32 ranks are
+    np.random.default_rng(10).integers(-5000, -5000 + COUNTED_RANGE, 50_000),  # the widest range counted, negative
+    np.random.default_rng(11).integers(0, 30_000, 50_000),  # too wide to count: numpy's radix sort as uint16
+    np.random.default_rng(12).integers(2**40, 2**40 + 100, 50_000).astype(np.uint64),  # unsigned, counted
     np.random.default_rng(8).integers(0, 1 << 20, 100_000),  # no runs, wide: numpy's own stable sort
     _runs(np.random.default_rng(9), np.arange(3), RUN_ROWS)[: 2 * RUN_ROWS - 1],  # too short to look for runs
     np.zeros(0, dtype=np.int64),
 ])
 def test_stable_argsort_equals_numpy_stable_sort(keys):
-    keys = keys.astype(np.int64)
     got = stable_argsort(keys)
-    assert got.dtype.kind == "i"
+    assert got.dtype == np.int64
+    assert got.flags.writeable  # callers drop rows from the order in place
     assert np.array_equal(got, np.argsort(keys, kind="stable"))
 
 
