@@ -40,7 +40,7 @@ from timelake.steps.scan import open_job_source
 from timelake.steps.spill import coded_columns
 from timelake.steps.stage import stage
 from timelake.steps.validate import CheckContext, check_file, check_items, plan_checks, validate
-from timelake.steps.write import write_unit
+from timelake.steps.write import Writers, write_unit
 from timelake.workers import WorkerPool
 
 WAITING = {canary.AWAITING}  # the job stops here until a person approves (continue) or aborts it
@@ -206,23 +206,28 @@ def _write_all(rt: Runtime, job_id: str, cancel: threading.Event | None, only: l
     spec = JobSpec.model_validate(job.spec)
     units = rt.store.units(job_id)
     pending = [u.unit_id for u in units if u.status != "done" and (only is None or u.unit_id in only)]
-    main: MainReader | MainAtPlan | None = None
-    if spec.mode == "merge" and pending:
-        table = rt.load_table(spec.table)
-        contract = Contract.from_table(table)
-        main = MainReader(contract.time_column, job.state["range_start"], job.state["range_end"], contract.dedup_key,
-                          objects=rt.objects, dictionaries=coded_columns(table.schema().as_arrow(), contract.series_key))
-    elif spec.mode == "replace" and job.state.get("diff") and pending:  # units that read main's rows of their partition
-        table = planned_view(rt.load_table(spec.table), job.state)
-        contract = Contract.from_table(table)
-        main = MainAtPlan(table, contract, job.state, job_id, coded_columns(table.schema().as_arrow(), contract.series_key),
-                          objects=rt.objects)
     if pending:  # one writer too is a thread of the fan-out: a concurrency set meanwhile then adds writers
         workers = min(_workers(job), len(pending))
         threads = workers <= setting(THREAD_WRITERS) or job.state.get("rows_in_scope", 0) < setting(IN_PROCESS_ROWS)
-        _fan_out(rt, job_id, "write", pending, _workers, lambda: None, cancel, threads=threads, shared=main)
+        _fan_out(rt, job_id, "write", pending, _workers, lambda: None, cancel, threads=threads,
+                 shared=_writers(rt, job, spec) if threads else None)
     if only is None and not spec.dry_run:
         rt.store.update_job(job_id, Phase.WRITTEN)
+
+
+def _writers(rt: Runtime, job: JobRecord, spec: JobSpec) -> Writers:
+    """What a job's writer threads share (`write.Writers`)."""
+    if spec.mode == "merge":
+        table = rt.load_table(spec.table)
+        contract = Contract.from_table(table)
+        return Writers(main=MainReader(contract.time_column, job.state["range_start"], job.state["range_end"], contract.dedup_key,
+                                       objects=rt.objects, dictionaries=coded_columns(table.schema().as_arrow(), contract.series_key)))
+    table = planned_view(rt.load_table(spec.table), job.state)
+    if spec.mode == "replace" and job.state.get("diff"):  # units that read main's rows of their partition
+        contract = Contract.from_table(table)
+        return Writers(MainAtPlan(table, contract, job.state, job.job_id, coded_columns(table.schema().as_arrow(), contract.series_key),
+                                  objects=rt.objects), table)
+    return Writers(table=table)
 
 
 def _main_all(rt: Runtime, job_id: str, cancel: threading.Event | None, span: tuple[int, int] | None = None) -> None:
@@ -280,10 +285,10 @@ def _in_window(rt: Runtime, job_id: str, cancel: threading.Event | None, doing: 
 
 def _fan_out(
     rt: Runtime, job_id: str, step: str, items: list[Any], workers: Callable[[JobRecord], int], tick: Callable[[], None],
-    cancel: threading.Event | None, threads: bool = False, shared: MainReader | MainAtPlan | CheckContext | None = None,
+    cancel: threading.Event | None, threads: bool = False, shared: Writers | CheckContext | None = None,
 ) -> None:
     """Run ``step`` (scan, main, write or check) over ``items`` on a pool of processes, or of ``threads`` (which
-    share ``shared``: merge mode's reader of main for writes, the job's check context for checks),
+    share ``shared``: the writers' `write.Writers` for writes, the job's check context for checks),
     recording progress as items finish.
 
     As items finish the job is read again: ``workers(job)`` items run at once from then on (its settings
@@ -338,11 +343,11 @@ def _in_worker(config: dict[str, Any], step: str, job_id: str, item: Any) -> dic
 
 
 def _run_item(rt: Runtime, step: str, job_id: str, item: Any,
-              shared: MainReader | MainAtPlan | CheckContext | None = None) -> dict[str, Any]:
+              shared: Writers | CheckContext | None = None) -> dict[str, Any]:
     if step == "scan":  # a worker of a fan-out, beside the others
         return scan(rt, job_id, item, shares_cores=True)
     if step == "write":
-        return write_unit(rt, job_id, item, shared if isinstance(shared, MainReader | MainAtPlan) else None)
+        return write_unit(rt, job_id, item, shared if isinstance(shared, Writers) else None)
     if step == "main":
         return diff.read_main(rt, job_id, item)
     return check_file(rt, job_id, item["file"], item["spec_id"], item["partition"],

@@ -151,8 +151,8 @@ COUNTED_RANGE = 4096  # keys this close sort by Arrow's counting sort (pyarrow 2
 
 
 def stable_argsort(keys: np.ndarray) -> np.ndarray:
-    """The stable order of integer ``keys``: keys in [0, 65536) sort as uint16, which numpy radix-sorts
-    in linear time. Keys that come in long runs of one value (a unit's rows spilled from a file per
+    """The stable order of integer ``keys``: keys of a narrow range are counted, others radix-sorted
+    where they fit 16 bits (`_integer_argsort`), both in linear time. Keys that come in long runs of one value (a unit's rows spilled from a file per
     series arrive as a run per series and flush) order their runs instead: the sort is of a few
     hundred run keys, and the order is the runs' row ranges laid end to end (1.2 ms for a per-device
     unit's 432,000 keys, where the radix sort takes 5.8)."""
@@ -161,15 +161,16 @@ def stable_argsort(keys: np.ndarray) -> np.ndarray:
         starts = run_starts(keys)
         if len(starts) <= n // RUN_ROWS:
             sizes = np.diff(starts, append=n)
-            by = _radix_argsort(keys[starts])
+            by = _integer_argsort(keys[starts])
             return concat_ranges(starts[by], sizes[by])
-    return _radix_argsort(keys)
+    return _integer_argsort(keys)
 
 
 def concat_ranges(starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
     """The integers of the ranges [starts[i], starts[i] + sizes[i]) one after another, without a Python
     loop: the row numbers of runs laid end to end. Written as steps of one, each range's first as the jump
-    from the end of the one before, and summed in place: two passes over the output, not five."""
+    from the end of the one before, then summed: two passes over the output, not five. Arrow sums them
+    while other threads run; numpy's cumsum held the interpreter for 1 ms of every per-device unit."""
     out = np.ones(int(sizes.sum()), dtype=np.int64)
     if not len(out):
         return out
@@ -178,10 +179,10 @@ def concat_ranges(starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
     firsts = np.cumsum(sizes) - sizes
     out[firsts[1:]] = starts[1:] - (starts[:-1] + sizes[:-1] - 1)
     out[0] = starts[0]
-    return np.cumsum(out, out=out)
+    return _writable(pc.cumulative_sum(pa.array(out)))
 
 
-def _radix_argsort(keys: np.ndarray) -> np.ndarray:
+def _integer_argsort(keys: np.ndarray) -> np.ndarray:
     """The stable order of integer ``keys`` by the fastest sort their range allows. Arrow's ``sort_indices``
     counts keys that lie within `COUNTED_RANGE` of each other in one pass: 1.2 ms for the 432,000 series
     ranks of a day of 300 devices in time order, where numpy's radix sort of them as uint16 takes 4.4 ms.
@@ -190,11 +191,15 @@ def _radix_argsort(keys: np.ndarray) -> np.ndarray:
         return np.argsort(keys, kind="stable")
     lo, hi = int(keys.min()), int(keys.max())
     if hi - lo < COUNTED_RANGE:
-        indices = pc.sort_indices(pa.array(keys))
-        # the indices' own fresh buffer, writable: callers reorder the order they get in place
-        return np.frombuffer(indices.buffers()[1], dtype=np.int64, count=len(indices), offset=indices.offset * 8)
+        return _writable(pc.sort_indices(pa.array(keys)))
     small = lo >= 0 and hi < 1 << 16
     return np.argsort(keys.astype(np.uint16) if small else keys, kind="stable")
+
+
+def _writable(values: pa.Array) -> np.ndarray:
+    """An integer array that an Arrow kernel has just made, as int64 numpy over the same buffer, writable
+    (``to_numpy`` gives a read-only view): callers drop rows from an order in place."""
+    return np.frombuffer(values.buffers()[1], dtype=np.int64, count=len(values), offset=values.offset * 8)
 
 
 def split_by_code(table: pa.Table, codes: np.ndarray) -> list[tuple[int, pa.Table]]:

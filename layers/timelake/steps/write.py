@@ -52,25 +52,36 @@ DICTIONARY_SAMPLE = 2_048  # rows sampled to tell whether a column is worth a Pa
 RELEASE_BYTES = 64 << 20
 
 
-def write_unit(rt: Runtime, job_id: str, unit_id: str, main: MainReader | MainAtPlan | None = None) -> dict[str, Any]:
-    """Write step. Input: job id and unit id. Output: the unit's counts (also recorded in the store).
-    ``main`` is shared by the writers of one process so that main is planned once: merge mode's reader
-    of main now, or replace mode's of main at the plan, for the units that compare with it themselves."""
+@dataclass(frozen=True)
+class Writers:
+    """What the writer threads of one process share, read once for all their units. ``main``: merge
+    mode's reader of main now, or replace mode's of main at the plan, for the units that compare with
+    it themselves, so that main is planned once. ``table``: the job's table as planned, where a unit
+    needs nothing newer (not in merge mode, whose units each look at main as it is then); loading and
+    parsing it took each unit a millisecond or two with the other writers waiting for the interpreter."""
+
+    main: MainReader | MainAtPlan | None = None
+    table: Any | None = None
+
+
+def write_unit(rt: Runtime, job_id: str, unit_id: str, shared: Writers | None = None) -> dict[str, Any]:
+    """Write step. Input: job id and unit id. Output: the unit's counts (also recorded in the store)."""
     try:
-        return _write_unit(rt, job_id, unit_id, main)
+        return _write_unit(rt, job_id, unit_id, shared or Writers())
     except Exception as exc:
         failures.note(rt, job_id, unit_id, exc)
         raise
 
 
-def _write_unit(rt: Runtime, job_id: str, unit_id: str, main: MainReader | MainAtPlan | None) -> dict[str, Any]:
+def _write_unit(rt: Runtime, job_id: str, unit_id: str, shared: Writers) -> dict[str, Any]:
     job, unit = rt.store.job_and_unit(job_id, unit_id)
     if unit.status == "done":
         return unit.result
     started = time.monotonic()
     spec = JobSpec.model_validate(job.spec)
-    table = planned_view(rt.load_table(spec.table), job.state)
+    table = shared.table if shared.table is not None else planned_view(rt.load_table(spec.table), job.state)
     contract = Contract.from_table(table)
+    main = shared.main
     read = spill.SpillRead()
     target = table.schema().as_arrow()
     rows = _read_slice(unit, target, contract, read, objects=rt.objects)
