@@ -137,7 +137,7 @@ class _Batch:
     """A batch of rows held until the next flush, cut into runs of one partition and bucket: run i is
     ``rows[starts[i]:starts[i + 1]]``, of the file's partition ``ids[i]`` and bucket ``buckets[i]``."""
 
-    rows: pa.Table
+    rows: pa.RecordBatch
     ids: np.ndarray
     buckets: np.ndarray
     starts: np.ndarray
@@ -187,8 +187,9 @@ class SpillFile:
             rows, ids = rows.take(pa.array(order)), ids[order]
             buckets = buckets[order] if buckets is not None else None
             starts = run_starts(ids, buckets)
-        self.held.append(_Batch(rows, ids[starts], np.full(len(starts), WHOLE) if buckets is None else buckets[starts],
-                                np.append(starts, len(ids))))
+        # one record batch: a run is then a batch's slice, which costs half a table's (a flush takes one a run)
+        self.held.append(_Batch(rows.combine_chunks().to_batches()[0], ids[starts],
+                                np.full(len(starts), WHOLE) if buckets is None else buckets[starts], np.append(starts, len(ids))))
         self.held_bytes += nbytes
 
     def _id(self, key: tuple[int, int]) -> int:
@@ -234,10 +235,7 @@ class SpillFile:
         """The ``chosen`` runs (of one partition, in order) as one record batch, copied once; a single run
         as it is. Returns (how many runs, offset, length): the flush indexes all its batches at once (`_index`)."""
         start = self.stream.tell()
-        tables = [runs.slice(run) for run in chosen]
-        rows = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
-        for batch in rows.combine_chunks().to_batches():
-            self.writer.write_batch(batch)
+        self.writer.write_batch(runs.slice(chosen[0]) if len(chosen) == 1 else pa.concat_batches([runs.slice(run) for run in chosen]))
         return len(chosen), start, self.stream.tell() - start
 
     def _index(self, runs: _Runs, written: np.ndarray, batches: np.ndarray) -> None:
@@ -316,7 +314,7 @@ class _Runs:
         self._where = [(batch.rows, start, size) for batch in held
                        for start, size in zip(batch.starts[:-1].tolist(), np.diff(batch.starts).tolist(), strict=True)]
 
-    def slice(self, run: int) -> pa.Table:
+    def slice(self, run: int) -> pa.RecordBatch:
         rows, start, size = self._where[run]
         return rows.slice(start, size)
 
