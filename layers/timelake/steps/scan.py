@@ -72,7 +72,10 @@ class PartitionStats:
     def add_buckets(self, counts: np.ndarray) -> None:
         """Count rows per series bucket: added up as an array while scanning (a batch of a file per
         device touches every partition), folded into ``buckets`` by `counted`."""
-        self.counting = counts.copy() if self.counting is None else self.counting + counts
+        if self.counting is None:
+            self.counting = counts.astype(np.int64)  # a copy, added to in place from then on
+        else:
+            self.counting += counts
 
     def counted(self) -> None:
         if self.counting is not None:
@@ -555,14 +558,19 @@ def _scan_batch(
     per_code, counts, sums = _partition_counts(codes, buckets, values, len(keys))
     bytes_per_row = rows.nbytes / rows.num_rows
     parts: list[PartitionStats | None] = [None] * len(keys)
-    for code in np.flatnonzero(per_code).tolist():
-        part = parts[code] = result.partitions.setdefault(keys[code], PartitionStats(keys[code]))
-        part.rows += int(per_code[code])
-        part.nbytes += round(bytes_per_row * int(per_code[code]))
+    present = np.flatnonzero(per_code)
+    # plain numbers, once: a batch of a file per device touches every day of the job, a partition each
+    sums_of = sums[present].tolist() if sums is not None else [0.0] * len(present)
+    for code, count, total in zip(present.tolist(), per_code[present].tolist(), sums_of, strict=True):
+        part = result.partitions.get(keys[code])
+        if part is None:
+            part = result.partitions[keys[code]] = PartitionStats(keys[code])
+        parts[code] = part
+        part.rows += count
+        part.nbytes += round(bytes_per_row * count)
         if counts is not None:
             part.add_buckets(counts[code])
-        if sums is not None:
-            part.check_sum += float(sums[code])
+        part.check_sum += total
     if spiller:
         spiller.write(parts, codes, rows, buckets)
 
