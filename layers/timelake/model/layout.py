@@ -152,10 +152,10 @@ COUNTED_RANGE = 4096  # keys this close sort by Arrow's counting sort (pyarrow 2
 
 def stable_argsort(keys: np.ndarray) -> np.ndarray:
     """The stable order of integer ``keys``: keys of a narrow range are counted, others radix-sorted
-    where they fit 16 bits (`_integer_argsort`), both in linear time. Keys that come in long runs of one value (a unit's rows spilled from a file per
-    series arrive as a run per series and flush) order their runs instead: the sort is of a few
-    hundred run keys, and the order is the runs' row ranges laid end to end (1.2 ms for a per-device
-    unit's 432,000 keys, where the radix sort takes 5.8)."""
+    where they fit 16 bits (`_integer_argsort`), both in linear time. Keys that come in long runs of
+    one value (a unit's rows spilled from a file per series arrive as a run per series and flush)
+    order their runs instead: the sort is of a few hundred run keys, and the order is the runs' row
+    ranges laid end to end (1.2 ms for a per-device unit's 432,000 keys, where the radix sort takes 5.8)."""
     n = len(keys)
     if n >= 2 * RUN_ROWS:
         starts = run_starts(keys)
