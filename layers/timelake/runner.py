@@ -304,6 +304,7 @@ def _fan_out(
     with pool:
         queue = list(reversed(items))
         running: dict[Future, Any] = {}
+        finished = 0  # items done whose ``tick`` waits until the items that follow them have started
         try:
             while queue or running:
                 job = _check(cancel, job_id, doing, rt)
@@ -318,6 +319,9 @@ def _fan_out(
                         else:
                             future = pool.submit(_in_worker, config, step, job_id, item)
                         running[future] = item
+                for _ in range(finished):  # a progress note (a store write, ~1 ms) no longer keeps a worker idle
+                    tick()
+                finished = 0
                 done, _ = wait(running, timeout=0.5, return_when=FIRST_COMPLETED)
                 for future in done:
                     item = running.pop(future)
@@ -329,8 +333,10 @@ def _fan_out(
                         if _full_disk(exc):
                             raise  # run_job records it as a resumable full disk
                         raise BackfillError(f"job {job_id}: {step} of {item} failed: {type(exc).__name__}: {exc}") from exc
-                    tick()
+                    finished += 1
                     checkpoint(f"{step}.unit")
+            for _ in range(finished):
+                tick()
         except BaseException:
             pool.shutdown(wait=True, cancel_futures=True)
             raise

@@ -40,3 +40,15 @@ def test_writers_above_the_row_limit_are_threads_up_to_two(tmp_path, monkeypatch
         assert ran == []
     main = sort_rows(table.refresh().iceberg.scan().to_arrow())
     assert main.equals(sort_rows(reference_merge(SCHEMA.empty_table(), source)))
+
+
+def test_the_checks_progress_counts_every_staged_file_once(tmp_path) -> None:
+    """The checks' progress notes are written once the items after them have started (a note is a store
+    write the next check would otherwise wait for): the last ones still count when the fan-out ends."""
+    lake = timelake.connect(warehouse=tmp_path / "lake")
+    table = lake.create_table("iot.sensor", schema=SCHEMA, time_column="ts", series_key=["device_id"],
+                              partition_by="day", retention="P3Y")
+    job = table.backfill(source=make_readings(recent(6), days=5, devices=3), max_concurrency=2).wait()
+    staged = len([u for u in lake.runtime.store.units(job.id) if u.result.get("path")])
+    assert job.record().phase == "published" and staged >= 5
+    assert lake.runtime.store.progress_notes(job.id)["validate"] == {"done": staged, "total": staged, "of": "files"}
