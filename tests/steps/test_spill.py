@@ -323,3 +323,20 @@ def test_a_unit_reading_files_whose_dictionaries_are_equal_but_not_adjacent_keep
     units = rt.store.units(job.id)
     assert len(tasks) == 3 and max(len(u.info["spill"]) for u in units) == 3
     assert sort_rows(_rows(units).select(SCHEMA.names).cast(SCHEMA)).equals(sort_rows(pa.concat_tables(written)))
+
+
+def test_a_published_job_leaves_no_spill(lake, tmp_path):
+    """The spill goes once main holds the job's rows (while the rest of the publish runs, on a thread of
+    its own): a published job leaves its validation facts and nothing it spilled."""
+    folder = tmp_path / "devices"
+    folder.mkdir()
+    source = make_readings(recent(4), days=2, devices=40, step_minutes=5)
+    for device in set(source.column("device_id").to_pylist()):
+        pq.write_table(source.filter(pc.equal(source.column("device_id"), device)), folder / f"{device}.parquet")
+    table = lake.create_table("iot.sensor", schema=SCHEMA, time_column="ts", series_key=["device_id"], partition_by="day")
+    job = table.backfill(source=str(folder / "*.parquet"), max_concurrency=2).wait()
+    assert job.record().phase == "published"
+    assert any(u.info.get("spill") for u in lake.runtime.store.units(job.id)), "the job spilled nothing to drop"
+    scratch = Path(lake.runtime.config.staging.removeprefix("file://"), job.id)
+    assert not (scratch / "spill").exists()
+    assert sort_rows(table.to_arrow()).equals(sort_rows(source))

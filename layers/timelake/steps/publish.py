@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import operator
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any
@@ -128,13 +129,17 @@ def _publish(rt: Runtime, job_id: str, max_chunks: int | None, between: Callable
             "evaluate_rules": spec.evaluate_rules,
         })
     claim_publish(rt, job_id)
-    retire(table, job_id, state["branch"])
-    job = rt.store.update_job(job_id, published_chunks=published, publish_conflicts=late)
-    found = diff.load(rt, job_id, "job")
-    provenance.record(rt, job, units, found[0] if found else None)
-    rt.store.release_lease(job_id)
-    completion.update(rt, spec.table, state["range_start"], state["range_end"], known=written)  # the readers' completion signal
-    _drop_spill(rt, job_id)
+    # main holds the job's rows now, so no step reads its scratch files again: they go while the rest of the
+    # publish runs (a per-device job's spill over 120 days is a GB, whose pages the kernel took 0.2 s to free)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="timelake-drop") as pool:
+        dropped = pool.submit(_drop_spill, rt, job_id)
+        retire(table, job_id, state["branch"])
+        job = rt.store.update_job(job_id, published_chunks=published, publish_conflicts=late)
+        found = diff.load(rt, job_id, "job")
+        provenance.record(rt, job, units, found[0] if found else None)
+        rt.store.release_lease(job_id)
+        completion.update(rt, spec.table, state["range_start"], state["range_end"], known=written)  # the readers' completion signal
+        dropped.result()
     rt.store.update_job(job_id, Phase.PUBLISHED)
     return {"job_id": job_id, "done": True, "chunks_published": len(published)}
 
