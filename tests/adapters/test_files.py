@@ -11,7 +11,7 @@ from pyiceberg.io.pyarrow import PyArrowFileIO
 
 from tests.aws_fixtures import aws, moto_server  # noqa: F401
 from timelake.adapters.objects import filesystem
-from timelake.ports.files import location_key
+from timelake.ports.files import OBJECT_READS, location_key, reads_at_once
 
 
 def _read(uri: str, io=None) -> pa.Table:
@@ -43,6 +43,8 @@ def test_hadoop_s3_schemes_open_the_same_object(aws, monkeypatch):  # noqa: F811
         pq.write_table(rows, out)
     for scheme in ("s3", "s3a", "s3n"):
         assert _read(f"{scheme}://lake/warehouse/data/f.parquet").equals(rows), scheme
+    # small objects are read many at once from an object store, one at a time from a local disk
+    assert reads_at_once(fs) == OBJECT_READS > 1 == reads_at_once(filesystem("/tmp/f.parquet")[0])
     assert location_key("s3a://lake/k") == location_key("s3n://lake/k") == location_key("s3://lake/k")
     # the catalog's FileIO properties reach the object store without the environment's endpoint
     io = PyArrowFileIO({"s3.endpoint": aws, "s3.access-key-id": "testing", "s3.secret-access-key": "testing",

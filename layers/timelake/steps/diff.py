@@ -35,14 +35,13 @@ from timelake.model.layout import SnapshotRange, micros, partition_codes
 from timelake.model.lineage import planned_view
 from timelake.model.spec import JobSpec
 from timelake.model.timeutil import US_PER_DAY, iso
-from timelake.ports.files import ObjectIO
+from timelake.ports.files import ObjectIO, reads_at_once
 from timelake.ports.runtime import Runtime
 from timelake.ports.store import Phase, UnitRecord
 from timelake.steps import spill
 from timelake.steps.plan import LOCAL, MAIN_TASKS, clear_staging, context, main_spill_uri, read_json
 from timelake.steps.scan import HELD_BYTES, series_bucket
 
-FACT_READERS = 32  # facts files read at once when combining (thousands of small objects on S3)
 SCOPES = ("job", "canary")
 
 
@@ -128,7 +127,7 @@ def pending_main_tasks(rt: Runtime, job_id: str, span: tuple[int, int] | None = 
         return []
     tasks = read_json(rt, job_id, MAIN_TASKS) or []
     wanted = [i for i, t in enumerate(tasks) if span is None or (t["start"] < span[1] and t["end"] > span[0])]
-    with ThreadPoolExecutor(max_workers=FACT_READERS) as pool:
+    with ThreadPoolExecutor(max_workers=reads_at_once(rt.objects.filesystem(rt.staging_path(job_id))[0])) as pool:
         done = list(pool.map(lambda i: _exists(facts_uri(rt, job_id, "main", main_task_name(i)), objects=rt.objects), wanted))
     return [i for i, finished in zip(wanted, done, strict=True) if not finished]
 
@@ -164,7 +163,7 @@ def conclude(rt: Runtime, job_id: str, scope: str = "job", units: list[UnitRecor
     days, series, samples = [], [], []
     fs, path = rt.objects.filesystem(rt.staging_path(job_id, "diff", f"{scope}.parquet"))
     rt.objects.make_parent(fs, path)
-    with fs.open_output_stream(path) as out, ThreadPoolExecutor(max_workers=FACT_READERS) as pool:
+    with fs.open_output_stream(path) as out, ThreadPoolExecutor(max_workers=reads_at_once(fs)) as pool:
         writer = None
         for first, last, group in _stretches(units, lo, hi):
             near = [i for i, t in tasks if t["start"] < last and t["end"] > first]

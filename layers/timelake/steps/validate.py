@@ -37,7 +37,7 @@ from timelake.model.layout import PartitionKey, SnapshotRange, micros, single_ar
 from timelake.model.lineage import Lineage, Origin, PlanMark, planned_view
 from timelake.model.spec import JobSpec
 from timelake.model.timeutil import iso
-from timelake.ports.files import ObjectIO
+from timelake.ports.files import ObjectIO, reads_at_once
 from timelake.ports.runtime import Runtime
 from timelake.ports.store import JobState, Phase
 from timelake.steps import rejects
@@ -52,7 +52,6 @@ if TYPE_CHECKING:
 SAMPLES = 5
 BATCH_ROWS = 1 << 20  # a check holds one batch of a file's key and value columns, whatever the file's size
 CHECK_ITEMS = "validate/files.json"
-FACT_READERS = 32  # stored facts read at once when combining them (thousands of small S3 objects in a large job)
 ASSERTION_MEMORY = "2GB"  # DuckDB memory_limit for user assertions: a runaway query fails instead of the process
 LAMBDA_MEMORY = "AWS_LAMBDA_FUNCTION_MEMORY_SIZE"  # MB, set by Lambda: there the assertions get half of it
 
@@ -365,7 +364,7 @@ def _scan_files(rt: Runtime, job_id: str | None, table: Any, contract: Contract,
     snapshots = planned if planned is not None else _main_views(table, mode, state, bool(staged))
     found: dict[str, _FileFacts | None] = {}
     if job_id:  # one small object per file: read many at once, their latency (not their size) is the cost
-        with ThreadPoolExecutor(max_workers=FACT_READERS) as pool:
+        with ThreadPoolExecutor(max_workers=reads_at_once(rt.objects.filesystem(rt.staging_path(job_id))[0])) as pool:
             found = dict(zip([f.file_path for f in staged],
                              pool.map(lambda f: _stored_facts(rt, job_id, snapshots, f.file_path), staged), strict=True))
     missing = [f for f in staged if found.get(f.file_path) is None]
