@@ -327,7 +327,7 @@ def test_a_unit_reading_files_whose_dictionaries_are_equal_but_not_adjacent_keep
 
 def test_a_published_job_leaves_no_spill(lake, tmp_path):
     """The spill goes once main holds the job's rows (while the rest of the publish runs, on a thread of
-    its own): a published job leaves its validation facts and nothing it spilled."""
+    its own): a published job leaves nothing it spilled."""
     folder = tmp_path / "devices"
     folder.mkdir()
     source = make_readings(recent(4), days=2, devices=40, step_minutes=5)
