@@ -116,6 +116,13 @@ def single_array(column: pa.Array | pa.ChunkedArray) -> pa.Array:
     return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
 
 
+def by_index(values: np.ndarray, indices: pa.Array) -> pa.Array:
+    """``values[indices]``, where ``values`` hold a number per entry of a dictionary and ``indices`` are a
+    dictionary column's: by Arrow's take, since numpy's gather by int32 indices widens them first and takes
+    twice the time; a null index stays null."""
+    return pc.take(pa.array(values), indices)
+
+
 def series_hash(table: pa.Table, series_key: tuple[str, ...]) -> np.ndarray:
     """A stable hash of the series key per row: the same series always lands in the same slice.
 

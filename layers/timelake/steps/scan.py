@@ -28,7 +28,7 @@ from timelake.model.diff import MainCounter, compared_columns, compares, facts_u
 from timelake.model.faults import checkpoint
 from timelake.model.issues import Issues
 from timelake.model.layout import (
-    RUN_ROWS, MainReader, PartitionKey, code_runs, dense_unique, micros, partition_codes, read_range, run_starts, series_hash,
+    RUN_ROWS, MainReader, PartitionKey, by_index, code_runs, dense_unique, micros, partition_codes, read_range, run_starts, series_hash,
     single_array,
 )
 from timelake.model.report import Tally
@@ -603,7 +603,7 @@ def series_bucket(rows: pa.Table, series_key: tuple[str, ...]) -> np.ndarray:
     if column is not None and pa.types.is_dictionary(column.type):
         encoded = single_array(column)
         of_value = series_bucket(pa.table({series_key[0]: encoded.dictionary}), series_key)
-        return pc.take(pa.array(of_value), encoded.indices).to_numpy(zero_copy_only=False)  # see `spill.Dictionaries._code`
+        return by_index(of_value, encoded.indices).to_numpy(zero_copy_only=False)
     return (series_hash(rows, series_key) % np.uint64(SERIES_BUCKETS)).astype(np.int64)
 
 

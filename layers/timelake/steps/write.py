@@ -26,7 +26,7 @@ from timelake.model.diff import (
     KINDS, SAMPLES, MainAtPlan, MainCounter, before_cells, cell_schema, cells_of, chunk_runs, combine, compared_columns, compares,
     decoded_columns, differs, facts_uri, kept_runs, runs, sample, series_labels, weights_of, write_facts,
 )
-from timelake.model.layout import MainReader, single_array, stable_argsort, stream_range
+from timelake.model.layout import MainReader, by_index, single_array, stable_argsort, stream_range
 from timelake.model.lineage import planned_view
 from timelake.model.spec import JobSpec
 from timelake.model.timeutil import US_PER_DAY
@@ -506,7 +506,7 @@ def sort_key_codes(rows: pa.Table, contract: Contract) -> KeyCodes:
             distinct[name] = dictionary.dictionary.take(pa.array(by_value))
             rank = np.empty(len(by_value), dtype=np.int32)
             rank[by_value] = np.arange(len(by_value), dtype=np.int32)
-            codes.append(pc.take(pa.array(rank), dictionary.indices).to_numpy(zero_copy_only=False))  # see `spill.Dictionaries._code`
+            codes.append(by_index(rank, dictionary.indices).to_numpy(zero_copy_only=False))
             continue
         if spill.is_text(column.type):
             distinct[name] = pc.unique(column).sort()
