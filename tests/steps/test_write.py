@@ -222,12 +222,12 @@ def test_rare_marking_equals_the_search_and_a_set_reference(monkeypatch, mine_or
     assert rare.sum() >= hits
 
 
-@pytest.mark.parametrize("sizes", [(0, 5), (5, 0), (1, 1), (2_000, 600), (30, 5_000)], ids=str)
+@pytest.mark.parametrize("sizes", [(0, 5), (5, 0), (1, 1), (2_000, 600), (30, 5_000), (4_000, 7), (7, 4_000)], ids=str)
 def test_compiled_walk_marks_what_a_set_lookup_marks_with_repeats_on_both_sides(sizes):
     """The walk over two sorted arrays marks every key of the first that the second holds, each repeat of
     it too; a key repeated in the second marks nothing more; earlier marks stay (one call per batch of
     main); it returns how many keys of the first this call found. Either side may be empty or the
-    longer, and keys span the whole int64 range (a packed key is never negative, but the walk does not
+    longer, by a little or by far (the longer side is skipped over eight keys at a time), and keys span the whole int64 range (a packed key is never negative, but the walk does not
     rely on it)."""
     rng = np.random.default_rng(sum(sizes))
     pool = rng.integers(-(1 << 62), 1 << 62, 3_000, dtype=np.int64)
