@@ -1,11 +1,12 @@
 """The compiled key match built with AddressSanitizer and UndefinedBehaviorSanitizer, on random inputs.
 
-The test compiles ``_keymatch.c`` as the install does, plus the sanitizers, and runs its three functions
+The test compiles ``_keymatch.c`` as the install does, plus the sanitizers, and runs its four functions
 in a child interpreter that loads the ASan runtime first (it must come before any other library) on
 random arrays of every length from none to a few thousand: keys spanning the whole int64 range with
-repeats, codes with and without a lookup (unknown and negative codes, times before and past the range,
-the widest time field), orders with marked entries anywhere and rows of both value types, each checked
-against numpy. Any report of either sanitizer stops the child with an error.
+repeats, keys of interleaved series each in time order, codes with and without a lookup (unknown and
+negative codes, times before and past the range, the widest time field), orders with marked entries
+anywhere and rows of both value types, each checked against numpy. Any report of either sanitizer stops
+the child with an error.
 """
 
 from __future__ import annotations
@@ -35,6 +36,13 @@ def run(library: str) -> None:
         mine, theirs = np.sort(rng.choice(pool, n)), np.sort(rng.choice(pool, m))
         mask = np.zeros(n, dtype=bool)
         assert keymatch.mark(mine, theirs, mask) == np.isin(mine, theirs).sum() and (mask == np.isin(mine, theirs)).all()
+
+        series = int(rng.integers(1, 40))
+        interleaved = (rng.integers(0, series, m) << 20) | np.sort(rng.integers(0, 1 << 20, m))
+        ordered = np.empty_like(interleaved)
+        countable = m > 0 and int(interleaved.max() >> 20) < m  # as many series as keys at most
+        assert keymatch.by_series(interleaved, 20, ordered) == countable
+        assert not countable or (ordered == np.sort(interleaved)).all()
 
         bits = int(rng.integers(1, 60))  # ranks below 8 take 3 bits more: a packer never fits past 63
         base = int(rng.integers(-(1 << 40), 1 << 40))

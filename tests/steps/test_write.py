@@ -102,7 +102,7 @@ def test_sort_and_dedup_equals_a_stable_lexicographic_sort_in_any_source_order(o
 
 
 @pytest.mark.parametrize("rows_order", ["table_order", "shuffled", "with_repeats"])
-@pytest.mark.parametrize("existing_order", ["sorted", "shuffled"])
+@pytest.mark.parametrize("existing_order", ["sorted", "time_order", "shuffled"])
 @pytest.mark.parametrize("with_codes", [True, False], ids=["codes", "no_codes"])
 @pytest.mark.parametrize("existing_as", ["table", "batches"])
 def test_existing_mask_equals_a_set_reference_for_any_row_order(rows_order, existing_order, with_codes, existing_as, walk):
@@ -116,6 +116,8 @@ def test_existing_mask_equals_a_set_reference_for_any_row_order(rows_order, exis
     existing = existing.take(pa.array(np.sort(rng.choice(existing.num_rows, 300, replace=False))))
     if existing_order == "shuffled":
         existing = existing.take(pa.array(rng.permutation(existing.num_rows)))
+    elif existing_order == "time_order":  # as live writers leave main: each series ascends, the keys do not
+        existing = existing.sort_by([("ts", "ascending"), ("device_id", "ascending")])
     if rows_order == "table_order":
         probe = sorted_rows
     elif rows_order == "shuffled":
@@ -244,6 +246,26 @@ def test_compiled_walk_marks_what_a_set_lookup_marks_with_repeats_on_both_sides(
     assert mask.tolist() == expected.tolist()
     if sizes == (2_000, 600):
         assert 0 < found < len(mine) and len(np.unique(mine)) < len(mine) and len(np.unique(theirs)) < len(theirs)
+
+
+@pytest.mark.parametrize("series", [1, 7, 300])
+def test_compiled_series_order_sorts_keys_whose_series_each_ascend_and_declines_the_rest(series):
+    """Keys in time order (each series ascending, the series interleaved) come out sorted and the call says
+    so; shuffled keys come back declined (the caller sorts them), as do a negative key and more series than
+    keys, which counting cannot place or would place slowly."""
+    rng = np.random.default_rng(series)
+    bits = 20
+    times = np.sort(rng.integers(0, 1 << bits, 2_000))
+    keys = (rng.integers(0, series, len(times)) << bits) | times  # time order: every series ascends
+    out = np.empty_like(keys)
+    assert _keymatch.by_series(keys, bits, out)
+    assert out.tolist() == np.sort(keys).tolist()
+    shuffled = rng.permutation(keys)
+    assert not _keymatch.by_series(shuffled, bits, out)
+    assert not _keymatch.by_series(np.array([5, -1], dtype=np.int64), bits, np.empty(2, dtype=np.int64))
+    assert not _keymatch.by_series(np.array([9 << bits, 1], dtype=np.int64), bits, np.empty(2, dtype=np.int64))
+    with pytest.raises(ValueError, match="out must hold 2000 keys"):
+        _keymatch.by_series(keys, bits, np.empty(5, dtype=np.int64))
 
 
 def test_compiled_walk_refuses_arrays_it_cannot_read_as_they_are():

@@ -180,6 +180,64 @@ static PyObject *mark(PyObject *self, PyObject *args) {
     return hits < 0 ? NULL : PyLong_FromSsize_t(hits);
 }
 
+/* by_series(keys, time_bits, out) -> bool: out = keys (packed, none negative) in the order of their series
+ * (the bits above time_bits), keeping their order within a series, by counting; whether out ascends, as
+ * it does when each series' keys ascended in keys: main's rows in time order, which is how live writers
+ * leave them. Two passes over the keys took a quarter of the time numpy's sort of them did (a day of
+ * main, 130,000 keys). False, with out unspecified, when a key is negative or there are more series
+ * than keys (counting would then cost more than sorting). */
+static PyObject *by_series(PyObject *self, PyObject *args) {
+    PyObject *keys_obj, *out_obj;
+    int bits;
+    if (!PyArg_ParseTuple(args, "OiO:by_series", &keys_obj, &bits, &out_obj))
+        return NULL;
+    if (bits < 1 || bits > 62) {
+        PyErr_Format(PyExc_ValueError, "time_bits must be 1 to 62, not %d", bits);
+        return NULL;
+    }
+    Py_buffer keys, out;
+    if (int64_view(keys_obj, &keys, 0, "keys") < 0)
+        return NULL;
+    if (int64_view(out_obj, &out, 1, "out") < 0) {
+        PyBuffer_Release(&keys);
+        return NULL;
+    }
+    Py_ssize_t n = keys.len / 8;
+    if (out.len != keys.len) {
+        PyErr_Format(PyExc_ValueError, "out must hold %zd keys, not %zd", n, out.len / 8);
+        PyBuffer_Release(&keys);
+        PyBuffer_Release(&out);
+        return NULL;
+    }
+    const int64_t *k = keys.buf;
+    int64_t *o = out.buf, top = -1, any = 0;
+    int ascending = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t r = k[i] >> bits;
+        top = r > top ? r : top;
+        any |= k[i]; /* the sign bit of any negative key */
+    }
+    Py_ssize_t *place = any >= 0 && top >= 0 && top < n ? calloc((size_t)top + 1, sizeof(Py_ssize_t)) : NULL;
+    if (place) {
+        for (Py_ssize_t i = 0; i < n; i++) place[k[i] >> bits]++;
+        Py_ssize_t at = 0;
+        for (int64_t r = 0; r <= top; r++) {
+            Py_ssize_t count = place[r];
+            place[r] = at;
+            at += count;
+        }
+        for (Py_ssize_t i = 0; i < n; i++) o[place[k[i] >> bits]++] = k[i];
+        ascending = 1;
+        for (Py_ssize_t i = 1; i < n && ascending; i++) ascending = o[i] >= o[i - 1];
+        free(place);
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&keys);
+    PyBuffer_Release(&out);
+    return PyBool_FromLong(ascending);
+}
+
 /* drop(order, mask, values, rows) -> (kept, dropped_sum): moves the entries of order that mask does not
  * mark to its front, in order, and sums values (float64 or int64, one a row; None: no sum) over the rows
  * the marked entries name. Every entry must name a row below ``rows``, each row at most once. */
@@ -280,6 +338,10 @@ fail_mask:
 }
 
 static PyMethodDef methods[] = {
+    {"by_series", by_series, METH_VARARGS,
+     "by_series(keys, time_bits, out) -> bool: out = keys (int64, none negative) ordered by series (the bits "
+     "above time_bits), stable; whether out ascends. False, out unspecified, for a negative key or more series "
+     "than keys."},
     {"drop", drop, METH_VARARGS,
      "drop(order, mask, values, rows) -> (kept, dropped_sum): the entries of order (int64) that mask does not "
      "mark moved to its front, how many those are, and the sum of values (float64 or int64, one per row; or "

@@ -691,7 +691,7 @@ class KeyPacker:
         for batch in batches:
             theirs = self.pack_rows(batch)[0]
             if len(theirs) > 1 and not bool(np.all(theirs[1:] >= theirs[:-1])):
-                theirs = np.sort(theirs)  # the walk needs it; the search, sorted, walks ``ordered`` once: 6× faster
+                theirs = self._ascending(theirs)  # the walk needs it; the search, sorted, walks ``ordered`` once: 6× faster
             if _keymatch is not None:
                 _keymatch.mark(ordered, theirs, found)
                 continue
@@ -707,6 +707,15 @@ class KeyPacker:
         if order is not None:
             mask[order] = found
         return mask
+
+    def _ascending(self, keys: np.ndarray) -> np.ndarray:
+        """Packed keys sorted. Main's rows in time order (as live writers leave them) only need their series
+        put in order, which counting does in two passes (`_keymatch.by_series`), under half the time of a sort."""
+        if _keymatch is not None:
+            ordered = np.empty_like(keys)
+            if _keymatch.by_series(keys, self.time_bits, ordered):
+                return ordered
+        return np.sort(keys)
 
 
 def _seen_twice(ordered: np.ndarray, theirs: np.ndarray) -> np.ndarray:
