@@ -271,10 +271,12 @@ def stream_range(table: IcebergTable, column: str, start_us: int | None, end_us:
 
 
 def _stream_tasks(scan: Any, tasks: Any, column: str, start_us: int | None, end_us: int | None,
-                  dictionaries: tuple[str, ...] = (), *, objects: ObjectIO) -> pa.RecordBatchReader:
+                  dictionaries: tuple[str, ...] = (), inside: frozenset[int] = frozenset(), *,
+                  objects: ObjectIO) -> pa.RecordBatchReader:
     """The rows of ``scan``'s planned ``tasks`` in [start, end), a row group at a time where the file allows;
     the text columns named in ``dictionaries`` dictionary-encoded (read so from Parquet: a few thousand
-    series, not a string a row)."""
+    series, not a string a row). ``inside``: the places in ``tasks`` of files whose time bounds lie in
+    [start, end), whose rows need no filter (a day of main read for a day's unit: 0.2 ms a read)."""
     from pyiceberg.io.pyarrow import ArrowScan
 
     projection = scan.projection()
@@ -285,7 +287,7 @@ def _stream_tasks(scan: Any, tasks: Any, column: str, start_us: int | None, end_
     row_filter = time_filter(column, start_us, end_us)
 
     def batches() -> Iterator[pa.RecordBatch]:
-        for task in tasks:
+        for place, task in enumerate(tasks):
             fs, path = objects.filesystem(task.file.file_path, scan.io)
             with fs.open_input_file(path) as handle:
                 parquet = pq.ParquetFile(handle)  # its footer, parsed once for both readers
@@ -303,6 +305,9 @@ def _stream_tasks(scan: Any, tasks: Any, column: str, start_us: int | None, end_
                 # cores, and Arrow's pool decoding their columns too only made them wait for one another
                 for batch in parquet.iter_batches(batch_size=1 << 20, columns=[by_id[i] for i in ids], use_threads=False):
                     rows = pa.Table.from_batches([batch]).rename_columns(list(ids.values()))
+                    if place in inside and not rows.column(column).null_count:  # a null time is in no range
+                        yield from _encoded(rows, schema, dictionaries).to_batches()
+                        continue
                     ts = micros(rows, column)
                     keep = np.ones(len(ts), dtype=bool)
                     if start_us is not None:
@@ -372,8 +377,10 @@ class SnapshotRange:
     def batches(self, start_us: int, end_us: int, dictionaries: tuple[str, ...] = ()) -> pa.RecordBatchReader:
         """The snapshot's rows in [start, end), which must lie inside the planned range (``dictionaries``:
         text columns to read dictionary-encoded)."""
-        tasks = [task for lo, hi, task in self._tasks if lo is None or hi is None or (lo < end_us and hi >= start_us)]
-        return _stream_tasks(self._scan, tasks, self._column, start_us, end_us, dictionaries, objects=self._objects)
+        chosen = [(lo, hi, task) for lo, hi, task in self._tasks if lo is None or hi is None or (lo < end_us and hi >= start_us)]
+        inside = frozenset(i for i, (lo, hi, _) in enumerate(chosen) if lo is not None and hi is not None and start_us <= lo and hi < end_us)
+        return _stream_tasks(self._scan, [task for _, _, task in chosen], self._column, start_us, end_us, dictionaries, inside,
+                             objects=self._objects)
 
 
 class MainReader:
