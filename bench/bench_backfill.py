@@ -614,12 +614,23 @@ def _load() -> str:
         return "?"
 
 
+def _memory() -> str:
+    """Free memory and page cache: a spill's pages must first be taken from the cache when little is
+    free, which cost a per-device backfill at 4x 3.5 s more kernel time on this host (bench/README.md)."""
+    try:
+        with open("/proc/meminfo") as info:
+            fields = {line.split(":")[0]: int(line.split()[1]) for line in info}
+    except (OSError, ValueError, IndexError):
+        return "?"
+    return f"{fields.get('MemFree', 0) / 2**20:.1f} GB free, {fields.get('Cached', 0) / 2**20:.1f} GB page cache"
+
+
 def driver(args: argparse.Namespace) -> None:
     wanted = [n for n, _ in CASES if not args.only or n in args.only]
     print(f"timelake backfill benchmark  {datetime.now(UTC):%Y-%m-%d %H:%M} UTC")
     print(f"host: {os.cpu_count()} CPUs, {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GB, "
           f"Python {platform.python_version()}, pyarrow {pa.__version__}, pyiceberg {_version('pyiceberg')}, "
-          f"duckdb {_version('duckdb')}; max_concurrency={args.max_concurrency}; load average {_load()}")
+          f"duckdb {_version('duckdb')}; max_concurrency={args.max_concurrency}; load average {_load()}; memory {_memory()}")
     if args.live_engine:
         engine, env = engine_fingerprint(), case_environment()
         print(f"engine: {_git_describe()}, fingerprint {engine}, imported live from the working tree")
@@ -793,7 +804,7 @@ def driver(args: argparse.Namespace) -> None:
         print()
         print("files (min/median/max MB): " + "; ".join(
             f"{n} {results[n]['files']['count']} files {_mb(results[n]['files'])}" for n in others))
-    print(f"load average at the end: {_load()}")
+    print(f"load average at the end: {_load()}; memory {_memory()}")
     if args.json:
         Path(args.json).write_text(json.dumps({"params": params(args), "rows": n, "engine": engine, "runs": runs,
                                                "best": results, "failures": failures}, indent=1))
