@@ -17,9 +17,10 @@
  * the time of reading it all); the rows to sum are flagged first and the column then read through once.
  *
  * Keys may repeat on either side: every repeat in the first array is marked, a repeat in the second
- * marks nothing more. The caller owns every array passed; only `drop` allocates, a byte of flags a row,
- * freed before it returns. Should `drop` find an entry naming no row, it raises with ``order`` moved
- * forward up to there: the unit fails and is written again from its rows.
+ * marks nothing more. The caller owns every array passed; only `drop` (a byte of flags a row) and
+ * `by_series` (a count a series) allocate, and free it before they return. Should `drop` find an entry
+ * naming no row, it raises with ``order`` moved forward up to there: the unit fails and is written again
+ * from its rows.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -183,9 +184,9 @@ static PyObject *mark(PyObject *self, PyObject *args) {
 /* by_series(keys, time_bits, out) -> bool: out = keys (packed, none negative) in the order of their series
  * (the bits above time_bits), keeping their order within a series, by counting; whether out ascends, as
  * it does when each series' keys ascended in keys: main's rows in time order, which is how live writers
- * leave them. Two passes over the keys took a quarter of the time numpy's sort of them did (a day of
- * main, 130,000 keys). False, with out unspecified, when a key is negative or there are more series
- * than keys (counting would then cost more than sorting). */
+ * leave them. Two passes over the keys took under half the time numpy's sort of them did (a day of
+ * main, 130,000 keys: 0.3 against 0.7 ms). False, with out unspecified, when a key is negative, when there
+ * are more series than keys (counting would then cost more than sorting) or no memory for the counts. */
 static PyObject *by_series(PyObject *self, PyObject *args) {
     PyObject *keys_obj, *out_obj;
     int bits;
