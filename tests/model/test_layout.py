@@ -1,12 +1,23 @@
 """The counting unique used on every scanned batch, and the run-aware stable sort used on every unit,
-agree with numpy's sorting ones."""
+agree with numpy's sorting ones; a planned range's pieces hold exactly main's rows in them."""
 
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
-from timelake.model.layout import COUNTED_RANGE, RUN_ROWS, concat_ranges, dense_unique, stable_argsort
+from timelake.adapters.objects import ArrowObjects
+from timelake.model.layout import (
+    COUNTED_RANGE,
+    RUN_ROWS,
+    SnapshotRange,
+    concat_ranges,
+    dense_unique,
+    micros,
+    split_by_code,
+    stable_argsort,
+)
 
 
 @pytest.mark.parametrize("values", [
@@ -29,10 +40,6 @@ def test_dense_unique_equals_numpy_unique(values):
 
 @pytest.mark.parametrize("codes", [np.array([0, 0, 1, 1, 1, 3]), np.array([1, 0, 3, 1, 0, 1])])
 def test_split_by_code_groups_rows_in_their_order_sorted_or_not(codes):
-    import pyarrow as pa
-
-    from timelake.model.layout import split_by_code
-
     table = pa.table({"row": np.arange(len(codes))})
     groups = split_by_code(table, codes)
     assert [code for code, _ in groups] == sorted(set(codes.tolist()))
@@ -78,11 +85,6 @@ def test_concat_ranges_lays_ranges_end_to_end(starts, sizes):
 def test_a_snapshot_range_gives_the_rows_of_a_piece_whether_its_files_lie_inside_it_or_across_it(sensor, readings):
     """A piece read from a planned range holds exactly main's rows in [start, end): a day's file inside
     the piece is taken whole (no row filter) and a piece that cuts files filters their rows."""
-    import pyarrow as pa
-
-    from timelake.adapters.objects import ArrowObjects
-    from timelake.model.layout import SnapshotRange, micros
-
     rows = readings("2026-01-01", days=2, devices=3, step_minutes=30)
     sensor.append(rows, evaluate_rules=False)
     sensor.append(rows.slice(0, 2), evaluate_rules=False)  # a second file in the first day
@@ -93,7 +95,5 @@ def test_a_snapshot_range_gives_the_rows_of_a_piece_whether_its_files_lie_inside
     times = micros(rows, "ts")
     for lo, hi in [(first, first + day), (first + day, first + 2 * day), (first + day // 2, first + day + day // 3)]:
         got = planned.batches(lo, hi, ("device_id",)).read_all()
-        wanted = int(((times >= lo) & (times < hi)).sum()) + int(((times[:2] >= lo) & (times[:2] < hi)).sum())
-        assert got.num_rows == wanted
         assert sorted(micros(got, "ts").tolist()) == sorted([t for t in [*times, *times[:2]] if lo <= t < hi])
         assert pa.types.is_dictionary(got.schema.field("device_id").type)

@@ -229,8 +229,8 @@ def test_compiled_walk_marks_what_a_set_lookup_marks_with_repeats_on_both_sides(
     """The walk over two sorted arrays marks every key of the first that the second holds, each repeat of
     it too; a key repeated in the second marks nothing more; earlier marks stay (one call per batch of
     main); it returns how many keys of the first this call found. Either side may be empty or the
-    longer, by a little or by far (the longer side is skipped over eight keys at a time), and keys span the whole int64 range (a packed key is never negative, but the walk does not
-    rely on it)."""
+    longer, by a little or by far (the longer side is skipped over eight keys at a time), and keys span
+    the whole int64 range (a packed key is never negative, but the walk does not rely on it)."""
     rng = np.random.default_rng(sum(sizes))
     pool = rng.integers(-(1 << 62), 1 << 62, 3_000, dtype=np.int64)
     mine = np.sort(rng.choice(pool, sizes[0]))  # with replacement: repeats
