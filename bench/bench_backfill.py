@@ -614,15 +614,24 @@ def _load() -> str:
         return "?"
 
 
+def _meminfo() -> dict[str, int]:
+    """/proc/meminfo in kB (empty where there is none)."""
+    try:
+        with open("/proc/meminfo") as info:
+            return {line.split(":")[0]: int(line.split()[1]) for line in info}
+    except (OSError, ValueError, IndexError):
+        return {}
+
+
 def _memory() -> str:
     """Free memory and page cache: a spill's pages must first be taken from the cache when little is
     free, which cost a per-device backfill at 4x 3.5 s more kernel time on this host (bench/README.md)."""
-    try:
-        with open("/proc/meminfo") as info:
-            fields = {line.split(":")[0]: int(line.split()[1]) for line in info}
-    except (OSError, ValueError, IndexError):
+    fields = _meminfo()
+    if not fields:
         return "?"
-    return f"{fields.get('MemFree', 0) / 2**20:.1f} GB free, {fields.get('Cached', 0) / 2**20:.1f} GB page cache"
+    warning = ("; under a quarter free: the per-device case pays for taking its spill's pages from the cache"
+               if fields.get("MemFree", 0) * 4 < fields.get("MemTotal", 0) else "")
+    return f"{fields.get('MemFree', 0) / 2**20:.1f} GB free, {fields.get('Cached', 0) / 2**20:.1f} GB page cache{warning}"
 
 
 def driver(args: argparse.Namespace) -> None:
