@@ -62,3 +62,24 @@ def test_facts_round_trip_and_a_job_begun_before_ipc_facts_reads_its_parquet_one
     older = read_facts(f"{tmp_path}/units/u2.facts.arrow", objects=objects)
     assert older is not None and older[0].equals(cells) and older[1] == samples
     assert read_facts(f"{tmp_path}/units/u3.facts.arrow", objects=objects) is None
+
+
+def test_rows_of_one_day_given_as_that_day_count_as_their_day_numbers_do():
+    """A day's unit counts main as one day (no day number a row): the same cells and samples."""
+    from timelake.model.contract import Contract
+    from timelake.model.diff import Before
+
+    contract = Contract(time_column="ts", series_key=("device_id",), dedup_key=("device_id", "ts"), retention=None, tiers=(),
+                        target_file_size=1 << 27, check_column=None)
+    base = 20_000 * 86_400 * 10**6
+    rows = pa.table({"ts": pa.array([base + 5, base + 1, base + 9, base + 3], pa.timestamp("us", tz="UTC")),
+                     "device_id": pa.array(["b", "a", "b", "a"]).dictionary_encode(), "value": [1.0, 2.0, None, 4.0]})
+    counted: dict[str, tuple[list[dict[str, object]], list[dict[str, object]]]] = {}
+    for name, days in (("array", np.full(rows.num_rows, 20_000, dtype=np.int64)), ("int", 20_000)):
+        before = Before(["value"], contract)
+        before.add(rows, days)
+        counted[name] = (combine(before._cells, ["value"]).to_pylist(), before._samples)
+    assert counted["int"] == counted["array"]
+    cells = {r["series"]: (r["day"], r["rows_before"], r["value.count_before"], r["value.sum_before"]) for r in counted["int"][0]}
+    assert cells == {"a": (20_000, 2, 2, 6.0), "b": (20_000, 2, 1, 1.0)}
+    assert len(counted["int"][1]) == 4

@@ -173,3 +173,39 @@ def test_checks_sharing_a_context_plan_main_once_and_find_what_a_check_alone_fin
     state = rt.store.get_job(job_id).state
     assert plans == [(state["range_start"], state["range_end"])]
     assert shared == alone and [r["file"] for r in shared if not r["passed"]] == [last.result["path"]]
+
+
+@pytest.mark.parametrize("fault", [None, "time_outside", "null_series", "repeated_value", "text_column"])
+def test_a_file_read_in_one_batch_packs_its_keys_from_its_sort_codes_as_the_general_pass_would(fault):
+    """A day's file is one batch: its keys are packed from the sort codes its order check took. They
+    equal the general pass's; a null series, a dictionary value that repeats or a time outside the
+    partition leaves the file to the general pass. A plain text series column packs the same way."""
+    import numpy as np
+
+    from timelake.model.contract import Contract
+    from timelake.steps.validate import _packed_codes
+    from timelake.steps.write import sort_key_codes
+
+    contract = Contract(time_column="ts", series_key=("device_id",), dedup_key=("device_id", "ts"), retention=None, tiers=(),
+                        target_file_size=1 << 27, check_column=None)
+    lo = 20_000 * 86_400_000_000
+    hi = lo + 86_400_000_000
+    dictionary = ["c", "a", "b", "a"] if fault == "repeated_value" else ["c", "a", "b"]
+    indices = [1, 1, 2, 0, 0] if fault != "repeated_value" else [1, 3, 2, 0, 0]
+    times = [lo, lo + 7, lo + 3, lo + 5, hi - 1]
+    if fault == "time_outside":
+        times[-1] = hi
+    series = pa.DictionaryArray.from_arrays(pa.array(indices, pa.int32(), mask=np.array([False] * 4 + [fault == "null_series"])),
+                                            pa.array(dictionary))
+    rows = pa.table({"device_id": series.cast(pa.string()) if fault == "text_column" else series,
+                     "ts": pa.array(times, pa.timestamp("us", tz="UTC"))})
+    packed = np.full(rows.num_rows, -7, dtype=np.int64)
+    packer = _packed_codes(sort_key_codes(rows, contract), "device_id", "ts", lo, hi, packed)
+    if fault in ("time_outside", "null_series", "repeated_value"):
+        assert packer is None and (packed == -7).all()
+        return
+    assert packer is not None and packer.distinct.to_pylist() == ["a", "b", "c"]
+    general, at = packer.pack_keys(rows.column("device_id"), np.array(times, dtype=np.int64))
+    assert at is None and packed.tolist() == general.tolist()
+    values, found = packer.unpack(packed)
+    assert values.to_pylist() == ["a", "a", "b", "c", "c"] and found.tolist() == times
