@@ -164,12 +164,14 @@ def _first_of_days(rows: pa.Table, days: np.ndarray | int, series: np.ndarray, l
 
 
 class Before:
-    """Main's rows counted per cell (`before_cells`) with a few of each day, a read at a
-    time: the "before" of a diff as a main task or a merge unit (`MainCounter`) leaves it."""
+    """Main's rows counted per cell (`before_cells`), and where the diff may show them a few of each
+    day, a read at a time: the "before" of a diff as a main task or a merge unit (`MainCounter`) leaves it."""
 
-    def __init__(self, columns: list[str], contract: Contract) -> None:
+    def __init__(self, columns: list[str], contract: Contract, sampled: bool = True) -> None:
+        """``sampled``: keep a few rows of each day, which the diff shows for a day the job removes whole."""
         self._columns = columns
         self._contract = contract
+        self._sampled = sampled
         self._cells: list[pa.Table] = []
         self._samples: list[dict[str, Any]] = []
         self._per_day: dict[int, int] = {}
@@ -178,7 +180,8 @@ class Before:
         """Counts ``rows``, whose UTC day numbers are ``days`` (an int: all of them lie in that day)."""
         series, labels = series_labels(rows, self._contract.series_key)
         self._cells.append(before_cells(rows, self._columns, self._contract, days, (series, labels)))
-        self._samples += _first_of_days(rows, days, series, labels, self._per_day, self._contract, self._columns)
+        if self._sampled:
+            self._samples += _first_of_days(rows, days, series, labels, self._per_day, self._contract, self._columns)
 
     def write(self, uri: str, *, objects: ObjectIO) -> None:
         """The counted cells and samples as a facts file (`write_facts`). One read's cells (a unit's day of
@@ -195,7 +198,7 @@ class MainCounter(Before):
     plan's (`timelake.steps.plan.plan_main_tasks`), else a main task counts."""
 
     def __init__(self, main: MainReader, table: Any, columns: list[str], contract: Contract) -> None:
-        super().__init__(columns, contract)
+        super().__init__(columns, contract, sampled=False)  # a merge job removes no day: no sample of main is shown
         snapshot = table.current_snapshot()
         self.snapshot_id: int | None = snapshot.snapshot_id if snapshot is not None else None
         self._main = main
