@@ -97,3 +97,28 @@ def test_a_snapshot_range_gives_the_rows_of_a_piece_whether_its_files_lie_inside
         got = planned.batches(lo, hi, ("device_id",)).read_all()
         assert sorted(micros(got, "ts").tolist()) == sorted([t for t in [*times, *times[:2]] if lo <= t < hi])
         assert pa.types.is_dictionary(got.schema.field("device_id").type)
+
+
+def test_planning_main_without_residuals_finds_the_files_and_deletes_pyicebergs_own_planning_finds(sensor, readings):
+    """Main is planned without a residual filter per file: the same data files, with the same delete files,
+    as pyiceberg's planning of the range; each task's residual is the whole filter."""
+    from pyiceberg.expressions import EqualTo
+
+    from timelake.model.layout import time_filter
+    from timelake.model.lineage import main_tasks
+
+    rows = readings("2026-01-01", days=4, devices=3, step_minutes=60)
+    sensor.append(rows, evaluate_rules=False)
+    sensor.append(rows.slice(0, 5), evaluate_rules=False)
+    iceberg = sensor.iceberg.refresh()
+    iceberg.delete(EqualTo("device_id", "d01"))  # a delete: files rewritten, or delete files where they apply
+    iceberg = iceberg.refresh()
+    day = 86_400_000_000
+    first = int(micros(rows, "ts").min())
+    row_filter = time_filter("ts", first + day, first + 3 * day)
+    ours = main_tasks(iceberg, row_filter)
+    theirs = list(iceberg.scan(row_filter=row_filter).plan_files())
+    assert len(ours) == 2 and len(theirs) == 2  # the two middle days of four
+    assert sorted((t.file.file_path, sorted(d.file_path for d in t.delete_files)) for t in ours) == \
+        sorted((t.file.file_path, sorted(d.file_path for d in t.delete_files)) for t in theirs)
+    assert all(t.residual == row_filter for t in ours)

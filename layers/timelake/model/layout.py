@@ -387,7 +387,7 @@ class SnapshotRange:
         self._scan = table.scan(row_filter=time_filter(column, start_us, end_us), selected_fields=columns,
                                 snapshot_id=snapshot_id)
         field = table.schema().find_field(column)
-        tasks = self._scan.plan_files() if keep is None else main_tasks(table, self._scan.row_filter, keep, snapshot_id)
+        tasks = main_tasks(table, self._scan.row_filter, keep, snapshot_id)
         self._tasks = [(*file_bounds(task.file, field), task) for task in tasks]
         self._projected: dict[tuple[str, ...], _Projection] = {}
 

@@ -404,7 +404,7 @@ def plan_main_tasks(rt: Runtime, job_id: str, table: Any, contract: Contract, mo
     spans: list[tuple[int, int, str, int]] = []
     if mark.snapshot_id is not None:
         field = table.schema().find_field(contract.time_column)
-        planned = main_tasks(table, time_filter(contract.time_column, start, end), lambda entry: True, mark.snapshot_id)
+        planned = main_tasks(table, time_filter(contract.time_column, start, end), snapshot_id=mark.snapshot_id)
         for task in planned:
             lo, hi = file_bounds(task.file, field)
             lo, hi = start if lo is None else max(lo, start), end if hi is None else min(hi + 1, end)
