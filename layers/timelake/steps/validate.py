@@ -471,6 +471,8 @@ def _file_facts(contract: Contract, state: JobState, mains: dict[str, SnapshotRa
         for name, main in mains.items():
             hits = np.flatnonzero(packer.mark(packed, main.batches(lo, hi, tuple(text)), rare=True))  # series as codes
             facts.overlap[name] = len(hits)
+            if not len(hits):  # the usual answer: no sample to build
+                continue
             values, times = packer.unpack(packed[hits[:SAMPLES]])
             sample = pa.table({series: values, contract.time_column: pa.array(times, pa.int64()).cast(time_type)})
             facts.overlap_samples[name] = [_fmt_row(r) for r in sample.to_pylist()]
