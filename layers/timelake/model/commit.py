@@ -63,6 +63,7 @@ from timelake.model.iceberg_private import (
     ManifestCopy, MultiSpecAppend, MultiSpecOverwrite, all_rows_match, complement, transaction, with_metadata,
 )
 from timelake.model.layout import micros, split_by_code
+from timelake.model.lineage import main_tasks
 from timelake.model.timeutil import TRANSFORMS, transform_values
 from timelake.ports.files import ObjectIO
 from timelake.ports.store import JobState
@@ -412,7 +413,7 @@ def _matching_files(table: IcebergTable, row_filter: BooleanExpression) -> tuple
     all_match = all_rows_match(schema, row_filter)
     keep = complement(schema, row_filter)
     removed, kept = [], []
-    for task in table.scan(row_filter=row_filter).plan_files():
+    for task in main_tasks(table, row_filter):
         if all_match(task.file) and not task.delete_files:
             removed.append(task.file)
             continue

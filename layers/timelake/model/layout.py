@@ -266,8 +266,10 @@ def stream_range(table: IcebergTable, column: str, start_us: int | None, end_us:
     file whose columns carry field ids and that has no delete files is read here row group by row group,
     its columns picked by field id (a renamed column still matches). Any other file goes through pyiceberg.
     ``columns`` must hold ``column``, which filters the rows."""
+    from timelake.model.lineage import main_tasks
+
     scan = _range_scan(table, column, start_us, end_us, columns)
-    return _stream_tasks(scan, scan.plan_files(), column, start_us, end_us, objects=objects)
+    return _stream_tasks(scan, main_tasks(table, scan.row_filter), column, start_us, end_us, objects=objects)
 
 
 @dataclass(frozen=True)
