@@ -487,7 +487,7 @@ def _packed_codes(codes: KeyCodes, series: str, time_column: str, lo: int, hi: i
     merge job's check of a day's file). None, leaving it to the general pass, when a series is null, a
     dictionary value repeats or a time lies outside the partition [lo, hi)."""
     distinct = codes.distinct.get(series)
-    if distinct is None or len(codes.columns) < 2:
+    if distinct is None or distinct.null_count or len(codes.columns) < 2:
         return None
     ranks, times = codes.columns[0], codes.columns[1]
     if ranks.dtype not in (np.int32, np.int64) or times.dtype != np.int64 or not len(times) \
