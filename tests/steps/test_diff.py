@@ -297,3 +297,27 @@ def test_no_series_key_append_and_no_diff(lake, readings, tmp_path, warehouse):
     for job_id, why in ((appended.id, "(mode append): it has no diff"), (quiet.id, "ran without a diff (diff: false)")):
         code, stderr = cli_in_process("backfill", "diff", job_id, "--warehouse", str(warehouse))
         assert code == 1 and stderr.startswith(f"error: job {job_id} ") and why in stderr and len(stderr.splitlines()) == 1
+
+
+def test_a_merge_into_a_month_partition_over_some_of_its_days_reports_those_days_alone(lake, tmp_path):
+    """A month partition held whole by its scan task is written by one unit that counts main's rows of the
+    whole month as it drops the keys main holds; the diff is of the job's range, so only its days count."""
+    from tests.conftest import SCHEMA
+
+    table = lake.create_table("iot.monthly", schema=SCHEMA, time_column="ts", series_key=["device_id"],
+                              partition_by="month", retention="P3Y", target_file_size="64MB")
+    table.append(make_readings("2026-03-01", days=31, devices=2, step_minutes=360, seed=1), evaluate_rules=False)
+    source = tmp_path / "later.parquet"
+    pq.write_table(make_readings("2026-03-10", days=5, devices=3, step_minutes=180, seed=2), source)
+    start, end = "2026-03-10T00:00:00Z", "2026-03-15T00:00:00Z"
+    before = table.refresh().iceberg.current_snapshot().snapshot_id
+    job = table.backfill(source=str(source), start=start, end=end).wait()
+    units = lake.runtime.store.units(job.id)
+    assert [u.info.get("main_counted") for u in units] == [True]  # the unit counted main: no main task read it
+    after = table.refresh().iceberg.current_snapshot().snapshot_id
+    expected = reference(_range_rows(table, start, end, before), _range_rows(table, start, end, after),
+                         ["device_id", "ts"], ["device_id"], ["value"])
+    found = job.diff()
+    assert_cells(found["cells"], expected)
+    assert sorted({str(d) for d in found["cells"].column("day").to_pylist()}) == [f"2026-03-{d}" for d in range(10, 15)]
+    assert found["totals"]["rows_before"] == 5 * 4 * 2 and found["totals"]["only_after"] == job.report()["rows_written"] > 0
