@@ -136,6 +136,7 @@ class Mapper:
         for a wide export, whose lines carry every series at once, so a series blank through one pass of
         the repeated hour is still placed by the lines around it)."""
         self.target = target
+        self._empty = target.empty_table()  # each batch's result until its rows are placed: built once, not a batch
         self.keep_dictionary = set(keep_dictionary)
         self.time_column = time_column
         self.series_key = list(series_key)
@@ -217,7 +218,7 @@ class Mapper:
             *(("null_series_key", n, _nulls(self._column(batch, n))) for n in self.series_key),
             *(("null_required", n, _nulls(values[n])) for n in self._required),
         ]
-        result = MappedBatch(self.target.empty_table(), times=when)
+        result = MappedBatch(self._empty, times=when)
         dropped: pa.Array | None = None
         for reason, name, mask in checks:
             if mask is None:
