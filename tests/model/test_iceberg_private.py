@@ -14,8 +14,8 @@ from pyiceberg.expressions.visitors import _StrictMetricsEvaluator
 from pyiceberg.io.pyarrow import _ConvertToIcebergWithoutIDs, _expression_to_complementary_pyarrow
 from pyiceberg.manifest import DataFile, ManifestEntryStatus, ManifestWriter
 from pyiceberg.partitioning import PartitionField, PartitionSpec
+from pyiceberg.table import ManifestGroupPlanner, Transaction
 from pyiceberg.table import Table as IcebergTable
-from pyiceberg.table import Transaction
 from pyiceberg.table.update.snapshot import _FastAppendFiles, _OverwriteFiles, _SnapshotProducer
 from pyiceberg.transforms import DayTransform, MonthTransform
 
@@ -23,8 +23,8 @@ import timelake
 from timelake.model import iceberg_private
 from timelake.model.commit import _data_file, append_files, overwrite_files, staged_manifests
 from timelake.model.iceberg_private import (
-    MANIFEST_BLOCK, ManifestCopy, MultiSpecAppend, MultiSpecOverwrite, all_rows_match, complement, fresh_schema,
-    transaction, with_metadata,
+    MANIFEST_BLOCK, ManifestCopy, MultiSpecAppend, MultiSpecOverwrite, ResidualFreePlanner, all_rows_match, complement,
+    fresh_schema, transaction, with_metadata,
 )
 
 SCHEMA = pa.schema([pa.field("ts", pa.timestamp("us", tz="UTC"), nullable=False), pa.field("v", pa.float64())])
@@ -100,6 +100,15 @@ def test_strict_metrics_and_complementary_filter(lake):
                      "v": [1.0, 2.0, 3.0]})
     keep = complement(schema, LessThan("ts", day.isoformat()))
     assert rows.filter(keep).column("v").to_pylist() == [2.0, 3.0]
+
+
+def test_the_planner_builds_residuals_through_the_method_the_residual_free_one_overrides():
+    """`ResidualFreePlanner` overrides ``_build_residual_evaluator(spec_id)``, whose result ``plan_files``
+    calls per data file with ``residual_for(partition)``; nothing else of pyiceberg's planning changes."""
+    assert list(inspect.signature(ManifestGroupPlanner._build_residual_evaluator).parameters) == ["self", "spec_id"]
+    plan = inspect.getsource(ManifestGroupPlanner.plan_files)
+    assert "self._build_residual_evaluator" in plan and ".residual_for(" in plan
+    assert [name for name in vars(ResidualFreePlanner) if not name.startswith("__")] == ["_build_residual_evaluator"]
 
 
 def test_snapshot_producers_have_the_shape_the_subclasses_use():

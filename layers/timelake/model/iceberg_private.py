@@ -5,7 +5,7 @@ one manifest per partition spec (pyiceberg writes all of them with the current s
 files of an older, coarser tier) and that can list byte copies of manifests written before; a
 manifest writer fed a block of entries at a time; the evaluators pyiceberg's own copy-on-write delete
 uses; a table handle over changed metadata; the Arrow-to-Iceberg schema conversion that assigns
-fresh field ids. Each of those reaches into names pyiceberg marks private, so they are all here:
+fresh field ids; planning without a residual filter per file. Each of those reaches into names pyiceberg marks private, so they are all here:
 pyiceberg is pinned, and tests/model/test_iceberg_private.py checks every name this module uses (its
 signature, or the attributes read, and what it does), so that an upgrade fails there first and
 nowhere else.
@@ -33,7 +33,7 @@ from pyiceberg.manifest import (
 from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.schema import Schema, assign_fresh_schema_ids
 from pyiceberg.table import Table as IcebergTable
-from pyiceberg.table import Transaction
+from pyiceberg.table import ManifestGroupPlanner, Transaction
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.snapshots import SnapshotSummaryCollector, Summary, UpdateMetrics, update_snapshot_summaries
 from pyiceberg.table.update.snapshot import _FastAppendFiles, _OverwriteFiles
@@ -81,6 +81,27 @@ def transaction(table: IcebergTable) -> Transaction:
 def fresh_schema(schema: pa.Schema) -> Schema:
     """An Iceberg schema for an Arrow schema without field ids, with fresh ids assigned."""
     return assign_fresh_schema_ids(visit_pyarrow(schema, _ConvertToIcebergWithoutIDs()))
+
+
+class ResidualFreePlanner(ManifestGroupPlanner):
+    """pyiceberg's planning without working out each file's residual filter: it binds the filter again
+    for every data file, three quarters of planning a day-partitioned range (34 of 45 ms for 120 files,
+    under the interpreter lock while the other writers wait), and only pyiceberg's ``count()`` reads it
+    (the engine filters rows by time as it reads them). Each task's residual is the whole filter, which
+    is never wrong."""
+
+    def _build_residual_evaluator(self, spec_id: int) -> Callable[[DataFile], Any]:
+        return lambda data_file: _WholeFilter(self.row_filter)
+
+
+@dataclass(frozen=True)
+class _WholeFilter:
+    """A residual evaluator that leaves the whole filter to every file."""
+
+    row_filter: Any
+
+    def residual_for(self, partition: Any) -> Any:
+        return self.row_filter
 
 
 def all_rows_match(schema: Schema, row_filter: BooleanExpression) -> Callable[[DataFile], bool]:
