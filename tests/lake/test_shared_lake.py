@@ -315,13 +315,18 @@ def test_commits_wait_for_a_spark_application_that_holds_the_catalog_open(lake, 
     from timelake.model import commit
     from timelake.ports import runtime
 
-    done = threading.Event()
+    done, locked = threading.Event(), threading.Event()
     seen_locked = []
 
     def hold(held_for: float) -> None:
         with spark.held():
             spark.rows(TABLE)
+            locked.set()
             done.wait(held_for)
+
+    def held_from_now() -> None:  # the publish goes on once Spark holds the file, however long its read took
+        holder.start()
+        assert locked.wait(120), "Spark did not read the table"
 
     original = commit.is_conflict
 
@@ -334,7 +339,7 @@ def test_commits_wait_for_a_spark_application_that_holds_the_catalog_open(lake, 
     monkeypatch.setattr(runtime, "CATALOG_BUSY_SECONDS", 0.5)
     fresh = timelake.connect(warehouse=warehouse)
     holder = threading.Thread(target=hold, args=(3.0,))
-    with faults.at("publish.started", holder.start):
+    with faults.at("publish.started", held_from_now):
         job = fresh.table(TABLE).backfill(source=seeded["source"]).wait()
     holder.join()
     assert job.record().phase == "published" and seen_locked
