@@ -14,7 +14,7 @@ PG_BIN := /usr/lib/postgresql/15/bin
 # The runtime alone (what `make demo` needs): no CDK, no moto, no npm. --no-compile: pip would byte-compile
 # every module of every package (most never imported: pyspark, botocore's, CDK's), the longest part of an
 # install; Python compiles the ones a run imports on first import instead.
-$(RUNTIME): pyproject.toml setup.py layers/timelake/sources/_lineproto.c layers/timelake/steps/_keymatch.c
+$(RUNTIME): pyproject.toml setup.py layers/timelake/sources/_lineproto.c layers/timelake/steps/_keymatch.c layers/timelake/model/_runs.c layers/timelake/_int_view.h
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet --no-compile -e .

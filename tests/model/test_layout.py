@@ -17,7 +17,50 @@ from timelake.model.layout import (
     micros,
     split_by_code,
     stable_argsort,
+    time_runs,
 )
+
+
+DAY, HOUR = 86_400_000_000, 3_600_000_000
+RNG = np.random.default_rng(5)
+
+
+@pytest.mark.parametrize(("times", "series"), [
+    (np.tile(np.arange(0, 3 * DAY, 60_000_000), 4), np.repeat(np.arange(4, dtype=np.int32), 3 * 1440)),  # a file a device
+    (np.repeat(np.arange(-2 * DAY, DAY, 60_000_000), 5), np.tile(np.arange(5, dtype=np.int32), 3 * 1440)),  # time-ordered
+    (np.sort(RNG.integers(-5 * DAY, 5 * DAY, 10_000)), None),  # before and after 1970, no series
+    (RNG.integers(-(2**62), 2**62, 1_000), RNG.integers(0, 3, 1_000).astype(np.int32)),  # no order at all
+    (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int32)),
+])
+@pytest.mark.parametrize("width", [HOUR, DAY])
+@pytest.mark.parametrize("limit", [None, 40, 0])
+def test_runs_found_compiled_equal_numpys(monkeypatch, times, series, width, limit):
+    """The compiled search and numpy's find the same runs of one time bucket and series, or both find more
+    than the limit; and the same bounds."""
+    from timelake.model import layout
+
+    times = times.astype(np.int64)
+    compiled = time_runs(times, width, series, limit)
+    monkeypatch.setattr(layout, "_runs", None)
+    plain = time_runs(times, width, series, limit)
+    assert (compiled.starts is None) == (plain.starts is None)
+    if plain.starts is not None:
+        assert compiled.starts.tolist() == plain.starts.tolist()
+    assert (compiled.lowest, compiled.highest) == (plain.lowest, plain.highest)
+    bucket = np.floor_divide(times, width)
+    if len(times) and plain.starts is not None:  # every run is of one bucket and series, its neighbours not
+        ends = np.append(plain.starts[1:], len(times))
+        assert all((bucket[a:b] == bucket[a]).all() for a, b in zip(plain.starts, ends, strict=True))
+
+
+def test_the_compiled_search_names_the_argument_it_refuses():
+    from timelake.model import _runs
+
+    times = np.arange(10, dtype=np.int64)
+    with pytest.raises(TypeError, match="series must be a contiguous int32 array"):
+        _runs.runs(times, DAY, times, np.empty(10, dtype=np.int64), 10)
+    with pytest.raises(ValueError, match="out must hold 10 entries"):
+        _runs.runs(times, DAY, None, np.empty(3, dtype=np.int64), 20)
 
 
 @pytest.mark.parametrize("values", [

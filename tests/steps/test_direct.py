@@ -25,13 +25,13 @@ from timelake.steps.plan import cut, pending_pieces, plan, scan
 from timelake.steps.scan import read_result
 
 
-def _day_files(folder: Path, days: int, start: int = 6) -> pa.Table:
-    """A Parquet file per day (four devices, every 30 minutes), each with two corrections of earlier
-    rows of its day at its end (later rows win); all the rows, in file order."""
+def _day_files(folder: Path, days: int, start: int = 6, step_minutes: int = 30) -> pa.Table:
+    """A Parquet file per day (four devices, one after the other, every 30 minutes), each with two
+    corrections of earlier rows of its day at its end (later rows win); all the rows, in file order."""
     folder.mkdir(parents=True, exist_ok=True)
     parts = []
     for day in range(days):
-        rows = make_readings(recent(start - day), days=1, devices=4, step_minutes=30, seed=day)
+        rows = make_readings(recent(start - day), days=1, devices=4, step_minutes=step_minutes, seed=day)
         fixes = rows.slice(5, 2).set_column(2, "value", pa.array([-1.0 - day, -2.0 - day]))
         part = pa.concat_tables([rows, fixes])
         pq.write_table(part, folder / f"day-{day:02d}.parquet")
@@ -47,9 +47,17 @@ def _direct_units(lake, job_id: str) -> list[str]:
     return sorted(u.unit_id for u in lake.runtime.store.units(job_id) if u.info.get("direct"))
 
 
-def test_day_files_are_written_by_their_scan_tasks_and_end_as_through_the_spill(sensor, lake, tmp_path):
-    source = _day_files(tmp_path / "export", days=4)
+@pytest.mark.parametrize("step_minutes", [30, 1])
+def test_day_files_are_written_by_their_scan_tasks_and_end_as_through_the_spill(sensor, lake, tmp_path, monkeypatch, step_minutes):
+    """Every 30 minutes a day's rows are cut row by row; every minute, a device's rows of a day make a run
+    long enough to be cut a run at a time (`scan._scan_batch`), and the task holds them row by row all
+    the same."""
+    counted = timelake.steps.scan._partition_counts
+    per_run: list[bool] = []
+    monkeypatch.setattr(timelake.steps.scan, "_partition_counts", lambda *args: per_run.append(args[-1] is not None) or counted(*args))
+    source = _day_files(tmp_path / "export", days=4, step_minutes=step_minutes)
     job = sensor.backfill(source=str(tmp_path / "export" / "*.parquet"), max_concurrency=2).wait()
+    assert per_run and all(per_run) == (step_minutes == 1)
     record = job.record()
     assert record.phase == "published" and record.state["direct_partitions"] == 4
     assert len(_direct_units(lake, job.id)) == 4 == record.state["units_total"]

@@ -340,3 +340,61 @@ def test_a_published_job_leaves_no_spill(lake, tmp_path):
     scratch = Path(lake.runtime.config.staging.removeprefix("file://"), job.id)
     assert not (scratch / "spill").exists()
     assert sort_rows(table.to_arrow()).equals(sort_rows(source))
+
+
+@pytest.mark.parametrize("partition_by", ["hour", {"P2D": "hour", None: "day"}])
+def test_a_file_per_series_is_cut_a_run_at_a_time_into_the_same_partitions_counts_and_spill_as_row_by_row(
+        lake, tmp_path, monkeypatch, partition_by):
+    """Batches of files per device are cut, counted and spilled a run of one hour (or day) and device at a
+    time: against the same job cut row by row (as batches of many series are), every partition's rows,
+    buckets, sums and spilled bytes, the days, the bounds and the rows outside the job's range are the
+    same, and every unit writes the same rows. Hourly partitions and a table whose tiers change from hours
+    to days within the source take runs of an hour; the job's range cuts rows off both ends."""
+    from timelake.steps import scan as scanning
+
+    folder = tmp_path / "devices"
+    folder.mkdir()
+    begin = np.datetime64(recent(3), "us")
+    times = begin + np.arange(2 * 8_640) * np.timedelta64(10_000_000, "us")  # two days, a row every 10 s
+    for device in range(12):
+        rng = np.random.default_rng(device)
+        pq.write_table(pa.table({"ts": pa.array(times, pa.timestamp("us", tz="UTC")), "device_id": [f"d{device:02d}"] * len(times),
+                                 "value": rng.normal(20, 5, len(times))}), folder / f"d{device:02d}.parquet")
+
+    counted = scanning._partition_counts
+    per_run: list[bool] = []
+
+    def job(row_by_row: bool) -> tuple[list[dict], dict[str, pa.Table]]:
+        if row_by_row:
+            monkeypatch.setattr(scanning, "_series_indices", lambda rows, key: None)
+        monkeypatch.setattr(scanning, "_partition_counts", lambda *args: per_run.append(args[-1] is not None) or counted(*args))
+        rt, table = lake.runtime, f"iot.sensor{int(row_by_row)}"
+        lake.create_table(table, schema=SCHEMA, time_column="ts", series_key=["device_id"], partition_by=partition_by)
+        made = lake.create_job(JobSpec(table=table, source=str(folder / "*.parquet"), start=f"{recent(3)}T05:00:00Z",
+                                       end=f"{recent(2)}T20:00:00Z"))
+        plan(rt, made.id)
+        tasks = pending_pieces(rt, made.id)
+        for task in tasks:
+            scan(rt, made.id, task)
+        results = []
+        for task in tasks:
+            found = read_result(rt, made.id, task).to_json()
+            for part in found["partitions"]:
+                part.pop("spill")  # of each job's own
+            results.append(found)
+        cut(rt, made.id)
+        written = {u.unit_id: sort_rows(pq.read_table(write_unit(rt, made.id, u.unit_id)["path"])) for u in rt.store.units(made.id)}
+        monkeypatch.undo()
+        return results, written
+
+    by_run = job(False)
+    assert per_run and all(per_run)  # every batch was cut a run at a time
+    per_run.clear()
+    by_row = job(True)
+    assert per_run and not any(per_run)
+    sums = [[part.pop("check_sum") for part in result["partitions"]] for result in by_run[0] + by_row[0]]
+    assert sums[:len(by_run[0])] == [pytest.approx(s, rel=1e-12) for s in sums[len(by_run[0]):]]  # summed in other runs
+    assert by_run[0] == by_row[0]
+    assert sum(r["rows_outside_range"] for r in by_run[0]) == 12 * (5 + 4) * 360  # the first five hours and the last four
+    assert by_run[1].keys() == by_row[1].keys() and len(by_run[1]) > 20
+    assert all(by_run[1][unit].equals(by_row[1][unit]) for unit in by_run[1])

@@ -18,8 +18,13 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from timelake.model.contract import Contract
-from timelake.model.timeutil import transform_range, transform_values
+from timelake.model.timeutil import US_PER_DAY, US_PER_HOUR, transform_range, transform_values
 from timelake.ports.files import ObjectIO
+
+try:
+    from timelake.model import _runs  # compiled at install (_runs.c)
+except ImportError:  # no compiler at install: numpy finds the runs
+    _runs = None  # type: ignore[assignment]
 
 if TYPE_CHECKING:
     from pyiceberg.expressions import BooleanExpression
@@ -80,6 +85,39 @@ def run_starts(values: np.ndarray, also: np.ndarray | None = None) -> np.ndarray
     if also is not None:
         change |= also[1:] != also[:-1]
     return np.append(0, np.flatnonzero(change) + 1)
+
+
+@dataclass(frozen=True)
+class TimeRuns:
+    """A batch's runs of one time bucket (and one series): run i is rows ``starts[i]`` to
+    ``starts[i + 1]`` (the last to the batch's end), None when there are more than asked for;
+    ``lowest`` and ``highest`` bound its times."""
+
+    starts: np.ndarray | None
+    lowest: int
+    highest: int
+
+
+def run_width(contract: Contract) -> int:
+    """The time bucket within which a row's partition cannot change, in every tier: an hour where a tier
+    is cut by hours, else a day (tier cutoffs are floored to the coarser tier's granularity)."""
+    return US_PER_HOUR if any(tier.transform == "hour" for tier in contract.tiers) else US_PER_DAY
+
+
+def time_runs(times: np.ndarray, width: int, series: np.ndarray | None = None, limit: int | None = None) -> TimeRuns:
+    """Where runs of equal ``floor(times / width)`` (and equal ``series``, int32 dictionary indices, when
+    given) start, if there are at most ``limit``, and the times' bounds: one compiled pass (`_runs`), or
+    numpy's several."""
+    limit = len(times) if limit is None else limit
+    if _runs is not None and times.dtype == np.int64 and (series is None or series.dtype == np.int32):
+        out = np.empty(max(0, min(len(times), limit)), dtype=np.int64)
+        count, lowest, highest = _runs.runs(np.ascontiguousarray(times), width, None if series is None else
+                                            np.ascontiguousarray(series), out, limit)
+        return TimeRuns(out[:count] if count >= 0 else None, lowest, highest)
+    if len(times) == 0:
+        return TimeRuns(np.zeros(0, dtype=np.int64), 0, 0)
+    starts = run_starts(np.floor_divide(times, width), series)
+    return TimeRuns(starts if len(starts) <= limit else None, int(times.min()), int(times.max()))
 
 
 def dense_unique(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

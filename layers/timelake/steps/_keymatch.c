@@ -28,23 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* A contiguous buffer of signed integers of ``size`` bytes (8, or 4 where ``size`` is 0 and either is
- * taken); on failure a TypeError that names the argument. */
-static int int_view(PyObject *obj, Py_buffer *view, int writable, int size, const char *name) {
-    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0)) < 0)
-        return -1;
-    const char *f = view->format ? view->format : "B";
-    if (*f == '<' || *f == '=' || *f == '@') f++;
-    int wide = view->itemsize == 8 && (strcmp(f, "q") == 0 || strcmp(f, "l") == 0);
-    int narrow = view->itemsize == 4 && (strcmp(f, "i") == 0 || (sizeof(long) == 4 && strcmp(f, "l") == 0));
-    if (!(wide && size != 4) && !(narrow && size == 0)) {
-        PyErr_Format(PyExc_TypeError, "%s must be a contiguous %s array, not format '%s' of %zd bytes", name,
-                     size ? "int64" : "int32 or int64", view->format ? view->format : "B", view->itemsize);
-        PyBuffer_Release(view);
-        return -1;
-    }
-    return 0;
-}
+#include "../_int_view.h"
 
 static int int64_view(PyObject *obj, Py_buffer *view, int writable, const char *name) {
     return int_view(obj, view, writable, 8, name);

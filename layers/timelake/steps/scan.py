@@ -28,8 +28,8 @@ from timelake.model.diff import MainCounter, compared_columns, compares, facts_u
 from timelake.model.faults import checkpoint
 from timelake.model.issues import Issues
 from timelake.model.layout import (
-    RUN_ROWS, MainReader, PartitionKey, by_index, code_runs, dense_unique, micros, partition_codes, read_range, run_starts, series_hash,
-    single_array,
+    RUN_ROWS, MainReader, PartitionKey, by_index, code_runs, dense_unique, micros, partition_codes, read_range, run_starts, run_width,
+    series_hash, single_array, time_runs,
 )
 from timelake.model.report import Tally
 from timelake.model.spec import JobSpec
@@ -219,10 +219,14 @@ class _Spiller:
         return self.dictionaries.code(rows)
 
     def write(self, parts: list[PartitionStats | None], codes: np.ndarray, rows: pa.Table,
-              buckets: np.ndarray | None) -> None:
+              buckets: np.ndarray | None, runs: np.ndarray | None = None) -> None:
         """Spill ``rows`` (coded by `code`), row i of ``parts[codes[i]]`` with series bucket ``buckets[i]``,
-        or hold the rows of partitions the task writes itself."""
+        or hold the rows of partitions the task writes itself. With ``runs`` (where runs of rows start),
+        ``codes`` and ``buckets`` are the runs'."""
         whole = {code: part for code, part in enumerate(parts) if part is not None and part.key.name in self.direct}
+        if whole and runs is not None:  # held by partition: a code and bucket a row
+            sizes = np.diff(runs, append=rows.num_rows)
+            codes, buckets, runs = np.repeat(codes, sizes), np.repeat(buckets, sizes) if buckets is not None else None, None
         if whole:
             mine = np.isin(codes, list(whole))
             self._hold_whole(whole, codes[mine], rows if mine.all() else rows.filter(pa.array(mine)),
@@ -232,10 +236,10 @@ class _Spiller:
             keep = ~mine
             rows, codes, buckets = rows.filter(pa.array(keep)), codes[keep], buckets[keep] if buckets is not None else None
             parts = [None if code in whole else part for code, part in enumerate(parts)]
-        self._spill(parts, codes, rows, buckets)
+        self._spill(parts, codes, rows, buckets, runs)
 
     def _spill(self, parts: list[PartitionStats | None], codes: np.ndarray, rows: pa.Table,
-               buckets: np.ndarray | None) -> None:
+               buckets: np.ndarray | None, runs: np.ndarray | None = None) -> None:
         if self.file is None:
             fs, root = self.objects.filesystem(self.uri)
             fs.create_dir(root, recursive=True)
@@ -248,7 +252,7 @@ class _Spiller:
                 self.parts[key] = part
                 part.spill.append(self.file.uri)
             keys.append(key)
-        self.file.hold(rows, keys, codes, buckets, rows.nbytes)
+        self.file.hold(rows, keys, codes, buckets, rows.nbytes, runs)
         if self.file.held_bytes > HELD_BYTES:
             self.file.flush()
 
@@ -525,37 +529,54 @@ def _scan_batch(
     if rows.num_rows == 0:
         return
     ts = micros(rows, ctx.contract.time_column)
-    result.min_us = _min(result.min_us, int(ts.min()))
-    result.max_us = _max(result.max_us, int(ts.max()))
-    keep = np.ones(len(ts), dtype=bool)
-    if ctx.start_us is not None:
-        keep &= ts >= ctx.start_us
-    if ctx.end_us is not None:
-        keep &= ts < ctx.end_us
-    result.rows_outside_range += int((~keep).sum())
-    if ctx.retention_cutoff is not None:
-        old = keep & (ts < ctx.retention_cutoff)
-        result.rows_outside_retention += int(old.sum())
-        keep &= ~old
-    if not keep.all():
-        rows, ts = rows.filter(pa.array(keep)), ts[keep]
+    width = run_width(ctx.contract)
+    series = _series_indices(rows, ctx.contract.series_key)
+    found = time_runs(ts, width, series, len(ts) // RUN_ROWS)
+    result.min_us = _min(result.min_us, found.lowest)
+    result.max_us = _max(result.max_us, found.highest)
+    if _crosses_bounds(ctx, found.lowest, found.highest):
+        keep = np.ones(len(ts), dtype=bool)
+        if ctx.start_us is not None:
+            keep &= ts >= ctx.start_us
+        if ctx.end_us is not None:
+            keep &= ts < ctx.end_us
+        result.rows_outside_range += int((~keep).sum())
+        if ctx.retention_cutoff is not None:
+            old = keep & (ts < ctx.retention_cutoff)
+            result.rows_outside_retention += int(old.sum())
+            keep &= ~old
+        if not keep.all():
+            rows, ts = rows.filter(pa.array(keep)), ts[keep]
+            series = _series_indices(rows, ctx.contract.series_key)
+            found = time_runs(ts, width, series, len(ts) // RUN_ROWS)
     if rows.num_rows == 0:
         return
-    days, day_of_row, day_counts = dense_unique(np.floor_divide(ts, US_PER_DAY))
+    # a batch of files per series in time order comes in long runs of one series and time bucket, in which
+    # the partition and the series bucket are the same: it is cut and counted a run at a time
+    runs = found.starts if series is not None or not ctx.contract.series_key else None
+    sizes = np.diff(runs, append=len(ts)) if runs is not None else None
+    firsts = ts if runs is None else ts[runs]  # each row's time, or each run's first
+    days_of = np.floor_divide(firsts, US_PER_DAY)
+    days, day_index, day_counts = dense_unique(days_of) if sizes is None else _weighted_unique(days_of, sizes)
     result.days.update(dict(zip(days.tolist(), day_counts.tolist(), strict=True)))
     if result.sample_rows == 0:
         result.sample_rows, result.sample_bytes = _measure(rows.slice(0, SAMPLE_ROWS), ctx.contract)
     if overlap is not None:
         overlap.add(rows)
-    codes, keys = partition_codes(ts, ctx.contract, ctx.cutoffs, days=(days, day_of_row))
-    buckets = series_bucket(rows, ctx.contract.series_key) if ctx.contract.series_key else None
+    codes, keys = partition_codes(firsts, ctx.contract, ctx.cutoffs, days=(days, day_index))
+    buckets = None
+    if runs is not None and series is not None:
+        buckets = _bucket_of_value(rows.column(ctx.contract.series_key[0]), ctx.contract.series_key)[series[runs]]
+    elif ctx.contract.series_key:
+        buckets = series_bucket(rows, ctx.contract.series_key)
     values = None
     if ctx.contract.check_column:
         column = rows.column(ctx.contract.check_column)
         values = (pc.fill_null(column, 0) if column.null_count else column).to_numpy().astype(np.float64, copy=False)
+        values = np.add.reduceat(values, runs) if runs is not None else values
     if spiller:
         rows = spiller.code(rows)
-    per_code, counts, sums = _partition_counts(codes, buckets, values, len(keys))
+    per_code, counts, sums = _partition_counts(codes, buckets, values, len(keys), sizes)
     bytes_per_row = rows.nbytes / rows.num_rows
     parts: list[PartitionStats | None] = [None] * len(keys)
     present = np.flatnonzero(per_code)
@@ -572,21 +593,44 @@ def _scan_batch(
             part.add_buckets(counts[code])
         part.check_sum += total
     if spiller:
-        spiller.write(parts, codes, rows, buckets)
+        spiller.write(parts, codes, rows, buckets, runs)
+
+
+def _crosses_bounds(ctx: ScanContext, lowest: int, highest: int) -> bool:
+    """Whether rows between ``lowest`` and ``highest`` may lie outside the job's range or retention."""
+    return ((ctx.start_us is not None and lowest < ctx.start_us) or (ctx.end_us is not None and highest >= ctx.end_us)
+            or (ctx.retention_cutoff is not None and lowest < ctx.retention_cutoff))
+
+
+def _series_indices(rows: pa.Table, series_key: tuple[str, ...]) -> np.ndarray | None:
+    """The dictionary indices of a single series column read as codes (int32, no nulls), which runs of one
+    series are found by; None for any other key."""
+    if len(series_key) != 1:
+        return None
+    column = single_array(rows.column(series_key[0]))
+    if not pa.types.is_dictionary(column.type) or column.null_count or column.type.index_type != pa.int32():
+        return None
+    return column.indices.to_numpy()
+
+
+def _weighted_unique(values: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`dense_unique` of runs: their distinct values, each run's index into them and each value's rows."""
+    present, index = np.unique(values, return_inverse=True)
+    return present, index.astype(np.int64), np.bincount(index, weights=weights, minlength=len(present)).astype(np.int64)
 
 
 def _partition_counts(codes: np.ndarray, buckets: np.ndarray | None, values: np.ndarray | None,
-                      partitions: int) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
-    """Rows per partition code, rows per (code, series bucket) and the sum of ``values`` per code. A
-    batch of a file per series holds long runs of one code and bucket: they are counted and summed per
-    run (a sequential sum each), not per row (a scattered add each)."""
-    starts = run_starts(codes, buckets)
-    if len(starts) <= len(codes) // RUN_ROWS:
-        sizes = np.diff(np.append(starts, len(codes)))
-        codes, buckets = codes[starts], buckets[starts] if buckets is not None else None
-        values = np.add.reduceat(values, starts) if values is not None else None
-    else:
-        sizes = None
+                      partitions: int, sizes: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """Rows per partition code, rows per (code, series bucket) and the sum of ``values`` per code; with
+    ``sizes`` the other arrays are of runs of that many rows each (``values`` their sums). A batch of a file
+    per series holds long runs of one code and bucket: they are counted and summed per run (a sequential
+    sum each), not per row (a scattered add each)."""
+    if sizes is None:
+        starts = run_starts(codes, buckets)
+        if len(starts) <= len(codes) // RUN_ROWS:
+            sizes = np.diff(np.append(starts, len(codes)))
+            codes, buckets = codes[starts], buckets[starts] if buckets is not None else None
+            values = np.add.reduceat(values, starts) if values is not None else None
     per_code = np.bincount(codes, weights=sizes, minlength=partitions).astype(np.int64)
     sums = np.bincount(codes, weights=values, minlength=partitions) if values is not None else None
     counts = None
@@ -601,10 +645,13 @@ def series_bucket(rows: pa.Table, series_key: tuple[str, ...]) -> np.ndarray:
     dictionary-encoded series column is bucketed per distinct value, then looked up per row."""
     column = rows.column(series_key[0]) if len(series_key) == 1 else None
     if column is not None and pa.types.is_dictionary(column.type):
-        encoded = single_array(column)
-        of_value = series_bucket(pa.table({series_key[0]: encoded.dictionary}), series_key)
-        return by_index(of_value, encoded.indices).to_numpy(zero_copy_only=False)
+        return by_index(_bucket_of_value(column, series_key), single_array(column).indices).to_numpy(zero_copy_only=False)
     return (series_hash(rows, series_key) % np.uint64(SERIES_BUCKETS)).astype(np.int64)
+
+
+def _bucket_of_value(column: pa.Array | pa.ChunkedArray, series_key: tuple[str, ...]) -> np.ndarray:
+    """The bucket of each value of a single series column's dictionary."""
+    return series_bucket(pa.table({series_key[0]: single_array(column).dictionary}), series_key)
 
 
 def _measure(sample: pa.Table, contract: Contract) -> tuple[int, int]:

@@ -173,22 +173,24 @@ class SpillFile:
         self.header = self.stream.tell()
 
     def hold(self, rows: pa.Table, partitions: list[tuple[int, int] | None], codes: np.ndarray,
-             buckets: np.ndarray | None, nbytes: int) -> None:
+             buckets: np.ndarray | None, nbytes: int, runs: np.ndarray | None = None) -> None:
         """Holds ``rows`` (coded), ``nbytes`` in all, until the next flush: row i is of partition
         ``partitions[codes[i]]`` (spec id, value; None for a code no row has) and series bucket
-        ``buckets[i]`` (None: the table has no series key)."""
+        ``buckets[i]`` (None: the table has no series key). With ``runs``, where runs of rows start,
+        ``codes`` and ``buckets`` are the runs'."""
         if not rows.num_rows:
             return
         ids = np.array([-1 if key is None else self._id(key) for key in partitions], dtype=np.int64)[codes]
-        starts = run_starts(ids, buckets)
-        if len(starts) > max(1, len(ids) // RUN_ROWS):  # runs of a few rows: order the rows, one copy now
+        starts = run_starts(ids, buckets)  # given runs: where the next runs of one partition and bucket are one
+        if runs is None and len(starts) > max(1, len(ids) // RUN_ROWS):  # runs of a few rows: order the rows, one copy now
             order = _stable_order(ids, buckets)
             rows, ids = rows.take(pa.array(order)), ids[order]
             buckets = buckets[order] if buckets is not None else None
             starts = run_starts(ids, buckets)
         # one record batch: a run is then a batch's slice, which costs half a table's (a flush takes one a run)
         self.held.append(_Batch(rows.combine_chunks().to_batches()[0], ids[starts],
-                                np.full(len(starts), WHOLE) if buckets is None else buckets[starts], np.append(starts, len(ids))))
+                                np.full(len(starts), WHOLE) if buckets is None else buckets[starts],
+                                np.append(starts if runs is None else runs[starts], rows.num_rows)))
         self.held_bytes += nbytes
 
     def _id(self, key: tuple[int, int]) -> int:

@@ -1,0 +1,119 @@
+/* The runs of a scan's batch: where its rows' time bucket (an hour or a day) or series changes, found in
+ * one pass without the GIL.
+ *
+ * A batch of files per device holds a few devices, each in time order: a few hundred runs of one day and
+ * one device in 270,000 rows. The scan cuts, counts and spills such a batch a run at a time, and only
+ * needs where the runs start. numpy found them in five passes with a temporary array each (divide the
+ * times, compare both columns with their shifted selves, combine, find the changes), and the time's
+ * bounds in two more; `runs` does it in one, and divides only where a run ends.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "../_int_view.h"
+
+/* The first and last value of the bucket of ``width`` that holds t, within int64 at both ends. */
+static void bucket(int64_t t, int64_t width, int64_t *lo, int64_t *last) {
+    int64_t q = t / width - (t % width < 0); /* floor, for times before 1970 too */
+    if (q < INT64_MIN / width) { /* the bucket starts below int64 */
+        *lo = INT64_MIN;
+        *last = (q + 1) * width - 1;
+        return;
+    }
+    *lo = q * width;
+    *last = *lo > INT64_MAX - (width - 1) ? INT64_MAX : *lo + (width - 1);
+}
+
+/* runs(times, width, series, out, limit) -> (count, lowest, highest): out[:count] = the rows where a run
+ * starts (row 0 first) of equal floor(times / width) and, unless series is None, equal series; the lowest
+ * and highest time. Past ``limit`` runs the rest are not looked for and count is -1: a batch of rows that
+ * change series every row (a time-ordered source) is cut row by row instead. times int64, series int32
+ * (a dictionary's indices), out int64 of room for the runs recorded: min(rows, limit). */
+static PyObject *runs(PyObject *self, PyObject *args) {
+    PyObject *times_obj, *series_obj, *out_obj;
+    long long width;
+    Py_ssize_t limit;
+    if (!PyArg_ParseTuple(args, "OLOOn:runs", &times_obj, &width, &series_obj, &out_obj, &limit))
+        return NULL;
+    if (width < 1 || limit < 0) {
+        PyErr_Format(PyExc_ValueError, "width must be positive and limit not negative, not %lld and %zd", width, limit);
+        return NULL;
+    }
+    Py_buffer times, series = {0}, out;
+    int have_series = series_obj != Py_None;
+    if (int_view(times_obj, &times, 0, 8, "times") < 0)
+        return NULL;
+    if (have_series && int_view(series_obj, &series, 0, 4, "series") < 0) {
+        PyBuffer_Release(&times);
+        return NULL;
+    }
+    if (int_view(out_obj, &out, 1, 8, "out") < 0) {
+        if (have_series) PyBuffer_Release(&series);
+        PyBuffer_Release(&times);
+        return NULL;
+    }
+    Py_ssize_t n = times.len / 8, count = 0;
+    PyObject *result = NULL;
+    Py_ssize_t room = n < limit ? n : limit; /* the most runs recorded */
+    if (out.len / 8 < room || (have_series && series.len / 4 != n)) {
+        PyErr_Format(PyExc_ValueError, "out must hold %zd entries and series one a time (%zd), not %zd and %zd", room, n,
+                     out.len / 8, have_series ? series.len / 4 : n);
+        goto done;
+    }
+    const int64_t *t = times.buf;
+    const int32_t *s = series.buf;
+    int64_t *o = out.buf, lowest = 0, highest = 0;
+    Py_BEGIN_ALLOW_THREADS
+    if (n > 0) {
+        int64_t lo, last, mn = t[0], mx = t[0];
+        int32_t current = have_series ? s[0] : 0;
+        bucket(t[0], (int64_t)width, &lo, &last);
+        Py_ssize_t i = 1;
+        if (limit < 1)
+            count = -1;
+        else
+            o[count++] = 0;
+        for (; i < n && count >= 0; i++) {
+            int64_t x = t[i];
+            mn = x < mn ? x : mn;
+            mx = x > mx ? x : mx;
+            int32_t c = have_series ? s[i] : 0;
+            if (x < lo || x > last || c != current) {
+                if (count >= limit) { /* too many to be worth it: the bounds alone from here */
+                    count = -1;
+                    break;
+                }
+                o[count++] = i;
+                current = c;
+                bucket(x, (int64_t)width, &lo, &last);
+            }
+        }
+        for (; i < n; i++) {
+            mn = t[i] < mn ? t[i] : mn;
+            mx = t[i] > mx ? t[i] : mx;
+        }
+        lowest = mn;
+        highest = mx;
+    }
+    Py_END_ALLOW_THREADS
+    result = Py_BuildValue("nLL", count, (long long)lowest, (long long)highest);
+done:
+    PyBuffer_Release(&out);
+    if (have_series) PyBuffer_Release(&series);
+    PyBuffer_Release(&times);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"runs", runs, METH_VARARGS,
+     "runs(times, width, series, out, limit) -> (count, lowest, highest): out[:count] = the rows (int64) where a "
+     "run of equal floor(times / width) and equal series (int32, or None) starts, row 0 first; the lowest and "
+     "highest of times (int64). Past limit runs, count is -1. out holds min(len(times), limit) entries."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_runs", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__runs(void) { return PyModule_Create(&module); }

@@ -1,0 +1,5 @@
+"""The compiled search for runs of one time bucket and series (``_runs.c``) as type checkers see it."""
+
+import numpy as np
+
+def runs(times: np.ndarray, width: int, series: np.ndarray | None, out: np.ndarray, limit: int, /) -> tuple[int, int, int]: ...
