@@ -176,6 +176,22 @@ def test_files_carry_the_sort_order_id_and_nan_counts(sensor, readings):
     assert all(table.schema().find_field("ts").field_id not in dict(f.nan_value_counts) for f in files)
 
 
+def test_nan_counts_are_of_the_rows_a_merge_keeps_and_leave_nulls_out(sensor, readings):
+    """A merge drops the rows whose keys main holds: a NaN among them is not in the file, nor counted;
+    a null value is no NaN."""
+    source = readings(recent(5), days=1, devices=2)
+    values = source.column("value").to_pylist()
+    values[3], values[7], values[9] = math.nan, math.nan, None
+    source = source.set_column(2, "value", pa.array(values))
+    sensor.append(source.slice(3, 1).set_column(2, "value", pa.array([1.5])))  # main holds row 3's key: it wins
+    sensor.backfill(source=source).wait()
+    table = sensor.refresh().iceberg
+    value_id = table.schema().find_field("value").field_id
+    counts = {f.file_path: dict(f.nan_value_counts or {}).get(value_id) for f in (t.file for t in table.scan().plan_files())}
+    written = [count for path, count in counts.items() if "/bf-" in path]
+    assert written == [1] and len(counts) == 2  # the NaN of row 3 went with its row; the null is no NaN
+
+
 def test_raw_measurements_are_written_plain_and_repeating_columns_keep_their_dictionary(sensor, readings):
     """A column whose values hardly repeat (raw readings) gains nothing from a Parquet dictionary but
     the writer's time building one; a day of such readings is written plain, a day of readings of fixed

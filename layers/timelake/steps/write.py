@@ -397,7 +397,7 @@ def _read_slice(unit: UnitRecord, target: pa.Schema, contract: Contract, counter
     columns = []
     for name in target.names:
         chunks = pa.chunked_array(compact.pop(name))
-        columns.append((chunks.unify_dictionaries() if name in series else chunks).combine_chunks())
+        columns.append(single_array(chunks.unify_dictionaries() if name in series else chunks))  # one flush: no copy
         del chunks
     fields = [f.with_type(c.type) for f, c in zip(target, columns, strict=True)]  # keeps the Iceberg field ids
     # Arrow's allocator keeps the pages of the read's buffers for its own reuse; the sort that follows
@@ -835,10 +835,11 @@ def _write(rows: pa.Table, path: str, properties: dict[str, str], order: np.ndar
     nans = {}
     for f in rows.schema:
         if pa.types.is_floating(f.type):
-            is_nan = pc.fill_null(pc.is_nan(rows.column(f.name)), False).to_numpy(zero_copy_only=False)
-            counted = int(is_nan.sum())
+            is_nan = pc.is_nan(rows.column(f.name))
+            counted = pc.sum(is_nan).as_py() or 0  # counted by Arrow over its bits: no array of a byte a row
             whole = order is None or len(order) == rows.num_rows  # ``order`` never repeats a row
-            nans[f.name] = counted if whole or not counted else int(is_nan[order].sum())  # a merge's kept rows: a gather
+            nans[f.name] = counted if whole or not counted else \
+                int(pc.fill_null(is_nan, False).to_numpy(zero_copy_only=False)[order].sum())  # a merge's kept rows: a gather
     metadata = {**(rows.schema.metadata or {}), NAN_COUNTS: json.dumps(nans).encode()}
     plain = pa.schema([f.with_type(f.type.value_type) if pa.types.is_dictionary(f.type) else f for f in rows.schema],
                       metadata=metadata)
