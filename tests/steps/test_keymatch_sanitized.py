@@ -1,10 +1,11 @@
 """The compiled key match built with AddressSanitizer and UndefinedBehaviorSanitizer, on random inputs.
 
-The test compiles ``_keymatch.c`` as the install does, plus the sanitizers, and runs its four functions
+The test compiles ``_keymatch.c`` as the install does, plus the sanitizers, and runs its five functions
 in a child interpreter that loads the ASan runtime first (it must come before any other library) on
 random arrays of every length from none to a few thousand: keys spanning the whole int64 range with
 repeats, keys of interleaved series each in time order, codes with and without a lookup (unknown and
-negative codes, times before and past the range, the widest time field), orders with marked entries
+negative codes, times before and past the range, the widest time field), sorted keys with repeats and a
+row out of order (series codes of both widths, times over all of int64), orders with marked entries
 anywhere and rows of both value types, each checked against numpy. Any report of either sanitizer stops
 the child with an error.
 """
@@ -60,6 +61,19 @@ def run(library: str) -> None:
         inside = np.array([r >= 0 and 0 <= x < (1 << bits) for r, x in zip(ranks.tolist(), low.tolist(), strict=True)], dtype=bool)
         assert outside == (~inside).sum() and (out[~inside] == -1).all()
         assert out[inside].tolist() == [(r << bits) | x for r, x in zip(ranks[inside].tolist(), low[inside].tolist(), strict=True)]
+
+        first = np.sort(rng.integers(-3, 3, n)).astype(np.int32 if i % 2 else np.int64)
+        second = rng.integers(np.iinfo(np.int64).min, np.iinfo(np.int64).max, n, dtype=np.int64) if i % 3 == 0 else \
+            np.concatenate([np.sort(rng.integers(0, 9, int((first == s).sum()))) for s in range(-3, 3)]).astype(np.int64)
+        if n > 1 and i % 4 == 0:  # a row out of order
+            at = int(rng.integers(0, n - 1))
+            first[at], first[at + 1] = first[at + 1], first[at]
+        repeats = np.ones(n, dtype=bool)
+        less = (first[:-1] < first[1:]) | ((first[:-1] == first[1:]) & (second[:-1] < second[1:]))
+        equal = (first[:-1] == first[1:]) & (second[:-1] == second[1:])
+        bad = np.flatnonzero(~(less | equal))
+        assert keymatch.ordered(first, second, repeats) == (int(bad[0]) + 1 if len(bad) else -1, int(equal.sum()))
+        assert repeats.tolist() == (equal.tolist() + [False] if n else [])
 
         order = rng.permutation(n).astype(np.int64)
         marked = rng.random(n) < rng.random()

@@ -73,10 +73,14 @@ def test_sort_and_dedup_keeps_the_last_row_of_each_key():
 
 @pytest.mark.parametrize("order", ["time_major", "series_major", "one_late_row", "shuffled"])
 @pytest.mark.parametrize("extra_key", [False, True], ids=["series_time", "series_time_site"])
-def test_sort_and_dedup_equals_a_stable_lexicographic_sort_in_any_source_order(order, extra_key):
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "numpy"])
+def test_sort_and_dedup_equals_a_stable_lexicographic_sort_in_any_source_order(monkeypatch, order, extra_key, compiled):
     """The sort takes a shortcut when rows come in time order within each series (one stable sort by
     series); whatever the order, the kept rows and their order must be those of a stable sort by the
-    whole key that keeps the last source row of each key."""
+    whole key that keeps the last source row of each key, whether the compiled pass or numpy checks the
+    order."""
+    if not compiled:
+        monkeypatch.setattr(write, "_keymatch", None)
     rng = np.random.default_rng(4)
     rows = make_readings("2026-01-01", days=0.2, devices=7, step_minutes=5)
     rows = rows.append_column("site", pa.array(rng.choice(["x", "y"], rows.num_rows)))
@@ -99,6 +103,27 @@ def test_sort_and_dedup_equals_a_stable_lexicographic_sort_in_any_source_order(o
     assert duplicates == rows.num_rows - len(expected)
     assert [tuple(r[k] for k in keys) for r in out.to_pylist()] == sorted(expected)
     assert out.column("value").to_pylist() == [expected[k] for k in sorted(expected)]
+
+
+@pytest.mark.parametrize("first_type", [np.int32, np.int64])
+def test_the_compiled_order_check_equals_numpys(monkeypatch, first_type):
+    """Keys in order, with repeats, with a row out of order in either column, one row and none: the
+    compiled pass and numpy find the same first row out of order and the same repeats."""
+    rng = np.random.default_rng(9)
+    series = np.sort(rng.integers(0, 6, 2_000)).astype(first_type)
+    times = np.concatenate([np.sort(rng.integers(0, 50, (series == s).sum())) for s in range(6)]).astype(np.int64)
+    late_time, late_series = times.copy(), series.copy()
+    late_time[700] = late_time[699] - 1 if late_time[699] > 0 else -1
+    late_series[1500], late_series[1501] = late_series[1501] + 1, late_series[1500]
+    cases = [(series, times), (late_time * 0 + series, late_time), (late_series, times), (series[:1], times[:1]),
+             (series[:0], times[:0])]
+    for first, second in cases:
+        compiled = write.in_order([first, second])
+        monkeypatch.setattr(write, "_keymatch", None)
+        plain = write.in_order([first, second])
+        monkeypatch.undo()
+        assert compiled[0] == plain[0] and compiled[1].tolist() == plain[1].tolist()
+    assert write.in_order([late_series, times])[0] is not None and write.in_order([series, late_time])[0] == 700
 
 
 @pytest.mark.parametrize("rows_order", ["table_order", "shuffled", "with_repeats"])

@@ -16,6 +16,11 @@
  * by the order, that column was read a row here and there across the unit (30 % of a day: three times
  * the time of reading it all); the rows to sum are flagged first and the column then read through once.
  *
+ * `ordered` checks keys of the usual shape in sort order, as a unit's writer and the audit of each
+ * staged file do: whether each (series, time) follows the one before, and which repeat the next. numpy
+ * compared both columns with their shifted selves and combined the results, eight passes with a temporary
+ * array each; this is one.
+ *
  * Keys may repeat on either side: every repeat in the first array is marked, a repeat in the second
  * marks nothing more. The caller owns every array passed; only `drop` (a byte of flags a row) and
  * `by_series` (a count a series) allocate, and free it before they return. Should `drop` find an entry
@@ -322,6 +327,58 @@ fail_mask:
     return NULL;
 }
 
+/* ordered(first, second, equal) -> (unsorted_at, repeats): equal[i] = 1 where key i (first[i], second[i])
+ * equals key i + 1, else 0 (the last key too); the first row whose key comes before the one above it, or
+ * -1; how many keys equal the next. first int32 or int64, second int64, equal one byte a key. */
+static PyObject *ordered(PyObject *self, PyObject *args) {
+    PyObject *first_obj, *second_obj, *equal_obj;
+    if (!PyArg_ParseTuple(args, "OOO:ordered", &first_obj, &second_obj, &equal_obj))
+        return NULL;
+    Py_buffer first, second, equal;
+    if (int_view(first_obj, &first, 0, 0, "first") < 0)
+        return NULL;
+    if (int64_view(second_obj, &second, 0, "second") < 0) {
+        PyBuffer_Release(&first);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(equal_obj, &equal, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&first);
+        PyBuffer_Release(&second);
+        return NULL;
+    }
+    Py_ssize_t n = second.len / 8, unsorted = -1, repeats = 0;
+    PyObject *result = NULL;
+    if (first.len / first.itemsize != n || equal.len != n || equal.itemsize != 1) {
+        PyErr_Format(PyExc_ValueError, "first, second and equal must hold one entry a key (%zd), not %zd and %zd bytes",
+                     n, first.len / first.itemsize, equal.len);
+        goto done;
+    }
+    const int64_t *b = second.buf;
+    uint8_t *e = equal.buf;
+    int wide = first.itemsize == 8;
+    Py_BEGIN_ALLOW_THREADS
+    if (n > 0) {
+        int64_t before = wide ? ((const int64_t *)first.buf)[0] : ((const int32_t *)first.buf)[0];
+        for (Py_ssize_t i = 1; i < n; i++) {
+            int64_t a = wide ? ((const int64_t *)first.buf)[i] : ((const int32_t *)first.buf)[i];
+            int same = a == before, eq = same && b[i] == b[i - 1];
+            e[i - 1] = (uint8_t)eq;
+            repeats += eq;
+            if (unsorted < 0 && (a < before || (same && b[i] < b[i - 1])))
+                unsorted = i;
+            before = a;
+        }
+        e[n - 1] = 0;
+    }
+    Py_END_ALLOW_THREADS
+    result = Py_BuildValue("nn", unsorted, repeats);
+done:
+    PyBuffer_Release(&first);
+    PyBuffer_Release(&second);
+    PyBuffer_Release(&equal);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"by_series", by_series, METH_VARARGS,
      "by_series(keys, time_bits, out) -> bool: out = keys (int64, none negative) ordered by series (the bits "
@@ -335,6 +392,10 @@ static PyMethodDef methods[] = {
      "pack(codes, times, base, time_bits, out, lookup=None) -> int: out[i] = rank << time_bits | (times[i] - "
      "base), rank = codes[i] (int32 or int64) or lookup[codes[i]]; -1 where the rank is negative or unknown or "
      "the time is outside [base, base + 2**time_bits); returns how many rows got -1. out may be times."},
+    {"ordered", ordered, METH_VARARGS,
+     "ordered(first, second, equal) -> (unsorted_at, repeats): equal[i] = 1 where key i (first[i], second[i]; "
+     "int32 or int64, int64) equals key i + 1; the first row whose key comes before the one above it (-1: none); "
+     "how many keys equal the next. equal holds a byte a key."},
     {"mark", mark, METH_VARARGS,
      "mark(mine, theirs, mask) -> int: set mask[i] to 1 where mine[i] occurs in theirs (both int64 and "
      "ascending; mask one byte per key of mine); returns how many keys of mine were found."},

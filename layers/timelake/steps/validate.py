@@ -44,7 +44,7 @@ from timelake.steps import rejects
 from timelake.steps.plan import job_table, read_json, write_json
 from timelake.steps.redo import require_branch
 from timelake.steps.spill import is_text
-from timelake.steps.write import KeyCodes, KeyPacker, existing_mask, packed_series, sort_key_codes
+from timelake.steps.write import KeyCodes, KeyPacker, existing_mask, in_order, packed_series, sort_key_codes
 
 if TYPE_CHECKING:
     import duckdb
@@ -423,7 +423,7 @@ def _file_facts(contract: Contract, state: JobState, mains: dict[str, SnapshotRa
             elif first_series is not None and not early:
                 seen.append(_unique(rows.column(first_series)))
             codes = sort_key_codes(rows, contract)
-            unsorted_at, dup_mask = _order(codes.columns)
+            unsorted_at, dup_mask = in_order(codes.columns)
             first = {k: rows.column(k)[0].as_py() for k in keys}
             if last is not None:  # the batches' seam: the previous batch's last key against this one's first
                 seam = tuple(last[k] for k in keys), tuple(first[k] for k in keys)
@@ -564,19 +564,6 @@ class _Near:
         if near.num_rows == 0:
             return rows.slice(0, 0).select(keys)
         return rows.select(keys).filter(pa.array(existing_mask(rows, near, self.contract, codes)))
-
-
-def _order(codes: list[Any]) -> tuple[int | None, Any]:
-    """First row out of (series, time) order, and which rows repeat the key of the next row."""
-    n = len(codes[0]) if codes else 0
-    less = np.zeros(max(n - 1, 0), dtype=bool)
-    equal = np.ones(max(n - 1, 0), dtype=bool)
-    for c in codes:
-        a, b = c[:-1], c[1:]
-        less |= equal & (a < b)
-        equal &= a == b
-    bad = np.flatnonzero(~(less | equal))
-    return (int(bad[0]) + 1 if len(bad) else None), np.append(equal, False)
 
 
 def _sorted(facts: list[_FileFacts]) -> Check:

@@ -424,44 +424,56 @@ def sorted_order(rows: pa.Table, contract: Contract) -> tuple[np.ndarray, float,
     if rows.num_rows == 0:
         return np.empty(0, dtype=np.int64), 0.0, 0, keys
     columns = keys.columns
-    order = _stable_order(columns)
-    same_as_next = np.ones(rows.num_rows - 1, dtype=bool)
-    for codes in columns:
-        same_as_next &= codes[:-1] == codes[1:]
-    duplicates = int(same_as_next.sum())
+    order, repeats = _stable_order(columns)
+    duplicates = int(repeats.sum())
     if not duplicates:
         return order, 0.0, 0, keys
-    drop = np.append(same_as_next, False)
-    return order[~drop], _sum_at(rows, order[drop], contract), duplicates, KeyCodes([c[~drop] for c in columns], keys.distinct)
+    return order[~repeats], _sum_at(rows, order[repeats], contract), duplicates, KeyCodes([c[~repeats] for c in columns], keys.distinct)
 
 
-def _stable_order(columns: list[np.ndarray]) -> np.ndarray:
-    """The stable order of rows by ``columns`` (the first is the primary key); replaces each column by
-    its copy in that order, one at a time, so a unit holds its codes about once.
+def _stable_order(columns: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """The stable order of rows by ``columns`` (the first is the primary key), and which rows in that
+    order repeat the key of the next; replaces each column by its copy in that order, one at a time, so a
+    unit holds its codes about once.
 
     Rows mostly arrive in time order within each series (exports are written so, and the spill keeps
     a series' rows in source order): a stable sort by the first column alone then orders them fully,
     and a series rank of fewer than 65,536 values sorts as uint16, which numpy radix-sorts in linear
-    time. One pass checks that the other columns ascend within each run of the first; if one does
-    not, a lexicographic sort of the columns so taken decides. Either way rows with equal keys stay
-    in source order."""
+    time. One pass (`in_order`) checks that the other columns ascend within each run of the first; if
+    one does not, a lexicographic sort of the columns so taken decides. Either way rows with equal keys
+    stay in source order."""
     first = columns[0]
     order = stable_argsort(first)
     del first  # the list holds it until its sorted copy replaces it
-    undecided = None
     for i, codes in enumerate(columns):
         columns[i] = codes[order]
         del codes
-        if undecided is not None and (undecided & (columns[i][1:] < columns[i][:-1])).any():
-            for j in range(i + 1, len(columns)):
-                columns[j] = columns[j][order]
-            again = np.lexsort(columns[::-1])
-            for j in range(len(columns)):
-                columns[j] = columns[j][again]
-            return order[again]
-        same = columns[i][1:] == columns[i][:-1]
-        undecided = same if undecided is None else undecided & same
-    return order
+    unsorted_at, repeats = in_order(columns)
+    if unsorted_at is None:
+        return order, repeats
+    again = np.lexsort(columns[::-1])
+    for j in range(len(columns)):
+        columns[j] = columns[j][again]
+    return order[again], in_order(columns)[1]
+
+
+def in_order(columns: list[np.ndarray]) -> tuple[int | None, np.ndarray]:
+    """For rows' key columns (the first the primary): the first row whose key comes before the one above
+    it (None: they ascend), and which rows repeat the key of the next row. The usual key (series codes,
+    times) takes one compiled pass (`_keymatch.ordered`)."""
+    n = len(columns[0]) if columns else 0
+    if _keymatch is not None and len(columns) == 2 and columns[0].dtype in (np.int32, np.int64) and columns[1].dtype == np.int64:
+        repeats = np.empty(n, dtype=bool)
+        unsorted_at, _ = _keymatch.ordered(np.ascontiguousarray(columns[0]), np.ascontiguousarray(columns[1]), repeats)
+        return (unsorted_at if unsorted_at >= 0 else None), repeats
+    less = np.zeros(max(n - 1, 0), dtype=bool)
+    equal = np.ones(max(n - 1, 0), dtype=bool)
+    for c in columns:
+        a, b = c[:-1], c[1:]
+        less |= equal & (a < b)
+        equal &= a == b
+    bad = np.flatnonzero(~(less | equal))
+    return (int(bad[0]) + 1 if len(bad) else None), np.append(equal, False)[:n]
 
 
 def _sort_and_dedup(rows: pa.Table, contract: Contract) -> tuple[pa.Table, float, int, KeyCodes]:
