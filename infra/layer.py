@@ -295,8 +295,8 @@ def bundle(output_dir: Path, layer: str = ENGINE_LAYER, deps: Path | None = None
             shutil.copytree(entry, site / entry.name, copy_function=_link_or_copy, dirs_exist_ok=True)
         else:
             _link_or_copy(str(entry), str(site / entry.name))
-    if layer == ENGINE_LAYER:  # not the line-protocol reader built for this machine: Lambda's is aarch64
-        shutil.copytree(ENGINE, site / "timelake", ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.so", "*.c"),
+    if layer == ENGINE_LAYER:  # not the compiled parts built for this machine (Lambda's is aarch64), nor their sources
+        shutil.copytree(ENGINE, site / "timelake", ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.so", "*.c", "*.h"),
                         dirs_exist_ok=True)
 
 

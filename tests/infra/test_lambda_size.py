@@ -167,6 +167,8 @@ def test_layer_leaves_out_what_lambda_provides_or_never_loads(layer: Path) -> No
                  "pyarrow/include", "pyarrow/tests", "pyarrow/libarrow_flight.so.2600", "numpy/random", "duckdb/experimental"):
         assert not (site / path).exists(), path
     assert not list(site.rglob("__pycache__")), "compiled for the build machine's Python, useless on Lambda"
+    assert not [p for p in (site / "timelake").rglob("*") if p.suffix in (".c", ".h", ".so")], \
+        "the engine's compiled parts are built for this machine, not Lambda's aarch64; their sources serve no import"
     assert not [p for p in site.rglob("*") if p.is_symlink()], "the asset zip would store each link as a copy"
 
 
