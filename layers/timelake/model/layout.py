@@ -132,9 +132,9 @@ def dense_unique(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray
     if len(starts) == 1:  # one value, as a batch of one day has: nothing to count
         return values[:1].copy(), np.zeros(len(values), dtype=np.int64), np.array([len(values)], dtype=np.int64)
     if len(starts) <= len(values) // RUN_ROWS:
-        present, of_run = np.unique(values[starts], return_inverse=True)
         lengths = np.diff(np.append(starts, len(values)))
-        return present, np.repeat(of_run.astype(np.int64), lengths), np.bincount(of_run, weights=lengths).astype(np.int64)
+        present, of_run, counts = unique_of_runs(values[starts], lengths)
+        return present, np.repeat(of_run, lengths), counts
     lo, hi = int(values.min()), int(values.max())
     if hi - lo > 4 * len(values) + 1024:  # sparse: counting would allocate more than sorting costs
         return np.unique(values, return_inverse=True, return_counts=True)
@@ -144,6 +144,13 @@ def dense_unique(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray
     position = np.zeros(len(counts), dtype=np.int64)
     position[present] = np.arange(len(present))
     return present + lo, position[offsets], counts[present]
+
+
+def unique_of_runs(values: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`dense_unique` of runs: the distinct ``values`` (one a run), each run's index into them, and each
+    value's rows (its runs' ``lengths`` summed)."""
+    present, of_run = np.unique(values, return_inverse=True)
+    return present, of_run.astype(np.int64), np.bincount(of_run, weights=lengths, minlength=len(present)).astype(np.int64)
 
 
 def single_array(column: pa.Array | pa.ChunkedArray) -> pa.Array:

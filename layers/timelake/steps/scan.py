@@ -29,7 +29,7 @@ from timelake.model.faults import checkpoint
 from timelake.model.issues import Issues
 from timelake.model.layout import (
     RUN_ROWS, MainReader, PartitionKey, by_index, code_runs, dense_unique, micros, partition_codes, read_range, run_starts, run_width,
-    series_hash, single_array, time_runs,
+    series_hash, single_array, time_runs, unique_of_runs,
 )
 from timelake.model.report import Tally
 from timelake.model.spec import JobSpec
@@ -557,7 +557,7 @@ def _scan_batch(
     sizes = np.diff(runs, append=len(ts)) if runs is not None else None
     firsts = ts if runs is None else ts[runs]  # each row's time, or each run's first
     days_of = np.floor_divide(firsts, US_PER_DAY)
-    days, day_index, day_counts = dense_unique(days_of) if sizes is None else _weighted_unique(days_of, sizes)
+    days, day_index, day_counts = dense_unique(days_of) if sizes is None else unique_of_runs(days_of, sizes)
     result.days.update(dict(zip(days.tolist(), day_counts.tolist(), strict=True)))
     if result.sample_rows == 0:
         result.sample_rows, result.sample_bytes = _measure(rows.slice(0, SAMPLE_ROWS), ctx.contract)
@@ -611,12 +611,6 @@ def _series_indices(rows: pa.Table, series_key: tuple[str, ...]) -> np.ndarray |
     if not pa.types.is_dictionary(column.type) or column.null_count or column.type.index_type != pa.int32():
         return None
     return column.indices.to_numpy()
-
-
-def _weighted_unique(values: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """`dense_unique` of runs: their distinct values, each run's index into them and each value's rows."""
-    present, index = np.unique(values, return_inverse=True)
-    return present, index.astype(np.int64), np.bincount(index, weights=weights, minlength=len(present)).astype(np.int64)
 
 
 def _partition_counts(codes: np.ndarray, buckets: np.ndarray | None, values: np.ndarray | None,
