@@ -240,6 +240,25 @@ def test_raw_measurements_are_written_plain_and_repeating_columns_keep_their_dic
     assert back.column("value").to_pylist() == source.sort_by([("device_id", "ascending"), ("ts", "ascending")]).column("value").to_pylist()
 
 
+def test_series_statistics_cover_every_step_of_the_writer(sensor, readings):
+    """The Parquet writer takes a file's rows a step (`write.WRITE_BATCH_ROWS`) at a time, and for the
+    series, a dictionary column, updates its statistics from the dictionary values each step uses. Engines
+    skip row groups and files by those bounds (``device_id = ...``): they must span the file's first and
+    last series, which lie several steps apart."""
+    source = readings(recent(4), days=1, devices=12, step_minutes=1)
+    sensor.backfill(source=source).wait()
+    table = sensor.refresh().iceberg
+    [task] = list(table.scan().plan_files())
+    series = sorted(set(source.column("device_id").to_pylist()))
+    meta = pq.read_metadata(task.file.file_path.removeprefix("file://"))
+    assert meta.num_rows > 2 * write.WRITE_BATCH_ROWS
+    column = [meta.row_group(0).column(i) for i in range(meta.num_columns) if meta.row_group(0).column(i).path_in_schema == "device_id"][0]
+    assert "RLE_DICTIONARY" in column.encodings
+    assert (column.statistics.min, column.statistics.max, column.statistics.null_count) == (series[0], series[-1], 0)
+    field_id = table.schema().find_field("device_id").field_id
+    assert (task.file.lower_bounds[field_id], task.file.upper_bounds[field_id]) == (series[0].encode(), series[-1].encode())
+
+
 @pytest.mark.parametrize("mine_order", ["ascending", "repeats", "shuffled"])
 @pytest.mark.parametrize("hits", [0, 3, 400])
 @pytest.mark.parametrize("span", [1 << 22, 5], ids=["merged", "searched"])
