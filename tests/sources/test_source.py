@@ -63,6 +63,20 @@ def test_parquet_read_beside_other_scans_decodes_on_the_callers_thread_alike(tmp
     assert pa.types.is_dictionary(read[1][0][1].schema.field("sensor").type)
 
 
+def test_parquet_files_without_a_wanted_dictionary_column_read_the_ones_they_have(tmp_path: Path) -> None:
+    """A scan asks every file for the same dictionary columns; a file that lacks one (an older export
+    without the column) is read with those it has, the others as before."""
+    (tmp_path / "d").mkdir()
+    pq.write_table(pa.table({"ts": [1, 2], "sensor": ["a", "b"], "site": ["x", "x"]}), tmp_path / "d" / "a.parquet")
+    pq.write_table(pa.table({"ts": [3], "sensor": ["c"]}), tmp_path / "d" / "b.parquet")
+    source = open_source(str(tmp_path / "d"))
+    source.read_dictionaries({"sensor", "site"})
+    first, second = [b.data for b in source.read(source.pieces())]
+    assert [pa.types.is_dictionary(first.schema.field(n).type) for n in ("ts", "sensor", "site")] == [False, True, True]
+    assert [pa.types.is_dictionary(second.schema.field(n).type) for n in ("ts", "sensor")] == [False, True]
+    assert (first.column("site").to_pylist(), second.column("sensor").to_pylist()) == (["x", "x"], ["c"])
+
+
 def test_csv_reads_every_column_as_text(tmp_path: Path) -> None:
     (tmp_path / "a.csv").write_text(_csv_text(25) + "2024-01-01 00:01:00,,\n")
     source = open_source(str(tmp_path / "a.csv"), batch_rows=10)
