@@ -43,7 +43,7 @@ from timelake.sources.mapping import Mapper, merge_examples
 from timelake.sources.resolve import open_spec_source
 from timelake.sources.wide import WideSource
 from timelake.steps import spill
-from timelake.steps.write import Compare, dictionary_columns, sorted_order, write_rows
+from timelake.steps.write import Compare, encoding, sorted_order, write_rows
 
 HELD_BYTES = 32 << 20  # rows a scan holds before spilling them all (coded: about 20 bytes a row of three columns)
 SAMPLE_ROWS = 1 << 15  # rows written to measure Parquet bytes per row: enough for the ratio, a few ms per task
@@ -649,15 +649,15 @@ def _bucket_of_value(column: pa.Array | pa.ChunkedArray, series_key: tuple[str, 
 
 
 def _measure(sample: pa.Table, contract: Contract) -> tuple[int, int]:
-    """Parquet bytes of a sample sorted (and deduplicated) and encoded as the writers will (their choice of
-    dictionary columns), so units are sized in file bytes, not Arrow bytes. Left to build a dictionary of
-    every column, the writer hashed a device's 32,768 distinct times and values into dictionaries as large
+    """Parquet bytes of a sample sorted (and deduplicated) and encoded as the writers will (`write.encoding`),
+    so units are sized in file bytes, not Arrow bytes. Left to build a dictionary of every column, the
+    writer hashed a device's 32,768 distinct times and values into dictionaries as large
     as the values, which took twice the time (in a per-device job at 1x, 12-28 against 6-9 ms a task) and
     made the sample a fifth larger than the writers' files would be."""
     order, *_ = sorted_order(sample, contract)
     taken = sample.take(pa.array(order))
     buffer = io.BytesIO()
-    pq.write_table(taken, buffer, compression="zstd", use_dictionary=dictionary_columns(taken))
+    pq.write_table(taken, buffer, compression="zstd", **encoding(taken))
     return sample.num_rows, buffer.tell()
 
 

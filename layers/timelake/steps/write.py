@@ -823,6 +823,13 @@ def write_parquet(rows: pa.Table, path: str, properties: dict[str, str], order: 
     return _write(rows, path, properties, order, objects=objects)[0]
 
 
+def encoding(rows: pa.Table) -> dict[str, Any]:
+    """How the writers encode ``rows`` in Parquet, besides the table's codec: which columns get a
+    dictionary, and how many values a step. A scan's sample of its source is encoded alike
+    (`timelake.steps.scan`), so units are sized in the bytes of the files they will be."""
+    return {"use_dictionary": dictionary_columns(rows), "write_batch_size": WRITE_BATCH_ROWS}
+
+
 def dictionary_columns(rows: pa.Table) -> bool | list[str]:
     """The columns worth a Parquet dictionary. The writer otherwise builds one for every column and, for a
     column of raw measurements (nearly every value distinct), hashes each value only to give up when the
@@ -861,8 +868,7 @@ def _write(rows: pa.Table, path: str, properties: dict[str, str], order: np.ndar
                       metadata=metadata)
     with fs.open_output_stream(local) as out:
         with pq.ParquetWriter(out, rows.schema, compression=None if codec == "uncompressed" else codec,
-                              use_dictionary=dictionary_columns(rows), store_schema=False,
-                              write_batch_size=WRITE_BATCH_ROWS) as writer:
+                              store_schema=False, **encoding(rows)) as writer:
             writer.add_key_value_metadata({**metadata, ARROW_SCHEMA: base64.b64encode(plain.serialize().to_pybytes())})
             for start in range(0, count, ROW_GROUP_ROWS):
                 group = rows.slice(start, ROW_GROUP_ROWS) if order is None else rows.take(pa.array(order[start:start + ROW_GROUP_ROWS]))
