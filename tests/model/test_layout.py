@@ -61,6 +61,16 @@ def test_the_compiled_search_names_the_argument_it_refuses():
         _runs.runs(times, DAY, times, np.empty(10, dtype=np.int64), 10)
     with pytest.raises(ValueError, match="out must hold 10 entries"):
         _runs.runs(times, DAY, None, np.empty(3, dtype=np.int64), 20)
+    with pytest.raises(TypeError, match="sizes must be a contiguous int64 array"):
+        _runs.ranges(times, times.astype(np.int32), np.empty(45, dtype=np.int64))
+    with pytest.raises(ValueError, match=r"sizes\[1\] is negative \(-2\)"):
+        _runs.ranges(times[:3], np.array([4, -2, 1]), np.empty(10, dtype=np.int64))
+    with pytest.raises(ValueError, match="out holds 2 entries, fewer than the sizes' sum"):
+        _runs.ranges(times[:2], np.array([1, 2]), np.empty(2, dtype=np.int64))
+    with pytest.raises(ValueError, match="out holds 9 entries, not the sizes' sum 3"):
+        _runs.ranges(times[:2], np.array([1, 2]), np.empty(9, dtype=np.int64))
+    with pytest.raises(ValueError, match="as long as each other, not 3 and 2"):
+        _runs.ranges(times[:3], np.array([1, 2]), np.empty(3, dtype=np.int64))
 
 
 @pytest.mark.parametrize("values", [
@@ -120,9 +130,15 @@ def test_stable_argsort_equals_numpy_stable_sort(keys):
 
 @pytest.mark.parametrize(("starts", "sizes"), [([5, 0, 9], [2, 3, 1]), ([4, 7, 1], [0, 2, 0]), ([], []), ([3], [0]),
                                                ([9, 30, 2, 2, 0], [0, 4, 0, 3, 1]), ([1_000_000, 7], [2, 5])])
-def test_concat_ranges_lays_ranges_end_to_end(starts, sizes):
+@pytest.mark.parametrize("compiled", [True, False])
+def test_concat_ranges_lays_ranges_end_to_end(monkeypatch, starts, sizes, compiled):
+    if not compiled:
+        from timelake.model import layout
+
+        monkeypatch.setattr(layout, "_runs", None)
     expected = [i for start, size in zip(starts, sizes, strict=True) for i in range(start, start + size)]
-    assert concat_ranges(np.array(starts, dtype=np.int64), np.array(sizes, dtype=np.int64)).tolist() == expected
+    got = concat_ranges(np.array(starts, dtype=np.int64), np.array(sizes, dtype=np.int64))
+    assert (got.dtype, got.tolist()) == (np.int64, expected)
 
 
 def test_a_snapshot_range_gives_the_rows_of_a_piece_whether_its_files_lie_inside_it_or_across_it(sensor, readings):

@@ -4,7 +4,8 @@ The test compiles ``_runs.c`` as the install does, plus the sanitizers, and runs
 on random batches of every length from none to a few thousand: times spanning the whole int64 range (its
 two ends included, where a bucket's bounds would overflow), times in runs of one series and day before and
 after 1970, widths from one to the widest, with and without a series, and every limit from none to more
-runs than there are, each checked against numpy. Any report of either sanitizer stops the child.
+runs than there are, each checked against numpy; then ranges laid end to end, starting anywhere in int64,
+against Python's integers, and sizes it must refuse. Any report of either sanitizer stops the child.
 """
 
 from __future__ import annotations
@@ -61,4 +62,18 @@ def run(library: str) -> None:
             assert "width must be positive and limit not negative" in str(e)
         else:
             raise AssertionError(f"width {width} and limit {limit} were taken")
+    for i in range(ROUNDS):  # runs laid end to end: empty ones, long ones, starts near int64's ends
+        n = int(rng.integers(0, 40))
+        sizes = rng.integers(0, 300, n) * (rng.random(n) < 0.8)
+        starts = rng.integers(INT64.min, INT64.max, n, dtype=np.int64) if i % 4 == 0 else rng.integers(0, 10**6, n)
+        got = runs.ranges(starts, sizes, np.full(int(sizes.sum()), -7, dtype=np.int64))
+        expected = [(int(a) + k + 2**63) % 2**64 - 2**63 for a, size in zip(starts, sizes, strict=True) for k in range(size)]
+        assert got.tolist() == expected, i
+    for sizes, room in (([3, -1], 2), ([3, 1], 3), ([3, 1], 9)):
+        try:
+            runs.ranges(np.zeros(2, dtype=np.int64), np.array(sizes, dtype=np.int64), np.zeros(room, dtype=np.int64))
+        except ValueError as e:
+            assert "negative" in str(e) or "out holds" in str(e)
+        else:
+            raise AssertionError(f"sizes {sizes} into {room} were taken")
     print(ROUNDS)

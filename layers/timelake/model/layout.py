@@ -220,10 +220,14 @@ def stable_argsort(keys: np.ndarray) -> np.ndarray:
 
 def concat_ranges(starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
     """The integers of the ranges [starts[i], starts[i] + sizes[i]) one after another, without a Python
-    loop: the row numbers of runs laid end to end. Written as steps of one, each range's first as the jump
-    from the end of the one before, and summed in place: two passes over the output, not five. (Arrow's
-    sum would let other threads run meanwhile, but it writes a second array: 0.33 ms a call against
-    0.18 in a per-device run at 4x the rows.)"""
+    loop: the row numbers of runs laid end to end. Compiled (`_runs.ranges`), it writes them in one pass
+    with the interpreter free: numpy's cumulative sum of a per-device unit's 432,000 row numbers held it
+    for about a millisecond, while the other writer thread waited. Without the compiled module, each
+    range's first is written as the jump from the end of the one before, steps of one between, and summed
+    in place."""
+    if _runs is not None:
+        starts, sizes = np.ascontiguousarray(starts, dtype=np.int64), np.ascontiguousarray(sizes, dtype=np.int64)
+        return _runs.ranges(starts, sizes, np.empty(int(sizes.sum()), dtype=np.int64))
     out = np.ones(int(sizes.sum()), dtype=np.int64)
     if not len(out):
         return out
