@@ -12,7 +12,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Executor, Future, ThreadPoolExecutor, wait
 from typing import Any
 
@@ -39,7 +39,7 @@ from timelake.steps.schedule import closed_until
 from timelake.steps.scan import open_job_source
 from timelake.steps.spill import coded_columns
 from timelake.steps.stage import stage
-from timelake.steps.validate import CheckContext, check_file, check_items, plan_checks, validate
+from timelake.steps.validate import CheckContext, check_file, check_items, early_checks, plan_checks, unchecked, validate
 from timelake.steps.write import Writers, write_unit
 from timelake.workers import WorkerPool
 
@@ -115,7 +115,8 @@ def _run(rt: Runtime, job_id: str, source: Any, cancel: threading.Event | None) 
                     diff.finish_dry_run(rt, job_id)
             elif step == "stage":
                 try:
-                    stage(rt, job_id)
+                    with _checking_beside(rt, job_id):
+                        stage(rt, job_id)
                 except FilesLost:
                     pass  # the job is back at its write step, with those units pending: the loop writes them
                 else:
@@ -240,19 +241,52 @@ def _main_all(rt: Runtime, job_id: str, cancel: threading.Event | None, span: tu
 
 
 def _check_all(rt: Runtime, job_id: str, cancel: threading.Event | None) -> None:
-    """The per-file checks of validation, on the writers' pool; `validate` then combines them. One file
-    is checked inside `validate` itself."""
+    """The per-file checks of validation, on the writers' pool, but for those done beside the stage commit
+    (`_checking_beside`); `validate` then combines them. One file is checked inside `validate` itself."""
     if plan_checks(rt, job_id)["files"] > 1:
-        items = check_items(rt, job_id)
-        checked = [0]
+        listed = check_items(rt, job_id)
+        items = unchecked(rt, job_id, listed)
+        checked = [len(listed) - len(items)]
 
         def tick() -> None:
             checked[0] += 1
-            rt.store.note_progress(job_id, "validate", {"done": checked[0], "total": len(items), "of": "files"})
+            rt.store.note_progress(job_id, "validate", {"done": checked[0], "total": len(listed), "of": "files"})
 
-        rt.store.note_progress(job_id, "validate", {"done": 0, "total": len(items), "of": "files"})
+        rt.store.note_progress(job_id, "validate", {"done": checked[0], "total": len(listed), "of": "files"})
         _fan_out(rt, job_id, "check", items, _workers, tick, cancel, threads=True,
                  shared=CheckContext.of(rt, job_id, shared=True))
+
+
+@contextlib.contextmanager
+def _checking_beside(rt: Runtime, job_id: str) -> Iterator[None]:
+    """Validation's per-file checks of the written files, run on the job's workers while the stage commit,
+    one thread of Python, runs beside them (`validate.early_checks`): the checks read files, not the
+    branch. A check that fails here (a file lost, the cause stage reports) is left to validation, which
+    checks every file without facts again. The block waits for the checks it started; if it fails
+    (interrupted, a crash point), those not yet started are dropped."""
+    try:
+        early = early_checks(rt, job_id)
+    except Exception:  # the stage commit reports what is wrong (a file lost, the table gone), and validation checks
+        early = None
+    if early is None:
+        yield
+        return
+    context, items = early
+    stop = threading.Event()
+
+    def check(item: dict[str, Any]) -> None:
+        if not stop.is_set():
+            with contextlib.suppress(Exception):
+                check_file(rt, job_id, item["file"], item["spec_id"], item["partition"], context)
+
+    with ThreadPoolExecutor(max_workers=_workers(rt.store.get_job(job_id)), thread_name_prefix="timelake-early-check") as pool:
+        for item in items:
+            pool.submit(check, item)
+        try:
+            yield
+        except BaseException:
+            stop.set()
+            raise
 
 
 def _workers(job: JobRecord, cap: int | None = None) -> int:

@@ -25,6 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from pyiceberg.conversions import from_bytes
 from pyiceberg.manifest import DataFile
@@ -90,6 +91,35 @@ def plan_checks(rt: Runtime, job_id: str) -> dict[str, Any]:
 def check_items(rt: Runtime, job_id: str) -> list[dict[str, Any]]:
     """The work items `plan_checks` listed."""
     return read_json(rt, job_id, CHECK_ITEMS) or []
+
+
+def unchecked(rt: Runtime, job_id: str, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The items among ``items`` whose file has no facts yet against the snapshots `plan_checks` fixed:
+    those checked beside the stage commit (`early_checks`) are not checked again while main stays put."""
+    snapshots = rt.store.get_job(job_id).state.get("validation_snapshots")
+    if snapshots is None or not items:
+        return items
+    fs, _ = rt.objects.filesystem(rt.staging_path(job_id))
+    with ThreadPoolExecutor(max_workers=reads_at_once(fs)) as pool:
+        found = list(pool.map(lambda item: _has_facts(rt, job_id, snapshots, item["file"]), items))
+    return [item for item, done in zip(items, found, strict=True) if not done]
+
+
+def early_checks(rt: Runtime, job_id: str) -> tuple[CheckContext, list[dict[str, Any]]] | None:
+    """The per-file checks of a job whose units are all written, to run while stage commits their files
+    to the branch: they read the files themselves, which the commit does not change, against the
+    snapshots of main `plan_checks` will fix after it (main's current one: the commit is to the branch),
+    and keep their facts under those snapshots. A live commit to main meanwhile changes the snapshots
+    and so the facts' names: validation then checks those files again. None when no file was written."""
+    job = rt.store.get_job(job_id)
+    written = [u.result for u in rt.store.units(job_id) if u.status == "done" and u.result.get("path")]
+    if not written:
+        return None
+    table = job_table(rt, job)
+    views = _main_views(table, JobSpec.model_validate(job.spec).mode, job.state, True)
+    context = CheckContext({**job.state, "validation_snapshots": views}, table, Contract.from_table(table), rt.objects, {},
+                           job_id=job_id)
+    return context, [{"job_id": job_id, "file": r["path"], "spec_id": r["spec_id"], "partition": r["value"]} for r in written]
 
 
 @dataclass(frozen=True)
@@ -345,6 +375,11 @@ def _store_facts(rt: Runtime, job_id: str, snapshots: dict[str, Any], facts: _Fi
     rt.objects.make_parent(fs, path)
     with fs.open_output_stream(path) as out:
         out.write(json.dumps(facts.to_json()).encode())
+
+
+def _has_facts(rt: Runtime, job_id: str, snapshots: dict[str, Any], path: str) -> bool:
+    fs, local = rt.objects.filesystem(_facts_uri(rt, job_id, snapshots, path))
+    return bool(fs.get_file_info(local).type == pafs.FileType.File)
 
 
 def _stored_facts(rt: Runtime, job_id: str, snapshots: dict[str, Any], path: str) -> _FileFacts | None:
