@@ -209,10 +209,11 @@ def test_a_spill_of_another_layout_is_refused_with_what_to_do(tmp_path):
         list(spill.read([uri], (0, 1), None, objects=OBJECTS))
 
 
-@pytest.mark.parametrize("layout", ["runs_of_one_series", "rows_interleaved"])
+@pytest.mark.parametrize("layout", ["runs_of_one_series", "rows_interleaved", "time_ordered_one_day", "time_ordered_days"])
 def test_rows_and_sums_per_partition_and_bucket_are_the_same_counted_per_run_or_per_row(layout):
-    """A batch of a file per series is counted per run of one partition and bucket, any other per row:
-    either way the rows per partition, per (partition, bucket) and the value sums come out exact."""
+    """A batch of a file per series is counted per run of one partition and bucket, a batch in time order per
+    run of one partition with its buckets per row, any other per row: either way the rows per partition, per
+    (partition, bucket) and the value sums come out exact."""
     from timelake.model.layout import RUN_ROWS, run_starts
     from timelake.steps.scan import SERIES_BUCKETS, _partition_counts
 
@@ -223,6 +224,10 @@ def test_rows_and_sums_per_partition_and_bucket_are_the_same_counted_per_run_or_
     if layout == "rows_interleaved":
         order = rng.permutation(len(codes))
         codes, buckets, values = codes[order], buckets[order], values[order]
+    elif layout.startswith("time_ordered"):  # a day's rows together (one day, or a few), the series every row
+        days = 1 if layout == "time_ordered_one_day" else 5
+        codes = np.repeat(rng.choice(30, days, replace=False), len(codes) // days + 1)[:len(codes)]
+        buckets = rng.integers(0, SERIES_BUCKETS, len(codes))
     per_run = len(run_starts(codes, buckets)) <= len(codes) // RUN_ROWS
     assert per_run == (layout == "runs_of_one_series")
     per_code, counts, sums = _partition_counts(codes, buckets, values, 30)
