@@ -227,6 +227,9 @@ class _Spiller:
         if whole and runs is not None:  # held by partition: a code and bucket a row
             sizes = np.diff(runs, append=rows.num_rows)
             codes, buckets, runs = np.repeat(codes, sizes), np.repeat(buckets, sizes) if buckets is not None else None, None
+        if whole and len(whole) == sum(part is not None for part in parts):  # every row's partition: no row to pick out
+            self._hold_whole(whole, codes, rows, buckets)
+            return
         if whole:
             mine = np.isin(codes, list(whole))
             self._hold_whole(whole, codes[mine], rows if mine.all() else rows.filter(pa.array(mine)),
