@@ -29,6 +29,7 @@ fingerprinted per run, because the engine may be edited while the benchmark runs
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -278,6 +279,17 @@ def _instrument_steps(timings: dict[str, float], rss: dict[str, float], cpu: dic
     for name, attr in STEPS:
         if callable(getattr(runner, attr, None)):
             setattr(runner, attr, timed(name, getattr(runner, attr)))
+    beside = getattr(runner, "_checking_beside", None)
+    if beside is not None:  # the per-file checks run beside the stage commit: their wait after it counts as "check"
+        @contextlib.contextmanager
+        def checked_beside(*a: Any, **kw: Any) -> Any:
+            with beside(*a, **kw):
+                yield
+                t0, c0 = time.perf_counter(), _cpu()[0]
+            timings["check"] = timings.get("check", 0.0) + time.perf_counter() - t0
+            cpu["check"] = cpu.get("check", 0.0) + _cpu()[0] - c0
+
+        runner._checking_beside = checked_beside
 
 
 def _main_chain(iceberg: Any) -> list[Any]:
@@ -778,7 +790,9 @@ def driver(args: argparse.Namespace) -> None:
         print("  steps: timed around the runner's step functions (other: job start, waits, report); cores busy: the")
         print("  CPU seconds of the job's process (all its threads) in the step over its wall seconds (2.00: both cores")
         print("  all the time; other load on the host lowers it); RSS: ru_maxrss of the job's own process after each")
-        print("  step (writer workers, when there are processes, are separate)")
+        print("  step (writer workers, when there are processes, are separate); the per-file checks run on the workers")
+        print("  beside the stage commit (their CPU counts in stage), and check is the wait for them after it plus")
+        print("  validation's checks of any file left")
         print()
         print("commits on main (target: one per publish chunk)")
         for name in backfills:
