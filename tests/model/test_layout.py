@@ -71,6 +71,30 @@ def test_the_compiled_search_names_the_argument_it_refuses():
         _runs.ranges(times[:2], np.array([1, 2]), np.empty(9, dtype=np.int64))
     with pytest.raises(ValueError, match="as long as each other, not 3 and 2"):
         _runs.ranges(times[:3], np.array([1, 2]), np.empty(3, dtype=np.int64))
+    with pytest.raises(TypeError, match="values must be a contiguous int32 or int64 array"):
+        _runs.starts(times.astype(np.float64), np.empty(10, dtype=np.int64), 10)
+    with pytest.raises(ValueError, match="out must hold 4 entries, not 2"):
+        _runs.starts(times, np.empty(2, dtype=np.int64), 4)
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+def test_runs_are_found_up_to_a_limit(monkeypatch, compiled, dtype):
+    """Where runs of equal values start, or None past the limit: values that change every row are given
+    up on at the limit, long runs are all found."""
+    from timelake.model import layout
+
+    if not compiled:
+        monkeypatch.setattr(layout, "_runs", None)
+    rng = np.random.default_rng(11)
+    runs = np.repeat(rng.integers(0, 5, 40), rng.integers(1, 600, 40)).astype(dtype)
+    expected = layout.run_starts(runs)
+    for limit in (len(expected), len(expected) + 1, 10**6):
+        got = layout.run_starts_within(runs, limit)
+        assert got is not None and (got.dtype, got.tolist()) == (np.int64, expected.tolist())
+    assert layout.run_starts_within(runs, len(expected) - 1) is None
+    assert layout.run_starts_within(rng.integers(0, 300, 5000).astype(dtype), 19) is None
+    assert layout.run_starts_within(np.array([7], dtype=dtype), 1).tolist() == [0]
 
 
 @pytest.mark.parametrize("values", [

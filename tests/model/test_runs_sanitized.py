@@ -4,8 +4,8 @@ The test compiles ``_runs.c`` as the install does, plus the sanitizers, and runs
 on random batches of every length from none to a few thousand: times spanning the whole int64 range (its
 two ends included, where a bucket's bounds would overflow), times in runs of one series and day before and
 after 1970, widths from one to the widest, with and without a series, and every limit from none to more
-runs than there are, each checked against numpy; then ranges laid end to end, starting anywhere in int64,
-against Python's integers, and sizes it must refuse. Any report of either sanitizer stops the child.
+runs than there are, each checked against numpy; then runs of equal values up to every limit, and ranges
+laid end to end, starting anywhere in int64, against Python's integers, and sizes it must refuse. Any report of either sanitizer stops the child.
 """
 
 from __future__ import annotations
@@ -69,6 +69,17 @@ def run(library: str) -> None:
         got = runs.ranges(starts, sizes, np.full(int(sizes.sum()), -7, dtype=np.int64))
         expected = [(int(a) + k + 2**63) % 2**64 - 2**63 for a, size in zip(starts, sizes, strict=True) for k in range(size)]
         assert got.tolist() == expected, i
+    for i in range(ROUNDS):  # runs of equal values, int32 and int64, every limit from none to more than there are
+        n = int(rng.integers(0, 2_000)) * (i % 7 != 0)
+        values = np.repeat(rng.integers(-3, 3, n), rng.integers(1, 9, n))[:n].astype(np.int64 if i % 2 else np.int32)
+        expected = np.append(0, np.flatnonzero(values[1:] != values[:-1]) + 1) if n else np.zeros(0, dtype=np.int64)
+        limit = int(rng.integers(0, len(expected) + 3))
+        out = np.full(min(n, limit), -7, dtype=np.int64)
+        count = runs.starts(values, out, limit)
+        if len(expected) <= limit:
+            assert count == len(expected) and out[:count].tolist() == expected.tolist(), (i, limit)
+        else:
+            assert count == -1, (i, count, len(expected), limit)
     for sizes, room in (([3, -1], 2), ([3, 1], 3), ([3, 1], 9)):
         try:
             runs.ranges(np.zeros(2, dtype=np.int64), np.array(sizes, dtype=np.int64), np.zeros(room, dtype=np.int64))

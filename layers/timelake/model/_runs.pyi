@@ -1,7 +1,8 @@
-"""The compiled search for runs of one time bucket and series, and their rows laid end to end (``_runs.c``), as
-type checkers see it."""
+"""The compiled search for runs of one time bucket and series or of equal values, and their rows laid end to
+end (``_runs.c``), as type checkers see it."""
 
 import numpy as np
 
 def runs(times: np.ndarray, width: int, series: np.ndarray | None, out: np.ndarray, limit: int, /) -> tuple[int, int, int]: ...
+def starts(values: np.ndarray, out: np.ndarray, limit: int, /) -> int: ...
 def ranges(starts: np.ndarray, sizes: np.ndarray, out: np.ndarray, /) -> np.ndarray: ...
