@@ -266,7 +266,7 @@ def _checking_beside(rt: Runtime, job_id: str) -> Iterator[None]:
     (interrupted, a crash point), those not yet started are dropped."""
     try:
         early = early_checks(rt, job_id)
-    except Exception:  # the stage commit reports what is wrong (a file lost, the table gone), and validation checks
+    except Exception:  # the stage commit reports what is wrong (a file lost, the table gone); validation checks every file
         early = None
     if early is None:
         yield

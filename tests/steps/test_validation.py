@@ -209,3 +209,25 @@ def test_a_file_read_in_one_batch_packs_its_keys_from_its_sort_codes_as_the_gene
     assert at is None and packed.tolist() == general.tolist()
     values, found = packer.unpack(packed)
     assert values.to_pylist() == ["a", "a", "b", "c", "c"] and found.tolist() == times
+
+
+def test_facts_cut_short_are_taken_again_not_trusted(lake, sensor, readings):
+    """A file's facts written only in part (the process killed, the disk full while it wrote them) count as
+    none: the fan-out checks that file again and validation passes as it would have."""
+    from timelake.steps.validate import check_file, check_items, plan_checks, unchecked
+
+    rt = lake.runtime
+    job_id = stage_job(lake, readings(recent(6), days=4, devices=3))
+    plan_checks(rt, job_id)
+    items = check_items(rt, job_id)
+    for item in items:
+        check_file(rt, job_id, item["file"], item["spec_id"], item["partition"])
+    assert unchecked(rt, job_id, items) == []
+    stored = sorted(Path(rt.staging_path(job_id, "validate").removeprefix("file://")).glob("*.json"))
+    facts = [p for p in stored if p.read_text().startswith("{")]
+    facts[0].write_text(facts[0].read_text()[:40])
+    (again,) = unchecked(rt, job_id, items)
+    check_file(rt, job_id, again["file"], again["spec_id"], again["partition"])
+    assert unchecked(rt, job_id, items) == []
+    validate(rt, job_id)
+    assert all(c["passed"] for c in rt.store.get_job(job_id).state["checks"])

@@ -25,7 +25,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
-import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from pyiceberg.conversions import from_bytes
 from pyiceberg.manifest import DataFile
@@ -101,8 +100,8 @@ def unchecked(rt: Runtime, job_id: str, items: list[dict[str, Any]]) -> list[dic
         return items
     fs, _ = rt.objects.filesystem(rt.staging_path(job_id))
     with ThreadPoolExecutor(max_workers=reads_at_once(fs)) as pool:
-        found = list(pool.map(lambda item: _has_facts(rt, job_id, snapshots, item["file"]), items))
-    return [item for item, done in zip(items, found, strict=True) if not done]
+        found = list(pool.map(lambda item: _stored_facts(rt, job_id, snapshots, item["file"]), items))
+    return [item for item, facts in zip(items, found, strict=True) if facts is None]
 
 
 def early_checks(rt: Runtime, job_id: str) -> tuple[CheckContext, list[dict[str, Any]]] | None:
@@ -377,17 +376,16 @@ def _store_facts(rt: Runtime, job_id: str, snapshots: dict[str, Any], facts: _Fi
         out.write(json.dumps(facts.to_json()).encode())
 
 
-def _has_facts(rt: Runtime, job_id: str, snapshots: dict[str, Any], path: str) -> bool:
-    fs, local = rt.objects.filesystem(_facts_uri(rt, job_id, snapshots, path))
-    return bool(fs.get_file_info(local).type == pafs.FileType.File)
-
-
 def _stored_facts(rt: Runtime, job_id: str, snapshots: dict[str, Any], path: str) -> _FileFacts | None:
+    """A file's stored facts, or None where there are none to trust: never written, or written only in part
+    (a process killed or a disk filled while it wrote them), which the file's check then takes again."""
     fs, local = rt.objects.filesystem(_facts_uri(rt, job_id, snapshots, path))
     try:
         with fs.open_input_stream(local) as handle:
             return _FileFacts.from_json(json.loads(handle.read()))
     except FileNotFoundError:
+        return None
+    except (ValueError, KeyError, TypeError):  # JSON cut short, or fields missing from it
         return None
 
 
