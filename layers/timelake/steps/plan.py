@@ -46,7 +46,7 @@ from timelake.steps.scan import (
 MAX_UNIT_ROWS = 1 << 25
 MIN_TASK_BYTES = 8 << 20  # a scan task has a fixed cost (a Lambda, a connection): none reads less than this
 # Each task spills to a file of its own, and a unit reads its rows from every task's file that holds its
-# partition: with a file per device, each of them. Four tasks a worker made a per-device job at 1x 5% slower
+# partition: with a file per device, each of them. Four tasks a worker made a per-device job at 1x 5-8% slower
 # than two (each unit read eight files, not four); one a worker gained 1.5% more, with nothing left to even out
 # a slow task.
 TASKS_PER_WORKER = 2
