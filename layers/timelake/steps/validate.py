@@ -98,9 +98,7 @@ def unchecked(rt: Runtime, job_id: str, items: list[dict[str, Any]]) -> list[dic
     snapshots = rt.store.get_job(job_id).state.get("validation_snapshots")
     if snapshots is None or not items:
         return items
-    fs, _ = rt.objects.filesystem(rt.staging_path(job_id))
-    with ThreadPoolExecutor(max_workers=reads_at_once(fs)) as pool:
-        found = list(pool.map(lambda item: _stored_facts(rt, job_id, snapshots, item["file"]), items))
+    found = _stored_many(rt, job_id, snapshots, [item["file"] for item in items])
     return [item for item, facts in zip(items, found, strict=True) if facts is None]
 
 
@@ -376,6 +374,13 @@ def _store_facts(rt: Runtime, job_id: str, snapshots: dict[str, Any], facts: _Fi
         out.write(json.dumps(facts.to_json()).encode())
 
 
+def _stored_many(rt: Runtime, job_id: str, snapshots: dict[str, Any], paths: list[str]) -> list[_FileFacts | None]:
+    """`_stored_facts` of each of ``paths``: one small object a file, read many at once, their latency (not
+    their size) is the cost."""
+    with ThreadPoolExecutor(max_workers=reads_at_once(rt.objects.filesystem(rt.staging_path(job_id))[0])) as pool:
+        return list(pool.map(lambda path: _stored_facts(rt, job_id, snapshots, path), paths))
+
+
 def _stored_facts(rt: Runtime, job_id: str, snapshots: dict[str, Any], path: str) -> _FileFacts | None:
     """A file's stored facts, or None where there are none to trust: never written, or written only in part
     (a process killed or a disk filled while it wrote them), which the file's check then takes again."""
@@ -396,10 +401,9 @@ def _scan_files(rt: Runtime, job_id: str | None, table: Any, contract: Contract,
     planned = state.get("validation_snapshots") if job_id else None
     snapshots = planned if planned is not None else _main_views(table, mode, state, bool(staged))
     found: dict[str, _FileFacts | None] = {}
-    if job_id:  # one small object per file: read many at once, their latency (not their size) is the cost
-        with ThreadPoolExecutor(max_workers=reads_at_once(rt.objects.filesystem(rt.staging_path(job_id))[0])) as pool:
-            found = dict(zip([f.file_path for f in staged],
-                             pool.map(lambda f: _stored_facts(rt, job_id, snapshots, f.file_path), staged), strict=True))
+    if job_id:
+        paths = [f.file_path for f in staged]
+        found = dict(zip(paths, _stored_many(rt, job_id, snapshots, paths), strict=True))
     missing = [f for f in staged if found.get(f.file_path) is None]
     mains = _planned_views(table, contract, state, job_id, snapshots, state["range_start"], state["range_end"],
                            objects=rt.objects) if missing else {}
