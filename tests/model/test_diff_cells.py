@@ -64,6 +64,29 @@ def test_facts_round_trip_and_a_job_begun_before_ipc_facts_reads_its_parquet_one
     assert read_facts(f"{tmp_path}/units/u3.facts.arrow", objects=objects) is None
 
 
+def test_a_merge_units_count_of_main_rides_in_its_facts_and_is_left_out_when_asked(tmp_path):
+    """A merge unit keeps main's rows it counted after its own cells, in one file: read whole where the cut
+    took that count, without them where it did not; a file with no count (main's rows counted apart, as
+    earlier engines did, or by main tasks) says so, and one of main's rows none there does not."""
+    from timelake.adapters.objects import ArrowObjects
+    from timelake.model.diff import read_facts, write_facts
+
+    objects = ArrowObjects()
+    mine = _cells([20_000, 20_000], [0, 1], ["a", "b"], [1.5, 2.5])
+    main = _cells([20_000], [0], ["a"], [7.0])
+    write_facts(f"{tmp_path}/u1.facts.arrow", mine, {}, objects=objects, before=main)
+    whole = read_facts(f"{tmp_path}/u1.facts.arrow", objects=objects)
+    assert whole is not None and whole[0].equals(pa.concat_tables([mine, main])) and whole[2]
+    alone = read_facts(f"{tmp_path}/u1.facts.arrow", objects=objects, before=False)
+    assert alone is not None and alone[0].equals(mine) and alone[2]
+    write_facts(f"{tmp_path}/u2.facts.arrow", mine, {}, objects=objects, before=main.slice(0, 0))
+    empty = read_facts(f"{tmp_path}/u2.facts.arrow", objects=objects, before=False)
+    assert empty is not None and empty[0].equals(mine) and empty[2]  # main held no row there: counted all the same
+    write_facts(f"{tmp_path}/u3.facts.arrow", mine, {}, objects=objects)
+    none = read_facts(f"{tmp_path}/u3.facts.arrow", objects=objects, before=False)
+    assert none is not None and none[0].equals(mine) and not none[2]
+
+
 def test_rows_of_one_day_given_as_that_day_count_as_their_day_numbers_do():
     """A day's unit counts main as one day (no day number a row): the same cells and samples."""
     from timelake.model.contract import Contract

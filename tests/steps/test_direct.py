@@ -181,6 +181,34 @@ def test_a_merge_unit_the_scan_writes_counts_mains_rows_for_the_diff_without_a_m
     assert job.diff()["cells"].equals(predicted["cells"])
 
 
+def test_a_merge_job_scanned_by_an_engine_that_kept_mains_count_apart_takes_it_from_there(sensor, lake, tmp_path):
+    """Earlier engines kept a merge unit's count of main's rows in a facts file of its own (``local``): a
+    job they scanned, resumed by this engine, finds the count there and its diff is what main shows."""
+    from timelake.model.diff import facts_uri, read_facts, write_facts
+
+    source, _ = _merge_diff_scene(sensor, tmp_path)
+    start, end = recent(7), recent(2)
+    before = sensor.refresh().iceberg.current_snapshot().snapshot_id
+    rt, split = lake.runtime, []
+
+    def as_earlier_engines_left_them() -> None:  # after the cut, before the units' facts are read
+        job_id = rt.store.list_jobs()[-1].job_id
+        for unit in rt.store.units(job_id):
+            uri = facts_uri(rt, job_id, "units", unit.unit_id)
+            whole, own = read_facts(uri, objects=rt.objects), read_facts(uri, objects=rt.objects, before=False)
+            if whole is None or own is None or not whole[2]:
+                continue
+            write_facts(uri, own[0], own[1], objects=rt.objects)
+            write_facts(facts_uri(rt, job_id, "local", unit.unit_id), whole[0].slice(own[0].num_rows), {"only_before": []},
+                        objects=rt.objects)
+            split.append(unit.unit_id)
+
+    with faults.at("plan.done", as_earlier_engines_left_them):
+        job = sensor.backfill(source=str(source), start=start, end=end).wait()
+    assert len(split) == 3 and all(u.info.get("main_counted") for u in lake.runtime.store.units(job.id) if u.unit_id in split)
+    _diff_against_main(sensor, job, start, end, before)
+
+
 def test_a_live_commit_between_the_scans_write_and_the_cut_leaves_that_day_to_a_main_task(sensor, lake, tmp_path,
                                                                                            monkeypatch):
     """A unit that read main before another writer committed counted a main the plan no longer shows: the

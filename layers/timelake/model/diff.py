@@ -45,7 +45,8 @@ SAMPLES = 5  # sample rows of each kind a task or unit keeps, and the job keeps 
 SERIES_SHOWN = 50  # series in a summary, most changed first (all of them are in the cells)
 COUNTS = ("rows_before", "rows_after", "only_after", "in_both", "changed")  # what tasks and units count per cell
 SUMMARY_COUNTS = ("rows_before", "rows_after", "only_before", "only_after", "in_both", "changed")
-SAMPLES_KEY = b"timelake.diff-samples"  # where a facts file keeps its sample rows (Parquet footer metadata)
+SAMPLES_KEY = b"timelake.diff-samples"  # where a facts file keeps its sample rows (its schema's metadata)
+BEFORE_KEY = b"timelake.diff-before-rows"  # how many of a merge unit's cells, at the end, count main's rows
 
 
 def compares(mode: str, diff: bool) -> bool:
@@ -183,12 +184,14 @@ class Before:
         if self._sampled:
             self._samples += _first_of_days(rows, days, series, labels, self._per_day, self._contract, self._columns)
 
+    def cells(self) -> pa.Table:
+        """The counted cells. One read's (a unit's day of main) are as counted: the job's sum of the facts
+        sorts them, so sorting here was a third of the time of writing them."""
+        return self._cells[0] if len(self._cells) == 1 else combine(self._cells, self._columns)
+
     def write(self, uri: str, *, objects: ObjectIO) -> None:
-        """The counted cells and samples as a facts file (`write_facts`). One read's cells (a unit's day of
-        main) are written as counted: the job's sum of the facts sorts them, so sorting here was a third of
-        the write's time."""
-        cells = self._cells[0] if len(self._cells) == 1 else combine(self._cells, self._columns)
-        write_facts(uri, cells, {"only_before": self._samples}, objects=objects)
+        """The counted cells and samples as a facts file (`write_facts`)."""
+        write_facts(uri, self.cells(), {"only_before": self._samples}, objects=objects)
 
 
 class MainCounter(Before):
@@ -464,25 +467,35 @@ FACTS_SUFFIX = ".facts.arrow"
 
 
 def facts_uri(rt: Runtime, job_id: str, kind: str, name: str) -> str:
-    """Where a main task (``kind`` "main") or a unit ("units") keeps its cells and samples, and a merge unit
-    main's rows it counted (``"local"``, `MainCounter`)."""
+    """Where a main task (``kind`` "main") or a unit ("units") keeps its cells and samples; ``"local"``: where
+    earlier engines kept a merge unit's count of main's rows (`MainCounter`), now kept in its unit's facts."""
     return rt.staging_path(job_id, "diff", kind, f"{name}{FACTS_SUFFIX}")  # beside a main task's spill (t00000.arrow)
 
 
-def write_facts(uri: str, cells: pa.Table, samples: dict[str, list[dict[str, Any]]], *, objects: ObjectIO) -> None:
+def write_facts(uri: str, cells: pa.Table, samples: dict[str, list[dict[str, Any]]], *, objects: ObjectIO,
+                before: pa.Table | None = None) -> None:
     """A task's or unit's cells and sample rows as one Arrow IPC file: one object a unit, read back by the
     job's combine (thousands of them on S3: one request each). A few hundred cells, which Parquet's writer
-    took 40 times as long to write (0.8 ms a file, twice a merge unit)."""
+    took 40 times as long to write (0.8 ms a file). ``before``: main's rows as a merge unit counted them
+    (`MainCounter`), kept after its own cells in the same file; the combine takes them only where the cut
+    took that count. Each file written is an object created and read back, 1-2 ms of a step's Python
+    beside busy threads: a second file a merge unit for them was a third of its job's diff."""
     fs, path = objects.filesystem(uri)
     objects.make_parent(fs, path)
-    table = cells.replace_schema_metadata({SAMPLES_KEY: json.dumps(samples).encode()})
+    metadata = {SAMPLES_KEY: json.dumps(samples).encode()}
+    if before is not None:  # noted even when main held no row there: the count is here, not in a file apart
+        cells = pa.concat_tables([cells, before if before.schema.equals(cells.schema) else before.cast(cells.schema)])
+        metadata[BEFORE_KEY] = str(before.num_rows).encode()
+    table = cells.replace_schema_metadata(metadata)
     with fs.open_output_stream(path) as out, pa.ipc.new_file(out, table.schema) as writer:
         writer.write_table(table)
 
 
-def read_facts(uri: str, *, objects: ObjectIO) -> tuple[pa.Table, dict[str, list[dict[str, Any]]]] | None:
-    """What `write_facts` wrote, or None when there is no such file. A job begun by an engine that wrote
-    them as Parquet (``<name>.parquet`` beside) and resumed after an upgrade has its facts read from there."""
+def read_facts(uri: str, *, objects: ObjectIO, before: bool = True) -> tuple[pa.Table, dict[str, list[dict[str, Any]]], bool] | None:
+    """What `write_facts` wrote: the cells (without a merge unit's count of main's rows unless ``before``),
+    the samples, and whether it held such a count. None when there is no such file. A job begun by an
+    engine that wrote them as Parquet (``<name>.parquet`` beside) and resumed after an upgrade has its
+    facts read from there."""
     fs, path = objects.filesystem(uri)
     try:
         with fs.open_input_file(path) as handle:
@@ -493,8 +506,11 @@ def read_facts(uri: str, *, objects: ObjectIO) -> tuple[pa.Table, dict[str, list
                 table = pq.read_table(handle)
         except FileNotFoundError:
             return None
-    samples = json.loads((table.schema.metadata or {}).get(SAMPLES_KEY, b"{}"))
-    return table.replace_schema_metadata(None), samples
+    metadata = table.schema.metadata or {}
+    samples = json.loads(metadata.get(SAMPLES_KEY, b"{}"))
+    counted = metadata.get(BEFORE_KEY)
+    table = table.replace_schema_metadata(None)
+    return (table if before or counted is None else table.slice(0, table.num_rows - int(counted))), samples, counted is not None
 
 
 def mark_of(state: JobState) -> PlanMark:

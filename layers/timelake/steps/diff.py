@@ -168,10 +168,10 @@ def conclude(rt: Runtime, job_id: str, scope: str = "job", units: list[UnitRecor
         for first, last, group in _stretches(units, lo, hi):
             near = [i for i, t in tasks if t["start"] < last and t["end"] > first]
             main = _facts(pool, rt, job_id, "main", [main_task_name(i) for i in near])
-            main += _facts(pool, rt, job_id, "local", [u.unit_id for u in group if u.info.get("main_counted")])
-            found = _facts(pool, rt, job_id, "units", [u.unit_id for u in group])
-            before = [_days(c, first, last) for c, _ in main]
-            cells = finish(combine(before + [c for c, _ in found], columns), columns, spec.mode)
+            found = _facts(pool, rt, job_id, "units", [u.unit_id for u in group],
+                           {u.unit_id for u in group if u.info.get("main_counted")})
+            # main's cells of these days alone: a main task's span and a merge unit's partition (a month) may pass them
+            cells = finish(_days(combine([c for c, _ in main + found], columns), first, last), columns, spec.mode)
             writer = writer or pq.ParquetWriter(out, cells.schema, compression="zstd")
             writer.write_table(cells)
             days.append(grouped(cells, "day", columns))
@@ -221,19 +221,25 @@ def _stretches(units: list[UnitRecord], lo: int, hi: int) -> list[tuple[int, int
     return stretches
 
 
-def _facts(pool: ThreadPoolExecutor, rt: Runtime, job_id: str, kind: str,
-           names: list[str]) -> list[tuple[pa.Table, dict[str, list[dict[str, Any]]]]]:
-    """The cells and samples of main tasks or units, read many at once; one missing is an error."""
-    found = list(pool.map(lambda name: read_facts(facts_uri(rt, job_id, kind, name), objects=rt.objects), names))
+def _facts(pool: ThreadPoolExecutor, rt: Runtime, job_id: str, kind: str, names: list[str],
+           counted: set[str] | None = None) -> list[tuple[pa.Table, dict[str, list[dict[str, Any]]]]]:
+    """The cells and samples of main tasks or units, read many at once; one missing is an error. A unit
+    named in ``counted`` (merge mode: the cut took its count of main's rows) brings that count along, from
+    its own facts or, written by an engine that kept it apart, from its ``local`` facts."""
+    counted = counted or set()
+    found = list(pool.map(lambda name: read_facts(facts_uri(rt, job_id, kind, name), objects=rt.objects,
+                                                  before=name in counted), names))
     lost = [name for name, facts in zip(names, found, strict=True) if facts is None]
     if lost:
         raise BackfillError(f"job {job_id}: the diff's facts of {len(lost)} {'main task' if kind == 'main' else 'unit'}(s) "
                             f"are missing (first: {lost[0]}); resume the job")
-    return [f for f in found if f is not None]
+    apart = [name for name, facts in zip(names, found, strict=True) if facts is not None and name in counted and not facts[2]]
+    return [(cells, samples) for cells, samples, _ in (f for f in found if f is not None)] + (
+        _facts(pool, rt, job_id, "local", apart) if apart else [])
 
 
 def _days(cells: pa.Table, first: int, last: int) -> pa.Table:
-    """A main task's cells of the days of [first, last)."""
+    """The cells of the days of [first, last)."""
     day = cells.column("day")
     return cells.filter(pc.and_(pc.greater_equal(day, first // US_PER_DAY), pc.less_equal(day, (last - 1) // US_PER_DAY)))
 

@@ -517,9 +517,9 @@ def _write_whole(rt: Runtime, table: Any, ctx: ScanContext, job_id: str, result:
     written, facts = write_rows(table, ctx.contract, ctx.spec.mode, job_id, unit, rows, counter or main, compare,
                                 objects=rt.objects)
     if facts is not None:
-        write_facts(facts_uri(rt, job_id, "units", unit.unit_id), *facts, objects=rt.objects)
+        write_facts(facts_uri(rt, job_id, "units", unit.unit_id), *facts, objects=rt.objects,
+                    before=counter.cells() if counter is not None else None)
     if counter is not None:
-        counter.write(facts_uri(rt, job_id, "local", unit.unit_id), objects=rt.objects)
         written["main_counted_at"] = counter.snapshot_id
     part.direct = {**written, "spill_bytes_read": 0, "seconds": round(time.monotonic() - started, 3)}
     checkpoint("scan.direct")
