@@ -1,9 +1,10 @@
 """The compiled key match built with AddressSanitizer and UndefinedBehaviorSanitizer, on random inputs.
 
-The test compiles ``_keymatch.c`` as the install does, plus the sanitizers, and runs its five functions
+The test compiles ``_keymatch.c`` as the install does, plus the sanitizers, and runs its six functions
 in a child interpreter that loads the ASan runtime first (it must come before any other library) on
 random arrays of every length from none to a few thousand: keys spanning the whole int64 range with
-repeats, keys of interleaved series each in time order, codes with and without a lookup (unknown and
+repeats, keys of interleaved series each in time order, sort codes in key order (and reversed) against
+rows in any order with unknown, negative and looked-up series, codes with and without a lookup (unknown and
 negative codes, times before and past the range, the widest time field), sorted keys with repeats and a
 row out of order (series codes of both widths, times over all of int64), orders with marked entries
 anywhere and rows of both value types, each checked against numpy. Any report of either sanitizer stops
@@ -44,6 +45,27 @@ def run(library: str) -> None:
         countable = m > 0 and int(interleaved.max() >> 20) < m  # as many series as keys at most
         assert keymatch.by_series(interleaved, 20, ordered) == countable
         assert not countable or (ordered == np.sort(interleaved)).all()
+
+        count = int(rng.integers(0, 12))
+        ranks = np.sort(rng.integers(0, max(count, 1), n * (count > 0))).astype(np.int32 if i % 2 else np.int64)
+        keyed = np.concatenate([np.sort(rng.integers(-50, 50, int((ranks == r).sum()))) for r in range(count)] or [np.zeros(0)])
+        keyed = keyed.astype(np.int64)
+        table = rng.integers(-1, count + 2, int(rng.integers(0, 6)), dtype=np.int64) if i % 3 == 1 else None
+        their_codes = rng.integers(-2, count + 3, m).astype(np.int32 if i % 4 < 2 else np.int64)
+        their_times = rng.integers(-50, 50, m, dtype=np.int64)
+        their_ranks = their_codes.astype(np.int64)
+        if table is not None:
+            known = (their_ranks >= 0) & (their_ranks < len(table))
+            their_ranks = np.where(known, table[np.clip(their_ranks, 0, max(len(table) - 1, 0))] if len(table) else -1, -1)
+        held = set(zip(their_ranks.tolist(), their_times.tolist(), strict=True))
+        expected = np.array([(r, t) in held for r, t in zip(ranks.tolist(), keyed.tolist(), strict=True)], dtype=bool)
+        found = np.zeros(len(keyed), dtype=bool)
+        assert keymatch.meet(ranks, keyed, count, their_codes, their_times, found, table) == expected.sum()
+        assert (found == expected).all()
+        if len(keyed) > 1 and keyed[0] != keyed[-1] and ranks[0] == ranks[-1]:  # keys out of order: nothing marked
+            found[:] = False
+            assert keymatch.meet(ranks, keyed[::-1].copy(), count, their_codes, their_times, found, table) == -1
+            assert not found.any()
 
         bits = int(rng.integers(1, 60))  # ranks below 8 take 3 bits more: a packer never fits past 63
         base = int(rng.integers(-(1 << 40), 1 << 40))

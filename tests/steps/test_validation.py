@@ -10,7 +10,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.conftest import SCHEMA, recent, stage_job
+import timelake.steps.validate as validate_module
 from timelake.errors import ValidationFailed
+from timelake.steps import write as write_module
 from timelake.steps.validate import validate
 from timelake.steps.write import KeyPacker
 
@@ -49,11 +51,18 @@ def test_tampered_file_fails_sorting_uniqueness_and_aggregate(lake, sensor, read
 
 
 @pytest.mark.parametrize("partition_by", ["day", "year"])
-def test_a_staged_key_already_on_main_at_the_plan_fails_merge_validation(lake, readings, partition_by):
+@pytest.mark.parametrize("one_batch", ["met", "packed"])
+def test_a_staged_key_already_on_main_at_the_plan_fails_merge_validation(lake, readings, partition_by, one_batch, monkeypatch):
     """Main's rows are read per staged file (the file's partition only); a key of main smuggled into a
     staged file in place of one of its own rows is caught, in that file, with the key as the sample. By
-    day the file's keys are packed as the pass reads them; a year file of more rows than fit beside a
-    year's times (2^17) has its series read first, then packed."""
+    day the file, one batch in order, meets main's rows with its sort codes (or, without the compiled
+    pass, has its keys packed from them); a year file of more rows than fit beside a year's times (2^17)
+    has its series read first, then packed."""
+    met = []
+    if one_batch == "packed":
+        monkeypatch.setattr(validate_module, "meets", lambda codes, series: False)
+    else:
+        monkeypatch.setattr(validate_module, "met", lambda *a: met.append(a) or write_module.met(*a))
     devices, step = (3, 60) if partition_by == "day" else (100, 1)  # 144,000 rows in the year file
     table = lake.create_table("iot.sensor", schema=SCHEMA, time_column="ts", series_key=["device_id"],
                               partition_by=partition_by, retention="P3Y", target_file_size="64MB")
@@ -78,14 +87,13 @@ def test_a_staged_key_already_on_main_at_the_plan_fails_merge_validation(lake, r
     assert set(failed) == {"no_overlap_with_main"}
     assert "1 staged key(s) already exist on main" in failed["no_overlap_with_main"]["detail"]
     assert failed["no_overlap_with_main"]["samples"] == [{"device_id": "d00", "ts": key.as_py().isoformat()}]
+    assert bool(met) == (partition_by == "day" and one_batch == "met")
 
 
 @pytest.mark.parametrize("seam", ["duplicate", "unsorted", "main"])
 def test_a_fault_at_the_seam_of_two_batches_is_caught(lake, sensor, readings, monkeypatch, seam):
     """A check holds one batch of a file at a time: a duplicate key, a row out of order or a key of main
     that sits exactly where one batch ends and the next begins is caught like any other."""
-    import timelake.steps.validate as validate_module
-
     monkeypatch.setattr(validate_module, "BATCH_ROWS", 10)
     if seam == "main":
         sensor.append(readings(recent(4), days=1, devices=1, step_minutes=60, seed=3).slice(10, 1))

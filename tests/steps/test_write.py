@@ -14,7 +14,7 @@ import pytest
 from tests.conftest import make_readings, recent
 from timelake.model.contract import Contract
 from timelake.steps import _keymatch, write
-from timelake.steps.write import KeyPacker, _drop_marked, _sort_and_dedup, drop_existing, existing_mask, sorted_order
+from timelake.steps.write import KeyPacker, _drop_marked, _sort_and_dedup, drop_existing, existing_mask, meets, met, sorted_order
 
 
 @pytest.fixture(params=["compiled", "numpy"])
@@ -157,10 +157,55 @@ def test_existing_mask_equals_a_set_reference_for_any_row_order(rows_order, exis
     assert mask.tolist() == expected.tolist()
 
 
+@pytest.mark.parametrize("main_order", ["sorted", "time_order", "shuffled"])
+@pytest.mark.parametrize("series_as", ["dictionary", "text"])
+def test_sort_codes_in_key_order_meet_mains_rows_as_a_set_reference_finds_them(main_order, series_as):
+    """Keys given as sort codes in key order (a writer's sorted unit, a staged file in order; with repeats)
+    meet main's rows in any order, a batch at a time: series main holds that the keys lack, a null series
+    and times on no key match nothing. Keys out of order are refused, not answered wrongly."""
+    rng = np.random.default_rng(8)
+    rows = make_readings("2026-01-01", days=0.5, devices=6, step_minutes=10)
+    repeated = np.sort(np.concatenate([np.arange(rows.num_rows), rng.choice(rows.num_rows, 30)]))
+    keys = rows.sort_by([("device_id", "ascending"), ("ts", "ascending")]).take(pa.array(repeated))
+    codes = write.sort_key_codes(keys, _contract())
+    main = pa.concat_tables([keys.take(pa.array(rng.choice(keys.num_rows, 60, replace=False))),
+                             make_readings("2026-01-01", days=0.5, devices=9, step_minutes=7)]).select(["device_id", "ts"])
+    main = pa.concat_tables([main, pa.table({"device_id": pa.array([None], pa.string()), "ts": main.column("ts").slice(0, 1)})])
+    if main_order == "shuffled":
+        main = main.take(pa.array(rng.permutation(main.num_rows)))
+    elif main_order == "time_order":  # as live writers leave main: each series ascends, the keys do not
+        main = main.sort_by([("ts", "ascending"), ("device_id", "ascending")])
+    else:
+        main = main.sort_by([("device_id", "ascending"), ("ts", "ascending")])
+    if series_as == "dictionary":
+        main = main.set_column(0, "device_id", pc.dictionary_encode(main.column("device_id")))
+    assert meets(codes, "device_id")
+    found = met(codes, "device_id", "ts", iter(main.to_batches(max_chunksize=23)))
+    expected = _reference_mask(keys, main.cast(pa.schema([pa.field("device_id", pa.string()), main.schema.field("ts")])),
+                               ["device_id", "ts"])
+    assert found.tolist() == expected.tolist() and 60 <= expected.sum() < len(expected)
+    late = write.KeyCodes([codes.columns[0], codes.columns[1][::-1].copy()], codes.distinct)
+    with pytest.raises(ValueError, match="not in key order"):
+        met(late, "device_id", "ts", iter(main.to_batches()))
+
+
+def test_codes_that_do_not_meet_are_left_to_the_packer(walk):
+    """`met` answers only for the usual key's codes with the compiled pass: a null series among the keys,
+    no compiled module or codes of another shape go to the packer."""
+    rows = make_readings("2026-01-01", days=0.1, devices=3, step_minutes=30)
+    codes = write.sort_key_codes(rows.sort_by([("device_id", "ascending"), ("ts", "ascending")]), _contract())
+    assert meets(codes, "device_id") == (walk == "compiled")
+    with_null = write.sort_key_codes(pa.table({"device_id": pa.array(["a", None]), "ts": rows.column("ts").slice(0, 2)}),
+                                     _contract())
+    assert not meets(with_null, "device_id")
+    assert not meets(write.KeyCodes(codes.columns[:1], codes.distinct), "device_id")
+
+
 @pytest.mark.parametrize("chunk", [3, 1 << 20], ids=["small_chunks", "one_chunk"])
-def test_merge_writer_packs_its_keys_over_the_sort_codes_and_drops_main_keys_in_place(monkeypatch, chunk, walk):
-    """A writer in merge mode packs the unit's keys over its own sort codes (used up, so a unit's keys are
-    held once), then moves the kept rows to the front of its sorted order a chunk at a time. The kept
+@pytest.mark.parametrize("ordered", [True, False], ids=["met", "packed"])
+def test_merge_writer_packs_its_keys_over_the_sort_codes_and_drops_main_keys_in_place(monkeypatch, chunk, ordered, walk):
+    """A writer in merge mode meets main's rows with its unit's sort codes (in key order: ``ordered``) or
+    packs the keys over them, using them up either way (so a unit's keys are held once), then moves the kept rows to the front of its sorted order a chunk at a time. The kept
     order, the count and the sum dropped equal a reference, the rows themselves (whose times the codes
     view) are untouched, with source duplicates and chunk edges anywhere."""
     monkeypatch.setattr(write, "COMPACT_ROWS", chunk)
@@ -174,7 +219,7 @@ def test_merge_writer_packs_its_keys_over_the_sort_codes_and_drops_main_keys_in_
     assert duplicates == 9
     existing = pa.concat_tables([rows.take(pa.array(rng.choice(rows.num_rows, 50, replace=False))),
                                  make_readings("2026-01-01", days=0.5, devices=9, step_minutes=7)]).select(["device_id", "ts"])
-    mask = existing_mask(rows, iter(existing.to_batches(max_chunksize=7)), _contract(), codes, consume=True)
+    mask = existing_mask(rows, iter(existing.to_batches(max_chunksize=7)), _contract(), codes, consume=True, ordered=ordered)
     assert codes.columns == []
     expected = _reference_mask(rows.take(pa.array(order)), existing, ["device_id", "ts"])
     assert mask.tolist() == expected.tolist() and 0 < expected.sum() < len(order)

@@ -12,6 +12,12 @@
  * among a day's unit took three times as long as this pass, and the audit of each staged file paid it
  * again. The pass reads each array once, so it never costs more than reading the keys did.
  *
+ * `meet` finds the same keys without packing either side: the unit's (or a staged file's) sort codes in
+ * key order, a series rank and a time a key, against main's rows put in series order by counting, each
+ * series' times walked beside its stretch of the keys. Packing both sides, sorting main's and walking
+ * them took three passes over a day's keys and two temporary arrays of them; the audit of a day's staged
+ * file spent 6.4 ms on main's rows that way, 3 ms this way.
+ *
  * `drop` then takes the matched rows out of the unit's sorted order and sums their check column. Indexed
  * by the order, that column was read a row here and there across the unit (30 % of a day: three times
  * the time of reading it all); the rows to sum are flagged first and the column then read through once.
@@ -168,6 +174,120 @@ static PyObject *mark(PyObject *self, PyObject *args) {
     PyBuffer_Release(&theirs);
     PyBuffer_Release(&mask);
     return hits < 0 ? NULL : PyLong_FromSsize_t(hits);
+}
+
+static int ascending_times(const void *x, const void *y) {
+    int64_t a = *(const int64_t *)x, b = *(const int64_t *)y;
+    return (a > b) - (a < b);
+}
+
+/* meet(ranks, times, count, codes, their_times, found, lookup=None) -> int: found[i] = 1 where key i
+ * (series ranks[i] of ``count``, time times[i]; the keys in key order) is the key of one of the rows given
+ * by codes and their_times, the rank of row j being codes[j] or, with lookup, lookup[codes[j]] (negative or
+ * unknown: no key); returns how many keys it newly marked, or -1, marking nothing, when the keys are not
+ * in key order or a rank is outside [0, count). The rows are counted per series, placed in series order
+ * (their order kept within a series, so main's rows in time order need no sort; a series out of order is
+ * sorted alone) and walked beside each series' keys. Allocates a time a row and two places a series, and
+ * frees them before it returns. */
+static PyObject *meet(PyObject *self, PyObject *args) {
+    PyObject *ranks_obj, *times_obj, *codes_obj, *their_obj, *found_obj, *lookup_obj = Py_None;
+    Py_ssize_t count;
+    if (!PyArg_ParseTuple(args, "OOnOOO|O:meet", &ranks_obj, &times_obj, &count, &codes_obj, &their_obj, &found_obj,
+                          &lookup_obj))
+        return NULL;
+    Py_buffer ranks, times, codes, their, found, lookup = {0};
+    int have_lookup = lookup_obj != Py_None;
+    PyObject *result = NULL;
+    if (int_view(ranks_obj, &ranks, 0, 0, "ranks") < 0)
+        return NULL;
+    if (int64_view(times_obj, &times, 0, "times") < 0)
+        goto fail_ranks;
+    if (int_view(codes_obj, &codes, 0, 0, "codes") < 0)
+        goto fail_times;
+    if (int64_view(their_obj, &their, 0, "their_times") < 0)
+        goto fail_codes;
+    if (PyObject_GetBuffer(found_obj, &found, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
+        goto fail_their;
+    if (have_lookup && int64_view(lookup_obj, &lookup, 0, "lookup") < 0)
+        goto fail_found;
+    Py_ssize_t n = times.len / 8, m = their.len / 8;
+    if (ranks.len / ranks.itemsize != n || found.len != n || found.itemsize != 1 || codes.len / codes.itemsize != m
+            || count < 0) {
+        PyErr_Format(PyExc_ValueError, "ranks, times and found must hold one entry a key (%zd; not %zd and %zd bytes), "
+                     "codes and their_times one a row (%zd, not %zd), count must not be negative (%zd)", n,
+                     ranks.len / ranks.itemsize, found.len, m, codes.len / codes.itemsize, count);
+        goto fail_lookup;
+    }
+    const int wide = ranks.itemsize == 8, wide_codes = codes.itemsize == 8;
+    const int64_t *t = times.buf, *tt = their.buf, *table = have_lookup ? lookup.buf : NULL;
+    const Py_ssize_t entries = have_lookup ? lookup.len / 8 : 0;
+    uint8_t *mark = found.buf;
+    Py_ssize_t *start = malloc(((size_t)count + 1) * sizeof(Py_ssize_t));
+    Py_ssize_t *off = calloc((size_t)count + 1, sizeof(Py_ssize_t));
+    int64_t *grouped = malloc(((size_t)m + 1) * sizeof(int64_t));
+    if (!start || !off || !grouped) {
+        free(start);
+        free(off);
+        free(grouped);
+        PyErr_NoMemory();
+        goto fail_lookup;
+    }
+    Py_ssize_t hits = 0;
+    int ordered = 1;
+    Py_BEGIN_ALLOW_THREADS
+    int64_t before = -1;
+    for (Py_ssize_t i = 0; i < n; i++) { /* start[r]: where series r's keys begin */
+        int64_t r = wide ? ((const int64_t *)ranks.buf)[i] : (int64_t)((const int32_t *)ranks.buf)[i];
+        if (r < before || r >= count || (r == before && t[i] < t[i - 1])) {
+            ordered = 0;
+            break;
+        }
+        while (before < r) start[++before] = i;
+    }
+    if (ordered) {
+        while (before < count) start[++before] = n;
+        for (int pass = 0; pass < 2; pass++) { /* count each series' rows, then place them */
+            for (Py_ssize_t j = 0; j < m; j++) {
+                int64_t r = wide_codes ? ((const int64_t *)codes.buf)[j] : (int64_t)((const int32_t *)codes.buf)[j];
+                if (table) r = r >= 0 && r < entries ? table[r] : -1;
+                if (r < 0 || r >= count) continue;
+                if (pass == 0) off[r + 1]++;
+                else grouped[off[r]++] = tt[j];
+            }
+            if (pass == 0)
+                for (Py_ssize_t k = 0; k < count; k++) off[k + 1] += off[k]; /* off[r]: where series r's rows go */
+        }
+        /* off[r] is now where series r's rows end, and series r + 1's begin */
+        for (Py_ssize_t r = 0, from = 0; r < count; from = off[r], r++) {
+            Py_ssize_t rows = off[r] - from, keys = start[r + 1] - start[r];
+            if (!rows || !keys) continue;
+            int64_t *b = grouped + from;
+            for (Py_ssize_t k = 1; k < rows; k++)
+                if (b[k] < b[k - 1]) {
+                    qsort(b, (size_t)rows, sizeof(int64_t), ascending_times);
+                    break;
+                }
+            hits += walk(t + start[r], keys, b, rows, mark + start[r]);
+        }
+    }
+    Py_END_ALLOW_THREADS
+    free(start);
+    free(off);
+    free(grouped);
+    result = PyLong_FromSsize_t(ordered ? hits : -1);
+fail_lookup:
+    if (have_lookup) PyBuffer_Release(&lookup);
+fail_found:
+    PyBuffer_Release(&found);
+fail_their:
+    PyBuffer_Release(&their);
+fail_codes:
+    PyBuffer_Release(&codes);
+fail_times:
+    PyBuffer_Release(&times);
+fail_ranks:
+    PyBuffer_Release(&ranks);
+    return result;
 }
 
 /* by_series(keys, time_bits, out) -> bool: out = keys (packed, none negative) in the order of their series
@@ -396,6 +516,11 @@ static PyMethodDef methods[] = {
      "ordered(first, second, equal) -> (unsorted_at, repeats): equal[i] = 1 where key i (first[i], second[i]; "
      "int32 or int64, int64) equals key i + 1; the first row whose key comes before the one above it (-1: none); "
      "how many keys equal the next. equal holds a byte a key."},
+    {"meet", meet, METH_VARARGS,
+     "meet(ranks, times, count, codes, their_times, found, lookup=None) -> int: found[i] = 1 where key i (series "
+     "ranks[i] of count, int32 or int64; time times[i], int64; in key order) is the key of a row (rank codes[j] or "
+     "lookup[codes[j]], time their_times[j]; rows in any order); how many keys it newly marked, or -1 (nothing "
+     "marked) when the keys are out of order or a rank is outside [0, count)."},
     {"mark", mark, METH_VARARGS,
      "mark(mine, theirs, mask) -> int: set mask[i] to 1 where mine[i] occurs in theirs (both int64 and "
      "ascending; mask one byte per key of mine); returns how many keys of mine were found."},

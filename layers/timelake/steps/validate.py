@@ -44,7 +44,7 @@ from timelake.steps import rejects
 from timelake.steps.plan import job_table, read_json, write_json
 from timelake.steps.redo import require_branch
 from timelake.steps.spill import is_text
-from timelake.steps.write import KeyCodes, KeyPacker, existing_mask, in_order, packed_series, sort_key_codes
+from timelake.steps.write import KeyCodes, KeyPacker, existing_mask, in_order, meets, met, packed_series, sort_key_codes
 
 if TYPE_CHECKING:
     import duckdb
@@ -418,7 +418,8 @@ def _file_facts(contract: Contract, state: JobState, mains: dict[str, SnapshotRa
                 partition: int, *, objects: ObjectIO) -> _FileFacts:
     """One pass over a staged file's key and value columns, one batch at a time. With the usual key
     (series, time), the file's keys are packed as it goes (8 bytes a row) and main's rows in the partition
-    are then matched against them a batch at a time; other keys hold main's partition (`_Near`)."""
+    are then matched against them a batch at a time; a file read in one batch and in order (a day's) keeps
+    its sort codes instead, which main's rows meet (`write.met`). Other keys hold main's partition (`_Near`)."""
     keys = list(contract.dedup_key)
     check = state.get("check_column")
     columns = keys + ([check] if check and check not in keys else [])
@@ -451,6 +452,7 @@ def _file_facts(contract: Contract, state: JobState, mains: dict[str, SnapshotRa
         held: list[pa.ChunkedArray] = []  # deferred: each batch's series column, as codes where it is text
         packer = KeyPacker.fit(series, contract.time_column, facts.series, lo, hi - 1) if mains and series and not deferred else None
         packed = np.empty(parquet.metadata.num_rows, dtype=np.int64) if packer is not None or deferred else None  # every row set below
+        whole: KeyCodes | None = None  # a file read in one batch, in order: its sort codes, which main's rows meet
         nears = ({name: _Near(main.batches(lo, hi).read_all(), contract) for name, main in mains.items()}
                  if packer is None and not deferred else {})
         for batch in parquet.iter_batches(batch_size=BATCH_ROWS, columns=columns, use_threads=False):
@@ -477,6 +479,9 @@ def _file_facts(contract: Contract, state: JobState, mains: dict[str, SnapshotRa
                 facts.duplicates += [_fmt_row(r) for r in dups.slice(0, SAMPLES).to_pylist()]
             if packer is not None and packed is not None:
                 _place(packed, offset, rows.num_rows, packer.pack_rows(rows))
+            elif deferred and series is not None and rows.num_rows == parquet.metadata.num_rows and unsorted_at is None \
+                    and meets(codes, series):
+                whole, deferred, packed = codes, False, None  # the file in one batch, in order: main meets its sort codes
             elif deferred and packed is not None and series is not None and rows.num_rows == len(packed) \
                     and (packer := _packed_codes(codes, series, contract.time_column, lo, hi, packed)) is not None:
                 deferred = False  # the file in one batch, packed from its sort codes
@@ -504,6 +509,16 @@ def _file_facts(contract: Contract, state: JobState, mains: dict[str, SnapshotRa
             part = packed[offset:offset + len(column)]  # the rows' times until packed over them
             _place(packed, offset, len(column), packer.pack_keys(column, part, out=part))
             offset += len(column)
+    if whole is not None and series is not None:
+        for name, main in mains.items():
+            found = met(whole, series, contract.time_column, main.batches(lo, hi, tuple(text)))  # series as codes
+            hits = np.flatnonzero(found)
+            facts.overlap[name] = len(hits)
+            if len(hits):
+                ranks, times = whole.columns[0][hits[:SAMPLES]], whole.columns[1][hits[:SAMPLES]]
+                sample = pa.table({series: whole.distinct[series].take(pa.array(ranks)),
+                                   contract.time_column: pa.array(times, pa.int64()).cast(time_type)})
+                facts.overlap_samples[name] = [_fmt_row(r) for r in sample.to_pylist()]
     if packer is not None and packed is not None:
         for name, main in mains.items():
             hits = np.flatnonzero(packer.mark(packed, main.batches(lo, hi, tuple(text)), rare=True))  # series as codes
@@ -519,7 +534,8 @@ def _file_facts(contract: Contract, state: JobState, mains: dict[str, SnapshotRa
 
 
 def _packed_codes(codes: KeyCodes, series: str, time_column: str, lo: int, hi: int, out: np.ndarray) -> KeyPacker | None:
-    """A file read in one batch: its keys packed into ``out`` from the sort codes its order check took
+    """A file read in one batch that `write.met` does not answer for (out of order, or without the compiled
+    pass): its keys packed into ``out`` from the sort codes its order check took
     (the series' ranks among its sorted dictionary, the times), not looked up and copied again (1 ms of a
     merge job's check of a day's file). None, leaving it to the general pass, when a series is null, a
     dictionary value repeats or a time lies outside the partition [lo, hi)."""

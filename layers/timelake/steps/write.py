@@ -147,7 +147,7 @@ def write_rows(table: Any, contract: Contract, mode: str, job_id: str, unit: Uni
                                  objects=objects))
         keyed = rows if codes.packs(contract) else rows.select(list(contract.dedup_key)).take(pa.array(order))
         # main's rows a batch at a time, against the unit's keys packed in place of its sort codes
-        mask = existing_mask(keyed, existing, contract, codes, consume=True)
+        mask = existing_mask(keyed, existing, contract, codes, consume=True, ordered=True)
         del keyed
         if mask.any():
             order, conflicts, conflict_sum = _drop_marked(rows, order, mask, contract)
@@ -551,9 +551,10 @@ def drop_existing(rows: pa.Table, existing: pa.Table, contract: Contract, codes:
 
 
 def existing_mask(rows: pa.Table, existing: pa.Table | Iterable[pa.RecordBatch], contract: Contract,
-                  codes: KeyCodes | None = None, consume: bool = False) -> np.ndarray:
+                  codes: KeyCodes | None = None, consume: bool = False, ordered: bool = False) -> np.ndarray:
     """Which of ``rows`` have a key in ``existing`` (a table, or batches read one at a time); ``codes``
-    are the rows' ``sort_key_codes`` if known.
+    are the rows' ``sort_key_codes`` if known, ``ordered`` if they are in key order (a writer's sorted
+    unit), which `met` then answers from them alone.
 
     For the usual key (one series column + time) the rows' keys become one int64 each (`KeyPacker`) and
     ``existing`` is matched a batch at a time by binary search among them, so memory holds the rows' keys
@@ -567,6 +568,11 @@ def existing_mask(rows: pa.Table, existing: pa.Table | Iterable[pa.RecordBatch],
     series = packed_series(contract)
     if rows.num_rows and series is not None:
         codes = codes if codes is not None and series in codes.distinct else None
+        if codes is not None and ordered and meets(codes, series):
+            mask = met(codes, series, contract.time_column, batches)
+            if consume:
+                codes.columns.clear()
+            return mask
         if codes is None:
             distinct = pc.unique(rows.column(series)).sort()
             ranks = _numpy(pc.fill_null(pc.index_in(rows.column(series), value_set=distinct), len(distinct)))
@@ -663,23 +669,7 @@ class KeyPacker:
         return self.pack(ranks[at], low[at] + self.base), at
 
     def _codes(self, column: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray | None]:
-        """Each row's series as a code and, for a dictionary column, the rank of each code's value (None:
-        the codes are the ranks). A dictionary column's codes are its indices (-1 for a null), looked up
-        per distinct value, not per row; any other column's are its rows' ranks among ``distinct``, -1
-        where the packer does not know the series or there is none. The compiled `_keymatch.pack` looks
-        the codes up itself; `_ranks` does for numpy."""
-        if not pa.types.is_dictionary(column.type):
-            found = pc.index_in(column, value_set=self.distinct.cast(column.type))
-            return _numpy(pc.fill_null(found, -1)).astype(np.int64), None
-        single = single_array(column.unify_dictionaries() if isinstance(column, pa.ChunkedArray) else column)
-        found = pc.index_in(single.dictionary, value_set=self.distinct.cast(single.type.value_type))
-        nulls = single.indices.null_count
-        indices = _numpy(pc.fill_null(single.indices, 0) if nulls else single.indices)
-        if nulls or indices.dtype not in (np.int32, np.int64):
-            indices = indices.astype(np.int64)
-        if nulls:
-            indices[~_numpy(single.indices.is_valid())] = -1
-        return np.ascontiguousarray(indices), _numpy(pc.fill_null(found, -1)).astype(np.int64)
+        return series_codes_in(column, self.distinct)
 
     def _ranks(self, column: pa.Array | pa.ChunkedArray) -> np.ndarray:
         """Each row's series rank among ``distinct`` as int64, -1 where it has none (`_codes` looked up)."""
@@ -732,6 +722,53 @@ class KeyPacker:
             if _keymatch.by_series(keys, self.time_bits, ordered):
                 return ordered
         return np.sort(keys)
+
+
+def series_codes_in(column: pa.Array | pa.ChunkedArray, distinct: pa.Array) -> tuple[np.ndarray, np.ndarray | None]:
+    """Each row's series as a code and, for a dictionary column, the rank among ``distinct`` (sorted
+    values) of each code's value (None: the codes are the ranks). A dictionary column's codes are its
+    indices (-1 for a null), looked up per distinct value, not per row; any other column's are its rows'
+    ranks, -1 where ``distinct`` lacks the series or there is none. The compiled passes (`_keymatch.pack`,
+    `_keymatch.meet`) look the codes up themselves; `KeyPacker._ranks` does for numpy."""
+    if not pa.types.is_dictionary(column.type):
+        found = pc.index_in(column, value_set=distinct.cast(column.type))
+        return _numpy(pc.fill_null(found, -1)).astype(np.int64), None
+    single = single_array(column.unify_dictionaries() if isinstance(column, pa.ChunkedArray) else column)
+    found = pc.index_in(single.dictionary, value_set=distinct.cast(single.type.value_type))
+    nulls = single.indices.null_count
+    indices = _numpy(pc.fill_null(single.indices, 0) if nulls else single.indices)
+    if nulls or indices.dtype not in (np.int32, np.int64):
+        indices = indices.astype(np.int64)
+    if nulls:
+        indices[~_numpy(single.indices.is_valid())] = -1
+    return np.ascontiguousarray(indices), _numpy(pc.fill_null(found, -1)).astype(np.int64)
+
+
+def meets(codes: KeyCodes, series: str) -> bool:
+    """Whether `met` answers for keys whose sort codes are ``codes``: the usual key (series ranks among
+    distinct values without a null, times in µs), with the compiled pass."""
+    distinct = codes.distinct.get(series)
+    return _keymatch is not None and distinct is not None and not distinct.null_count and len(codes.columns) == 2 \
+        and codes.columns[0].dtype in (np.int32, np.int64) and codes.columns[1].dtype == np.int64
+
+
+def met(codes: KeyCodes, series: str, time_column: str, batches: Iterable[pa.RecordBatch]) -> np.ndarray:
+    """Which of the keys whose sort codes are ``codes`` (as `meets` wants them, in key order: a writer's
+    sorted unit, a staged file in order) occur in ``batches`` (main's rows, in any order), read one at a
+    time.
+
+    The keys are not packed into one int64 each: main's rows are put in series order and each series'
+    times walked beside that series' keys (`_keymatch.meet`), which spares packing and sorting both sides
+    (a staged file's keys packed were 1.2 ms of its audit, main's packed and sorted 1.6 ms)."""
+    distinct = codes.distinct[series]
+    ranks, times = (np.ascontiguousarray(c) for c in codes.columns)
+    found = np.zeros(len(times), dtype=bool)
+    for batch in batches:
+        theirs, lookup = series_codes_in(batch.column(series), distinct)
+        at = np.ascontiguousarray(_numpy(pc.cast(batch.column(time_column), pa.int64())), dtype=np.int64)
+        if _keymatch.meet(ranks, times, len(distinct), theirs, at, found, lookup) < 0:
+            raise ValueError("the keys to meet main's rows with are not in key order")
+    return found
 
 
 def _seen_twice(ordered: np.ndarray, theirs: np.ndarray) -> np.ndarray:
