@@ -59,9 +59,10 @@ def run(library: str) -> None:
             their_ranks = np.where(known, table[np.clip(their_ranks, 0, max(len(table) - 1, 0))] if len(table) else -1, -1)
         held = set(zip(their_ranks.tolist(), their_times.tolist(), strict=True))
         expected = np.array([(r, t) in held for r, t in zip(ranks.tolist(), keyed.tolist(), strict=True)], dtype=bool)
-        found = np.zeros(len(keyed), dtype=bool)
-        assert keymatch.meet(ranks, keyed, count, their_codes, their_times, found, table) == expected.sum()
-        assert (found == expected).all()
+        for checked in (False, True):  # the order read through, or known and the stretches found by halving
+            found = np.zeros(len(keyed), dtype=bool)
+            assert keymatch.meet(ranks, keyed, count, their_codes, their_times, found, table, checked) == expected.sum()
+            assert (found == expected).all()
         if len(keyed) > 1 and keyed[0] != keyed[-1] and ranks[0] == ranks[-1]:  # keys out of order: nothing marked
             found[:] = False
             assert keymatch.meet(ranks, keyed[::-1].copy(), count, their_codes, their_times, found, table) == -1

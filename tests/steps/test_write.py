@@ -162,7 +162,8 @@ def test_existing_mask_equals_a_set_reference_for_any_row_order(rows_order, exis
 def test_sort_codes_in_key_order_meet_mains_rows_as_a_set_reference_finds_them(main_order, series_as):
     """Keys given as sort codes in key order (a writer's sorted unit, a staged file in order; with repeats)
     meet main's rows in any order, a batch at a time: series main holds that the keys lack, a null series
-    and times on no key match nothing. Keys out of order are refused, not answered wrongly."""
+    and times on no key match nothing. The compiled pass, not told the order was checked, refuses keys out
+    of order rather than answer wrongly."""
     rng = np.random.default_rng(8)
     rows = make_readings("2026-01-01", days=0.5, devices=6, step_minutes=10)
     repeated = np.sort(np.concatenate([np.arange(rows.num_rows), rng.choice(rows.num_rows, 30)]))
@@ -184,9 +185,16 @@ def test_sort_codes_in_key_order_meet_mains_rows_as_a_set_reference_finds_them(m
     expected = _reference_mask(keys, main.cast(pa.schema([pa.field("device_id", pa.string()), main.schema.field("ts")])),
                                ["device_id", "ts"])
     assert found.tolist() == expected.tolist() and 60 <= expected.sum() < len(expected)
-    late = write.KeyCodes([codes.columns[0], codes.columns[1][::-1].copy()], codes.distinct)
-    with pytest.raises(ValueError, match="not in key order"):
-        met(late, "device_id", "ts", iter(main.to_batches()))
+    batch = main.combine_chunks().to_batches()[0]
+    theirs, lookup = write.series_codes_in(batch.column("device_id"), codes.distinct["device_id"])
+    at = batch.column("ts").cast(pa.int64()).to_numpy()
+    ranks, times = (np.ascontiguousarray(c) for c in codes.columns)
+    unchecked = np.zeros(len(times), dtype=bool)
+    assert _keymatch.meet(ranks, times, len(codes.distinct["device_id"]), theirs, at, unchecked, lookup) == expected.sum()
+    assert unchecked.tolist() == expected.tolist()
+    late = np.zeros(len(times), dtype=bool)
+    assert _keymatch.meet(ranks, times[::-1].copy(), len(codes.distinct["device_id"]), theirs, at, late, lookup) == -1
+    assert not late.any()
 
 
 def test_codes_that_do_not_meet_are_left_to_the_packer(walk):

@@ -753,9 +753,9 @@ def meets(codes: KeyCodes, series: str) -> bool:
 
 
 def met(codes: KeyCodes, series: str, time_column: str, batches: Iterable[pa.RecordBatch]) -> np.ndarray:
-    """Which of the keys whose sort codes are ``codes`` (as `meets` wants them, in key order: a writer's
-    sorted unit, a staged file in order) occur in ``batches`` (main's rows, in any order), read one at a
-    time.
+    """Which of the keys whose sort codes are ``codes`` (as `meets` wants them, in key order, which the
+    caller has checked: a writer's sorted unit, a staged file its check found in order) occur in
+    ``batches`` (main's rows, in any order), read one at a time.
 
     The keys are not packed into one int64 each: main's rows are put in series order and each series'
     times walked beside that series' keys (`_keymatch.meet`), which spares packing and sorting both sides
@@ -766,8 +766,7 @@ def met(codes: KeyCodes, series: str, time_column: str, batches: Iterable[pa.Rec
     for batch in batches:
         theirs, lookup = series_codes_in(batch.column(series), distinct)
         at = np.ascontiguousarray(_numpy(pc.cast(batch.column(time_column), pa.int64())), dtype=np.int64)
-        if _keymatch.meet(ranks, times, len(distinct), theirs, at, found, lookup) < 0:
-            raise ValueError("the keys to meet main's rows with are not in key order")
+        _keymatch.meet(ranks, times, len(distinct), theirs, at, found, lookup, True)
     return found
 
 
