@@ -477,9 +477,9 @@ def write_facts(uri: str, cells: pa.Table, samples: dict[str, list[dict[str, Any
     """A task's or unit's cells and sample rows as one Arrow IPC file: one object a unit, read back by the
     job's combine (thousands of them on S3: one request each). A few hundred cells, which Parquet's writer
     took 40 times as long to write (0.8 ms a file). ``before``: main's rows as a merge unit counted them
-    (`MainCounter`), kept after its own cells in the same file; the combine takes them only where the cut
-    took that count. Each file written is an object created and read back, 1-2 ms of a step's Python
-    beside busy threads: a second file a merge unit for them was a third of its job's diff."""
+    (`MainCounter`), kept after its own cells in the same file, not in a second one (on S3 a PUT and a GET
+    fewer a merge unit; on a local disk within the spread); the combine takes them only where the cut took
+    that count."""
     fs, path = objects.filesystem(uri)
     objects.make_parent(fs, path)
     metadata = {SAMPLES_KEY: json.dumps(samples).encode()}

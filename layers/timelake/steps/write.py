@@ -146,7 +146,7 @@ def write_rows(table: Any, contract: Contract, mode: str, job_id: str, unit: Uni
                     stream_range(table, contract.time_column, unit.info["start"], unit.info["end"], contract.dedup_key,
                                  objects=objects))
         keyed = rows if codes.packs(contract) else rows.select(list(contract.dedup_key)).take(pa.array(order))
-        # main's rows a batch at a time, against the unit's keys packed in place of its sort codes
+        # main's rows a batch at a time, against the unit's sort codes (`met`; else its keys packed in their place)
         mask = existing_mask(keyed, existing, contract, codes, consume=True, ordered=True)
         del keyed
         if mask.any():
