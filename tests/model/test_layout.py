@@ -17,6 +17,7 @@ from timelake.model.layout import (
     micros,
     split_by_code,
     stable_argsort,
+    tally,
     time_runs,
 )
 
@@ -53,6 +54,23 @@ def test_runs_found_compiled_equal_numpys(monkeypatch, times, series, width, lim
         assert all((bucket[a:b] == bucket[a]).all() for a, b in zip(plain.starts, ends, strict=True))
 
 
+@pytest.mark.parametrize("code_type", [np.int32, np.int64, np.int16])
+@pytest.mark.parametrize("weighted", [True, False])
+def test_sums_per_code_equal_numpys_bincount(monkeypatch, code_type, weighted):
+    """Per-slot sums of rows' weights (or their count) as `tally` gives them, compiled or not, equal numpy's
+    bincount: slots no row names stay zero, int16 codes take numpy's way."""
+    codes = RNG.integers(0, 40, 5_000).astype(code_type)
+    weights = RNG.normal(size=5_000) if weighted else None
+    expected = np.bincount(codes, weights=weights, minlength=50)
+    compiled = tally(codes, 50, weights)
+    from timelake.model import layout
+
+    monkeypatch.setattr(layout, "_runs", None)
+    plain = tally(codes, 50, weights)
+    assert compiled.dtype == plain.dtype == np.float64
+    assert np.allclose(compiled, expected) and np.allclose(plain, expected) and (compiled[40:] == 0).all()
+
+
 def test_the_compiled_search_names_the_argument_it_refuses():
     from timelake.model import _runs
 
@@ -73,6 +91,14 @@ def test_the_compiled_search_names_the_argument_it_refuses():
         _runs.ranges(times[:3], np.array([1, 2]), np.empty(3, dtype=np.int64))
     with pytest.raises(TypeError, match="values must be a contiguous int32 or int64 array"):
         _runs.starts(times.astype(np.float64), np.empty(10, dtype=np.int64), 10)
+    with pytest.raises(ValueError, match=r"codes\[3\] is 9, outside \[0, 5\)"):
+        _runs.tally(np.array([0, 4, 2, 9, 1], dtype=np.int32), np.zeros(5))
+    with pytest.raises(ValueError, match=r"codes\[0\] is -1, outside"):
+        _runs.tally(np.array([-1], dtype=np.int64), np.zeros(5))
+    with pytest.raises(TypeError, match="out and weights must be contiguous float64 arrays"):
+        _runs.tally(times, np.zeros(10, dtype=np.int64))
+    with pytest.raises(ValueError, match="weights must hold one value a code: 10, not 3"):
+        _runs.tally(times, np.zeros(10), np.zeros(3))
     with pytest.raises(ValueError, match="out must hold 4 entries, not 2"):
         _runs.starts(times, np.empty(2, dtype=np.int64), 4)
 

@@ -5,7 +5,8 @@ on random batches of every length from none to a few thousand: times spanning th
 two ends included, where a bucket's bounds would overflow), times in runs of one series and day before and
 after 1970, widths from one to the widest, with and without a series, and every limit from none to more
 runs than there are, each checked against numpy; then runs of equal values up to every limit, and ranges
-laid end to end, starting anywhere in int64, against Python's integers, and sizes it must refuse. Any report of either sanitizer stops the child.
+laid end to end, starting anywhere in int64, against Python's integers, and sizes it must refuse; sums per
+code against numpy's bincount, and codes outside the slots it must refuse. Any report of either sanitizer stops the child.
 """
 
 from __future__ import annotations
@@ -80,6 +81,21 @@ def run(library: str) -> None:
             assert count == len(expected) and out[:count].tolist() == expected.tolist(), (i, limit)
         else:
             assert count == -1, (i, count, len(expected), limit)
+    for i in range(ROUNDS):  # sums per code, int32 and int64, weighted or counted, a code outside refused
+        n, slots = int(rng.integers(0, 3_000)) * (i % 7 != 0), int(rng.integers(1, 400))
+        codes = rng.integers(0, slots, n).astype(np.int64 if i % 2 else np.int32)
+        weights = rng.normal(size=n) if i % 3 else None
+        out = np.zeros(slots)
+        runs.tally(codes, out, weights)
+        assert np.allclose(out, np.bincount(codes, weights=weights, minlength=slots)), i
+        if n:
+            codes[int(rng.integers(0, n))] = slots if i % 2 else -1
+            try:
+                runs.tally(codes, np.zeros(slots), weights)
+            except ValueError as e:
+                assert "outside" in str(e)
+            else:
+                raise AssertionError(f"a code outside [0, {slots}) was taken")
     for sizes, room in (([3, -1], 2), ([3, 1], 3), ([3, 1], 9)):
         try:
             runs.ranges(np.zeros(2, dtype=np.int64), np.array(sizes, dtype=np.int64), np.zeros(room, dtype=np.int64))

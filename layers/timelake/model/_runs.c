@@ -7,6 +7,10 @@
  * needs where the runs start. numpy found them in five passes with a temporary array each (divide the
  * times, compare both columns with their shifted selves, combine, find the changes), and the time's
  * bounds in two more; `runs` does it in one, and divides only where a run ends.
+ *
+ * `tally` sums rows' weights per code, as numpy's bincount does, without the interpreter and without
+ * copying a dictionary's int32 codes to numpy's index type first: the diff counts a merge unit's day of
+ * main per series with it.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -223,6 +227,68 @@ done:
     return result;
 }
 
+/* tally(codes, out, weights=None): out[codes[i]] += weights[i] (1.0 without weights), each code in
+ * [0, len(out)); codes int32 or int64, out and weights float64. The diff counts main's rows of a merge unit
+ * per series this way: numpy's bincount copies a dictionary's int32 indices to its index type first and
+ * holds the interpreter throughout, twice a unit (rows, then each column's sum). A code outside out names
+ * its row in a ValueError, with out added to up to there. */
+static PyObject *tally(PyObject *self, PyObject *args) {
+    PyObject *codes_obj, *out_obj, *weights_obj = Py_None;
+    if (!PyArg_ParseTuple(args, "OO|O:tally", &codes_obj, &out_obj, &weights_obj))
+        return NULL;
+    Py_buffer codes, out, weights = {0};
+    int have_weights = weights_obj != Py_None;
+    if (int_view(codes_obj, &codes, 0, 0, "codes") < 0)
+        return NULL;
+    if (PyObject_GetBuffer(out_obj, &out, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&codes);
+        return NULL;
+    }
+    if (have_weights && PyObject_GetBuffer(weights_obj, &weights, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+        PyBuffer_Release(&out);
+        PyBuffer_Release(&codes);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    Py_ssize_t n = codes.len / codes.itemsize, slots = out.len / 8, bad = -1;
+    const char *fo = out.format ? out.format : "B", *fw = have_weights && weights.format ? weights.format : "d";
+    if (out.itemsize != 8 || strcmp(fo, "d") != 0 || (have_weights && (weights.itemsize != 8 || strcmp(fw, "d") != 0))) {
+        PyErr_SetString(PyExc_TypeError, "out and weights must be contiguous float64 arrays");
+        goto done;
+    }
+    if (have_weights && weights.len / 8 != n) {
+        PyErr_Format(PyExc_ValueError, "weights must hold one value a code: %zd, not %zd", n, weights.len / 8);
+        goto done;
+    }
+    double *o = out.buf;
+    const double *w = have_weights ? weights.buf : NULL;
+    const int wide = codes.itemsize == 8;
+    const int64_t *c8 = codes.buf;
+    const int32_t *c4 = codes.buf;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t c = wide ? c8[i] : (int64_t)c4[i];
+        if ((uint64_t)c >= (uint64_t)slots) {
+            bad = i;
+            break;
+        }
+        o[c] += w ? w[i] : 1.0;
+    }
+    Py_END_ALLOW_THREADS
+    if (bad >= 0) {
+        PyErr_Format(PyExc_ValueError, "codes[%zd] is %lld, outside [0, %zd)", bad,
+                     (long long)(wide ? c8[bad] : (int64_t)c4[bad]), slots);
+        goto done;
+    }
+    Py_INCREF(Py_None);
+    result = Py_None;
+done:
+    if (have_weights) PyBuffer_Release(&weights);
+    PyBuffer_Release(&out);
+    PyBuffer_Release(&codes);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"runs", runs, METH_VARARGS,
      "runs(times, width, series, out, limit) -> (count, lowest, highest): out[:count] = the rows (int64) where a "
@@ -234,6 +300,9 @@ static PyMethodDef methods[] = {
     {"ranges", ranges, METH_VARARGS,
      "ranges(starts, sizes, out) -> out: the integers of [starts[i], starts[i] + sizes[i]) one range after another, "
      "int64 all three, out of exactly sum(sizes) entries."},
+    {"tally", tally, METH_VARARGS,
+     "tally(codes, out, weights=None): out[codes[i]] += weights[i] (or 1.0), codes int32 or int64 in [0, len(out)), "
+     "out and weights float64; a code outside raises, naming its row."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 from pyiceberg.manifest import DataFileContent
 
 from timelake.model.contract import Contract
-from timelake.model.layout import MainReader, SnapshotRange, dense_unique, micros, series_codes, single_array
+from timelake.model.layout import MainReader, SnapshotRange, dense_unique, micros, series_codes, single_array, tally
 from timelake.model.lineage import Lineage, Origin, PlanMark
 from timelake.model.timeutil import US_PER_DAY
 from timelake.ports.files import ObjectIO
@@ -80,13 +80,14 @@ def cell_schema(columns: list[str]) -> pa.Schema:
 def series_labels(rows: pa.Table, series_key: tuple[str, ...]) -> tuple[np.ndarray, pa.Array]:
     """Per row a code of its series and, by code, the series' label: its value as text, the values of a key
     of several columns joined by ``|``, "" for a table without a series key. A dictionary-encoded series
-    column (a unit's, read from the spill) gives its codes as they are."""
+    column (a unit's, read from the spill; main's, read so) gives its codes as they are, int32 without a copy."""
     if not series_key:
         return np.zeros(rows.num_rows, dtype=np.int64), pa.array([""], pa.string())
     column = rows.column(series_key[0]) if len(series_key) == 1 else None
     if column is not None and pa.types.is_dictionary(column.type):
         single = single_array(column.unify_dictionaries() if isinstance(column, pa.ChunkedArray) else column)
-        return single.indices.to_numpy(zero_copy_only=False).astype(np.int64), _text(single.dictionary)
+        codes = single.indices.to_numpy(zero_copy_only=False)
+        return codes if codes.dtype in (np.int32, np.int64) else codes.astype(np.int64), _text(single.dictionary)
     codes = series_codes(rows, series_key)
     if not len(codes):
         return codes, pa.array([], pa.string())
@@ -119,10 +120,9 @@ def count_cells(columns: list[str], days: np.ndarray | int, codes: np.ndarray, l
         day_values, day_index, _ = dense_unique(days)
         combined = codes if len(day_values) == 1 else day_index * width + codes  # a count per slot, no sort
     slots = len(day_values) * width
-    rows = np.bincount(combined, minlength=slots)
+    rows = tally(combined, slots)
     present = np.flatnonzero(rows)
-    sums = {name: rows[present] if w is None else np.bincount(combined, weights=w, minlength=slots)[present]
-            for name, w in weights.items()}
+    sums = {name: rows[present] if w is None else tally(combined, slots, w)[present] for name, w in weights.items()}
     return cells_of(schema, day_values[present // width], labels.take(pa.array(present % width)), sums)
 
 

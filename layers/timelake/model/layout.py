@@ -251,6 +251,18 @@ def concat_ranges(starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
     return np.cumsum(out, out=out)
 
 
+def tally(codes: np.ndarray, slots: int, weights: np.ndarray | None = None) -> np.ndarray:
+    """Per slot the sum of ``weights`` (one per row; None: the rows counted) of the rows whose code names it,
+    as float64: numpy's ``bincount``, but compiled (`_runs.tally`) with the interpreter free and a
+    dictionary's int32 codes taken as they are, not copied to numpy's index type first (half the time of
+    counting a merge unit's day of main per series)."""
+    if _runs is not None and codes.dtype in (np.int32, np.int64) and (weights is None or weights.dtype == np.float64):
+        out = np.zeros(slots)
+        _runs.tally(np.ascontiguousarray(codes), out, None if weights is None else np.ascontiguousarray(weights))
+        return out
+    return np.bincount(codes, weights=weights, minlength=slots).astype(np.float64, copy=False)
+
+
 def _integer_argsort(keys: np.ndarray) -> np.ndarray:
     """The stable order of integer ``keys`` by the fastest sort their range allows. Arrow's ``sort_indices``
     counts keys that lie within `COUNTED_RANGE` of each other in one pass: 1.2 ms for the 432,000 series
