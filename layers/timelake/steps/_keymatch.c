@@ -184,13 +184,13 @@ static int ascending_times(const void *x, const void *y) {
 /* meet(ranks, times, count, codes, their_times, found, lookup=None, checked=False) -> int: found[i] = 1 where
  * key i (series ranks[i] of ``count``, time times[i]; the keys in key order) is the key of one of the rows
  * given by codes and their_times, the rank of row j being codes[j] or, with lookup, lookup[codes[j]]
- * (negative or unknown: no key); returns how many keys it newly marked, or -1, marking nothing, when the
- * keys are not in key order or a rank is outside [0, count). ``checked``: the caller has checked that order
- * (a writer sorted its unit, the audit checked the file's), so it is not read through again; the series'
- * stretches are found by halving the ranks instead (a pass over a day's keys was a fifth of the call). The rows are counted per series, placed in series order
- * (their order kept within a series, so main's rows in time order need no sort; a series out of order is
- * sorted alone) and walked beside each series' keys. Allocates a time a row and two places a series, and
- * frees them before it returns. */
+ * (negative or unknown: no key); returns how many keys it marked, or -1, marking nothing, when the keys are
+ * not in key order or a rank is outside [0, count). ``checked``: the caller has checked that order (a
+ * writer sorted its unit, the audit checked the file's), so it is not read through again; the series'
+ * stretches are found by halving the ranks instead (a pass over a day's keys was a fifth of the call).
+ * The rows are counted per series, placed in series order (their order kept within a series, so main's
+ * rows in time order need no sort; a series out of order is sorted alone) and walked beside each series'
+ * keys. Allocates a time a row and two places a series, and frees them before it returns. */
 static PyObject *meet(PyObject *self, PyObject *args) {
     PyObject *ranks_obj, *times_obj, *codes_obj, *their_obj, *found_obj, *lookup_obj = Py_None;
     Py_ssize_t count;
@@ -535,7 +535,7 @@ static PyMethodDef methods[] = {
     {"meet", meet, METH_VARARGS,
      "meet(ranks, times, count, codes, their_times, found, lookup=None, checked=False) -> int: found[i] = 1 where "
      "key i (series ranks[i] of count, int32 or int64; time times[i], int64; in key order) is the key of a row (rank "
-     "codes[j] or lookup[codes[j]], time their_times[j]; rows in any order); how many keys it newly marked, or -1 "
+     "codes[j] or lookup[codes[j]], time their_times[j]; rows in any order); how many keys it marked, or -1 "
      "(nothing marked) when the keys are out of order or a rank is outside [0, count); checked: that order is "
      "known, and not read through again."},
     {"mark", mark, METH_VARARGS,
