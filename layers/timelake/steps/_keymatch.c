@@ -181,22 +181,21 @@ static int ascending_times(const void *x, const void *y) {
     return (a > b) - (a < b);
 }
 
-/* meet(ranks, times, count, codes, their_times, found, lookup=None, checked=False) -> int: found[i] = 1 where
- * key i (series ranks[i] of ``count``, time times[i]; the keys in key order) is the key of one of the rows
- * given by codes and their_times, the rank of row j being codes[j] or, with lookup, lookup[codes[j]]
- * (negative or unknown: no key); returns how many keys it marked, or -1, marking nothing, when the keys are
- * not in key order or a rank is outside [0, count). ``checked``: the caller has checked that order (a
- * writer sorted its unit, the audit checked the file's), so it is not read through again; the series'
- * stretches are found by halving the ranks instead (a pass over a day's keys was a fifth of the call).
- * The rows are counted per series, placed in series order (their order kept within a series, so main's
- * rows in time order need no sort; a series out of order is sorted alone) and walked beside each series'
- * keys. Allocates a time a row and two places a series, and frees them before it returns. */
+/* meet(ranks, times, count, codes, their_times, found, lookup=None) -> int: found[i] = 1 where key i (series
+ * ranks[i] of ``count``, time times[i]) is the key of one of the rows given by codes and their_times, the
+ * rank of row j being codes[j] or, with lookup, lookup[codes[j]] (negative or unknown: no key); returns how
+ * many keys it marked. The keys must be in key order, which every caller has checked already (a writer
+ * sorted its unit, the audit checked the file's order); out of order they are answered wrongly, never
+ * read or written out of bounds. Each series' stretch of the keys is found by halving the ranks (reading
+ * them through to check their order was a fifth of the call). The rows are counted per series, placed in
+ * series order (their order kept within a series, so main's rows in time order need no sort; a series
+ * out of order is sorted alone) and walked beside each series' keys. Allocates a time a row and two
+ * places a series, and frees them before it returns. */
 static PyObject *meet(PyObject *self, PyObject *args) {
     PyObject *ranks_obj, *times_obj, *codes_obj, *their_obj, *found_obj, *lookup_obj = Py_None;
     Py_ssize_t count;
-    int checked = 0;
-    if (!PyArg_ParseTuple(args, "OOnOOO|Op:meet", &ranks_obj, &times_obj, &count, &codes_obj, &their_obj, &found_obj,
-                          &lookup_obj, &checked))
+    if (!PyArg_ParseTuple(args, "OOnOOO|O:meet", &ranks_obj, &times_obj, &count, &codes_obj, &their_obj, &found_obj,
+                          &lookup_obj))
         return NULL;
     Py_buffer ranks, times, codes, their, found, lookup = {0};
     int have_lookup = lookup_obj != Py_None;
@@ -236,61 +235,45 @@ static PyObject *meet(PyObject *self, PyObject *args) {
         goto fail_lookup;
     }
     Py_ssize_t hits = 0;
-    int ordered = 1;
     Py_BEGIN_ALLOW_THREADS
-    int64_t before = -1;
-    if (checked) /* start[r]: where series r's keys begin, found by halving the ranks */
-        for (Py_ssize_t r = 0, lo = 0; r <= count; r++) {
-            Py_ssize_t hi = n;
-            while (lo < hi) {
-                Py_ssize_t mid = lo + (hi - lo) / 2;
-                int64_t x = wide ? ((const int64_t *)ranks.buf)[mid] : (int64_t)((const int32_t *)ranks.buf)[mid];
-                if (x < r) lo = mid + 1;
-                else hi = mid;
-            }
-            start[r] = lo;
+    for (Py_ssize_t r = 0, lo = 0; r <= count; r++) { /* start[r]: where series r's keys begin */
+        Py_ssize_t hi = n;
+        while (lo < hi) {
+            Py_ssize_t mid = lo + (hi - lo) / 2;
+            int64_t x = wide ? ((const int64_t *)ranks.buf)[mid] : (int64_t)((const int32_t *)ranks.buf)[mid];
+            if (x < r) lo = mid + 1;
+            else hi = mid;
         }
-    else {
-        for (Py_ssize_t i = 0; i < n; i++) { /* found in one pass that checks the order too */
-            int64_t r = wide ? ((const int64_t *)ranks.buf)[i] : (int64_t)((const int32_t *)ranks.buf)[i];
-            if (r < before || r >= count || (r == before && t[i] < t[i - 1])) {
-                ordered = 0;
+        start[r] = lo;
+    }
+    for (int pass = 0; pass < 2; pass++) { /* count each series' rows, then place them */
+        for (Py_ssize_t j = 0; j < m; j++) {
+            int64_t r = wide_codes ? ((const int64_t *)codes.buf)[j] : (int64_t)((const int32_t *)codes.buf)[j];
+            if (table) r = r >= 0 && r < entries ? table[r] : -1;
+            if (r < 0 || r >= count) continue;
+            if (pass == 0) off[r + 1]++;
+            else grouped[off[r]++] = tt[j];
+        }
+        if (pass == 0)
+            for (Py_ssize_t k = 0; k < count; k++) off[k + 1] += off[k]; /* off[r]: where series r's rows go */
+    }
+    /* off[r] is now where series r's rows end, and series r + 1's begin */
+    for (Py_ssize_t r = 0, from = 0; r < count; from = off[r], r++) {
+        Py_ssize_t rows = off[r] - from, keys = start[r + 1] - start[r];
+        if (!rows || !keys) continue;
+        int64_t *b = grouped + from;
+        for (Py_ssize_t k = 1; k < rows; k++)
+            if (b[k] < b[k - 1]) {
+                qsort(b, (size_t)rows, sizeof(int64_t), ascending_times);
                 break;
             }
-            while (before < r) start[++before] = i;
-        }
-        while (ordered && before < count) start[++before] = n;
-    }
-    if (ordered) {
-        for (int pass = 0; pass < 2; pass++) { /* count each series' rows, then place them */
-            for (Py_ssize_t j = 0; j < m; j++) {
-                int64_t r = wide_codes ? ((const int64_t *)codes.buf)[j] : (int64_t)((const int32_t *)codes.buf)[j];
-                if (table) r = r >= 0 && r < entries ? table[r] : -1;
-                if (r < 0 || r >= count) continue;
-                if (pass == 0) off[r + 1]++;
-                else grouped[off[r]++] = tt[j];
-            }
-            if (pass == 0)
-                for (Py_ssize_t k = 0; k < count; k++) off[k + 1] += off[k]; /* off[r]: where series r's rows go */
-        }
-        /* off[r] is now where series r's rows end, and series r + 1's begin */
-        for (Py_ssize_t r = 0, from = 0; r < count; from = off[r], r++) {
-            Py_ssize_t rows = off[r] - from, keys = start[r + 1] - start[r];
-            if (!rows || !keys) continue;
-            int64_t *b = grouped + from;
-            for (Py_ssize_t k = 1; k < rows; k++)
-                if (b[k] < b[k - 1]) {
-                    qsort(b, (size_t)rows, sizeof(int64_t), ascending_times);
-                    break;
-                }
-            hits += walk(t + start[r], keys, b, rows, mark + start[r]);
-        }
+        hits += walk(t + start[r], keys, b, rows, mark + start[r]);
     }
     Py_END_ALLOW_THREADS
     free(start);
     free(off);
     free(grouped);
-    result = PyLong_FromSsize_t(ordered ? hits : -1);
+    result = PyLong_FromSsize_t(hits);
 fail_lookup:
     if (have_lookup) PyBuffer_Release(&lookup);
 fail_found:
@@ -533,11 +516,9 @@ static PyMethodDef methods[] = {
      "int32 or int64, int64) equals key i + 1; the first row whose key comes before the one above it (-1: none); "
      "how many keys equal the next. equal holds a byte a key."},
     {"meet", meet, METH_VARARGS,
-     "meet(ranks, times, count, codes, their_times, found, lookup=None, checked=False) -> int: found[i] = 1 where "
-     "key i (series ranks[i] of count, int32 or int64; time times[i], int64; in key order) is the key of a row (rank "
-     "codes[j] or lookup[codes[j]], time their_times[j]; rows in any order); how many keys it marked, or -1 "
-     "(nothing marked) when the keys are out of order or a rank is outside [0, count); checked: that order is "
-     "known, and not read through again."},
+     "meet(ranks, times, count, codes, their_times, found, lookup=None) -> int: found[i] = 1 where key i (series "
+     "ranks[i] of count, int32 or int64; time times[i], int64; keys in key order) is the key of a row (rank "
+     "codes[j] or lookup[codes[j]], time their_times[j]; rows in any order); how many keys it marked."},
     {"mark", mark, METH_VARARGS,
      "mark(mine, theirs, mask) -> int: set mask[i] to 1 where mine[i] occurs in theirs (both int64 and "
      "ascending; mask one byte per key of mine); returns how many keys of mine were found."},

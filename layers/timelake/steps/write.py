@@ -766,7 +766,7 @@ def met(codes: KeyCodes, series: str, time_column: str, batches: Iterable[pa.Rec
     for batch in batches:
         theirs, lookup = series_codes_in(batch.column(series), distinct)
         at = np.ascontiguousarray(_numpy(pc.cast(batch.column(time_column), pa.int64())), dtype=np.int64)
-        _keymatch.meet(ranks, times, len(distinct), theirs, at, found, lookup, True)
+        _keymatch.meet(ranks, times, len(distinct), theirs, at, found, lookup)
     return found
 
 
