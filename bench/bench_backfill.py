@@ -682,7 +682,8 @@ def driver(args: argparse.Namespace) -> None:
     scratch = DATA / "work"
     runs: dict[str, list[dict[str, Any]]] = {}
     failures: dict[str, list[str]] = {}
-    rounds = [[n for n in wanted if n not in SINGLE_RUN] for _ in range(args.repeat)]
+    # every other round runs the cases in reverse order, so that no case always follows the same other one
+    rounds = [[n for n in wanted if n not in SINGLE_RUN][::1 if rep % 2 == 0 else -1] for rep in range(args.repeat)]
     rounds.append([n for n in wanted if n in SINGLE_RUN])  # minutes long: once, at the end
     for rep, names in enumerate(rounds):
         for name in names:
@@ -692,6 +693,7 @@ def driver(args: argparse.Namespace) -> None:
             _, status = spawn(args, name, "prepare", work, env)
             result = None
             if status == "ok":
+                os.sync()  # the untimed set-up's writes reach the disk before the timed run, not during it
                 result, status = spawn(args, name, "run", work, env)
             if not args.keep:
                 shutil.rmtree(work, ignore_errors=True)
