@@ -219,6 +219,43 @@ def test_a_file_read_in_one_batch_packs_its_keys_from_its_sort_codes_as_the_gene
     assert values.to_pylist() == ["a", "a", "b", "c", "c"] and found.tolist() == times
 
 
+@pytest.mark.parametrize("shape", ["dictionary", "unused_values", "text_column", "repeated_value", "out_of_order", "null_series"])
+def test_a_batch_in_key_order_names_its_series_from_the_runs_of_its_sort_codes(shape, monkeypatch):
+    """The audit's distinct series of a batch in key order are the values at the starts of its runs of one
+    series rank, not every row's code hashed; they equal what hashing finds. A batch out of order or with a
+    null series is hashed; a dictionary that holds a value twice gives it twice, once a run, and the file's
+    values come out once each all the same."""
+    import numpy as np
+
+    from timelake.model.contract import Contract
+    from timelake.steps.validate import _present, _sorted_distinct, _unique
+    from timelake.steps.write import in_order, sort_key_codes
+
+    contract = Contract(time_column="ts", series_key=("device_id",), dedup_key=("device_id", "ts"), retention=None, tiers=(),
+                        target_file_size=1 << 27, check_column=None)
+    dictionary = {"unused_values": ["z", "c", "a", "y", "b"], "repeated_value": ["c", "a", "b", "a"]}.get(shape, ["c", "a", "b"])
+    a, b, c = dictionary.index("a"), dictionary.index("b"), dictionary.index("c")
+    indices = [a, a, b, c, c] if shape != "repeated_value" else [1, 1, 2, 2, 0]
+    times = [1, 2, 1, 1, 2] if shape != "out_of_order" else [2, 1, 1, 1, 2]
+    series = pa.DictionaryArray.from_arrays(pa.array(indices, pa.int32(), mask=np.array([False] * 4 + [shape == "null_series"])),
+                                            pa.array(dictionary))
+    rows = pa.table({"device_id": series.cast(pa.string()) if shape == "text_column" else series,
+                     "ts": pa.array(times, pa.timestamp("us", tz="UTC"))})
+    codes = sort_key_codes(rows, contract)
+    unsorted_at, _ = in_order(codes.columns)
+    hashed = _unique(rows.column("device_id"))
+    if shape in ("out_of_order", "null_series"):
+        assert unsorted_at is not None or shape == "null_series"
+    else:
+        assert unsorted_at is None
+        monkeypatch.setattr(validate_module, "_unique", lambda column: pytest.fail("a batch in order was hashed"))
+    found = _present(rows.column("device_id"), codes, "device_id", unsorted_at is None)
+    kind = rows.schema.field("device_id").type
+    expected = ["a", "b", "c"] + ([None] if shape == "null_series" else [])
+    assert sorted(_sorted_distinct([found], kind).to_pylist(), key=str) == sorted(_sorted_distinct([hashed], kind).to_pylist(), key=str)
+    assert sorted(set(_sorted_distinct([found], kind).to_pylist()), key=str) == sorted(expected, key=str)
+
+
 def test_facts_cut_short_are_taken_again_not_trusted(lake, sensor, readings):
     """A file's facts written only in part (the process killed, the disk full while it wrote them) count as
     none: the fan-out checks that file again and validation passes as it would have."""

@@ -33,7 +33,7 @@ from timelake.errors import ValidationFailed
 from timelake.model.commit import staged_files
 from timelake.model.contract import Contract
 from timelake.model.diff import decoded_columns, series_labels
-from timelake.model.layout import PartitionKey, SnapshotRange, micros, single_array
+from timelake.model.layout import PartitionKey, SnapshotRange, micros, run_starts_within, single_array
 from timelake.model.lineage import Lineage, Origin, PlanMark, planned_view
 from timelake.model.spec import JobSpec
 from timelake.model.timeutil import iso
@@ -457,12 +457,12 @@ def _file_facts(contract: Contract, state: JobState, mains: dict[str, SnapshotRa
                  if packer is None and not deferred else {})
         for batch in parquet.iter_batches(batch_size=BATCH_ROWS, columns=columns, use_threads=False):
             rows = pa.Table.from_batches([batch])
+            codes = sort_key_codes(rows, contract)
+            unsorted_at, dup_mask = in_order(codes.columns)
             if several:
                 seen.append(series_labels(rows, contract.series_key)[1])
             elif first_series is not None and not early:
-                seen.append(_unique(rows.column(first_series)))
-            codes = sort_key_codes(rows, contract)
-            unsorted_at, dup_mask = in_order(codes.columns)
+                seen.append(_present(rows.column(first_series), codes, first_series, unsorted_at is None))
             first = {k: rows.column(k)[0].as_py() for k in keys}
             if last is not None:  # the batches' seam: the previous batch's last key against this one's first
                 seam = tuple(last[k] for k in keys), tuple(first[k] for k in keys)
@@ -575,6 +575,20 @@ def _distinct(parquet: pq.ParquetFile, column: str) -> pa.Array:
 def _sorted_distinct(seen: list[pa.Array], kind: pa.DataType) -> pa.Array:
     """The distinct values of a column's batches (each batch's own distinct values), sorted and plain."""
     return pc.unique(pa.chunked_array(seen)).sort() if seen else pa.array([], kind.value_type if pa.types.is_dictionary(kind) else kind)
+
+
+def _present(column: pa.Array | pa.ChunkedArray, codes: KeyCodes, name: str, ordered: bool) -> pa.Array:
+    """The distinct values of a batch's series column ``name``, whose sort codes are ``codes``. A batch in key
+    order holds each series in one run of its rank: the values at the runs' starts (found by the compiled
+    search, a few hundred) are its distinct values, where hashing every row's code took 1 ms of the audit of
+    a day's file. Otherwise, and for a column with nulls, `_unique`."""
+    distinct, ranks = codes.distinct.get(name), codes.columns[0] if codes.columns else None
+    if ordered and distinct is not None and ranks is not None and ranks.dtype in (np.int32, np.int64) \
+            and not column.null_count:
+        starts = run_starts_within(ranks, len(distinct))
+        if starts is not None:
+            return distinct.take(pa.array(ranks[starts]))
+    return _unique(column)
 
 
 def _unique(column: pa.Array | pa.ChunkedArray) -> pa.Array:
