@@ -54,13 +54,20 @@ def test_runs_found_compiled_equal_numpys(monkeypatch, times, series, width, lim
         assert all((bucket[a:b] == bucket[a]).all() for a, b in zip(plain.starts, ends, strict=True))
 
 
+@pytest.mark.parametrize("order", ["scattered", "sorted", "runs"])
 @pytest.mark.parametrize("code_type", [np.int32, np.int64, np.int16])
 @pytest.mark.parametrize("weighted", [True, False])
-def test_sums_per_code_equal_numpys_bincount(monkeypatch, code_type, weighted):
+def test_sums_per_code_equal_numpys_bincount(monkeypatch, code_type, weighted, order):
     """Per-slot sums of rows' weights (or their count) as `tally` gives them, compiled or not, equal numpy's
-    bincount: slots no row names stay zero, int16 codes take numpy's way."""
-    codes = RNG.integers(0, 40, 5_000).astype(code_type)
-    weights = RNG.normal(size=5_000) if weighted else None
+    bincount: slots no row names stay zero, int16 codes take numpy's way. Codes in order (a staged file's
+    series) and in runs that come back (a few series at a time) are summed a run at a time, the same."""
+    codes = RNG.integers(0, 40, 5_000)
+    if order == "sorted":
+        codes.sort()
+    elif order == "runs":
+        codes = np.repeat(RNG.integers(0, 40, 700), RNG.integers(1, 15, 700))[:5_000]
+    codes = codes.astype(code_type)
+    weights = RNG.normal(size=len(codes)) if weighted else None
     expected = np.bincount(codes, weights=weights, minlength=50)
     compiled = tally(codes, 50, weights)
     from timelake.model import layout
@@ -93,6 +100,11 @@ def test_the_compiled_search_names_the_argument_it_refuses():
         _runs.starts(times.astype(np.float64), np.empty(10, dtype=np.int64), 10)
     with pytest.raises(ValueError, match=r"codes\[3\] is 9, outside \[0, 5\)"):
         _runs.tally(np.array([0, 4, 2, 9, 1], dtype=np.int32), np.zeros(5))
+    counted, summed = np.zeros(5), np.zeros(5)
+    for out, weights in ((counted, None), (summed, np.array([0.5, 1.0, 2.0, 4.0, 8.0, 16.0]))):
+        with pytest.raises(ValueError, match=r"codes\[4\] is 5, outside"):  # the run before it is added, not lost
+            _runs.tally(np.array([0, 2, 2, 2, 5, 1], dtype=np.int64), out, weights)
+    assert counted.tolist() == [1, 0, 3, 0, 0] and summed.tolist() == [0.5, 0, 7.0, 0, 0]
     with pytest.raises(ValueError, match=r"codes\[0\] is -1, outside"):
         _runs.tally(np.array([-1], dtype=np.int64), np.zeros(5))
     with pytest.raises(TypeError, match="out and weights must be contiguous float64 arrays"):

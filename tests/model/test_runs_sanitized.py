@@ -84,6 +84,8 @@ def run(library: str) -> None:
     for i in range(ROUNDS):  # sums per code, int32 and int64, weighted or counted, a code outside refused
         n, slots = int(rng.integers(0, 3_000)) * (i % 7 != 0), int(rng.integers(1, 400))
         codes = rng.integers(0, slots, n).astype(np.int64 if i % 2 else np.int32)
+        if i % 4 == 1:  # in runs of one code, which are summed a run at a time
+            codes = np.repeat(codes, rng.integers(1, 9, n))[:n]
         weights = rng.normal(size=n) if i % 3 else None
         out = np.zeros(slots)
         runs.tally(codes, out, weights)

@@ -230,8 +230,9 @@ done:
 /* tally(codes, out, weights=None): out[codes[i]] += weights[i] (1.0 without weights), each code in
  * [0, len(out)); codes int32 or int64, out and weights float64. The diff counts main's rows of a merge unit
  * per series this way: numpy's bincount copies a dictionary's int32 indices to its index type first and
- * holds the interpreter throughout, twice a unit (rows, then each column's sum). A code outside out names
- * its row in a ValueError, with out added to up to there. */
+ * holds the interpreter throughout, twice a unit (rows, then each column's sum). A run of one code is
+ * summed first and added once (so a slot's sum may round apart from bincount's in the last bit). A code
+ * outside out names its row in a ValueError, with out added to up to there. */
 static PyObject *tally(PyObject *self, PyObject *args) {
     PyObject *codes_obj, *out_obj, *weights_obj = Py_None;
     if (!PyArg_ParseTuple(args, "OO|O:tally", &codes_obj, &out_obj, &weights_obj))
@@ -266,14 +267,36 @@ static PyObject *tally(PyObject *self, PyObject *args) {
     const int64_t *c8 = codes.buf;
     const int32_t *c4 = codes.buf;
     Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < n; i++) {
-        int64_t c = wide ? c8[i] : (int64_t)c4[i];
-        if ((uint64_t)c >= (uint64_t)slots) {
-            bad = i;
-            break;
-        }
-        o[c] += w ? w[i] : 1.0;
+    /* a run of one code adds up beside the slot and lands in it once: rows in series order (a staged file, main
+     * as our writers and a sorting compaction leave it) would otherwise each wait for the addition before to
+     * the same slot to be stored and loaded again (four times as long as codes that change every row). One
+     * loop for each kind of codes and each of counting and summing, so that none asks which it is per row. */
+#define TALLY(CODES, WEIGHTED)                                                                              \
+    {                                                                                                      \
+        int64_t run = -1;                                                                                  \
+        Py_ssize_t from = 0;                                                                               \
+        double sum = 0.0;                                                                                  \
+        for (Py_ssize_t i = 0; i < n; i++) {                                                               \
+            int64_t c = (int64_t)(CODES)[i];                                                               \
+            if ((uint64_t)c >= (uint64_t)slots) {                                                          \
+                bad = i;                                                                                   \
+                break;                                                                                     \
+            }                                                                                              \
+            if (c != run) {                                                                                \
+                if (run >= 0) o[run] += WEIGHTED ? sum : (double)(i - from);                               \
+                run = c;                                                                                   \
+                from = i;                                                                                  \
+                sum = 0.0;                                                                                 \
+            }                                                                                              \
+            if (WEIGHTED) sum += w[i];                                                                     \
+        }                                                                                                  \
+        if (run >= 0) o[run] += WEIGHTED ? sum : (double)((bad >= 0 ? bad : n) - from);                    \
     }
+    if (wide && w) TALLY(c8, 1)
+    else if (wide) TALLY(c8, 0)
+    else if (w) TALLY(c4, 1)
+    else TALLY(c4, 0)
+#undef TALLY
     Py_END_ALLOW_THREADS
     if (bad >= 0) {
         PyErr_Format(PyExc_ValueError, "codes[%zd] is %lld, outside [0, %zd)", bad,
