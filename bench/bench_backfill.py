@@ -33,6 +33,7 @@ import contextlib
 import json
 import os
 import platform
+import re
 import resource
 import shutil
 import signal
@@ -323,6 +324,8 @@ def case_backfill(args: argparse.Namespace, work: Path, source: str, rows_in_sou
     step_rss: dict[str, float] = {}
     step_cpu: dict[str, float] = {}
     _instrument_steps(steps, step_rss, step_cpu)
+    if args.stage == "baseline":  # everything up to the timed work, which --instructions counts apart
+        return {"rows": rows_in_source}
     with _Timed() as timed:
         job = tbl.backfill(source=source, max_concurrency=args.max_concurrency).wait()
     report = job.report()
@@ -415,15 +418,16 @@ def engine_dir() -> Path | None:
 
 
 def engine_fingerprint(root: Path | None = None) -> str:
-    """A hash of the engine's source files: the engine is edited while benchmarks run, and a best-of
-    over runs of different versions would mean nothing."""
+    """A hash of the engine's source files and compiled extensions: the engine is edited while benchmarks
+    run, and a best-of over runs of different versions would mean nothing. (The Python files alone named a
+    copy frozen before a change to a compiled part the same as the engine after it, which was then not copied.)"""
     import hashlib
 
     root = root or engine_dir()
     if root is None:
         return "?"
     digest = hashlib.sha256()
-    for path in sorted(root.rglob("*.py")):
+    for path in sorted(p for p in root.rglob("*") if p.suffix in (".py", ".c", ".h", ".so", ".pyd") and p.is_file()):
         digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()[:12]
 
@@ -505,6 +509,9 @@ def child(args: argparse.Namespace) -> None:
     engine = engine_fingerprint()
     cpu0 = resource.getrusage(resource.RUSAGE_SELF)
     result = run_case(args, args.case, work)
+    if args.stage == "baseline":
+        Path(args.out).write_text(json.dumps(result))
+        return
     cpu1 = resource.getrusage(resource.RUSAGE_SELF)
     result["engine"] = engine if engine == engine_fingerprint() else "changed during the run"
     # stop the writer pool's forkserver so that it and the workers it reaped count in RUSAGE_CHILDREN
@@ -566,14 +573,19 @@ def _busy_cpu_seconds() -> float:
 
 def spawn(
     args: argparse.Namespace, name: str, stage: str, work: Path, env: dict[str, str] | None = None,
+    counted: Path | None = None,
 ) -> tuple[dict[str, Any] | None, str]:
-    """Run one case stage in a fresh interpreter; sample the process tree's PSS and the machine's CPU."""
+    """Run one case stage in a fresh interpreter; sample the process tree's PSS and the machine's CPU. With
+    ``counted`` (a folder), under valgrind's cachegrind, each process's count in a log there."""
     out = work.parent / f"{name}.json"
     out.unlink(missing_ok=True)
     cmd = [sys.executable, str(Path(__file__).resolve()), "--case", name, "--stage", stage, "--work", str(work),
            "--out", str(out), "--devices", str(args.devices), "--days", str(args.days),
            "--step-minutes", str(args.step_minutes), "--upsert-rows", str(args.upsert_rows),
            "--max-concurrency", str(args.max_concurrency)]
+    if counted is not None:
+        cmd = ["valgrind", "--tool=cachegrind", "--cache-sim=no", "--trace-children=yes", "--cachegrind-out-file=/dev/null",
+               f"--log-file={counted}/%p.log", *cmd]
     busy0, wall0 = _busy_cpu_seconds(), time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     peak_kb = 0
@@ -830,9 +842,59 @@ def driver(args: argparse.Namespace) -> None:
         print("files (min/median/max MB): " + "; ".join(
             f"{n} {results[n]['files']['count']} files {_mb(results[n]['files'])}" for n in others))
     print(f"load average at the end: {_load()}; memory {_memory()}")
+    counts = count_instructions(args, wanted, env) if args.instructions else {}
     if args.json:
         Path(args.json).write_text(json.dumps({"params": params(args), "rows": n, "engine": engine, "runs": runs,
-                                               "best": results, "failures": failures}, indent=1))
+                                               "best": results, "failures": failures, "instructions": counts}, indent=1))
+
+
+COUNTED_CASES = ("backfill_day", "backfill_device", "merge_day")  # under valgrind: 40-50x slower, so ours only
+
+
+def count_instructions(args: argparse.Namespace, wanted: list[str], env: dict[str, str]) -> dict[str, float]:
+    """The instructions each of our backfill cases executes in its job, counted under valgrind (cachegrind,
+    every process of the case): the work done, which other load on the host does not change, where the
+    seconds of a noisy host spread by a third. A case runs twice on a fresh table, once through to the end and
+    once stopping before the timed work (``--stage baseline``: the interpreter, the imports, the lake
+    opened); the difference is the job's, with the report read after it."""
+    if shutil.which("valgrind") is None:
+        print("\ninstructions: valgrind is not installed (apt-get install valgrind)")
+        return {}
+    names = [n for n in COUNTED_CASES if n in wanted]
+    counts: dict[str, float] = {}
+    for name in names:
+        totals = {}
+        for stage in ("baseline", "run"):
+            work = DATA / "work" / name
+            shutil.rmtree(work, ignore_errors=True)
+            work.mkdir(parents=True)
+            logs = DATA / "work" / f"{name}-{stage}-counted"
+            shutil.rmtree(logs, ignore_errors=True)
+            logs.mkdir(parents=True)
+            _, status = spawn(args, name, "prepare", work, env)
+            if status == "ok":
+                os.sync()
+                _, status = spawn(args, name, stage, work, env, counted=logs)
+            found = [int(m.group(1).replace(",", "")) for log in logs.glob("*.log")
+                     for m in [re.search(r"I\s+refs:\s+([\d,]+)", log.read_text())] if m]
+            if not args.keep:
+                shutil.rmtree(work, ignore_errors=True)
+                shutil.rmtree(logs, ignore_errors=True)
+            if status != "ok" or not found:
+                print(f"\ninstructions of {name}: {stage} {status if status != 'ok' else 'left no count'}")
+                break
+            totals[stage] = sum(found)
+        if len(totals) == 2:
+            counts[name] = totals["run"] - totals["baseline"]
+    if counts:
+        print()
+        print("work counted in instructions (valgrind, every process of the case; the job and its report, the start before it taken off)")
+        for name, count in counts.items():
+            print(f"  {name:<24} {count / 1e9:8.2f} G")
+        for label, top, bottom in (("b'/b", "merge_day", "backfill_day"), ("b per-device / day-ordered", "backfill_device", "backfill_day")):
+            if top in counts and bottom in counts:
+                print(f"  {label:<24} {counts[top] / counts[bottom]:8.3f}")
+    return counts
 
 
 def _git_describe() -> str:
@@ -881,9 +943,12 @@ def main() -> None:
     parser.add_argument("--only", nargs="+", choices=[n for n, _ in CASES], help="run only these cases")
     parser.add_argument("--keep", action="store_true", help="keep the case working directories in bench/.data/work")
     parser.add_argument("--json", help="also write all results to this JSON file")
+    parser.add_argument("--instructions", action="store_true",
+                        help="also count the instructions of our backfill cases under valgrind: the work done, "
+                             "whatever else the host runs (each case 40-50x slower than timed)")
     parser.add_argument("--generate", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--case", help=argparse.SUPPRESS)
-    parser.add_argument("--stage", choices=["prepare", "run"], help=argparse.SUPPRESS)
+    parser.add_argument("--stage", choices=["prepare", "run", "baseline"], help=argparse.SUPPRESS)
     parser.add_argument("--work", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
