@@ -863,7 +863,7 @@ def count_instructions(args: argparse.Namespace, wanted: list[str], env: dict[st
     names = [n for n in COUNTED_CASES if n in wanted]
     counts: dict[str, float] = {}
     for name in names:
-        totals = {}
+        totals: dict[str, int] = {}
         for stage in ("baseline", "run"):
             work = DATA / "work" / name
             shutil.rmtree(work, ignore_errors=True)
