@@ -652,7 +652,7 @@ class KeyPacker:
         """`pack_rows` of a series column and its rows' times (µs); the keys into ``out`` when all can match
         (an int64 array of their length, which may be ``times`` itself)."""
         if _keymatch is not None and times.dtype == np.int64:
-            codes, lookup = self._codes(series)
+            codes, lookup = series_codes_in(series, self.distinct)
             packed = np.empty(len(times), dtype=np.int64) if out is None else out
             if not _keymatch.pack(codes, np.ascontiguousarray(times), self.base, self.time_bits, packed, lookup):
                 return packed, None
@@ -668,12 +668,9 @@ class KeyPacker:
         at = np.flatnonzero(inside)
         return self.pack(ranks[at], low[at] + self.base), at
 
-    def _codes(self, column: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray | None]:
-        return series_codes_in(column, self.distinct)
-
     def _ranks(self, column: pa.Array | pa.ChunkedArray) -> np.ndarray:
-        """Each row's series rank among ``distinct`` as int64, -1 where it has none (`_codes` looked up)."""
-        codes, lookup = self._codes(column)
+        """Each row's series rank among ``distinct`` as int64, -1 where it has none (`series_codes_in` looked up)."""
+        codes, lookup = series_codes_in(column, self.distinct)
         return codes if lookup is None else np.append(lookup, -1)[codes]  # a null's code, -1, takes the -1 appended
 
     def unpack(self, packed: np.ndarray) -> tuple[pa.Array, np.ndarray]:
