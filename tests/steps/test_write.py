@@ -193,6 +193,34 @@ def test_sort_codes_in_key_order_meet_mains_rows_as_a_set_reference_finds_them(m
     assert once.tolist() == expected.tolist()
 
 
+@pytest.mark.parametrize("series", [1, 3, 4, 5, 9, 13])
+def test_compiled_meet_walks_series_four_at_a_time_as_a_set_lookup_finds(series):
+    """`_keymatch.meet` walks four series' keys beside their rows in turn: whatever the number of series
+    (a last group of fewer than four), series with keys and no rows, rows and no keys, far more rows
+    than keys or far fewer (the walk then skips over the rows), repeated keys and repeated rows, each key
+    is marked as a set lookup marks it, and the count is of keys marked."""
+    rng = np.random.default_rng(series)
+    sizes = [(int(rng.integers(0, 400)), int(rng.integers(0, 400))) for _ in range(series)]
+    sizes[0] = (30, 900)  # far more rows than keys
+    if series > 1:
+        sizes[1] = (700, 2)  # far fewer
+    if series > 2:
+        sizes[2] = (0, 50)  # rows of a series without keys; and one with keys but no rows
+        sizes[-1] = (60, 0)
+    ranks = np.concatenate([np.full(k, r, dtype=np.int32) for r, (k, _) in enumerate(sizes)])
+    times = np.concatenate([np.sort(rng.integers(0, 500, k)) for k, _ in sizes]).astype(np.int64)  # repeats
+    codes = np.concatenate([np.full(m, r, dtype=np.int64) for r, (_, m) in enumerate(sizes)])
+    theirs = rng.integers(0, 500, len(codes), dtype=np.int64)
+    shuffled = rng.permutation(len(codes))
+    codes, theirs = codes[shuffled], theirs[shuffled]
+    held = set(zip(codes.tolist(), theirs.tolist(), strict=True))
+    expected = np.array([(r, t) in held for r, t in zip(ranks.tolist(), times.tolist(), strict=True)], dtype=bool)
+    found = np.zeros(len(times), dtype=bool)
+    assert _keymatch.meet(ranks, times, series, codes, theirs, found) == expected.sum()
+    assert found.tolist() == expected.tolist()
+    assert 0 < expected.sum() < len(expected)
+
+
 def test_codes_that_do_not_meet_are_left_to_the_packer(walk):
     """`met` answers only for the usual key's codes with the compiled pass: a null series among the keys,
     no compiled module or codes of another shape go to the packer."""

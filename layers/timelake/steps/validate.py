@@ -512,10 +512,10 @@ def _file_facts(contract: Contract, state: JobState, mains: dict[str, SnapshotRa
     if whole is not None and series is not None:
         for name, main in mains.items():
             found = met(whole, series, contract.time_column, main.batches(lo, hi, tuple(text)))  # series as codes
-            hits = np.flatnonzero(found)
-            facts.overlap[name] = len(hits)
-            if len(hits):
-                ranks, times = whole.columns[0][hits[:SAMPLES]], whole.columns[1][hits[:SAMPLES]]
+            facts.overlap[name] = int(np.count_nonzero(found))  # the usual answer, none, without listing them
+            if facts.overlap[name]:
+                hits = np.flatnonzero(found)[:SAMPLES]
+                ranks, times = whole.columns[0][hits], whole.columns[1][hits]
                 sample = pa.table({series: whole.distinct[series].take(pa.array(ranks)),
                                    contract.time_column: pa.array(times, pa.int64()).cast(time_type)})
                 facts.overlap_samples[name] = [_fmt_row(r) for r in sample.to_pylist()]
