@@ -220,6 +220,19 @@ static int ascending_times(const void *x, const void *y) {
     return (a > b) - (a < b);
 }
 
+/* The slot of each row's code (the last, ``slots``, for a code naming no series) counted, then each row's
+ * time put at its slot's next place: no branch on the code, whose series change from row to row. */
+#define SLOT(T, j) ((uint64_t)(int64_t)((const T *)codes.buf)[j] < (uint64_t)slots \
+                    ? (size_t)((const T *)codes.buf)[j] : (size_t)slots)
+#define COUNT_CODES(T)                                                                                    \
+    {                                                                                                    \
+        for (Py_ssize_t j = 0; j < m; j++) place[SLOT(T, j)]++;                                          \
+    }
+#define PLACE_CODES(T)                                                                                    \
+    {                                                                                                    \
+        for (Py_ssize_t j = 0; j < m; j++) grouped[place[SLOT(T, j)]++] = tt[j];                         \
+    }
+
 /* meet(ranks, times, count, codes, their_times, found, lookup=None) -> int: found[i] = 1 where key i (series
  * ranks[i] of ``count``, time times[i]) is the key of one of the rows given by codes and their_times, the
  * rank of row j being codes[j] or, with lookup, lookup[codes[j]] (negative or unknown: no key); returns how
@@ -263,12 +276,17 @@ static PyObject *meet(PyObject *self, PyObject *args) {
     const int64_t *t = times.buf, *tt = their.buf, *table = have_lookup ? lookup.buf : NULL;
     const Py_ssize_t entries = have_lookup ? lookup.len / 8 : 0;
     uint8_t *mark = found.buf;
+    const Py_ssize_t slots = have_lookup ? entries : count; /* the codes that may name a series */
     Py_ssize_t *start = malloc(((size_t)count + 1) * sizeof(Py_ssize_t));
     Py_ssize_t *off = calloc((size_t)count + 1, sizeof(Py_ssize_t));
+    Py_ssize_t *next = malloc(((size_t)count + 1) * sizeof(Py_ssize_t));
+    Py_ssize_t *place = calloc((size_t)slots + 1, sizeof(Py_ssize_t));
     int64_t *grouped = malloc(((size_t)m + 1) * sizeof(int64_t));
-    if (!start || !off || !grouped) {
+    if (!start || !off || !next || !place || !grouped) {
         free(start);
         free(off);
+        free(next);
+        free(place);
         free(grouped);
         PyErr_NoMemory();
         goto fail_lookup;
@@ -285,22 +303,34 @@ static PyObject *meet(PyObject *self, PyObject *args) {
         }
         start[r] = lo;
     }
-    for (int pass = 0; pass < 2; pass++) { /* count each series' rows, then place them */
-        for (Py_ssize_t j = 0; j < m; j++) {
-            int64_t r = wide_codes ? ((const int64_t *)codes.buf)[j] : (int64_t)((const int32_t *)codes.buf)[j];
-            if (table) r = r >= 0 && r < entries ? table[r] : -1;
-            if (r < 0 || r >= count) continue;
-            if (pass == 0) off[r + 1]++;
-            else grouped[off[r]++] = tt[j];
-        }
-        if (pass == 0)
-            for (Py_ssize_t k = 0; k < count; k++) off[k + 1] += off[k]; /* off[r]: where series r's rows go */
+    /* The rows are counted by code, then placed by code: a code's place is looked up once, not a row's
+     * series (half the instructions of counting and placing by series). Codes naming no series (negative,
+     * past the lookup, looked up to none) share the last slot and are placed past every series' rows. */
+    if (wide_codes)
+        COUNT_CODES(int64_t)
+    else
+        COUNT_CODES(int32_t)
+    for (Py_ssize_t c = 0; c < slots; c++) {
+        int64_t r = table ? table[c] : c;
+        if (r >= 0 && r < count) off[r + 1] += place[c];
     }
-    /* off[r] is now where series r's rows end, and series r + 1's begin */
+    for (Py_ssize_t r = 0; r < count; r++) off[r + 1] += off[r]; /* series r's rows: [off[r], off[r + 1]) */
+    memcpy(next, off, ((size_t)count + 1) * sizeof(Py_ssize_t));
+    for (Py_ssize_t c = 0; c <= slots; c++) { /* each code's rows follow the earlier codes' of its series */
+        int64_t r = c == slots ? -1 : table ? table[c] : c;
+        Py_ssize_t rows = place[c];
+        if (r < 0 || r >= count) r = count; /* none: past the last series */
+        place[c] = next[r];
+        next[r] += rows;
+    }
+    if (wide_codes)
+        PLACE_CODES(int64_t)
+    else
+        PLACE_CODES(int32_t)
     walker walks[WALKS];
     int ready = 0;
-    for (Py_ssize_t r = 0, from = 0; r < count; from = off[r], r++) {
-        Py_ssize_t rows = off[r] - from, keys = start[r + 1] - start[r];
+    for (Py_ssize_t r = 0; r < count; r++) {
+        Py_ssize_t from = off[r], rows = off[r + 1] - from, keys = start[r + 1] - start[r];
         if (!rows || !keys) continue;
         int64_t *b = grouped + from;
         for (Py_ssize_t k = 1; k < rows; k++)
@@ -318,6 +348,8 @@ static PyObject *meet(PyObject *self, PyObject *args) {
     Py_END_ALLOW_THREADS
     free(start);
     free(off);
+    free(next);
+    free(place);
     free(grouped);
     result = PyLong_FromSsize_t(hits);
 fail_lookup:
