@@ -6,7 +6,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from timelake.model.diff import combine, count_cells
+from timelake.model.diff import combine, count_cells, kept_runs
 
 
 def _cells(days: list[int], codes: list[int], labels: list[str], values: list[float]) -> pa.Table:
@@ -106,3 +106,21 @@ def test_rows_of_one_day_given_as_that_day_count_as_their_day_numbers_do():
     cells = {r["series"]: (r["day"], r["rows_before"], r["value.count_before"], r["value.sum_before"]) for r in counted["int"][0]}
     assert cells == {"a": (20_000, 2, 2, 6.0), "b": (20_000, 2, 1, 1.0)}
     assert len(counted["int"][1]) == 4
+
+
+@pytest.mark.parametrize("share", [0.0, 0.3, 0.9, 1.0])
+def test_kept_runs_are_where_each_runs_rows_begin_once_the_dropped_rows_are_gone(share):
+    """Merge mode drops the rows whose key main holds: each run's start moves back by the rows dropped
+    before it, and a run that lost every row is gone; the starts equal those found by walking the kept
+    rows' run labels."""
+    rng = np.random.default_rng(int(share * 10))
+    sizes = rng.integers(1, 40, 60)
+    sizes[:3] = 1  # one-row runs, which are gone whenever their row is
+    label = np.repeat(np.arange(len(sizes)), sizes)
+    dropped = rng.random(len(label)) < share
+    dropped[:sizes[0] + sizes[1]] = True  # a run at the start gone whole
+    starts = np.append(0, np.cumsum(sizes)[:-1]).astype(np.int64)
+    kept = label[~dropped]
+    expected = np.flatnonzero(np.append(True, kept[1:] != kept[:-1])) if len(kept) else np.zeros(0, dtype=np.int64)
+    assert kept_runs(starts, dropped).tolist() == expected.tolist()
+    assert kept_runs(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool)).tolist() == []
