@@ -194,17 +194,22 @@ def test_sort_codes_in_key_order_meet_mains_rows_as_a_set_reference_finds_them(m
 
 
 @pytest.mark.parametrize("series", [1, 3, 4, 5, 9, 13])
-def test_compiled_meet_walks_series_four_at_a_time_as_a_set_lookup_finds(series):
+@pytest.mark.parametrize("shape", ["mixed", "more_keys"])
+def test_compiled_meet_walks_series_four_at_a_time_as_a_set_lookup_finds(series, shape):
     """`_keymatch.meet` walks four series' keys beside their rows in turn: whatever the number of series
     (a last group of fewer than four), series with keys and no rows, rows and no keys, far more rows
     than keys or far fewer (the walk then skips over the rows), repeated keys and repeated rows, each key
-    is marked as a set lookup marks it, and the count is of keys marked."""
+    is marked as a set lookup marks it, and the count is of keys marked. ``more_keys``: every series has
+    more keys than rows (a unit against main's rows of it), in walks of four that end apart."""
     rng = np.random.default_rng(series)
-    sizes = [(int(rng.integers(0, 400)), int(rng.integers(0, 400))) for _ in range(series)]
-    sizes[0] = (30, 900)  # far more rows than keys
-    if series > 1:
+    if shape == "more_keys":
+        sizes = [(int(rng.integers(300, 500)), int(rng.integers(10, 250))) for _ in range(series)]
+    else:
+        sizes = [(int(rng.integers(0, 400)), int(rng.integers(0, 400))) for _ in range(series)]
+        sizes[0] = (30, 900)  # far more rows than keys
+    if series > 1 and shape == "mixed":
         sizes[1] = (700, 2)  # far fewer
-    if series > 2:
+    if series > 2 and shape == "mixed":
         sizes[2] = (0, 50)  # rows of a series without keys; and one with keys but no rows
         sizes[-1] = (60, 0)
     ranks = np.concatenate([np.full(k, r, dtype=np.int32) for r, (k, _) in enumerate(sizes)])
