@@ -143,18 +143,23 @@ static walker walker_of(const int64_t *mine, Py_ssize_t n, const int64_t *theirs
     return (walker){mine, theirs, n, m, 0, 0, out, n >= m};
 }
 
+/* Key ``y`` of theirs met in mine[i..n): every repeat of it in mine marked, and the place past them returned
+ * (a repeat of ``y`` in theirs then meets a greater key). */
+static inline Py_ssize_t meet_in_mine(const int64_t *mine, Py_ssize_t i, Py_ssize_t n, int64_t y, uint8_t *out,
+                                      Py_ssize_t *hits) {
+    for (i = skip_below(mine, i, n, y); i < n && mine[i] == y; i++) {
+        out[i] = 1;
+        (*hits)++;
+    }
+    return i;
+}
+
 /* One key of the shorter side met; false once either side is through. */
 static inline int step(walker *w, Py_ssize_t *hits) {
     if (w->i >= w->n || w->j >= w->m)
         return 0;
-    if (w->over_mine) { /* every repeat in mine; a repeat in theirs then meets a greater key */
-        int64_t y = w->theirs[w->j++];
-        Py_ssize_t i = skip_below(w->mine, w->i, w->n, y);
-        for (; i < w->n && w->mine[i] == y; i++) {
-            w->out[i] = 1;
-            (*hits)++;
-        }
-        w->i = i;
+    if (w->over_mine) {
+        w->i = meet_in_mine(w->mine, w->i, w->n, w->theirs[w->j++], w->out, hits);
     } else { /* an equal key stays in theirs: the next of mine may repeat it */
         int64_t y = w->mine[w->i];
         w->j = skip_below(w->theirs, w->j, w->m, y);
@@ -183,15 +188,6 @@ static Py_ssize_t walk_all(walker *walks, int count) {
 
 #define WALKS 4
 
-/* One step of walk k of four over its mine (`walk_four`): its state in locals, not in the walker. */
-#define STEP_OVER_MINE(k)                                                                                 \
-    {                                                                                                    \
-        int64_t y = b##k[j##k++];                                                                        \
-        for (i##k = skip_below(a##k, i##k, n##k, y); i##k < n##k && a##k[i##k] == y; i##k++) {            \
-            o##k[i##k] = 1;                                                                              \
-            hits++;                                                                                      \
-        }                                                                                                \
-    }
 #define WALK_LOCALS(k)                                                                                    \
     const int64_t *a##k = w[k].mine, *b##k = w[k].theirs;                                                \
     const Py_ssize_t n##k = w[k].n, m##k = w[k].m;                                                        \
@@ -209,10 +205,10 @@ static Py_ssize_t walk_four(walker *w) {
     WALK_LOCALS(2)
     WALK_LOCALS(3)
     while (WALK_LIVE(0) && WALK_LIVE(1) && WALK_LIVE(2) && WALK_LIVE(3)) {
-        STEP_OVER_MINE(0)
-        STEP_OVER_MINE(1)
-        STEP_OVER_MINE(2)
-        STEP_OVER_MINE(3)
+        i0 = meet_in_mine(a0, i0, n0, b0[j0++], o0, &hits);
+        i1 = meet_in_mine(a1, i1, n1, b1[j1++], o1, &hits);
+        i2 = meet_in_mine(a2, i2, n2, b2[j2++], o2, &hits);
+        i3 = meet_in_mine(a3, i3, n3, b3[j3++], o3, &hits);
     }
     w[0].i = i0, w[0].j = j0, w[1].i = i1, w[1].j = j1, w[2].i = i2, w[2].j = j2, w[3].i = i3, w[3].j = j3;
     return hits;
