@@ -71,21 +71,27 @@ def test_a_job_outside_its_window_plans_at_once_and_reads_nothing_until_it_opens
 
 
 def test_the_window_closing_lets_running_units_finish_and_the_rest_wait_for_its_opening(lake, sensor, clock, monkeypatch):
+    """Two units run at once: the third closes the window as it ends, while the fourth is being written.
+    The fourth ends only after that, so nothing may start between the close and the window's opening."""
     source = make_readings(recent(12), days=8, devices=3)  # eight day units
     started: list[float] = []
     write = runner.write_unit
     close = at("2030-01-07T06:00:30")
-
-    together = threading.Barrier(2)  # the first two units end at once, so the third and fourth begin together
+    lock, fourth_began, window_closed = threading.Lock(), threading.Event(), threading.Event()
 
     def unit(*args, **kwargs):
-        started.append(clock.now())
-        third = len(started) == 3  # told at its start: the fourth begins before it ends
+        with lock:  # a unit's place and its start time, read together
+            started.append(clock.now())
+            place = len(started)
+        if place == 4:
+            fourth_began.set()
         result = write(*args, **kwargs)
-        if len(started) <= 2:
-            together.wait(timeout=30)
-        if third:
-            clock.advance_to(close)  # the window closes as the third unit ends (another may be being written)
+        if place == 3:
+            assert fourth_began.wait(timeout=30)
+            clock.advance_to(close)
+            window_closed.set()
+        elif place == 4:
+            assert window_closed.wait(timeout=30)
         return result
 
     monkeypatch.setattr(runner, "write_unit", unit)
@@ -96,7 +102,7 @@ def test_the_window_closing_lets_running_units_finish_and_the_rest_wait_for_its_
 
     (info, begun), = at_pause
     assert info["phase"] == "writing" and info["paused_until"] == "2030-01-07T22:00:00+01:00"
-    assert 3 <= begun < 8 and info["units_done"] == begun  # what ran when the window closed finished; nothing new began
+    assert begun == 4 and info["units_done"] == begun  # what ran when the window closed finished; nothing new began
     assert "paused until 2030-01-07T22:00:00+01:00" in status_line(info)
     reopen = at("2030-01-07T22:00")
     assert all(t < close for t in started[:begun]) and all(t == reopen for t in started[begun:])
