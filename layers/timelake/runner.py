@@ -33,7 +33,7 @@ from timelake.ports.store import TERMINAL, JobRecord, Lease, Phase
 from timelake.sources.postgres import is_postgres
 from timelake.steps import canary, diff
 from timelake.steps.abort import abort
-from timelake.steps.plan import cut, pending_pieces, plan, scan
+from timelake.steps.plan import cut, pending_pieces, plan, scan, tasks_main
 from timelake.steps.publish import publish
 from timelake.steps.schedule import closed_until
 from timelake.steps.scan import open_job_source
@@ -186,18 +186,21 @@ def _scan_all(rt: Runtime, job_id: str, source: Any, cancel: threading.Event | N
     pending = pending_pieces(rt, job_id)
     connections = limits(spec).max_connections
     workers = min(_workers(job, connections), len(pending))
-    if source is not None or workers <= 1:
+    in_process = source is not None or workers <= 1
+    threads = in_process or is_postgres(spec.source) or job.state.get("source_bytes", 0) < setting(IN_PROCESS_SOURCE_BYTES)
+    main = tasks_main(rt, job_id) if pending and threads else None  # the tasks on this process plan main once
+    if in_process:
         src = open_job_source(spec, source, rt.load_table(spec.table), job.state.get("source_plan")) if pending else None
         tasks, names = job.state["scan_tasks"], src.pieces() if src else []
         for i, piece in enumerate(pending):
             _in_window(rt, job_id, cancel, "while scanning")
             if src is not None and i + 1 < len(pending):
                 src.read_next(names[slice(*tasks[pending[i + 1]])])
-            scan(rt, job_id, piece, source, opened=src)
+            scan(rt, job_id, piece, source, opened=src, main=main)
             checkpoint("scan.unit")
     else:
-        threads = is_postgres(spec.source) or job.state.get("source_bytes", 0) < setting(IN_PROCESS_SOURCE_BYTES)
-        _fan_out(rt, job_id, "scan", pending, lambda job: _workers(job, connections), lambda: None, cancel, threads=threads)
+        _fan_out(rt, job_id, "scan", pending, lambda job: _workers(job, connections), lambda: None, cancel, threads=threads,
+                 shared=main)
     rt.store.update_job(job_id, Phase.SCANNED)
 
 
@@ -319,10 +322,11 @@ def _in_window(rt: Runtime, job_id: str, cancel: threading.Event | None, doing: 
 
 def _fan_out(
     rt: Runtime, job_id: str, step: str, items: list[Any], workers: Callable[[JobRecord], int], tick: Callable[[], None],
-    cancel: threading.Event | None, threads: bool = False, shared: Writers | CheckContext | None = None,
+    cancel: threading.Event | None, threads: bool = False, shared: Writers | CheckContext | MainReader | None = None,
 ) -> None:
     """Run ``step`` (scan, main, write or check) over ``items`` on a pool of processes, or of ``threads`` (which
-    share ``shared``: the writers' `write.Writers` for writes, the job's check context for checks),
+    share ``shared``: main's reader for a merge job's scans, the writers' `write.Writers` for writes, the
+    job's check context for checks),
     recording progress as items finish.
 
     As items finish the job is read again: ``workers(job)`` items run at once from then on (its settings
@@ -383,9 +387,9 @@ def _in_worker(config: dict[str, Any], step: str, job_id: str, item: Any) -> dic
 
 
 def _run_item(rt: Runtime, step: str, job_id: str, item: Any,
-              shared: Writers | CheckContext | None = None) -> dict[str, Any]:
+              shared: Writers | CheckContext | MainReader | None = None) -> dict[str, Any]:
     if step == "scan":  # a worker of a fan-out, beside the others
-        return scan(rt, job_id, item, shares_cores=True)
+        return scan(rt, job_id, item, shares_cores=True, main=shared if isinstance(shared, MainReader) else None)
     if step == "write":
         return write_unit(rt, job_id, item, shared if isinstance(shared, Writers) else None)
     if step == "main":

@@ -11,6 +11,7 @@ from timelake.adapters.objects import ArrowObjects
 from timelake.model.layout import (
     COUNTED_RANGE,
     RUN_ROWS,
+    MainReader,
     SnapshotRange,
     concat_ranges,
     dense_unique,
@@ -218,6 +219,41 @@ def test_a_snapshot_range_gives_the_rows_of_a_piece_whether_its_files_lie_inside
         got = planned.batches(lo, hi, ("device_id",)).read_all()
         assert sorted(micros(got, "ts").tolist()) == sorted([t for t in [*times, *times[:2]] if lo <= t < hi])
         assert pa.types.is_dictionary(got.schema.field("device_id").type)
+
+
+def test_a_main_reader_plans_each_snapshot_once_and_reads_each_writers_own(lake, sensor, readings, monkeypatch):
+    """Writers (scan tasks, units) sharing a main reader that loaded main before and after a live commit read
+    their own snapshot's rows, each snapshot planned once however they take turns."""
+    from timelake.model import layout
+
+    made = []
+
+    class Counted(SnapshotRange):
+        def __init__(self, *args, **kwargs) -> None:
+            made.append(args[5])
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(layout, "SnapshotRange", Counted)
+    rows = readings("2026-01-01", days=2, devices=3, step_minutes=30)
+    sensor.append(rows, evaluate_rules=False)
+    before = lake.runtime.load_table("iot.sensor")  # as a task loaded it
+    sensor.append(readings("2026-01-02", days=1, devices=2, step_minutes=60, seed=5), evaluate_rules=False)  # a live commit
+    after = lake.runtime.load_table("iot.sensor")
+    day, first = 86_400_000_000, int(micros(rows, "ts").min())
+    reader = MainReader("ts", first, first + 2 * day, ("device_id", "ts", "value"), objects=ArrowObjects(),
+                        dictionaries=("device_id",))
+    snapshots = [before.current_snapshot().snapshot_id, after.current_snapshot().snapshot_id]
+    assert snapshots[0] != snapshots[1]
+    expected = {}
+    for table in (before, after):
+        scanned = table.scan(row_filter=layout.time_filter("ts", first + day, first + 2 * day)).to_arrow()
+        expected[table.current_snapshot().snapshot_id] = sorted(zip(scanned["device_id"].to_pylist(),
+                                                                    micros(scanned, "ts").tolist(), strict=True))
+    for table in (before, after, before, after, before):
+        got = reader.batches(table, first + day, first + 2 * day).read_all()
+        keys = sorted(zip(got["device_id"].cast(pa.string()).to_pylist(), micros(got, "ts").tolist(), strict=True))
+        assert keys == expected[table.current_snapshot().snapshot_id]
+    assert made == snapshots
 
 
 def test_planning_main_without_residuals_finds_the_files_and_deletes_pyicebergs_own_planning_finds(sensor, readings):

@@ -139,6 +139,33 @@ def test_merge_drops_the_keys_main_holds_in_a_day_the_scan_writes(sensor, lake, 
     assert _main(lake).equals(sort_rows(reference_merge(existing, source)))
 
 
+@pytest.mark.parametrize("concurrency", [1, 2])
+def test_a_merge_jobs_scan_tasks_on_one_process_plan_main_once(sensor, lake, tmp_path, monkeypatch, concurrency):
+    """Scan tasks one after another or two at a time on threads of one process, each writing its days over main's rows:
+    main is planned once for all of them, over the days the job's scan tasks write (``direct_span``),
+    and each drops the keys main holds in its own days."""
+    from timelake.model import layout
+
+    monkeypatch.setattr(timelake.steps.plan, "MIN_TASK_BYTES", 1)
+    source = _day_files(tmp_path / "export", days=4)
+    existing = make_readings(recent(6), days=3, devices=2, step_minutes=60, seed=3, value_offset=1_000)
+    sensor.append(existing)
+    spans = []
+
+    class Counted(layout.SnapshotRange):
+        def __init__(self, table, column, start_us, end_us, *args, **kwargs) -> None:
+            spans.append([start_us, end_us])
+            super().__init__(table, column, start_us, end_us, *args, **kwargs)
+
+    monkeypatch.setattr(layout, "SnapshotRange", Counted)
+    job = sensor.backfill(source=str(tmp_path / "export" / "*.parquet"), max_concurrency=concurrency).wait()
+    state = job.record().state
+    assert len(state["scan_tasks"]) >= 2 and state["direct_partitions"] == 4
+    assert spans == [state["direct_span"]] == [[to_micros(parse_instant(recent(6))), to_micros(parse_instant(recent(2)))]]
+    assert job.report()["rows_conflicting_existing"] == existing.num_rows
+    assert _main(lake).equals(sort_rows(reference_merge(existing, source)))
+
+
 def _merge_diff_scene(sensor, tmp_path: Path) -> tuple[Path, pa.Table]:
     """Three day files, and main holding other values of two devices on two of those days and a day before."""
     _day_files(tmp_path / "export", days=3)
@@ -179,6 +206,23 @@ def test_a_merge_unit_the_scan_writes_counts_mains_rows_for_the_diff_without_a_m
     assert sum(r["rows"] for r in read_by_main_tasks) == day_7 == 24
     _diff_against_main(sensor, job, start, end, before)
     assert job.diff()["cells"].equals(predicted["cells"])
+
+
+def test_a_merge_whose_scan_wrote_every_day_of_its_range_lists_no_main_files_for_main_tasks(sensor, lake, tmp_path,
+                                                                                               monkeypatch):
+    """Every day of the job's range written by its scan task, which counted main's rows there: the cut
+    has no main task to make and does not plan main's files for one; the diff is what main shows."""
+    source, _ = _merge_diff_scene(sensor, tmp_path)
+    before = sensor.refresh().iceberg.current_snapshot().snapshot_id
+    listed = []
+    real = timelake.steps.plan.main_tasks
+    monkeypatch.setattr(timelake.steps.plan, "main_tasks", lambda *a, **k: listed.append(a) or real(*a, **k))
+    job = sensor.backfill(source=str(source)).wait()
+    units = lake.runtime.store.units(job.id)
+    assert len(units) == 3 and all(u.info.get("main_counted") for u in units)
+    assert listed == [] and job.record().state["diff"]["tasks"] == 0
+    _diff_against_main(sensor, job, recent(6), recent(3), before)
+    assert job.diff()["totals"]["in_both"] > 0
 
 
 def test_a_merge_job_scanned_by_an_engine_that_kept_mains_count_apart_takes_it_from_there(sensor, lake, tmp_path):

@@ -10,7 +10,7 @@ import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from itertools import pairwise
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 import numpy as np
 import pyarrow as pa
@@ -485,7 +485,11 @@ class MainReader:
     Planning is pyiceberg Python that holds the GIL (about 7 ms a unit on a small table, more with many
     manifests), so writer threads planning a unit each slowed one another; one plan serves them all
     until a live commit moves main. A writer on its own (a Lambda, a pool process) plans its unit only.
+    Writers that loaded main before and after a live commit each read their own snapshot: the plans of
+    the last `KEPT_PLANS` snapshots are kept, so that taking turns does not plan again and again.
     """
+
+    KEPT_PLANS: ClassVar[int] = 2  # snapshots planned at once: tasks that loaded main before and after a live commit
 
     def __init__(self, column: str, start_us: int, end_us: int, columns: tuple[str, ...], *, objects: ObjectIO,
                  dictionaries: tuple[str, ...] = ()) -> None:
@@ -494,7 +498,7 @@ class MainReader:
         self._range = (column, start_us, end_us, columns)
         self._objects = objects
         self._dictionaries = dictionaries
-        self._plan: tuple[int, SnapshotRange] | None = None
+        self._plans: dict[int, SnapshotRange] = {}
         self._lock = threading.Lock()
 
     def batches(self, table: IcebergTable, start_us: int, end_us: int) -> pa.RecordBatchReader:
@@ -502,11 +506,13 @@ class MainReader:
         if snapshot is None:
             return stream_range(table, self._range[0], start_us, end_us, self._range[3], objects=self._objects)
         with self._lock:
-            if self._plan is None or self._plan[0] != snapshot.snapshot_id:
+            plan = self._plans.get(snapshot.snapshot_id)
+            if plan is None:
+                while len(self._plans) >= self.KEPT_PLANS:
+                    del self._plans[next(iter(self._plans))]
                 column, lo, hi, columns = self._range
-                self._plan = (snapshot.snapshot_id, SnapshotRange(table, column, lo, hi, columns, snapshot.snapshot_id,
-                                                                  objects=self._objects))
-            plan = self._plan[1]
+                plan = self._plans[snapshot.snapshot_id] = SnapshotRange(table, column, lo, hi, columns, snapshot.snapshot_id,
+                                                                         objects=self._objects)
         return plan.batches(start_us, end_us, self._dictionaries)
 
 

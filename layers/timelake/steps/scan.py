@@ -396,8 +396,11 @@ def read_result(rt: Runtime, job_id: str, task: int) -> ScanResult | None:
         return None
 
 
-def scan_task(rt: Runtime, ctx: ScanContext, job_id: str, task: int, pieces: range, src: Source, table: Any) -> ScanResult:
-    """Scan one task (a run of source pieces); idempotent (a finished task returns its stored result)."""
+def scan_task(rt: Runtime, ctx: ScanContext, job_id: str, task: int, pieces: range, src: Source, table: Any,
+              main: MainReader | None = None) -> ScanResult:
+    """Scan one task (a run of source pieces); idempotent (a finished task returns its stored result).
+    ``main``: in merge mode, main's reader that the scan tasks of this process share (`plan.tasks_main`);
+    without it a task that writes partitions plans main over them itself."""
     done = read_result(rt, job_id, task)
     if done is not None:
         return done
@@ -410,7 +413,7 @@ def scan_task(rt: Runtime, ctx: ScanContext, job_id: str, task: int, pieces: ran
     predicts = compares(ctx.spec.mode, ctx.spec.diff)  # a dry run of a job with a diff spills as the run would
     if not ctx.spec.dry_run or predicts:
         direct = direct_plan(rt, job_id, task)
-        main = _direct_main(ctx, direct, objects=rt.objects)
+        main = _direct_main(ctx, direct, main, objects=rt.objects)
         spiller = _Spiller(rt, job_id, task, ctx.target, ctx.contract.series_key, direct,
                            lambda held, part, rows: _write_whole(rt, table, ctx, job_id, result, held, part, rows, main),
                            spill.join_bytes(ctx.contract.target_file_size))
@@ -484,15 +487,24 @@ class _Coalesced:
             self.scan(tables[0] if len(tables) == 1 else pa.concat_tables(tables).combine_chunks())
 
 
-def _direct_main(ctx: ScanContext, direct: dict[str, dict[str, Any]], *, objects: ObjectIO) -> MainReader | None:
-    """In merge mode, main over the partitions the task writes itself, planned once for all of them."""
+def _direct_main(ctx: ScanContext, direct: dict[str, dict[str, Any]], shared: MainReader | None, *,
+                 objects: ObjectIO) -> MainReader | None:
+    """In merge mode, main over the partitions the task writes itself: the ``shared`` reader, else one planned
+    once for all of them."""
     if ctx.spec.mode != "merge" or not direct:
         return None
+    if shared is not None:
+        return shared
     spans = [PartitionKey(p["spec_id"], p["transform"], p["value"]).range for p in direct.values()]
+    return direct_main(ctx, min(lo for lo, _ in spans), max(hi for _, hi in spans), objects=objects)
+
+
+def direct_main(ctx: ScanContext, start_us: int, end_us: int, *, objects: ObjectIO) -> MainReader:
+    """Main over [start, end) for a merge job's partitions that scan tasks write themselves."""
     # with a diff its units count main's rows as they read them (`MainCounter`): every column, not the key alone
     columns = tuple(ctx.target.names) if compares(ctx.spec.mode, ctx.spec.diff) else ctx.contract.dedup_key
-    return MainReader(ctx.contract.time_column, min(lo for lo, _ in spans), max(hi for _, hi in spans), columns,
-                      objects=objects, dictionaries=spill.coded_columns(ctx.target, ctx.contract.series_key))
+    return MainReader(ctx.contract.time_column, start_us, end_us, columns, objects=objects,
+                      dictionaries=spill.coded_columns(ctx.target, ctx.contract.series_key))
 
 
 def _write_whole(rt: Runtime, table: Any, ctx: ScanContext, job_id: str, result: ScanResult, spiller: _Spiller,
