@@ -52,7 +52,7 @@ class JobState(TypedDict, total=False):
     schema_id: int
     spec_id: int
     direct_partitions: int  # partitions a scan task writes as their final file itself
-    direct_span: list[int] | None  # [lo, hi) µs over all of those partitions (None: none): what a process's scan tasks plan of main, once
+    direct_span: list[int] | None  # [lo, hi) µs over all of those partitions: main's plan for the scan tasks
     source_uri: str
     source_fingerprint: str
     source_plan: dict[str, Any] | None  # what a scan in another process needs to list the same pieces

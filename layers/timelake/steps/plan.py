@@ -109,7 +109,8 @@ def scan_tasks(sizes: list[int], parallelism: int) -> list[list[int]]:
 def plan_direct(rt: Runtime, job_id: str, spec: JobSpec, ctx: ScanContext, src: Source, mapper: Any,
                 tasks: list[list[int]]) -> tuple[int, list[int] | None]:
     """Find the partitions a scan task can write as their final file itself, and give each task its list
-    (`direct_uri`); returns how many, and the [lo, hi) µs they span together (None: there are none). Such a partition's rows all lie in the pieces of one task, as the
+    (`direct_uri`); returns how many, and the [lo, hi) µs they span together (None: there are none; main's
+    plan for the scan tasks, `tasks_main`). Such a partition's rows all lie in the pieces of one task, as the
     pieces' footer statistics of the time column tell (a day-ordered export: a file per day), and are
     few enough for the task to hold; the task writes it once it has read the last of those pieces,
     exactly as the write step would, and the spill's round trip is saved. Not for a dry run, which writes
