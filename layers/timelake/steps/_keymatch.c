@@ -214,12 +214,12 @@ static Py_ssize_t walk_four(walker *w) {
     return hits;
 }
 
-/* `walk_all` of a full set of walks, the usual four over their mine first taken by `walk_four`. */
-static Py_ssize_t walk_set(walker *walks, int count) {
+/* `walk_all` of a full set of `WALKS` walks, the usual four over their mine first taken by `walk_four`. */
+static Py_ssize_t walk_set(walker *walks) {
     Py_ssize_t hits = 0;
-    if (count == WALKS && walks[0].over_mine && walks[1].over_mine && walks[2].over_mine && walks[3].over_mine)
+    if (walks[0].over_mine && walks[1].over_mine && walks[2].over_mine && walks[3].over_mine)
         hits = walk_four(walks);
-    return hits + walk_all(walks, count);
+    return hits + walk_all(walks, WALKS);
 }
 
 /* mark(mine, theirs, mask): sets mask[i] to 1 where mine[i] is in theirs; both int64, ascending. */
@@ -380,7 +380,7 @@ static PyObject *meet(PyObject *self, PyObject *args) {
             }
         walks[ready++] = walker_of(t + start[r], keys, b, rows, mark + start[r]);
         if (ready == WALKS) {
-            hits += walk_set(walks, ready);
+            hits += walk_set(walks);
             ready = 0;
         }
     }

@@ -413,7 +413,7 @@ def scan_task(rt: Runtime, ctx: ScanContext, job_id: str, task: int, pieces: ran
     predicts = compares(ctx.spec.mode, ctx.spec.diff)  # a dry run of a job with a diff spills as the run would
     if not ctx.spec.dry_run or predicts:
         direct = direct_plan(rt, job_id, task)
-        main = _direct_main(ctx, direct, main, objects=rt.objects)
+        main = _direct_main(ctx, direct, objects=rt.objects) if main is None else main
         spiller = _Spiller(rt, job_id, task, ctx.target, ctx.contract.series_key, direct,
                            lambda held, part, rows: _write_whole(rt, table, ctx, job_id, result, held, part, rows, main),
                            spill.join_bytes(ctx.contract.target_file_size))
@@ -487,14 +487,10 @@ class _Coalesced:
             self.scan(tables[0] if len(tables) == 1 else pa.concat_tables(tables).combine_chunks())
 
 
-def _direct_main(ctx: ScanContext, direct: dict[str, dict[str, Any]], shared: MainReader | None, *,
-                 objects: ObjectIO) -> MainReader | None:
-    """In merge mode, main over the partitions the task writes itself: the ``shared`` reader, else one planned
-    once for all of them."""
+def _direct_main(ctx: ScanContext, direct: dict[str, dict[str, Any]], *, objects: ObjectIO) -> MainReader | None:
+    """In merge mode, main over the partitions the task writes itself, planned once for all of them."""
     if ctx.spec.mode != "merge" or not direct:
         return None
-    if shared is not None:
-        return shared
     spans = [PartitionKey(p["spec_id"], p["transform"], p["value"]).range for p in direct.values()]
     return direct_main(ctx, min(lo for lo, _ in spans), max(hi for _, hi in spans), objects=objects)
 
