@@ -65,6 +65,7 @@ def _create(lake: Any) -> Any:
 def write_files(count: int) -> tuple[Path, list[dict[str, Any]]]:
     """``count`` day files of 12 rows (2 devices x 6 readings), written once with the engine's writer,
     and the unit results the write step would have recorded for them."""
+    from timelake.model.parquet_settings import ParquetSettings
     from timelake.steps.write import write_file
 
     root = DATA / f"commit-f{count}"
@@ -86,7 +87,8 @@ def write_files(count: int) -> tuple[Path, list[dict[str, Any]]]:
         results.append({"rows_in": 12, "rows_written": 12, "rows_duplicate_in_source": 0,
                         "rows_conflicting_existing": 0, "duplicate_sum": 0.0, "conflict_sum": 0.0,
                         "spec_id": 0, "value": day, "spill_bytes_read": 0, "seconds": 0.0,
-                        **write_file(table, rows, path, objects=lake.runtime.objects)})
+                        **write_file(table, rows, path, ParquetSettings.from_properties(table.properties),
+                                     objects=lake.runtime.objects)})
     shutil.rmtree(root / "schema")
     marker.write_text(json.dumps(results))
     return root, results

@@ -27,6 +27,7 @@ import threading
 import time
 import warnings
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -289,6 +290,60 @@ class SparkLake:
             while locations.hasNext():
                 found.append(str(locations.next()))
         return sorted(found)
+
+
+@dataclass
+class ColumnChunk:
+    """One column of one row group as parquet-mr (the Parquet library Iceberg Java writes and reads with) reads
+    it: its codec, the values of each data page, whether every data page is dictionary-encoded, and its bloom
+    filter (bitset bytes, and which probed values it may hold; None when it has none)."""
+
+    codec: str
+    page_values: list[int]
+    dictionary_only: bool
+    bloom_bytes: int | None
+    bloom_holds: dict[Any, bool]
+
+
+@dataclass
+class RowGroup:
+    rows: int
+    compressed_bytes: int
+    columns: dict[str, ColumnChunk]
+
+
+def parquet_row_groups(session: Any, location: str, probe: dict[str, list[Any]] | None = None) -> list[RowGroup]:
+    """A Parquet file's row groups read page by page with parquet-mr; ``probe`` names values (strings or floats)
+    to look up in each column's bloom filter."""
+    jvm = session._jvm
+    conf = jvm.org.apache.hadoop.conf.Configuration()
+    source = jvm.org.apache.parquet.hadoop.util.HadoopInputFile.fromPath(
+        jvm.org.apache.hadoop.fs.Path(f"file://{local_path(location)}"), conf)
+    reader = jvm.org.apache.parquet.hadoop.ParquetFileReader.open(source)
+    try:
+        blocks, descriptors = reader.getFooter().getBlocks(), reader.getFooter().getFileMetaData().getSchema().getColumns()
+        groups = []
+        for b in range(blocks.size()):
+            block, pages = blocks.get(b), reader.readNextRowGroup()
+            columns = {}
+            for c in range(descriptors.size()):
+                chunk = block.getColumns().get(c)
+                name = chunk.getPath().toDotString()
+                counts, page_reader = [], pages.getPageReader(descriptors.get(c))
+                while (page := page_reader.readPage()) is not None:
+                    counts.append(page.getValueCount())
+                bloom = reader.readBloomFilter(chunk)
+                holds = {} if bloom is None else {
+                    v: bloom.findHash(bloom.hash(jvm.org.apache.parquet.io.api.Binary.fromString(v) if isinstance(v, str) else v))
+                    for v in (probe or {}).get(name, [])}
+                stats = chunk.getEncodingStats()
+                columns[name] = ColumnChunk(chunk.getCodec().name(), counts,
+                                            stats is not None and not stats.hasNonDictionaryEncodedPages(),
+                                            None if bloom is None else bloom.getBitsetSize(), holds)
+            groups.append(RowGroup(block.getRowCount(), block.getCompressedSize(), columns))
+        return groups
+    finally:
+        reader.close()
 
 
 def _loaded_catalogs(manager: Any) -> dict[str, Any]:

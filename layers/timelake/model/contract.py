@@ -16,6 +16,7 @@ import pyarrow as pa
 from pyiceberg.table import Table as IcebergTable
 from pyiceberg.transforms import DayTransform, HourTransform, MonthTransform, YearTransform
 
+from timelake.model.parquet_settings import ParquetSettings
 from timelake.model.timeutil import floor_to, parse_duration, subtract_duration, to_micros
 
 TIME_COLUMN = "timelake.time-column"
@@ -49,6 +50,7 @@ class Contract:
     tiers: tuple[Tier, ...]
     target_file_size: int
     check_column: str | None
+    parquet: ParquetSettings = ParquetSettings()
 
     @property
     def sort_columns(self) -> list[str]:
@@ -80,6 +82,7 @@ class Contract:
             tiers=tiers,
             target_file_size=int(props.get(TARGET_FILE_SIZE, DEFAULT_TARGET_FILE_SIZE)),
             check_column=check,
+            parquet=ParquetSettings.from_properties(props),
         )
 
     def tier_cutoffs(self, now: datetime) -> list[int]:

@@ -367,7 +367,7 @@ def _survivors(table: IcebergTable, contract: Contract, chunk: Chunk, task: Any,
     if rest.num_rows == 0:
         return True, None, inside
     new_path = f.file_path.removesuffix(".parquet") + f"-rest-{job_id}-{chunk.start}.parquet"
-    write_parquet(rest, new_path, table.properties, objects=objects)
+    write_parquet(rest, new_path, contract.parquet, objects=objects)
     return True, data_file(table, new_path, f.spec_id, f.partition, objects=objects), inside
 
 
@@ -397,7 +397,7 @@ def _drop_late_conflicts(
         late["sum"] += dropped_sum
         if kept.num_rows:
             new_path = f.file_path.removesuffix(".parquet") + f"-live{len(kept)}.parquet"
-            write_parquet(kept, new_path, table.properties, objects=objects)
+            write_parquet(kept, new_path, contract.parquet, objects=objects)
             result.append(data_file(table, new_path, f.spec_id, f.partition[0], objects=objects))
     return result
 

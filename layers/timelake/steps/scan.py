@@ -694,7 +694,8 @@ def _measure(sample: pa.Table, contract: Contract) -> tuple[int, int]:
     order, *_ = sorted_order(sample, contract)
     taken = sample.take(pa.array(order))
     buffer = io.BytesIO()
-    pq.write_table(taken, buffer, compression="zstd", **encoding(taken))
+    pq.write_table(taken, buffer, row_group_size=contract.parquet.group_rows,
+                   **encoding(taken, contract.parquet, min(taken.num_rows, contract.parquet.group_rows)))
     return sample.num_rows, buffer.tell()
 
 

@@ -28,6 +28,7 @@ from timelake.model.diff import (
 )
 from timelake.model.layout import MainReader, by_index, single_array, stable_argsort, stream_range
 from timelake.model.lineage import planned_view
+from timelake.model.parquet_settings import ParquetSettings
 from timelake.model.spec import JobSpec
 from timelake.model.timeutil import US_PER_DAY
 from timelake.ports.files import ObjectIO
@@ -40,7 +41,6 @@ try:
 except ImportError:  # no compiler at install: numpy's binary search does the same, slower
     _keymatch = None  # type: ignore[assignment]
 
-ROW_GROUP_ROWS = 1 << 20
 ARROW_SCHEMA = b"ARROW:schema"  # where pyarrow keeps the Arrow schema in a Parquet footer (base64 of its IPC form)
 COMPACT_ROWS = 1 << 20
 MERGE_SPAN = 1 << 22  # keys of a file an audited batch of main is merged with at most (32 MB copied)
@@ -162,7 +162,7 @@ def write_rows(table: Any, contract: Contract, mode: str, job_id: str, unit: Uni
         "path": None, "bytes": 0, "spec_id": unit.info["spec_id"], "value": unit.info["value"],
     }
     if len(order) and not predict:  # the diff's counts come from the row groups the writer takes in order
-        result.update(write_file(table, rows, unit_path(table, job_id, unit), order, objects=objects,
+        result.update(write_file(table, rows, unit_path(table, job_id, unit), contract.parquet, order, objects=objects,
                                  each_group=after.add if after is not None else None))
     elif after is not None:
         after.take(rows, order)
@@ -836,16 +836,16 @@ def unit_path(table: Any, job_id: str, unit: UnitRecord, suffix: str = "") -> st
     return f"{table.location().rstrip('/')}/data/{partition}/{job_id}-{unit.unit_id}{suffix}.parquet"
 
 
-def write_file(table: Any, rows: pa.Table, path: str, order: np.ndarray | None = None, *, objects: ObjectIO,
-               each_group: Callable[[int, pa.Table], None] | None = None) -> dict[str, Any]:
+def write_file(table: Any, rows: pa.Table, path: str, settings: ParquetSettings, order: np.ndarray | None = None, *,
+               objects: ObjectIO, each_group: Callable[[int, pa.Table], None] | None = None) -> dict[str, Any]:
     """`write_parquet`, and what a unit records of the file: its path, size and the Iceberg statistics
     of its columns, taken from the writer's own footer metadata (stage builds the DataFile from them).
     ``each_group`` sees every row group as it is written, with its first row's place in the file."""
-    size, metadata = _write(rows, path, table.properties, order, objects=objects, each_group=each_group)
+    size, metadata = _write(rows, path, settings, order, objects=objects, each_group=each_group)
     return {"path": path, "bytes": size, "file_statistics": file_statistics(table, metadata)}
 
 
-def write_parquet(rows: pa.Table, path: str, properties: dict[str, str], order: np.ndarray | None = None, *,
+def write_parquet(rows: pa.Table, path: str, settings: ParquetSettings, order: np.ndarray | None = None, *,
                   objects: ObjectIO) -> int:
     """Write one file with Iceberg field ids (from the table's Arrow schema); returns its size in bytes.
     With ``order``, the rows numbered so are written in that order, taken one row group at a time.
@@ -853,40 +853,45 @@ def write_parquet(rows: pa.Table, path: str, properties: dict[str, str], order: 
     Parquet statistics do not count NaNs, which Iceberg's ``nan_value_counts`` wants for float
     columns (engines prune ``x = 'NaN'`` and ``isnan`` with them): they are counted here and kept in
     the footer, where `timelake.model.commit` reads them with the other statistics."""
-    return _write(rows, path, properties, order, objects=objects)[0]
+    return _write(rows, path, settings, order, objects=objects)[0]
 
 
-def encoding(rows: pa.Table) -> dict[str, Any]:
-    """How the writers encode ``rows`` in Parquet, besides the table's codec: which columns get a
-    dictionary, and how many values a step. A scan's sample of its source is encoded alike
-    (`timelake.steps.scan`), so units are sized in the bytes of the files they will be."""
-    return {"use_dictionary": dictionary_columns(rows), "write_batch_size": WRITE_BATCH_ROWS}
+def encoding(rows: pa.Table, settings: ParquetSettings, group_rows: int) -> dict[str, Any]:
+    """How the writers encode ``rows`` in Parquet: the table's settings (`ParquetSettings`), which columns get
+    a dictionary, and how many values a step. A scan's sample of its source is encoded alike
+    (`timelake.steps.scan`), so units are sized in the bytes of the files they will be. ``group_rows`` is the
+    most rows a row group of the file holds (a bloom filter is sized for them)."""
+    return {**settings.writer_options(rows, group_rows),
+            "use_dictionary": dictionary_columns(rows, settings.dictionary_bytes), "write_batch_size": WRITE_BATCH_ROWS}
 
 
-def dictionary_columns(rows: pa.Table) -> bool | list[str]:
+def dictionary_columns(rows: pa.Table, dictionary_bytes: int) -> bool | list[str]:
     """The columns worth a Parquet dictionary. The writer otherwise builds one for every column and, for a
     column of raw measurements (nearly every value distinct), hashes each value only to give up when the
-    dictionary outgrows its page (1 MB: 131,072 doubles), leaving a larger file; for such a column that was
-    half the time of writing it. A column is written plain when an evenly spread sample of its rows is
-    nearly all distinct: of ``s`` rows sampled from ``d`` distinct values about ``s / 2d`` repeat, so over
-    99.2 % distinct means more values than a dictionary page holds. Columns that are dictionaries already
-    (the series) and those with repeats (a time grid, readings of fixed precision, states) keep theirs."""
+    dictionary outgrows its page (``dictionary_bytes``, the table's `write.parquet.dict-size-bytes`: 2 MB,
+    262,144 doubles), leaving a larger file; for such a column that was half the time of writing it. A column
+    is written plain when an evenly spread sample of its rows is nearly all distinct: of ``s`` rows sampled
+    from ``d`` distinct values about ``s / 2d`` repeat, so with ``d`` the doubles a dictionary page holds,
+    fewer repeats mean more values than it holds (at 2 MB, over 99.6 % of the sample distinct). Columns that
+    are dictionaries already (the series) and those with repeats (a time grid, readings of fixed precision,
+    states) keep theirs."""
     if rows.num_rows == 0 or any(pa.types.is_nested(f.type) for f in rows.schema):
         return True  # a nested column is named by its leaves' paths: left to the writer's default
     picked = pa.array(np.linspace(0, rows.num_rows - 1, min(rows.num_rows, DICTIONARY_SAMPLE), dtype=np.int64))
+    distinct_at_most = len(picked) * (1 - len(picked) / (2 * max(dictionary_bytes / 8, 1)))
     return [f.name for f in rows.schema if pa.types.is_dictionary(f.type)
-            or pc.count_distinct(rows.column(f.name).take(picked)).as_py() <= 0.992 * len(picked)]
+            or pc.count_distinct(rows.column(f.name).take(picked)).as_py() <= distinct_at_most]
 
 
-def _write(rows: pa.Table, path: str, properties: dict[str, str], order: np.ndarray | None, *,
+def _write(rows: pa.Table, path: str, settings: ParquetSettings, order: np.ndarray | None, *,
            objects: ObjectIO, each_group: Callable[[int, pa.Table], None] | None = None) -> tuple[int, pq.FileMetaData]:
     """Dictionary-encoded columns (a unit's series) are written as they are, which spares the Parquet
     writer hashing every row's string to build its dictionary again. The Arrow schema kept in the footer
     is the plain one (value types, as writing the decoded columns would keep), so pyarrow readers get
-    the table's types, not dictionaries."""
+    the table's types, not dictionaries. Row groups keep within the table's row and byte limits, the
+    bytes a row took in the groups written so far sizing the next."""
     fs, local = objects.filesystem(path)
     objects.make_parent(fs, local)
-    codec = properties.get("write.parquet.compression-codec", "zstd")
     count = rows.num_rows if order is None else len(order)
     nans = {}
     for f in rows.schema:
@@ -900,12 +905,15 @@ def _write(rows: pa.Table, path: str, properties: dict[str, str], order: np.ndar
     plain = pa.schema([f.with_type(f.type.value_type) if pa.types.is_dictionary(f.type) else f for f in rows.schema],
                       metadata=metadata)
     with fs.open_output_stream(local) as out:
-        with pq.ParquetWriter(out, rows.schema, compression=None if codec == "uncompressed" else codec,
-                              store_schema=False, **encoding(rows)) as writer:
+        with pq.ParquetWriter(out, rows.schema, store_schema=False,
+                              **encoding(rows, settings, min(count, settings.group_rows))) as writer:
             writer.add_key_value_metadata({**metadata, ARROW_SCHEMA: base64.b64encode(plain.serialize().to_pybytes())})
-            for start in range(0, count, ROW_GROUP_ROWS):
-                group = rows.slice(start, ROW_GROUP_ROWS) if order is None else rows.take(pa.array(order[start:start + ROW_GROUP_ROWS]))
-                writer.write_table(group, row_group_size=ROW_GROUP_ROWS)
+            start, size, begun = 0, settings.first_group_rows(rows), out.tell()
+            while start < count:
+                group = rows.slice(start, size) if order is None else rows.take(pa.array(order[start:start + size]))
+                writer.write_table(group, row_group_size=size)
                 if each_group is not None:
                     each_group(start, group)
+                start += group.num_rows
+                size = settings.next_group_rows(start, out.tell() - begun)
         return out.tell(), writer.writer.metadata
