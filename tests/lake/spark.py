@@ -295,12 +295,14 @@ class SparkLake:
 @dataclass
 class ColumnChunk:
     """One column of one row group as parquet-mr (the Parquet library Iceberg Java writes and reads with) reads
-    it: its codec, the values of each data page, whether every data page is dictionary-encoded, and its bloom
-    filter (bitset bytes, and which probed values it may hold; None when it has none)."""
+    it: its codec, the values of each data page, whether every data page is dictionary-encoded, the pages its
+    page index (offset index with a column index beside it) lists (None without one), and its bloom filter (bitset
+    bytes, and which probed values it may hold; None when it has none)."""
 
     codec: str
     page_values: list[int]
     dictionary_only: bool
+    indexed_pages: int | None
     bloom_bytes: int | None
     bloom_holds: dict[Any, bool]
 
@@ -336,9 +338,10 @@ def parquet_row_groups(session: Any, location: str, probe: dict[str, list[Any]] 
                 holds = {} if bloom is None else {
                     v: bloom.findHash(bloom.hash(jvm.org.apache.parquet.io.api.Binary.fromString(v) if isinstance(v, str) else v))
                     for v in (probe or {}).get(name, [])}
-                stats = chunk.getEncodingStats()
+                stats, offsets = chunk.getEncodingStats(), reader.readOffsetIndex(chunk)
+                indexed = None if offsets is None or reader.readColumnIndex(chunk) is None else offsets.getPageCount()
                 columns[name] = ColumnChunk(chunk.getCodec().name(), counts,
-                                            stats is not None and not stats.hasNonDictionaryEncodedPages(),
+                                            stats is not None and not stats.hasNonDictionaryEncodedPages(), indexed,
                                             None if bloom is None else bloom.getBitsetSize(), holds)
             groups.append(RowGroup(block.getRowCount(), block.getCompressedSize(), columns))
         return groups

@@ -1,6 +1,7 @@
 """The table's Parquet write properties, set through Spark, shape the files the engine writes as they shape
 Spark's own: codec, page rows, row groups (in rows and in bytes) and bloom filters, read back page by page with
-parquet-mr, the Parquet library Iceberg Java writes and reads with. Spark then reads every row back."""
+parquet-mr, the Parquet library Iceberg Java writes and reads with; both carry a page index. Spark then reads
+every row back."""
 
 from __future__ import annotations
 
@@ -74,6 +75,7 @@ def test_codec_pages_row_groups_and_bloom_filters_follow_the_properties_spark_se
             for name, chunk in group.columns.items():
                 assert chunk.codec == "GZIP", (location, name)
                 assert max(chunk.page_values) <= 700 and sum(chunk.page_values) == group.rows, (location, name)
+                assert chunk.indexed_pages == len(chunk.page_values), (location, name)  # both write a page index
                 if name not in BLOOMS or (location in sparks and chunk.dictionary_only):  # Java: the dictionary filters
                     assert chunk.bloom_bytes is None, (location, name)
                     continue
