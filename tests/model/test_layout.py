@@ -13,8 +13,10 @@ from timelake.model.layout import (
     RUN_ROWS,
     MainReader,
     SnapshotRange,
+    by_index,
     concat_ranges,
     dense_unique,
+    gather,
     micros,
     split_by_code,
     stable_argsort,
@@ -161,6 +163,32 @@ def test_split_by_code_groups_rows_in_their_order_sorted_or_not(codes):
     assert [code for code, _ in groups] == sorted(set(codes.tolist()))
     for code, rows in groups:
         assert rows.column("row").to_pylist() == np.flatnonzero(codes == code).tolist()
+
+
+@pytest.mark.parametrize("order", [np.array([4, 0, 0, 3]), np.arange(5, dtype=np.uint32)[::-1], np.zeros(0, dtype=np.int64)])
+def test_gather_takes_the_rows_arrows_checked_take_does(order):
+    table = pa.table({"row": np.arange(5), "name": pa.array(list("abcde")).dictionary_encode()})
+    assert gather(table, order).equals(table.take(pa.array(order)))
+
+
+@pytest.mark.parametrize("order", [np.array([0, 5]), np.array([-1, 2]), np.array([2**40])])
+def test_gather_refuses_a_row_the_table_lacks_as_arrow_does(order):
+    table = pa.table({"row": np.arange(5)})
+    with pytest.raises(IndexError, match="not among 5 rows"):
+        gather(table, order)
+    with pytest.raises(IndexError):
+        table.take(pa.array(order))
+
+
+def test_by_index_leaves_a_null_null_whatever_its_index_slot_holds():
+    """A null's index slot may hold anything (here two billion): the take without Arrow's check must not read it."""
+    slots = np.array([0, 2_000_000_000, 2, 1], dtype=np.int32)
+    valid = pa.py_buffer(np.packbits(np.array([1, 0, 1, 1], dtype=np.uint8), bitorder="little").tobytes())
+    indices = pa.Array.from_buffers(pa.int32(), 4, [valid, pa.py_buffer(slots.tobytes())], null_count=1)
+    column = pa.DictionaryArray.from_arrays(indices, pa.array(["a", "b", "c"]))
+    assert by_index(np.array([10, 20, 30]), column).to_pylist() == [10, None, 30, 20]
+    with pytest.raises(IndexError, match="2 values for a dictionary of 3"):
+        by_index(np.array([10, 20]), column)
 
 
 def _runs(rng: np.random.Generator, values: np.ndarray, mean: int) -> np.ndarray:

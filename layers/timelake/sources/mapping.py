@@ -273,7 +273,7 @@ class Mapper:
         if pa.types.is_dictionary(values.type):
             if target.name in self.keep_dictionary:
                 cast, mask = self._cast(target, values.dictionary)
-                coded = pa.DictionaryArray.from_arrays(values.indices, cast)
+                coded = pa.DictionaryArray.from_arrays(values.indices, cast, safe=False)  # the indices of a valid array
                 return coded, None if mask is None else pc.fill_null(mask.take(values.indices), False)
             values = values.dictionary_decode()
         try:

@@ -28,7 +28,7 @@ from timelake.model.diff import MainCounter, compared_columns, compares, facts_u
 from timelake.model.faults import checkpoint
 from timelake.model.issues import Issues
 from timelake.model.layout import (
-    RUN_ROWS, MainReader, PartitionKey, by_index, code_runs, dense_unique, micros, partition_codes, read_range, run_starts,
+    RUN_ROWS, MainReader, PartitionKey, by_index, code_runs, dense_unique, gather, micros, partition_codes, read_range, run_starts,
     run_starts_within, run_width, series_hash, single_array, time_runs, unique_of_runs,
 )
 from timelake.model.report import Tally
@@ -264,7 +264,7 @@ class _Spiller:
         """Holds rows of partitions the task writes itself, row i of ``parts[codes[i]]``, in runs."""
         order, runs = code_runs(codes, repeats=True)  # joined time-ordered files: their runs, not a sort
         if order is not None:
-            rows = rows.take(pa.array(order))
+            rows = gather(rows, order)
             buckets = buckets[order] if buckets is not None else None
         for code, lo, hi in runs:
             part = parts[code]
@@ -676,7 +676,7 @@ def series_bucket(rows: pa.Table, series_key: tuple[str, ...]) -> np.ndarray:
     dictionary-encoded series column is bucketed per distinct value, then looked up per row."""
     column = rows.column(series_key[0]) if len(series_key) == 1 else None
     if column is not None and pa.types.is_dictionary(column.type):
-        return by_index(_bucket_of_value(column, series_key), single_array(column).indices).to_numpy(zero_copy_only=False)
+        return by_index(_bucket_of_value(column, series_key), single_array(column)).to_numpy(zero_copy_only=False)
     return (series_hash(rows, series_key) % np.uint64(SERIES_BUCKETS)).astype(np.int64)
 
 
@@ -692,7 +692,7 @@ def _measure(sample: pa.Table, contract: Contract) -> tuple[int, int]:
     which took twice the time (in a per-device job at 1x, 12-28 against 6-9 ms a task) and made the sample
     a fifth larger than the writers' files would be."""
     order, *_ = sorted_order(sample, contract)
-    taken = sample.take(pa.array(order))
+    taken = gather(sample, order)
     buffer = io.BytesIO()
     pq.write_table(taken, buffer, row_group_size=contract.parquet.group_rows,
                    **encoding(taken, contract.parquet, min(taken.num_rows, contract.parquet.group_rows)))

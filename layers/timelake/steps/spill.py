@@ -45,7 +45,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from timelake.errors import BackfillError
-from timelake.model.layout import RUN_ROWS, by_index, concat_ranges, run_starts, single_array, stable_argsort
+from timelake.model.layout import RUN_ROWS, by_index, concat_ranges, gather, run_starts, single_array, stable_argsort
 from timelake.ports.files import ObjectIO
 
 INDEX_SUFFIX = ".idx"
@@ -110,7 +110,7 @@ class Dictionaries:
         if new.any():
             where[new] = len(known) + np.arange(int(new.sum()), dtype=where.dtype)
             self.values[name] = pa.concat_arrays([known, batch_values.filter(pa.array(new))])
-        return by_index(where.astype(np.int32, copy=False), encoded.indices)
+        return by_index(where.astype(np.int32, copy=False), encoded)
 
     def serialized(self) -> bytes:
         """One row, a list of values per coded column, as an Arrow IPC stream."""
@@ -184,7 +184,7 @@ class SpillFile:
         starts = run_starts(ids, buckets)  # given runs: where the next runs of one partition and bucket are one
         if runs is None and len(starts) > max(1, len(ids) // RUN_ROWS):  # runs of a few rows: order the rows, one copy now
             order = _stable_order(ids, buckets)
-            rows, ids = rows.take(pa.array(order)), ids[order]
+            rows, ids = gather(rows, order), ids[order]
             buckets = buckets[order] if buckets is not None else None
             starts = run_starts(ids, buckets)
         # one record batch: a run is then a batch's slice, which costs half a table's (a flush takes one a run)

@@ -26,7 +26,7 @@ from timelake.model.diff import (
     KINDS, SAMPLES, MainAtPlan, MainCounter, before_cells, cell_schema, cells_of, chunk_runs, combine, compared_columns, compares,
     decoded_columns, differs, facts_uri, kept_runs, runs, sample, series_labels, weights_of, write_facts,
 )
-from timelake.model.layout import MainReader, by_index, single_array, stable_argsort, stream_range
+from timelake.model.layout import MainReader, by_index, gather, single_array, stable_argsort, stream_range
 from timelake.model.lineage import planned_view
 from timelake.model.parquet_settings import ParquetSettings
 from timelake.model.spec import JobSpec
@@ -145,7 +145,7 @@ def write_rows(table: Any, contract: Contract, mode: str, job_id: str, unit: Uni
         existing = (main.batches(table, unit.info["start"], unit.info["end"]) if main is not None else
                     stream_range(table, contract.time_column, unit.info["start"], unit.info["end"], contract.dedup_key,
                                  objects=objects))
-        keyed = rows if codes.packs(contract) else rows.select(list(contract.dedup_key)).take(pa.array(order))
+        keyed = rows if codes.packs(contract) else gather(rows.select(list(contract.dedup_key)), order)
         # main's rows a batch at a time, against the unit's sort codes (`met`; else its keys packed in their place)
         mask = existing_mask(keyed, existing, contract, codes, consume=True, ordered=True)
         del keyed
@@ -225,7 +225,7 @@ class _AfterCounts:
     def take(self, rows: pa.Table, order: np.ndarray) -> None:
         """Counts ``rows`` in ``order``, the compared columns taken a chunk at a time."""
         for i in range(0, len(order), COMPACT_ROWS):
-            self.add(i, rows.select(self.columns).take(pa.array(order[i:i + COMPACT_ROWS])))
+            self.add(i, gather(rows.select(self.columns), order[i:i + COMPACT_ROWS]))
 
 
 def _meet(rows: pa.Table, order: np.ndarray, starts: np.ndarray, contract: Contract, compare: Compare, pairs: _Pairs,
@@ -309,7 +309,7 @@ class _Pairs:
             return pos[hit].astype(np.int64), np.flatnonzero(hit) if at is None else at[hit].astype(np.int64)
         keys = list(self.contract.dedup_key)
         if self.keyed is None:
-            mine = decoded_columns(self.rows.select(keys).take(pa.array(self.order)))
+            mine = decoded_columns(gather(self.rows.select(keys), self.order))
             self.keyed = mine.append_column("__mine", pa.array(np.arange(len(self.order))))
         theirs = decoded_columns(old.select(keys)).cast(self.keyed.select(keys).schema)
         theirs = theirs.append_column("__theirs", pa.array(np.arange(old.num_rows)))
@@ -483,7 +483,7 @@ def in_order(columns: list[np.ndarray]) -> tuple[int | None, np.ndarray]:
 def _sort_and_dedup(rows: pa.Table, contract: Contract) -> tuple[pa.Table, float, int, KeyCodes]:
     """`sorted_order` applied: the kept rows themselves, in order."""
     order, dup_sum, duplicates, codes = sorted_order(rows, contract)
-    return rows.take(pa.array(order)), dup_sum, duplicates, codes
+    return gather(rows, order), dup_sum, duplicates, codes
 
 
 @dataclass(frozen=True)
@@ -522,7 +522,7 @@ def sort_key_codes(rows: pa.Table, contract: Contract) -> KeyCodes:
             distinct[name] = dictionary.dictionary.take(pa.array(by_value))
             rank = np.empty(len(by_value), dtype=np.int32)
             rank[by_value] = np.arange(len(by_value), dtype=np.int32)
-            codes.append(by_index(rank, dictionary.indices).to_numpy(zero_copy_only=False))
+            codes.append(by_index(rank, dictionary).to_numpy(zero_copy_only=False))
             continue
         if spill.is_text(column.type):
             distinct[name] = pc.unique(column).sort()
@@ -910,7 +910,7 @@ def _write(rows: pa.Table, path: str, settings: ParquetSettings, order: np.ndarr
             writer.add_key_value_metadata({**metadata, ARROW_SCHEMA: base64.b64encode(plain.serialize().to_pybytes())})
             start, size, begun = 0, settings.first_group_rows(rows), out.tell()
             while start < count:
-                group = rows.slice(start, size) if order is None else rows.take(pa.array(order[start:start + size]))
+                group = rows.slice(start, size) if order is None else gather(rows, order[start:start + size])
                 writer.write_table(group, row_group_size=size)
                 if each_group is not None:
                     each_group(start, group)
