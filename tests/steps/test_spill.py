@@ -3,6 +3,7 @@ whatever the number of units per partition, and every unit gets exactly its seri
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta, tzinfo
 from itertools import pairwise
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from tests.conftest import SCHEMA, make_readings, recent, sort_rows
+from tests.conftest import SCHEMA, TODAY, make_readings, recent, sort_rows
 from timelake.adapters.objects import ArrowObjects
 from timelake.model.spec import JobSpec
 from timelake.steps.plan import cut, pending_pieces, plan, scan
@@ -347,6 +348,14 @@ def test_a_published_job_leaves_no_spill(lake, tmp_path):
     assert sort_rows(table.to_arrow()).equals(sort_rows(source))
 
 
+class _NoonOfTheSessionsDay(datetime):
+    """The plan's clock for a test whose hour tier must start on a day of its data, also after midnight."""
+
+    @classmethod
+    def now(cls, tz: tzinfo | None = None) -> datetime:  # type: ignore[override]
+        return TODAY + timedelta(hours=12)
+
+
 @pytest.mark.parametrize("partition_by", ["hour", {"P2D": "hour", None: "day"}])
 def test_a_file_per_series_is_cut_a_run_at_a_time_into_the_same_partitions_counts_and_spill_as_row_by_row(
         lake, tmp_path, monkeypatch, partition_by):
@@ -355,6 +364,7 @@ def test_a_file_per_series_is_cut_a_run_at_a_time_into_the_same_partitions_count
     buckets, sums and spilled bytes, the days, the bounds and the rows outside the job's range are the
     same, and every unit writes the same rows. Hourly partitions and a table whose tiers change from hours
     to days within the source take runs of an hour; the job's range cuts rows off both ends."""
+    from timelake.steps import plan as planning
     from timelake.steps import scan as scanning
 
     folder = tmp_path / "devices"
@@ -370,6 +380,7 @@ def test_a_file_per_series_is_cut_a_run_at_a_time_into_the_same_partitions_count
     per_run: list[bool] = []
 
     def job(row_by_row: bool) -> tuple[list[dict], dict[str, pa.Table]]:
+        monkeypatch.setattr(planning, "datetime", _NoonOfTheSessionsDay)  # tiers count back from the data's day
         if row_by_row:
             monkeypatch.setattr(scanning, "_series_indices", lambda rows, key: None)
         monkeypatch.setattr(scanning, "_partition_counts", lambda *args: per_run.append(args[-1] is not None) or counted(*args))
