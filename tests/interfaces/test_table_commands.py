@@ -61,3 +61,21 @@ def test_table_create_and_set_refuse_bad_input_in_one_line(warehouse, tmp_path):
         assert result.returncode == 1, (args, result.stderr)
         assert message in result.stderr and "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
     assert ("iot",) not in timelake.connect(warehouse=warehouse).catalog.list_namespaces()
+
+
+def test_show_says_how_the_files_are_written_and_names_a_bad_parquet_property(warehouse):
+    cli("table", "create", "iot.sensor", "--schema", "ts timestamptz, device_id string, value double", "--series", "device_id",
+        warehouse=warehouse)
+    parquet = json.loads(cli("table", "show", "iot.sensor", "--json", warehouse=warehouse).stdout)["parquet"]
+    assert (parquet["codec"], parquet["page_rows"], parquet["dictionary_bytes"], parquet["blooms"]) == ("zstd", 20_000, 2 << 20, [])
+    table = timelake.connect(warehouse=warehouse).table("iot.sensor")
+    with table.iceberg.transaction() as tx:
+        tx.set_properties({"write.parquet.page-row-limit": "5000", "write.parquet.bloom-filter-enabled.column.device_id": "true"})
+    parquet = json.loads(cli("table", "show", "iot.sensor", "--json", warehouse=warehouse).stdout)["parquet"]
+    assert parquet["page_rows"] == 5000 and parquet["blooms"] == [{"column": "device_id", "fpp": 0.01, "ndv": None}]
+    assert "parquet: " in cli("table", "show", "iot.sensor", warehouse=warehouse).stdout
+    with table.iceberg.refresh().transaction() as tx:
+        tx.set_properties({"write.parquet.compression-codec": "lzo"})
+    result = cli("table", "show", "iot.sensor", warehouse=warehouse, check=False)
+    assert result.returncode == 1 and "write.parquet.compression-codec='lzo'" in result.stderr
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1

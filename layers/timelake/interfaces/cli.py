@@ -5,6 +5,7 @@ Every failure exits non-zero with one line naming what is wrong; `--json` prints
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import functools
 import json
@@ -591,7 +592,8 @@ def set_table(
 
 @table_app.command("show")
 def show_table(table: str, as_json: JsonFlag = False, warehouse: Warehouse = None, catalog: CatalogName = None) -> None:
-    """The contract of TABLE: time column, series and dedup key, cadence, retention, partition tiers, rollups, rules."""
+    """The contract of TABLE: time column, series and dedup key, cadence, retention, partition tiers, rollups, rules,
+    and how its files are written (the table's write.parquet.* properties, Iceberg's defaults where unset)."""
     from timelake.followup.coverage import EXPECTED_INTERVAL, EXPECTED_SERIES
     from timelake.followup.rollup import rollups_of
     from timelake.followup.rules import rules_of
@@ -602,7 +604,7 @@ def show_table(table: str, as_json: JsonFlag = False, warehouse: Warehouse = Non
     info = {"table": table, "time_column": ct.time_column, "series_key": list(ct.series_key), "dedup_key": list(ct.dedup_key),
             "expected_interval": props.get(EXPECTED_INTERVAL), "expected_series": _int_or_none(props.get(EXPECTED_SERIES)),
             "retention": ct.retention, "partition_tiers": [{"max_age": t.max_age, "transform": t.transform} for t in ct.tiers],
-            "target_file_size": ct.target_file_size,
+            "target_file_size": ct.target_file_size, "parquet": dataclasses.asdict(ct.parquet),
             "rollups": [{"interval": r.interval, "columns": list(r.columns), "table": r.table_name(table)} for r in rollups_of(handle.iceberg)],
             "rules": [r.to_json() for r in rules_of(handle.iceberg)]}
     if as_json:
