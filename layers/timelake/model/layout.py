@@ -177,8 +177,9 @@ def gather(rows: pa.Table, order: np.ndarray) -> pa.Table:
     """``rows.take(order)``, with ``order`` checked once by numpy's min and max. Arrow checks a take's indices
     once a column, and slowly: that check was 8 % of a backfill's instructions (callgrind, a day-ordered job at
     4x), more than the gathers themselves."""
-    if len(order) and (int(order.min()) < 0 or int(order.max()) >= rows.num_rows):
-        raise IndexError(f"row {int(order.max())} or {int(order.min())} is not among {rows.num_rows} rows")
+    low, high = (int(order.min()), int(order.max())) if len(order) else (0, -1)
+    if low < 0 or high >= rows.num_rows:
+        raise IndexError(f"row {low if low < 0 else high} is not among the {rows.num_rows} rows taken from")
     return pc.take(rows, pa.array(order), boundscheck=False)
 
 

@@ -16,7 +16,6 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-PREFIX = "write.parquet."
 CODEC = "write.parquet.compression-codec"
 LEVEL = "write.parquet.compression-level"
 PAGE_BYTES = "write.parquet.page-size-bytes"
