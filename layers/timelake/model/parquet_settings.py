@@ -84,15 +84,15 @@ class ParquetSettings:
                    group_rows=_number(props, GROUP_ROWS, cls.group_rows),
                    blooms=blooms, bloom_bytes=_number(props, BLOOM_BYTES, cls.bloom_bytes))
 
-    def writer_options(self, rows: pa.Table, group_rows: int) -> dict[str, Any]:
-        """pyarrow's `ParquetWriter` options for a file of ``rows`` in row groups of up to ``group_rows`` rows.
+    def writer_options(self, rows: pa.Table) -> dict[str, Any]:
+        """pyarrow's `ParquetWriter` options for a file of ``rows`` (or of some of them, in some order).
         A bloom filter without the table's count of distinct values is sized for the distinct values of the
         column in the file, which keeps the probability asked for in every group; Iceberg Java's writer takes
         ``bloom_bytes`` then, so a series column of a few values got a filter of 1 MB a row group. Within
         ``bloom_bytes`` either way. A bloom filter on a column the file lacks (one dropped since) is not written.
         Every file carries a page index (each page's bounds and place), as Iceberg Java's writer's files do: readers
         that have one skip pages within a row group of a time range or a series, at no measurable cost to write."""
-        blooms = {b.column: {"fpp": b.fpp, "ndv": min(b.ndv or _distinct(rows, b.column, group_rows), self._bloom_ndv_cap(b.fpp))}
+        blooms = {b.column: {"fpp": b.fpp, "ndv": min(b.ndv or _distinct(rows, b.column, self.group_rows), self._bloom_ndv_cap(b.fpp))}
                   for b in self.blooms if b.column in rows.schema.names}
         return {"compression": CODECS[self.codec], "compression_level": self.level, "data_page_size": self.page_bytes,
                 "max_rows_per_page": self.page_rows, "dictionary_pagesize_limit": self.dictionary_bytes,
@@ -119,13 +119,14 @@ class ParquetSettings:
 
 
 def _distinct(rows: pa.Table, column: str, at_most: int) -> int:
-    """Distinct values of ``column`` (for a dictionary column, at most its dictionaries' values), at most ``at_most``."""
+    """Distinct values of ``column`` (for a dictionary column, at most its dictionaries' values), at most ``at_most``
+    (a row group's rows) and the rows."""
     values = rows.column(column)
     if pa.types.is_dictionary(values.type):
         counted = sum(len(chunk.dictionary) for chunk in values.chunks)
     else:
         counted = pc.count_distinct(values).as_py()
-    return max(1, min(at_most, counted))
+    return max(1, min(at_most, rows.num_rows, counted))
 
 
 def _takes_level(codec: str) -> bool:

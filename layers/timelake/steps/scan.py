@@ -694,8 +694,7 @@ def _measure(sample: pa.Table, contract: Contract) -> tuple[int, int]:
     order, *_ = sorted_order(sample, contract)
     taken = gather(sample, order)
     buffer = io.BytesIO()
-    pq.write_table(taken, buffer, row_group_size=contract.parquet.group_rows,
-                   **encoding(taken, contract.parquet, min(taken.num_rows, contract.parquet.group_rows)))
+    pq.write_table(taken, buffer, row_group_size=contract.parquet.group_rows, **encoding(taken, contract.parquet))
     return sample.num_rows, buffer.tell()
 
 

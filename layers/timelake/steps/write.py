@@ -856,12 +856,11 @@ def write_parquet(rows: pa.Table, path: str, settings: ParquetSettings, order: n
     return _write(rows, path, settings, order, objects=objects)[0]
 
 
-def encoding(rows: pa.Table, settings: ParquetSettings, group_rows: int) -> dict[str, Any]:
+def encoding(rows: pa.Table, settings: ParquetSettings) -> dict[str, Any]:
     """How the writers encode ``rows`` in Parquet: the table's settings (`ParquetSettings`), which columns get
     a dictionary, and how many values a step. A scan's sample of its source is encoded alike
-    (`timelake.steps.scan`), so units are sized in the bytes of the files they will be. ``group_rows`` is the
-    most rows a row group of the file holds (a bloom filter is sized for them)."""
-    return {**settings.writer_options(rows, group_rows),
+    (`timelake.steps.scan`), so units are sized in the bytes of the files they will be."""
+    return {**settings.writer_options(rows),
             "use_dictionary": dictionary_columns(rows, settings.dictionary_bytes), "write_batch_size": WRITE_BATCH_ROWS}
 
 
@@ -905,8 +904,7 @@ def _write(rows: pa.Table, path: str, settings: ParquetSettings, order: np.ndarr
     plain = pa.schema([f.with_type(f.type.value_type) if pa.types.is_dictionary(f.type) else f for f in rows.schema],
                       metadata=metadata)
     with fs.open_output_stream(local) as out:
-        with pq.ParquetWriter(out, rows.schema, store_schema=False,
-                              **encoding(rows, settings, min(count, settings.group_rows))) as writer:
+        with pq.ParquetWriter(out, rows.schema, store_schema=False, **encoding(rows, settings)) as writer:
             writer.add_key_value_metadata({**metadata, ARROW_SCHEMA: base64.b64encode(plain.serialize().to_pybytes())})
             start, size, begun = 0, settings.first_group_rows(rows), out.tell()
             while start < count:
