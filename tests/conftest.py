@@ -12,6 +12,7 @@ from pathlib import Path
 import duckdb
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 import timelake
@@ -78,6 +79,16 @@ def reference_merge(existing: pa.Table, source: pa.Table) -> pa.Table:
         UNION ALL
         SELECT ts, device_id, value FROM last ANTI JOIN existing USING (device_id, ts)
         ORDER BY device_id, ts""").to_arrow_table().cast(SCHEMA)
+
+
+def after_replace(existing: pa.Table, fresh: pa.Table, start: str, end: str) -> pa.Table:
+    """The rows a replace of the days [start, end) with ``fresh`` (no repeated keys) leaves, sorted: ``existing``
+    outside the range, ``fresh`` inside it."""
+    kind = SCHEMA.field("ts").type
+    lo, hi = (pa.scalar(pc.strptime(day, "%Y-%m-%d", "us").as_py(), kind) for day in (start, end))
+    inside = pc.and_(pc.greater_equal(existing.column("ts"), lo), pc.less(existing.column("ts"), hi))
+    return sort_rows(pa.concat_tables([existing.filter(pc.invert(inside)).select(SCHEMA.names).cast(SCHEMA),
+                                       fresh.select(SCHEMA.names).cast(SCHEMA)]))
 
 
 def sort_rows(table: pa.Table) -> pa.Table:

@@ -29,6 +29,7 @@ from pyiceberg.io.pyarrow import (
     bin_pack_arrow_table,
     compute_statistics_plan,
     data_file_statistics_from_parquet_metadata,
+    match_metrics_mode,
     parquet_path_to_id_mapping,
     pyarrow_to_schema,
     write_file,
@@ -127,11 +128,75 @@ _COUNTS = ("column_sizes", "value_counts", "null_value_counts", "nan_value_count
 _BOUNDS = ("lower_bounds", "upper_bounds")  # by field id, Iceberg's single-value serialization
 
 
-def _statistics(table: IcebergTable, metadata: pq.FileMetaData) -> dict[str, Any]:
+def footer_statistics(table: IcebergTable, path: str, *, objects: ObjectIO) -> dict[str, Any]:
+    """A file's column statistics as its own footer holds them, with Iceberg's default metrics whatever the
+    table's metrics modes keep in its manifests (``write.metadata.metrics.*``: ``counts`` leaves the bounds
+    out, ``none`` the counts too): for the checks that need them where a manifest entry lacks them."""
+    fs, local = objects.filesystem(path)
+    with fs.open_input_file(local) as handle:
+        metadata = pq.read_metadata(handle)
+    return _statistics(table, metadata, metrics={})
+
+
+def metrics_modes(table: IcebergTable, properties: dict[str, str] | None = None) -> dict[str, str]:
+    """The table's metrics modes as Iceberg Java's writers take them (``MetricsConfig.forTable``), spelt as the
+    properties pyiceberg's statistics plan reads, which knows the two properties alone: the columns of the
+    sort order (those a transform keeps in order) keep ``truncate(16)`` bounds under a default of ``counts`` or
+    ``none``, so files stay prunable by what they are sorted on; without a default, a table of more columns
+    than ``write.metadata.metrics.max-inferred-column-defaults`` (100) keeps metrics for that many and none
+    for the rest; a misspelt mode falls back as Java's does (to ``truncate(16)``, a column's to the default),
+    where pyiceberg's plan stopped the write. ``properties``: others to read instead of the table's."""
+    props = table.properties if properties is None else properties
+    schema = table.schema()
+    modes: dict[str, str] = {}
+    default = _mode(props.get(TableProperties.DEFAULT_WRITE_METRICS_MODE), INFERRED_MODE)
+    if TableProperties.DEFAULT_WRITE_METRICS_MODE not in props:
+        limit = _inferred_limit(props)
+        if len(schema.columns) > limit:
+            first = Schema(*schema.columns[:limit])
+            modes.update((name, INFERRED_MODE) for i in first.field_ids if (name := first.find_column_name(i)) is not None)
+            default = "none"
+    promoted = "truncate(16)" if default.lower() in ("none", "counts") else default
+    for field in table.sort_order().fields:
+        name = schema.find_column_name(field.source_id)
+        if field.transform.preserves_order and name is not None:
+            modes[name] = promoted
+    for key, value in props.items():
+        if key.startswith(METRICS_COLUMN):
+            modes[key.removeprefix(METRICS_COLUMN)] = _mode(value, default)
+    return {TableProperties.DEFAULT_WRITE_METRICS_MODE: default, **{METRICS_COLUMN + name: mode for name, mode in modes.items()}}
+
+
+INFERRED_MODE = "truncate(16)"  # Iceberg's default metrics mode
+METRICS_COLUMN = TableProperties.METRICS_MODE_COLUMN_CONF_PREFIX + "."
+MAX_INFERRED = "write.metadata.metrics.max-inferred-column-defaults"
+
+
+def _mode(value: str | None, fallback: str) -> str:
+    if value is None:
+        return fallback
+    try:
+        match_metrics_mode(value)
+    except ValueError:
+        return fallback
+    return value
+
+
+def _inferred_limit(props: dict[str, str]) -> int:
+    try:
+        limit = int(props.get(MAX_INFERRED, "100"))
+    except ValueError:
+        return 100
+    return limit if limit >= 0 else 100
+
+
+def _statistics(table: IcebergTable, metadata: pq.FileMetaData, metrics: dict[str, str] | None = None) -> dict[str, Any]:
+    """The DataFile statistics of a file we wrote, as the table's metrics modes keep them (``metrics``: other
+    properties to take the modes from)."""
     schema = table.schema()
     stats = data_file_statistics_from_parquet_metadata(
         parquet_metadata=metadata,
-        stats_columns=compute_statistics_plan(schema, table.properties),
+        stats_columns=compute_statistics_plan(schema, metrics_modes(table, metrics)),
         parquet_column_mapping=parquet_path_to_id_mapping(schema),
     )
     serialized = stats.to_serialized_dict()

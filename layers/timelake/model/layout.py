@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from itertools import pairwise
@@ -553,12 +554,58 @@ def fresh_schema(schema: pa.Schema) -> Schema:
 
 
 def time_bounds(table: IcebergTable, column: str) -> tuple[int, int] | None:
-    """Oldest and newest time on main (UTC µs) from the data files' column bounds: no data is read."""
+    """Oldest and newest time on main (UTC µs) from the data files' column bounds: no data is read. A file
+    whose manifest entry has none (the table's metrics modes, ``write.metadata.metrics.*``, keep them out)
+    gives its footer's."""
     field = table.schema().find_field(column)
-    lows, highs = [], []
+    lows, highs, unknown = [], [], []
     for task in table.scan().plan_files():
         lo, hi = file_bounds(task.file, field)
-        if lo is not None and hi is not None:
-            lows.append(lo)
-            highs.append(hi)
+        if lo is None or hi is None:
+            unknown.append(task.file.file_path)
+            continue
+        lows.append(lo)
+        highs.append(hi)
+    for found in _footer_times(table, unknown, column):
+        if found is not None:
+            lows.append(found[0])
+            highs.append(found[1])
     return (min(lows), max(highs)) if lows else None
+
+
+def _footer_times(table: IcebergTable, paths: list[str], column: str) -> list[tuple[int, int] | None]:
+    """Each file's oldest and newest ``column`` time (UTC µs) as its Parquet footer has them."""
+    def one(path: str) -> tuple[int, int] | None:
+        with table.io.new_input(path).open(seekable=True) as handle:
+            found = footer_bounds(pq.read_metadata(handle), column)
+        if found is None or not pa.types.is_timestamp(found[0]):
+            return None
+        per_us = {"s": 1_000_000, "ms": 1_000, "us": 1}.get(found[0].unit)
+        return (found[1] * per_us, found[2] * per_us) if per_us else (found[1] // 1_000, found[2] // 1_000)
+
+    if len(paths) <= 1:
+        return [one(path) for path in paths]
+    with ThreadPoolExecutor(max_workers=min(8, len(paths))) as pool:  # on an object store a footer costs its latency
+        return list(pool.map(one, paths))
+
+
+def footer_bounds(metadata: pq.FileMetaData, column: str) -> tuple[pa.DataType, int, int, int] | None:
+    """``column``'s (type, min, max, rows) from a Parquet file's row-group statistics, for signed integer
+    and timestamp columns without nulls (min and max in the column's own unit); None where they do not tell."""
+    arrow = metadata.schema.to_arrow_schema()
+    if column not in arrow.names:
+        return None
+    kind = arrow.field(column).type
+    if not (pa.types.is_signed_integer(kind) or pa.types.is_timestamp(kind)):
+        return None
+    if metadata.num_rows == 0:
+        return kind, 0, 0, 0
+    index = arrow.get_field_index(column)
+    lows, highs = [], []
+    for group in range(metadata.num_row_groups):
+        stats = metadata.row_group(group).column(index).statistics
+        if stats is None or not stats.has_min_max or stats.null_count or stats.physical_type not in ("INT32", "INT64"):
+            return None
+        lows.append(stats.min_raw)
+        highs.append(stats.max_raw)
+    return kind, min(lows), max(highs), metadata.num_rows

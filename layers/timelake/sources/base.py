@@ -28,6 +28,7 @@ import pyarrow.json as pjson
 import pyarrow.parquet as pq
 
 from timelake.errors import SourceError
+from timelake.model.layout import footer_bounds
 from timelake.ports.files import reads_at_once
 
 if TYPE_CHECKING:
@@ -488,31 +489,14 @@ def _glob(pattern: str) -> re.Pattern[str]:
 
 
 def _footer_bounds(fs: pafs.FileSystem, path: str, column: str) -> tuple[pa.DataType, int, int, int] | None:
-    """``column``'s (type, min, max, rows) from a Parquet file's row-group statistics, for signed integer
-    and timestamp columns without nulls. A footer that cannot be read tells nothing here: the scan reads
-    that file and fails with its name."""
+    """``column``'s bounds from a Parquet file's footer (`layout.footer_bounds`). A footer that cannot be read
+    tells nothing here: the scan reads that file and fails with its name."""
     try:
         with fs.open_input_file(path) as f:
             metadata = pq.read_metadata(f)
     except (pa.ArrowInvalid, OSError):
         return None
-    arrow = metadata.schema.to_arrow_schema()
-    if column not in arrow.names:
-        return None
-    kind = arrow.field(column).type
-    if not (pa.types.is_signed_integer(kind) or pa.types.is_timestamp(kind)):
-        return None
-    if metadata.num_rows == 0:
-        return kind, 0, 0, 0
-    index = arrow.get_field_index(column)
-    lows, highs = [], []
-    for group in range(metadata.num_row_groups):
-        stats = metadata.row_group(group).column(index).statistics
-        if stats is None or not stats.has_min_max or stats.null_count or stats.physical_type not in ("INT32", "INT64"):
-            return None
-        lows.append(stats.min_raw)
-        highs.append(stats.max_raw)
-    return kind, min(lows), max(highs), metadata.num_rows
+    return footer_bounds(metadata, column)
 
 
 def _rebatch(batches: Iterable[pa.RecordBatch], rows: int) -> Iterator[pa.RecordBatch]:

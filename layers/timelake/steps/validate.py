@@ -26,14 +26,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
-from pyiceberg.conversions import from_bytes
 from pyiceberg.manifest import DataFile
 
 from timelake.errors import ValidationFailed
-from timelake.model.commit import staged_files
+from timelake.model.commit import footer_statistics, staged_files
 from timelake.model.contract import Contract
 from timelake.model.diff import decoded_columns, series_labels
-from timelake.model.layout import PartitionKey, SnapshotRange, micros, run_starts_within, single_array
+from timelake.model.layout import PartitionKey, SnapshotRange, int_from_bytes, micros, run_starts_within, single_array
 from timelake.model.lineage import Lineage, Origin, PlanMark, planned_view
 from timelake.model.spec import JobSpec
 from timelake.model.timeutil import iso
@@ -179,11 +178,12 @@ def run_checks(rt: Runtime, job_spec: dict[str, Any], units: list[Any], state: J
     staged = staged_files(table, state)
     totals = _unit_totals(units)
 
+    footers = _footers(table, contract, staged, objects=rt.objects)
     checks = [
         _row_balance(state, totals, staged),
         _files_match_units(units, staged),
-        _time_bounds(table, contract, staged, state["range_start"], state["range_end"]),
-        _not_null(table, contract, staged),
+        _time_bounds(table, contract, staged, state["range_start"], state["range_end"], footers),
+        _not_null(table, contract, staged, footers),
     ]
     facts = _scan_files(rt, job_id, table, contract, staged, spec.mode, state)
     checks += [_sorted(facts), _unique_keys(facts, contract)]
@@ -248,39 +248,67 @@ def _files_match_units(units: list[Any], staged: list[DataFile]) -> Check:
     return Check("staged_files_match_units", not wrong, detail, samples=[{"file": p} for p in wrong[:SAMPLES]])
 
 
-def _bound(f: DataFile, field_id: int, table: Any, upper: bool) -> Any:
-    bounds = f.upper_bounds if upper else f.lower_bounds
-    raw = (bounds or {}).get(field_id)
-    return None if raw is None else from_bytes(table.schema().find_field(field_id).field_type, raw)
+def _required(table: Any, contract: Contract) -> dict[str, int]:
+    """The columns no row may leave null, and their field ids: the schema's required ones, time and series."""
+    schema = table.schema()
+    names = {f.name for f in schema.fields if f.required} | {contract.time_column, *contract.series_key}
+    return {name: schema.find_field(name).field_id for name in sorted(names)}
 
 
-def _time_bounds(table: Any, contract: Contract, staged: list[DataFile], start: int, end: int) -> Check:
-    field_id = table.schema().find_field(contract.time_column).field_id
+def _footers(table: Any, contract: Contract, staged: list[DataFile], *, objects: ObjectIO) -> dict[str, dict[str, Any]]:
+    """The footer statistics (`commit.footer_statistics`) of the staged files whose manifest entries lack the
+    time column's bounds or a required column's null count: a table whose metrics modes keep them out of its
+    manifests (``write.metadata.metrics.default=counts`` on a wide table, ``none`` on a column) is checked on
+    what its files hold, as it is when the entries carry them."""
+    time_id = table.schema().find_field(contract.time_column).field_id
+    ids = _required(table, contract).values()
+    lacking = [f.file_path for f in staged
+               if time_id not in (f.lower_bounds or {}) or time_id not in (f.upper_bounds or {})
+               or any(i not in (f.null_value_counts or {}) for i in ids)]
+    if not lacking:
+        return {}
+    with ThreadPoolExecutor(max_workers=min(8, len(lacking))) as pool:  # a footer a read: reads wait, not the CPU
+        return dict(zip(lacking, pool.map(lambda path: footer_statistics(table, path, objects=objects), lacking),
+                        strict=True))
+
+
+def _stat(f: DataFile, key: str, field_id: int, footers: dict[str, dict[str, Any]]) -> Any:
+    """A statistic of a staged file's column: its manifest entry's, else its footer's (`_footers`); None if neither has it."""
+    found = (getattr(f, key) or {}).get(field_id)
+    return found if found is not None else (footers.get(f.file_path, {}).get(key) or {}).get(field_id)
+
+
+def _time_bounds(table: Any, contract: Contract, staged: list[DataFile], start: int, end: int,
+                 footers: dict[str, dict[str, Any]]) -> Check:
+    field = table.schema().find_field(contract.time_column)
     transforms = {t.spec_id: t.transform for t in contract.tiers}
     bad = []
     for f in staged:
-        lo, hi = _bound(f, field_id, table, False), _bound(f, field_id, table, True)
+        lo, hi = (None if raw is None else int_from_bytes(field.field_type, raw)
+                  for raw in (_stat(f, "lower_bounds", field.field_id, footers), _stat(f, "upper_bounds", field.field_id, footers)))
         p_lo, p_hi = PartitionKey(f.spec_id, transforms[f.spec_id], f.partition[0]).range
         if lo is None or hi is None or lo < max(start, p_lo) or hi >= min(end, p_hi):
             bad.append({"file": f.file_path, "min": iso(lo), "max": iso(hi), "partition": [iso(p_lo), iso(p_hi)]})
     detail = (
         f"every file within [{iso(start)}, {iso(end)}) and its partition" if not bad
-        else f"{len(bad)} file(s) hold times outside the job range or their partition"
+        else f"{len(bad)} file(s) hold times outside the job range or their partition, or none that tell"
     )
     return Check("time_bounds", not bad, detail, samples=bad[:SAMPLES])
 
 
-def _not_null(table: Any, contract: Contract, staged: list[DataFile]) -> Check:
-    schema = table.schema()
-    required = {f.name for f in schema.fields if f.required} | {contract.time_column, *contract.series_key}
-    bad = []
-    for name in sorted(required):
-        field_id = schema.find_field(name).field_id
-        nulls = sum((f.null_value_counts or {}).get(field_id, 0) for f in staged)
-        if nulls:
+def _not_null(table: Any, contract: Contract, staged: list[DataFile], footers: dict[str, dict[str, Any]]) -> Check:
+    bad, unknown = [], []
+    for name, field_id in _required(table, contract).items():
+        counts = [_stat(f, "null_value_counts", field_id, footers) for f in staged]
+        if nulls := sum(c for c in counts if c is not None):
             bad.append({"column": name, "nulls": nulls})
-    detail = f"no nulls in {', '.join(sorted(required))}" if not bad else f"nulls in required column(s): {bad}"
-    return Check("required_not_null", not bad, detail, samples=bad)
+        unknown += [{"column": name, "file": f.file_path} for f, c in zip(staged, counts, strict=True) if c is None]
+    if bad:
+        return Check("required_not_null", False, f"nulls in required column(s): {bad}", samples=bad)
+    if unknown:
+        return Check("required_not_null", False, f"{len(unknown)} file column(s) with no null count in their manifest "
+                     "entry or footer", samples=unknown[:SAMPLES])
+    return Check("required_not_null", True, f"no nulls in {', '.join(_required(table, contract))}")
 
 
 def _staged_connection(staged: list[DataFile], *, objects: ObjectIO) -> duckdb.DuckDBPyConnection:
