@@ -24,7 +24,7 @@ from timelake.model import iceberg_private
 from timelake.model.commit import _data_file, append_files, overwrite_files, staged_manifests
 from timelake.model.iceberg_private import (
     MANIFEST_BLOCK, ManifestCopy, MultiSpecAppend, MultiSpecOverwrite, ResidualFreePlanner, all_rows_match, complement,
-    fresh_schema, transaction, with_metadata,
+    fresh_schema, object_store_hash, transaction, with_metadata,
 )
 
 SCHEMA = pa.schema([pa.field("ts", pa.timestamp("us", tz="UTC"), nullable=False), pa.field("v", pa.float64())])
@@ -216,3 +216,13 @@ def test_every_private_name_is_used_here_only():
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("pyiceberg"):
                 offenders += [f"{path.name}: {a.name}" for a in node.names if a.name.startswith("_")]
     assert offenders == []
+
+
+def test_the_object_storage_hash_is_the_one_the_providers_place_files_under():
+    from pyiceberg.table.locations import ObjectStoreLocationProvider
+
+    assert isinstance(inspect.getattr_static(ObjectStoreLocationProvider, "_compute_hash"), staticmethod)
+    provider = ObjectStoreLocationProvider("s3://b/t", {})
+    assert provider.new_data_location("ts_day=2026-01-02/f.parquet") == \
+        f"s3://b/t/data/{object_store_hash('ts_day=2026-01-02/f.parquet')}/ts_day=2026-01-02/f.parquet"
+    assert object_store_hash("a") != object_store_hash("b")

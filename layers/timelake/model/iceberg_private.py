@@ -5,7 +5,7 @@ one manifest per partition spec (pyiceberg writes all of them with the current s
 files of an older, coarser tier) and that can list byte copies of manifests written before; a
 manifest writer fed a block of entries at a time; the evaluators pyiceberg's own copy-on-write delete
 uses; a table handle over changed metadata; the Arrow-to-Iceberg schema conversion that assigns
-fresh field ids; planning without a residual filter per file. Each of those reaches into names pyiceberg marks private, so they are all here:
+fresh field ids; planning without a residual filter per file; the object-storage layout's hash. Each of those reaches into names pyiceberg marks private, so they are all here:
 pyiceberg is pinned, and tests/model/test_iceberg_private.py checks every name this module uses (its
 signature, or the attributes read, and what it does), so that an upgrade fails there first and
 nowhere else.
@@ -35,6 +35,7 @@ from pyiceberg.schema import Schema, assign_fresh_schema_ids
 from pyiceberg.table import Table as IcebergTable
 from pyiceberg.table import ManifestGroupPlanner, Transaction
 from pyiceberg.table.metadata import TableMetadata
+from pyiceberg.table.locations import ObjectStoreLocationProvider
 from pyiceberg.table.snapshots import SnapshotSummaryCollector, Summary, UpdateMetrics, update_snapshot_summaries
 from pyiceberg.table.update.snapshot import _FastAppendFiles, _OverwriteFiles
 
@@ -76,6 +77,13 @@ class _MetadataOnce(Transaction):
 def transaction(table: IcebergTable) -> Transaction:
     """``table.transaction()`` for the engine's commits, whose metadata reads cost one copy per change."""
     return _MetadataOnce(table)
+
+
+def object_store_hash(name: str) -> str:
+    """The directories Iceberg's object-storage layout hashes a data file's name into (murmur3, as Iceberg
+    Java's provider computes it): pyiceberg's provider keeps the hash private, and places files without the
+    table's context that Java's adds under a data path outside the table (`layout.data_location`)."""
+    return str(ObjectStoreLocationProvider._compute_hash(name))
 
 
 def fresh_schema(schema: pa.Schema) -> Schema:

@@ -19,6 +19,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from timelake.model.contract import Contract
+from timelake.model.iceberg_private import object_store_hash
 from timelake.model.timeutil import US_PER_DAY, US_PER_HOUR, transform_range, transform_values
 from timelake.ports.files import ObjectIO
 
@@ -528,6 +529,31 @@ class MainReader:
                 plan = self._plans[snapshot.snapshot_id] = SnapshotRange(table, column, lo, hi, columns, snapshot.snapshot_id,
                                                                          objects=self._objects)
         return plan.batches(start_us, end_us, self._dictionaries)
+
+
+def data_location(table: IcebergTable, partition: str, name: str) -> str:
+    """Where a new data file ``name`` of the partition at path ``partition`` goes, as Iceberg Java's location
+    providers place it: under ``write.data.path`` (or the older ``write.object-storage.path`` and
+    ``write.folder-storage.path``), else ``data/`` under the table's location; with
+    ``write.object-storage.enabled``, under directories hashed from the partition path and name, then, where the
+    data path lies outside the table's location, the table's namespace and name, as Java adds them."""
+    props = table.properties
+    location = table.location().rstrip("/")
+    hashed = props.get(OBJECT_STORAGE, "false").strip().lower() == "true"
+    data = (props.get("write.data.path") or (props.get("write.object-storage.path") if hashed else None)
+            or props.get("write.folder-storage.path") or f"{location}/data").rstrip("/")
+    if not hashed:
+        return f"{data}/{partition}/{name}"
+    with_partition = props.get(OBJECT_STORAGE_PARTITIONED, "true").strip().lower() == "true"
+    file = f"{partition}/{name}" if with_partition else name
+    hash_dirs = object_store_hash(file)
+    if not data.startswith(location):
+        return f"{data}/{hash_dirs}/{'/'.join(location.split('/')[-2:])}/{file}"
+    return f"{data}/{hash_dirs}/{file}" if with_partition else f"{data}/{hash_dirs}-{file}"
+
+
+OBJECT_STORAGE = "write.object-storage.enabled"
+OBJECT_STORAGE_PARTITIONED = "write.object-storage.partitioned-paths"
 
 
 def file_bounds(file: Any, field: Any) -> tuple[int | None, int | None]:

@@ -26,7 +26,7 @@ from timelake.model.diff import (
     KINDS, SAMPLES, MainAtPlan, MainCounter, before_cells, cell_schema, cells_of, chunk_runs, combine, compared_columns, compares,
     decoded_columns, differs, facts_uri, kept_runs, runs, sample, series_labels, weights_of, write_facts,
 )
-from timelake.model.layout import MainReader, by_index, gather, single_array, stable_argsort, stream_range
+from timelake.model.layout import MainReader, by_index, data_location, gather, single_array, stable_argsort, stream_range
 from timelake.model.lineage import planned_view
 from timelake.model.parquet_settings import ParquetSettings
 from timelake.model.spec import JobSpec
@@ -831,9 +831,11 @@ def _drop_marked(rows: pa.Table, order: np.ndarray, mask: np.ndarray, contract: 
 
 
 def unit_path(table: Any, job_id: str, unit: UnitRecord, suffix: str = "") -> str:
+    """Where a unit's file goes: where Iceberg Java's writers put the table's data files (`layout.data_location`),
+    in the unit's partition. Named after the job and the unit, so a unit written again lands on the same path."""
     spec = table.specs()[unit.info["spec_id"]]
     partition = spec.partition_to_path(Record(unit.info["value"]), table.schema())
-    return f"{table.location().rstrip('/')}/data/{partition}/{job_id}-{unit.unit_id}{suffix}.parquet"
+    return data_location(table, partition, f"{job_id}-{unit.unit_id}{suffix}.parquet")
 
 
 def write_file(table: Any, rows: pa.Table, path: str, settings: ParquetSettings, order: np.ndarray | None = None, *,
