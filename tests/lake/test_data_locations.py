@@ -1,6 +1,7 @@
 """Data locations Spark set on the table (``write.data.path``, ``write.object-storage.enabled``): the engine's
 files land where Iceberg Java puts Spark's, in the same layout (with a data path outside the table's location,
-Java adds the table's namespace and name after the hashed directories), and Spark reads exactly the merged rows."""
+Java adds the table's namespace and name after the hashed directories), and Spark reads exactly the merged rows.
+A table Spark upgraded to a format version the engine's commits cannot write is refused before any file."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 import timelake
 from tests.conftest import Readings, recent, reference_merge, sort_rows
 from tests.lake.spark import SparkLake, local_path
+from timelake.errors import BackfillError
 from timelake.model.iceberg_private import object_store_hash
 
 TABLE = "iot.sensor"
@@ -46,3 +48,20 @@ def test_our_files_land_where_and_as_spark_puts_its_own(spark: SparkLake, sensor
         for f in theirs:
             under = str(local_path(f).relative_to(root)).split("/")
             assert "/".join(under[:4]) == object_store_hash("/".join(under[-2:]))
+
+
+def test_a_table_spark_upgraded_to_format_version_3_is_refused_before_a_file_is_written(
+        spark: SparkLake, sensor: timelake.Table, readings: Readings) -> None:
+    """pyiceberg, which the engine commits with, writes no v3 metadata: a job that planned would write its files
+    and then fail at its first commit. It stops at its plan, saying why, and the table stays as Spark left it."""
+    existing = readings(recent(10), days=2, devices=3, step_minutes=60, seed=1)
+    spark.insert(TABLE, existing)
+    spark.sql(f"ALTER TABLE {spark.name(TABLE)} SET TBLPROPERTIES ('format-version' = '3')")
+    before = spark.sql(f"SELECT snapshot_id FROM {spark.name(TABLE)}.snapshots")
+    job = sensor.backfill(source=readings(recent(10), days=2, devices=5, step_minutes=30, seed=2), mode="merge")
+    with pytest.raises(BackfillError, match="is Iceberg format version 3: .* backfill into a v2 table"):
+        job.wait()
+    assert job.record().phase == "failed" and job.record().state.get("failed_phase") == "planning"
+    assert spark.sql(f"SELECT snapshot_id FROM {spark.name(TABLE)}.snapshots") == before
+    assert sort_rows(spark.rows(TABLE)).equals(sort_rows(existing))
+    assert not list(local_path(sensor.iceberg.location()).rglob("bf-*.parquet"))

@@ -13,6 +13,7 @@ from itertools import pairwise
 
 import numpy as np
 import pyarrow as pa
+from pyiceberg import __version__ as pyiceberg_version
 from pyiceberg.table import Table as IcebergTable
 from pyiceberg.transforms import DayTransform, HourTransform, MonthTransform, YearTransform
 
@@ -105,12 +106,22 @@ class Contract:
         return index
 
 
+WRITABLE_FORMAT = 2  # the newest Iceberg format version pyiceberg writes metadata for
+
+
 def writable_spec(table: IcebergTable, time_column: str) -> None:
-    """Refuse, before a job plans, a partition spec the engine cannot write: besides the time column's
-    hour/day/month/year it may only hold removed (void) fields. Another engine may have added one (a
-    bucket of the series key, say); files the engine wrote before keep their spec and stay readable."""
+    """Refuse, before a job plans, a table the engine cannot write: a format version its commits cannot
+    write (Iceberg Java upgrades a table to v3 on ``'format-version' = '3'``; pyiceberg writes v1 and v2
+    metadata only, so the job would write its files and then fail at its first commit), or a partition
+    spec that besides the time column's hour/day/month/year holds anything but removed (void) fields.
+    Another engine may have added one (a bucket of the series key, say); files the engine wrote before
+    keep their spec and stay readable."""
     from pyiceberg.transforms import VoidTransform
 
+    if table.format_version > WRITABLE_FORMAT:
+        raise ValueError(f"table {'.'.join(table.name())} is Iceberg format version {table.format_version}: the "
+                         f"catalog commits a backfill makes write format version {WRITABLE_FORMAT} at most (pyiceberg "
+                         f"{pyiceberg_version}); a table cannot go back a version, so backfill into a v2 table")
     spec = table.spec()
     time_id = table.schema().find_field(time_column).field_id
     others = [f for f in spec.fields if f.source_id != time_id and not isinstance(f.transform, VoidTransform)]
