@@ -13,7 +13,7 @@ from itertools import pairwise
 
 import numpy as np
 import pyarrow as pa
-from pyiceberg import __version__ as pyiceberg_version
+import pyiceberg
 from pyiceberg.table import Table as IcebergTable
 from pyiceberg.transforms import DayTransform, HourTransform, MonthTransform, YearTransform
 
@@ -121,7 +121,7 @@ def writable_spec(table: IcebergTable, time_column: str) -> None:
     if table.format_version > WRITABLE_FORMAT:
         raise ValueError(f"table {'.'.join(table.name())} is Iceberg format version {table.format_version}: the "
                          f"catalog commits a backfill makes write format version {WRITABLE_FORMAT} at most (pyiceberg "
-                         f"{pyiceberg_version}); a table cannot go back a version, so backfill into a v2 table")
+                         f"{pyiceberg.__version__}); a table cannot go back a version, so backfill into a v2 table")
     spec = table.spec()
     time_id = table.schema().find_field(time_column).field_id
     others = [f for f in spec.fields if f.source_id != time_id and not isinstance(f.transform, VoidTransform)]
