@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 
 import timelake
-from tests.conftest import after_replace, Readings, recent, reference_merge, sort_rows
+from tests.conftest import Readings, recent
+from tests.lake.scenarios import merge_then_replace
 from tests.lake.spark import SparkLake
 
 TABLE = "iot.sensor"
@@ -34,17 +35,7 @@ def test_merge_and_replace_over_spark_files_keep_the_statistics_spark_keeps(
     spark.sql(f"ALTER TABLE {spark.name(TABLE)} SET TBLPROPERTIES ({pairs})")
     existing = readings(recent(10), days=3, devices=3, step_minutes=60, seed=1)
     spark.insert(TABLE, existing)
-    source = readings(recent(10), days=3, devices=5, step_minutes=30, seed=2)
-    merged = sensor.backfill(source=source, mode="merge").wait()
-    expected = reference_merge(existing, source)
-    assert sort_rows(spark.rows(TABLE)).equals(expected)
-    assert merged.report()["rows_conflicting_existing"] == existing.num_rows
-
-    start, end = recent(9), recent(8)
-    fresh = readings(start, days=1, devices=2, step_minutes=20, seed=3)
-    replaced = sensor.backfill(source=fresh, mode="replace", start=start, end=end).wait()
-    assert all(c["passed"] for c in replaced.report()["checks"])
-    assert sort_rows(spark.rows(TABLE)).equals(after_replace(expected, fresh, start, end))
+    merge_then_replace(spark, sensor, readings, existing, devices=5)
 
     listed = statistics(spark)
     ours = {path: kept for path, kept in listed.items() if "/bf-" in path}

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from timelake.model.contract import Contract
+from timelake.model.contract import TRANSFORM_CLASSES, Contract
 from timelake.model.iceberg_private import object_store_hash
 from timelake.model.timeutil import US_PER_DAY, US_PER_HOUR, transform_range, transform_values
 from timelake.ports.files import ObjectIO
@@ -561,6 +561,18 @@ def file_bounds(file: Any, field: Any) -> tuple[int | None, int | None]:
     lo, hi = (file.lower_bounds or {}).get(field.field_id), (file.upper_bounds or {}).get(field.field_id)
     return (None if lo is None else int_from_bytes(field.field_type, lo),
             None if hi is None else int_from_bytes(field.field_type, hi))
+
+
+def partition_span(table: IcebergTable, file: Any, column: str) -> tuple[int, int] | None:
+    """[start, end) in UTC µs of a file's partition where its spec partitions by an hour, day, month or year of
+    ``column``; None where it does not."""
+    field_id = table.schema().find_field(column).field_id
+    spec = table.specs().get(file.spec_id)
+    for i, field in enumerate(spec.fields if spec is not None else ()):
+        name = next((n for n, kind in TRANSFORM_CLASSES.items() if isinstance(field.transform, kind)), None)
+        if field.source_id == field_id and name is not None and file.partition[i] is not None:
+            return transform_range(name, file.partition[i])
+    return None
 
 
 def int_from_bytes(value_type: Any, raw: bytes) -> int:

@@ -27,7 +27,7 @@ from timelake.model.contract import Contract, writable_spec
 from timelake.model.cost import estimate_cost
 from timelake.model.diff import compares
 from timelake.model.layout import MainReader, PartitionKey, file_bounds, partition_codes, time_filter
-from timelake.model.lineage import PlanMark, main_tasks, planned_view
+from timelake.model.lineage import PlanMark, equality_deletes, main_tasks, planned_view
 from timelake.model.spec import FIRST_YEAR, LAST_MICROS, LAST_YEAR, JobSpec, current_spec
 from timelake.model.timeutil import (US_PER_DAY, floor_to, from_micros, iso, next_boundary, partition_starts,
                                      subtract_duration, to_micros)
@@ -74,6 +74,8 @@ def plan(rt: Runtime, job_id: str, source: Any = None, parallelism: int | None =
     tasks = scan_tasks(sizes, spec.max_concurrency or parallelism or os.cpu_count() or 1)
     manifest = write_json(rt, job_id, "scan/tasks.json", [{"job_id": job_id, "piece": i} for i in range(len(tasks))])
     direct, span = plan_direct(rt, job_id, spec, ctx, src, mapper, tasks)
+    if span is not None:  # the scan tasks read main's rows of the partitions they write themselves
+        refuse_equality_deletes(table, ctx.contract.time_column, *span)
     rt.store.update_job(job_id, Phase.SCANNING, planned_at_us=to_micros(now), scan_tasks=tasks, source_bytes=sum(sizes),
                         schema_id=table.schema().schema_id, spec_id=table.spec().spec_id,
                         direct_partitions=direct, direct_span=span,
@@ -81,6 +83,19 @@ def plan(rt: Runtime, job_id: str, source: Any = None, parallelism: int | None =
                         columns_filled_with_null=mapper.filled_with_null,
                         ignored_source_columns=mapper.ignored_source_columns)
     return {"job_id": job_id, "scan_tasks": len(tasks), "manifest": manifest}
+
+
+def refuse_equality_deletes(table: Any, column: str, start_us: int | None, end_us: int | None) -> None:
+    """Stop a job whose range main holds equality deletes for (`lineage.equality_deletes`) before it writes a
+    file, saying how to fold them into the data files first."""
+    found = equality_deletes(table, column, start_us, end_us)
+    if found:
+        name = ".".join(table.name())
+        raise InvalidJob(
+            f"table {name} has {len(found)} equality delete file(s) over [{iso(start_us)}, {iso(end_us)}) (e.g. "
+            f"{found[0]}; a Flink upsert writes them), which pyiceberg, through which the engine reads main, cannot "
+            f"apply; fold them into the data files first: CALL <catalog>.system.rewrite_data_files(table => '{name}', "
+            f"options => map('delete-file-threshold', '1', 'remove-dangling-deletes', 'true'))")
 
 
 def scan_tasks(sizes: list[int], parallelism: int) -> list[list[int]]:
@@ -263,6 +278,7 @@ def cut(rt: Runtime, job_id: str) -> dict[str, Any]:
         raise InvalidJob(f"source '{job.state['source_uri']}' holds times in year 9999 (latest {iso(total.max_us)}); "
                          f"jobs cover years {FIRST_YEAR}-{LAST_YEAR}: pass an end to leave those rows out")
     range_start, range_end = _job_range(total, start_us, end_us)
+    refuse_equality_deletes(table, contract.time_column, range_start, range_end)
     units = _cut_units(total, contract)
     state: JobState = {
         "rows_in_source": total.rows_in_source,
