@@ -575,6 +575,32 @@ def partition_span(table: IcebergTable, file: Any, column: str) -> tuple[int, in
     return None
 
 
+def equality_deletes(table: IcebergTable, column: str, start_us: int | None, end_us: int | None) -> list[str]:
+    """Main's live equality delete files (a Flink upsert writes them) that may delete rows of [start, end):
+    pyiceberg, which reads main for every job, applies position deletes but stops at an equality delete in
+    what it plans. A file spans its bounds on ``column``; without them its time partition; without one of
+    those, all time."""
+    from pyiceberg.manifest import DataFileContent, ManifestContent
+
+    snapshot = table.current_snapshot()
+    if snapshot is None:
+        return []
+    field = table.schema().find_field(column)
+    found = []
+    for manifest in snapshot.manifests(table.io):
+        if manifest.content != ManifestContent.DELETES:
+            continue
+        for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
+            if entry.data_file.content != DataFileContent.EQUALITY_DELETES:
+                continue
+            lo, hi = file_bounds(entry.data_file, field)
+            if (lo is None or hi is None) and (span := partition_span(table, entry.data_file, column)) is not None:
+                lo, hi = span[0], span[1] - 1
+            if (lo is None or end_us is None or lo < end_us) and (hi is None or start_us is None or hi >= start_us):
+                found.append(entry.data_file.file_path)
+    return found
+
+
 def int_from_bytes(value_type: Any, raw: bytes) -> int:
     """A serialized Iceberg value that is an integer: a timestamp bound (µs) or a time transform's
     partition value. pyiceberg types ``from_bytes`` by its first possible result (str), so callers

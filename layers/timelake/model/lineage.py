@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
-from pyiceberg.manifest import DataFileContent, ManifestContent, ManifestEntry, ManifestEntryStatus
+from pyiceberg.manifest import DataFileContent, ManifestEntry, ManifestEntryStatus
 from pyiceberg.table.snapshots import Operation
 
 from timelake.model.iceberg_private import ResidualFreePlanner, with_metadata
@@ -150,32 +150,6 @@ def main_tasks(table: IcebergTable, row_filter: Any, keep: Callable[[ManifestEnt
         return []
     planner = ResidualFreePlanner(table.metadata, table.io, row_filter)
     return list(planner.plan_files(snapshot.manifests(table.io), manifest_entry_filter=keep or (lambda _: True)))
-
-
-def equality_deletes(table: IcebergTable, column: str, start_us: int | None, end_us: int | None) -> list[str]:
-    """Main's live equality delete files (a Flink upsert writes them) that may delete rows of [start, end):
-    pyiceberg, which reads main for every job, applies position deletes but stops at an equality delete in
-    what it plans. A file spans its bounds on ``column``; without them its time partition; without one of
-    those, all time."""
-    from timelake.model.layout import file_bounds, partition_span
-
-    snapshot = table.current_snapshot()
-    if snapshot is None:
-        return []
-    field = table.schema().find_field(column)
-    found = []
-    for manifest in snapshot.manifests(table.io):
-        if manifest.content != ManifestContent.DELETES:
-            continue
-        for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
-            if entry.data_file.content != DataFileContent.EQUALITY_DELETES:
-                continue
-            lo, hi = file_bounds(entry.data_file, field)
-            if (lo is None or hi is None) and (span := partition_span(table, entry.data_file, column)) is not None:
-                lo, hi = span[0], span[1] - 1
-            if (lo is None or end_us is None or lo < end_us) and (hi is None or start_us is None or hi >= start_us):
-                found.append(entry.data_file.file_path)
-    return found
 
 
 def _since_ids(table: IcebergTable, base: int | None) -> set[int]:

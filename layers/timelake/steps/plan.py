@@ -26,8 +26,8 @@ from timelake.model.commit import with_retry
 from timelake.model.contract import Contract, writable_spec
 from timelake.model.cost import estimate_cost
 from timelake.model.diff import compares
-from timelake.model.layout import MainReader, PartitionKey, file_bounds, partition_codes, time_filter
-from timelake.model.lineage import PlanMark, equality_deletes, main_tasks, planned_view
+from timelake.model.layout import MainReader, PartitionKey, equality_deletes, file_bounds, partition_codes, time_filter
+from timelake.model.lineage import PlanMark, main_tasks, planned_view
 from timelake.model.spec import FIRST_YEAR, LAST_MICROS, LAST_YEAR, JobSpec, current_spec
 from timelake.model.timeutil import (US_PER_DAY, floor_to, from_micros, iso, next_boundary, partition_starts,
                                      subtract_duration, to_micros)
