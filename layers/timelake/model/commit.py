@@ -135,7 +135,7 @@ def footer_statistics(table: IcebergTable, path: str, *, objects: ObjectIO) -> d
     fs, local = objects.filesystem(path)
     with fs.open_input_file(local) as handle:
         metadata = pq.read_metadata(handle)
-    return _statistics(table, metadata, metrics={})
+    return _statistics(table, metadata, metrics={TableProperties.DEFAULT_WRITE_METRICS_MODE: INFERRED_MODE})  # every column
 
 
 def metrics_modes(table: IcebergTable, properties: dict[str, str] | None = None) -> dict[str, str]:

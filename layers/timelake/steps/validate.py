@@ -267,7 +267,10 @@ def _footers(table: Any, contract: Contract, staged: list[DataFile], *, objects:
                or any(i not in (f.null_value_counts or {}) for i in ids)]
     if not lacking:
         return {}
-    with ThreadPoolExecutor(max_workers=min(8, len(lacking))) as pool:  # a footer a read: reads wait, not the CPU
+    at_once = min(reads_at_once(objects.filesystem(lacking[0])[0]), len(lacking))
+    if at_once == 1:
+        return {path: footer_statistics(table, path, objects=objects) for path in lacking}
+    with ThreadPoolExecutor(max_workers=at_once) as pool:
         return dict(zip(lacking, pool.map(lambda path: footer_statistics(table, path, objects=objects), lacking),
                         strict=True))
 
