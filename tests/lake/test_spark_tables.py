@@ -1,16 +1,19 @@
 """A table Spark created (Spark's types, nullable columns, no sort order, ``days(ts)``) takes backfills once its
 contract is set as table properties in the same ``CREATE TABLE``: the merge and the replace publish exactly the
-rows Spark then reads. One whose time column has no zone is refused at plan."""
+rows Spark then reads. One whose time column has no zone is refused at plan, and a contract column Spark renamed
+is named with the properties that still hold its old name."""
 
 from __future__ import annotations
 
 import pytest
 
 import timelake
-from tests.conftest import Readings, recent
+from tests.conftest import Readings, recent, reference_merge, sort_rows
 from tests.lake.scenarios import merge_then_replace
 from tests.lake.spark import SparkLake
 from timelake.errors import BackfillError
+
+TABLE = "iot.sensor"
 
 
 def test_a_table_spark_created_with_the_contract_as_properties_is_backfilled(spark: SparkLake, lake: timelake.Lake,
@@ -37,3 +40,23 @@ def test_a_spark_table_whose_time_column_has_no_zone_is_refused_naming_it(spark:
         job.wait()
     assert job.record().state.get("failed_phase") == "planning"
     assert spark.sql(f"SELECT count(*) AS n FROM {spark.name('iot.ntz')}") == [{"n": 0}]
+
+
+def test_a_time_column_spark_renamed_is_named_with_the_properties_to_set(spark: SparkLake, sensor: timelake.Table,
+                                                                         readings: Readings) -> None:
+    """Spark renames the time column; the contract's properties still name the old one. A job stops at its plan
+    naming both properties that do; once they name the new column, the job publishes and Spark reads its rows."""
+    existing = readings(recent(10), days=1, devices=2, seed=1)
+    spark.insert(TABLE, existing)
+    spark.sql(f"ALTER TABLE {spark.name(TABLE)} RENAME COLUMN ts TO event_time")
+    source = readings(recent(10), days=1, devices=3, step_minutes=30, seed=2)
+    job = sensor.backfill(source=source)
+    with pytest.raises(ValueError, match=r"'timelake.time-column' names 'ts'; 'timelake.dedup-key' names 'ts', which "
+                                            r"the table's schema does not have"):
+        job.wait()
+    assert job.record().state.get("failed_phase") == "planning"
+    spark.sql(f"ALTER TABLE {spark.name(TABLE)} SET TBLPROPERTIES ('timelake.time-column' = 'event_time', "
+              "'timelake.dedup-key' = 'device_id,event_time')")
+    sensor.refresh().backfill(source=source, map={"event_time": "ts"}).wait()
+    rows = spark.rows(TABLE).rename_columns(["ts", "device_id", "value"])
+    assert sort_rows(rows).equals(reference_merge(existing, source))

@@ -70,6 +70,7 @@ class Contract:
             )
         series = tuple(c for c in props.get(SERIES_KEY, "").split(",") if c)
         dedup = tuple(c for c in props.get(DEDUP_KEY, "").split(",") if c) or (*series, time_column)
+        _named_columns_exist(table, {TIME_COLUMN: (time_column,), SERIES_KEY: series, DEDUP_KEY: dedup})
         if PARTITION_TIERS in props:
             tiers = tuple(Tier(**t) for t in json.loads(props[PARTITION_TIERS]))
         else:
@@ -130,6 +131,20 @@ def writable_spec(table: IcebergTable, time_column: str) -> None:
         raise ValueError(f"table {'.'.join(table.name())}: partition spec {spec.spec_id} also partitions by {names}; "
                          f"a backfill writes tables partitioned by the time column '{time_column}' alone "
                          f"(ALTER TABLE ... DROP PARTITION FIELD, or backfill into a table of that shape)")
+
+
+def _named_columns_exist(table: IcebergTable, named: dict[str, tuple[str, ...]]) -> None:
+    """The contract names its columns in table properties, which another engine's rename or drop leaves as they
+    were: names the schema lacks are refused here, every property that holds one named, rather than wherever a
+    step looks a column up."""
+    columns = {f.name for f in table.schema().fields}
+    stale = {prop: [n for n in names if n not in columns] for prop, names in named.items()}
+    stale = {prop: names for prop, names in stale.items() if names}
+    if stale:
+        listed = "; ".join(f"'{prop}' names {', '.join(repr(n) for n in names)}" for prop, names in stale.items())
+        raise ValueError(f"table {'.'.join(table.name())}: {listed}, which the table's schema does not have (renamed "
+                         f"or dropped since?): set the propert{'ies' if len(stale) > 1 else 'y'} to the columns' names "
+                         f"now (ALTER TABLE ... SET TBLPROPERTIES ('{next(iter(stale))}' = '...'))")
 
 
 def _spec_transform(table: IcebergTable, spec_id: int, time_column: str) -> str:

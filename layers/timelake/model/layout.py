@@ -373,7 +373,12 @@ class _Projection:
 
     @classmethod
     def of(cls, scan: Any, dictionaries: tuple[str, ...] = ()) -> _Projection:
-        projection = scan.projection()
+        """The scan's columns as the table names them now, found in every file by field id: pyiceberg's own
+        projection of a scan at a snapshot takes that snapshot's schema, in which a column another engine
+        renamed since has its old name (and the new one is not found)."""
+        current = scan.table_metadata.schema()
+        fields = scan.selected_fields
+        projection = current if "*" in fields else current.select(*fields, case_sensitive=scan.case_sensitive)
         plain = projection.as_arrow()
         schema = pa.schema([f.with_type(pa.dictionary(pa.int32(), f.type)) if f.name in dictionaries else f for f in plain],
                            metadata=plain.metadata)
