@@ -1,10 +1,11 @@
 """A table Spark created (Spark's types, nullable columns, no sort order, ``days(ts)``) takes backfills once its
 contract is set as table properties in the same ``CREATE TABLE``: the merge and the replace publish exactly the
 rows Spark then reads. One whose time column has no zone is refused at plan, and a contract column Spark renamed
-is named with the properties that still hold its old name."""
+is named with the properties that still hold its old name; a value column Spark widened reads in its new type."""
 
 from __future__ import annotations
 
+import pyarrow as pa
 import pytest
 
 import timelake
@@ -60,3 +61,21 @@ def test_a_time_column_spark_renamed_is_named_with_the_properties_to_set(spark: 
     sensor.refresh().backfill(source=source, map={"event_time": "ts"}).wait()
     rows = spark.rows(TABLE).rename_columns(["ts", "device_id", "value"])
     assert sort_rows(rows).equals(reference_merge(existing, source))
+
+
+def test_a_value_column_spark_widened_reads_old_files_in_the_new_type(spark: SparkLake, lake: timelake.Lake,
+                                                                      readings: Readings) -> None:
+    """Spark promotes ``value`` from float to double (a metadata change: its files keep floats): merge, replace
+    and a merge with a diff read main's old files in the new type, and Spark reads exactly the rows expected."""
+    spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {spark.catalog_name}.iot")
+    spark.sql(f"CREATE TABLE {spark.name('iot.widened')} (ts timestamp, device_id string, value float) USING iceberg "
+              "PARTITIONED BY (days(ts)) TBLPROPERTIES ('timelake.time-column' = 'ts', 'timelake.series-key' = 'device_id')")
+    existing = readings(recent(10), days=3, devices=3, step_minutes=60, seed=1)
+    floats = existing.column("value").cast(pa.float32())
+    spark.insert("iot.widened", existing.set_column(2, "value", floats))
+    spark.sql(f"ALTER TABLE {spark.name('iot.widened')} ALTER COLUMN value TYPE double")
+    table = lake.table("iot.widened")
+    held = existing.set_column(2, "value", floats.cast(pa.float64()))
+    merge_then_replace(spark, table, readings, held, devices=4, table="iot.widened")
+    job = table.backfill(source=readings(recent(10), days=1, devices=2, seed=9), mode="merge", diff=True).wait()
+    assert job.record().phase == "published" and job.diff()["totals"]["in_both"] > 0
