@@ -10,6 +10,7 @@ import json
 from dataclasses import dataclass
 from datetime import datetime
 from itertools import pairwise
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -147,13 +148,16 @@ def _named_columns_exist(table: IcebergTable, named: dict[str, tuple[str, ...]])
                          f"now (ALTER TABLE ... SET TBLPROPERTIES ('{next(iter(stale))}' = '...'))")
 
 
+def transform_name(transform: Any) -> str | None:
+    """The time granularity (hour, day, month, year) a partition field's transform cuts by; None for any other."""
+    return next((name for name, kind in TRANSFORM_CLASSES.items() if isinstance(transform, kind)), None)
+
+
 def _spec_transform(table: IcebergTable, spec_id: int, time_column: str) -> str:
     source_id = table.schema().find_field(time_column).field_id
     for field in table.specs()[spec_id].fields:
-        if field.source_id == source_id:
-            for name, klass in TRANSFORM_CLASSES.items():
-                if isinstance(field.transform, klass):
-                    return name
+        if field.source_id == source_id and (name := transform_name(field.transform)) is not None:
+            return name
     raise ValueError(
         f"table {'.'.join(table.name())}: partition spec {spec_id} has no hour/day/month/year transform of "
         f"the time column '{time_column}', which the backfill needs to cut work units"

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from timelake.model.contract import TRANSFORM_CLASSES, Contract
+from timelake.model.contract import Contract, transform_name
 from timelake.model.iceberg_private import object_store_hash
 from timelake.model.timeutil import US_PER_DAY, US_PER_HOUR, transform_range, transform_values
 from timelake.ports.files import ObjectIO
@@ -574,7 +574,7 @@ def partition_span(table: IcebergTable, file: Any, column: str) -> tuple[int, in
     field_id = table.schema().find_field(column).field_id
     spec = table.specs().get(file.spec_id)
     for i, field in enumerate(spec.fields if spec is not None else ()):
-        name = next((n for n, kind in TRANSFORM_CLASSES.items() if isinstance(field.transform, kind)), None)
+        name = transform_name(field.transform)
         if field.source_id == field_id and name is not None and file.partition[i] is not None:
             return transform_range(name, file.partition[i])
     return None

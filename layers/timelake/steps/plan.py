@@ -86,7 +86,7 @@ def plan(rt: Runtime, job_id: str, source: Any = None, parallelism: int | None =
 
 
 def refuse_equality_deletes(table: Any, column: str, start_us: int | None, end_us: int | None) -> None:
-    """Stop a job whose range main holds equality deletes for (`lineage.equality_deletes`) before it writes a
+    """Stop a job whose range main holds equality deletes for (`layout.equality_deletes`) before it writes a
     file, saying how to fold them into the data files first."""
     found = equality_deletes(table, column, start_us, end_us)
     if found:

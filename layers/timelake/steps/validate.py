@@ -301,7 +301,8 @@ def _time_bounds(table: Any, contract: Contract, staged: list[DataFile], start: 
 
 def _not_null(table: Any, contract: Contract, staged: list[DataFile], footers: dict[str, dict[str, Any]]) -> Check:
     bad, unknown = [], []
-    for name, field_id in _required(table, contract).items():
+    required = _required(table, contract)
+    for name, field_id in required.items():
         counts = [_stat(f, "null_value_counts", field_id, footers) for f in staged]
         if nulls := sum(c for c in counts if c is not None):
             bad.append({"column": name, "nulls": nulls})
@@ -311,7 +312,7 @@ def _not_null(table: Any, contract: Contract, staged: list[DataFile], footers: d
     if unknown:
         return Check("required_not_null", False, f"{len(unknown)} file column(s) with no null count in their manifest "
                      "entry or footer", samples=unknown[:SAMPLES])
-    return Check("required_not_null", True, f"no nulls in {', '.join(_required(table, contract))}")
+    return Check("required_not_null", True, f"no nulls in {', '.join(required)}")
 
 
 def _staged_connection(staged: list[DataFile], *, objects: ObjectIO) -> duckdb.DuckDBPyConnection:
